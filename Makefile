@@ -1,0 +1,40 @@
+# Quick start on a fresh machine (only Python needed):
+#   make demo   - set up .venv, then a real 2-rank training run with hvdrun
+#   make test   - set up .venv, then every test (unit + MPI at 1, 2, 3 ranks + SLURM)
+#   make bench  - benchmarks, each figure beside its baseline from the same run
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.hvdlite-installed
+# The CPU build of torch on local disk; any other release downloads a CUDA build of several GB.
+TORCH  := torch==2.13.0
+
+.PHONY: setup demo test test-unit bench lint clean
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[all]' ruff
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/hvdrun -np 2 $(PY) examples/torch_digits.py
+
+test: $(STAMP)
+	$(PY) -m pytest tests -q -rs
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests -q -rs --deselect tests/test_parallel.py -m "not slurm"
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check hvdlite tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info

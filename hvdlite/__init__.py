@@ -1,0 +1,62 @@
+"""hvdlite: Horovod's API for data-parallel training, in pure Python over MPI.
+
+Layers, from the outside in (imports only point inward):
+
+- framework adapters: ``hvdlite.torch``, ``hvdlite.tensorflow`` (and ``.keras``),
+  which turn tensors into numpy views and wrap optimizers;
+- this package's public API: basics (init, ranks, process sets) and the
+  collectives on numpy arrays (``hvdlite.allreduce`` ...), plus
+  :func:`DistributedOptimizer`, which dispatches on the optimizer's framework;
+- the engine (``hvdlite.engine``): one background thread per process that
+  negotiates readiness with rank 0 (``coordinator``) or the ``response_cache``,
+  fuses ready tensors (``fusion``) and runs them (``executor``) over MPI.
+
+Importing hvdlite imports neither torch nor tensorflow, and does not initialize
+MPI until :func:`init` is called.
+"""
+
+from .basics import (
+    add_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
+    gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
+    mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
+    shutdown, size, start_timeline, stop_timeline,
+)
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, HvdliteInternalError
+from .handles import Handle, poll, synchronize
+from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from .process_sets import ProcessSet, global_process_set
+from .version import __version__
+
+
+def __getattr__(name):
+    # The collectives import the engine, which imports mpi4py (but does not
+    # initialize MPI); load them on first use so `import hvdlite` stays light.
+    import importlib
+
+    for module_name in ("hvdlite.collectives", "hvdlite.objects"):
+        module = importlib.import_module(module_name)
+        if name in module.__all__:
+            value = getattr(module, name)
+            globals()[name] = value
+            return value
+    if name == "DistributedOptimizer":
+        from ._dispatch import DistributedOptimizer
+
+        return DistributedOptimizer
+    raise AttributeError(f"module 'hvdlite' has no attribute {name!r}")
+
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
+    "ddl_built", "ccl_built", "start_timeline", "stop_timeline", "add_process_set",
+    "remove_process_set", "ProcessSet", "global_process_set", "HorovodInternalError",
+    "HostsUpdatedInterrupt", "HvdliteInternalError", "Handle", "poll", "synchronize",
+    "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "__version__",
+    "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_async", "alltoall", "alltoall_async", "reducescatter",
+    "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
+    "barrier", "join", "broadcast_object", "allgather_object", "DistributedOptimizer",
+]

@@ -1,0 +1,390 @@
+"""init/shutdown and what a process knows about the job: ranks, nodes, capabilities.
+
+Cross-rank contract: ``init()`` is collective over the job's communicator
+(every rank calls it, with the same ``process_sets``); ``shutdown()`` on any
+rank stops the engine on every rank at its next cycle, and pending collectives
+there fail with HorovodInternalError.  Rank queries are local.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+
+from . import config as _config
+from .process_sets import ProcessSet, ProcessSetTable, global_process_set
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
+    "ddl_built", "ccl_built", "start_timeline", "stop_timeline", "add_process_set",
+    "remove_process_set", "state",
+]
+
+log = logging.getLogger("hvdlite")
+_LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
+           "WARNING": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
+
+
+class _State:
+    """Everything init() creates; replaced as a whole by the next init()."""
+
+    def __init__(self):
+        self.engine = None
+        self.config = None
+        self.world = None
+        self.local_comm = None
+        self.cross_comm = None
+        self.sets: ProcessSetTable | None = None
+        self.homogeneous = True
+        self.thread_level = 0
+        self.timeline = None
+        self.dynamic = False
+        self.counters: dict[str, int] = {}
+
+
+_state: _State | None = None
+_init_lock = threading.Lock()
+_atexit_registered = False
+
+
+def state() -> _State:
+    """The live state; ValueError (Horovod's wording) when init() was not called."""
+    if _state is None or _state.engine is None:
+        raise ValueError(
+            "hvdlite has not been initialized; use hvd.init() first."
+        )
+    if _state.engine.stopped:
+        from .exceptions import HorovodInternalError
+
+        raise HorovodInternalError(_state.engine._stop_message())
+    return _state
+
+
+def _configure_logging(level: str, rank: int) -> None:
+    log.setLevel(_LEVELS[level])
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(f"[hvdlite rank {rank}] %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+
+
+def _import_mpi(cfg):
+    """Import mpi4py's MPI, asking for the thread level the knobs select."""
+    import mpi4py
+
+    if "mpi4py.MPI" not in sys.modules:
+        mpi4py.rc.thread_level = "serialized" if cfg.mpi_threads_disable else "multiple"
+        if cfg.mpi_threads_disable:
+            # MPICH picks a ~4x slower shared-memory allreduce below THREAD_MULTIPLE.
+            os.environ.setdefault("MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM", "mpir")
+    try:
+        from mpi4py import MPI
+    except (ImportError, RuntimeError) as exc:
+        raise RuntimeError(
+            "hvdlite could not load an MPI library through mpi4py "
+            f"({exc}). Install one: `pip install mpich` (or `pip install hvdlite[mpich]`), "
+            "or a system MPI (Open MPI, Intel MPI) and rebuild mpi4py against it."
+        ) from exc
+    return MPI
+
+
+def init(comm=None, process_sets=None) -> None:
+    """Start hvdlite on this rank (collective over *comm*, default COMM_WORLD).
+
+    *comm*: None, an mpi4py communicator, or a list of COMM_WORLD ranks (only those
+    ranks call init).  *process_sets*: a list of :class:`ProcessSet` to register
+    now, or ``"dynamic"`` to allow add/remove later.  A second call while
+    initialized does nothing.  Knobs are read from the environment now.
+    """
+    global _state, _atexit_registered
+    with _init_lock:
+        if _state is not None and _state.engine is not None and not _state.engine.stopped:
+            return
+        cfg = _config.read_config()
+        MPI = _import_mpi(cfg)
+        if isinstance(comm, (list, tuple)):
+            ranks = sorted(int(r) for r in comm)
+            group = MPI.COMM_WORLD.Get_group().Incl(ranks)
+            world = MPI.COMM_WORLD.Create_group(group)
+            group.Free()
+        elif comm is None:
+            world = MPI.COMM_WORLD
+        else:
+            world = comm
+        if world == MPI.COMM_NULL:
+            raise ValueError("init(comm=...) was called on a rank that is not in comm.")
+        new = _State()
+        new.config = cfg
+        new.world = world
+        new.thread_level = MPI.Query_thread()
+        _configure_logging(cfg.log_level, world.Get_rank())
+        _build_topology(new, MPI, cfg)
+        new.sets = ProcessSetTable(world.Get_size(), world.Get_rank())
+        new.sets.register_global(world.Dup())
+        new.dynamic = cfg.dynamic_process_sets or process_sets == "dynamic"
+        if process_sets not in (None, "dynamic"):
+            for ps in process_sets:
+                _register_static(new, ps, MPI)
+        from .engine import Engine
+
+        hierarchical = None
+        if cfg.hierarchical_allreduce:
+            from .hierarchical import Hierarchical
+
+            hierarchical = Hierarchical.create(new)
+        if cfg.timeline:
+            from .timeline import Timeline
+
+            new.timeline = Timeline(cfg.timeline, cfg.timeline_mark_cycles) \
+                if world.Get_rank() == 0 else None
+        new.engine = Engine(world, cfg, new.sets, timeline=new.timeline,
+                            hierarchical=hierarchical)
+        _state = new
+        if not _atexit_registered:
+            atexit.register(_shutdown_at_exit)
+            _atexit_registered = True
+        _install_excepthook(world.Get_size())
+
+
+def _register_static(st: _State, ps, MPI) -> None:
+    if not isinstance(ps, ProcessSet):
+        ps = ProcessSet(ps)
+    if ps._mpi_comm is not None:
+        group = ps._mpi_comm.Get_group()
+        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
+                                          st.world.Get_group())
+        ranks = sorted(ranks)
+    else:
+        ranks = ps.ranks
+    ranks = st.sets.validate_ranks(ranks)
+    if st.sets.find_ranks(ranks) is not None:
+        raise ValueError(f"init(process_sets=...) lists ranks {ranks} twice.")
+    color = 0 if st.world.Get_rank() in ranks else MPI.UNDEFINED
+    sub = st.world.Split(color, st.world.Get_rank())
+    st.sets.register(ps, ranks, None if sub == MPI.COMM_NULL else sub)
+
+
+def _build_topology(st: _State, MPI, cfg) -> None:
+    world = st.world
+    if cfg.test_node_size > 0:
+        st.local_comm = world.Split(world.Get_rank() // cfg.test_node_size, world.Get_rank())
+    else:
+        st.local_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    st.cross_comm = world.Split(st.local_comm.Get_rank(), world.Get_rank())
+    sizes = world.allgather(st.local_comm.Get_size())
+    st.homogeneous = len(set(sizes)) == 1
+
+
+def _install_excepthook(world_size: int) -> None:
+    """An uncaught exception on one rank ends the whole job instead of hanging its peers."""
+    if world_size <= 1 or getattr(sys.excepthook, "_hvdlite", False):
+        return
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        previous(exc_type, exc, tb)
+        if _state is not None and _state.engine is not None and not _state.engine.stopped:
+            sys.stderr.flush()
+            from mpi4py import MPI
+
+            MPI.COMM_WORLD.Abort(1)
+
+    hook._hvdlite = True
+    sys.excepthook = hook
+
+
+def shutdown() -> None:
+    """Stop the engine on every rank; pending collectives fail with HorovodInternalError."""
+    global _state
+    with _init_lock:
+        st = _state
+        if st is None or st.engine is None:
+            return
+        if not st.engine.request_shutdown(timeout=60.0):
+            log.warning("hvdlite engine did not stop within 60 s (a peer rank is unresponsive)")
+            return
+        if st.timeline is not None:
+            st.timeline.close()
+        st.sets.free_all()
+        for c in (st.local_comm, st.cross_comm):
+            try:
+                c.Free()
+            except Exception:  # noqa: BLE001
+                pass
+        from mpi4py import MPI
+
+        if st.world not in (MPI.COMM_WORLD, MPI.COMM_SELF):
+            try:
+                st.world.Free()
+            except Exception:  # noqa: BLE001
+                pass
+        st.engine = None
+        _state = None
+
+
+def _shutdown_at_exit() -> None:
+    try:
+        shutdown()
+    except Exception:  # noqa: BLE001 - never turn a clean exit into a traceback
+        pass
+
+
+def is_initialized() -> bool:
+    return _state is not None and _state.engine is not None and not _state.engine.stopped
+
+
+def _live():
+    if _state is None or _state.engine is None:
+        raise ValueError("hvdlite has not been initialized; use hvd.init() first.")
+    return _state
+
+
+def size() -> int:
+    """Number of ranks in the job."""
+    return _live().world.Get_size()
+
+
+def rank() -> int:
+    """This process's rank in the job (0 .. size()-1)."""
+    return _live().world.Get_rank()
+
+
+def local_size() -> int:
+    """Number of ranks on this node."""
+    return _live().local_comm.Get_size()
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its node."""
+    return _live().local_comm.Get_rank()
+
+
+def cross_size() -> int:
+    """Number of nodes that have a rank with this process's local rank."""
+    return _live().cross_comm.Get_size()
+
+
+def cross_rank() -> int:
+    """This node's index among those nodes."""
+    return _live().cross_comm.Get_rank()
+
+
+def is_homogeneous() -> bool:
+    """True when every node runs the same number of ranks."""
+    return _live().homogeneous
+
+
+def mpi_threads_supported() -> bool:
+    from mpi4py import MPI
+
+    return _live().thread_level >= MPI.THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    return True
+
+
+def mpi_built() -> bool:
+    return True
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> int:
+    """The NCCL version usable through CuPy (e.g. 21803), or 0. Never imports CUDA on CPU hosts."""
+    from .devices import nccl_version
+
+    return nccl_version()
+
+
+def cuda_built() -> bool:
+    from .devices import cuda_available
+
+    return cuda_available()
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing a Chrome-trace timeline of collectives (rank 0 writes it)."""
+    st = state()
+    if st.world.Get_rank() != 0:
+        return
+    from .timeline import Timeline
+
+    if st.timeline is not None:
+        st.timeline.close()
+    st.timeline = Timeline(file_path, mark_cycles)
+    st.engine.timeline = st.timeline
+
+
+def stop_timeline() -> None:
+    st = state()
+    if st.timeline is not None:
+        st.engine.timeline = None
+        st.timeline.close()
+        st.timeline = None
+
+
+def add_process_set(process_set) -> ProcessSet:
+    """Register a new process set on every rank (collective: all ranks call it, same ranks)."""
+    from .collectives import _submit_control
+    from .messages import Kind
+
+    st = state()
+    if not st.dynamic:
+        raise ValueError(
+            "add_process_set() needs dynamic process sets: call hvd.init(process_sets="
+            "'dynamic') or set HVDLITE_DYNAMIC_PROCESS_SETS=1."
+        )
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"{ps} is already registered.")
+    ranks = st.sets.validate_ranks(ps.ranks or [])
+    n = st.counters.get("add_process_set", 0)
+    st.counters["add_process_set"] = n + 1
+    return _submit_control(Kind.ADD_PROCESS_SET, f"__add_process_set__.{n}", tuple(ranks),
+                           payload=ps).result()
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister *process_set* on every rank (collective). Returns True when removed."""
+    from .collectives import _submit_control
+    from .messages import Kind
+
+    st = state()
+    if not st.dynamic:
+        raise ValueError(
+            "remove_process_set() needs dynamic process sets: call hvd.init(process_sets="
+            "'dynamic') or set HVDLITE_DYNAMIC_PROCESS_SETS=1."
+        )
+    if process_set is global_process_set or process_set.process_set_id in (None, 0):
+        raise ValueError("Only a registered process set other than the global one can be "
+                         "removed.")
+    n = st.counters.get("remove_process_set", 0)
+    st.counters["remove_process_set"] = n + 1
+    _submit_control(Kind.REMOVE_PROCESS_SET, f"__remove_process_set__.{n}",
+                    (process_set.process_set_id,)).result()
+    return True

@@ -1,0 +1,338 @@
+"""Collectives on numpy arrays: Horovod's names and arguments, over the engine.
+
+Every ``*_async`` function validates its arguments on the calling thread
+(ValueError naming the fix), submits one engine entry and returns a
+:class:`~hvdlite.handles.Handle`; the plain spelling waits for it.  Framework
+adapters call the same functions with zero-copy views of their tensors and,
+for in-place ops, ``output=`` set to the input itself.
+
+Cross-rank contract: every rank of ``process_set`` must submit the same
+collectives under the same names (automatic names count calls per op, so ranks
+must call in the same order); shapes, dtypes, ops, roots and scale factors must
+agree, else every rank gets HorovodInternalError naming the difference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .basics import state
+from .dtypes import check_dtype
+from .engine import Entry
+from .handles import Handle, synchronize
+from .messages import Kind, Params
+from .ops import Adasum, Average, ReduceOp, resolve_op
+from .process_sets import ProcessSet, global_process_set
+
+__all__ = [
+    "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_async", "alltoall", "alltoall_async", "reducescatter",
+    "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
+    "barrier", "join",
+]
+
+
+# ------------------------------------------------------------------ helpers
+def _members(st, process_set: ProcessSet, what: str) -> tuple[int, list[int]]:
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"{what}: process_set must be a hvd.ProcessSet, got "
+                         f"{type(process_set).__name__}.")
+    set_id = process_set.process_set_id
+    ps = st.sets.get(set_id) if set_id is not None else None
+    if ps is None:
+        raise ValueError(f"{what}: {process_set} is not registered; pass it to "
+                         "hvd.init(process_sets=[...]) or hvd.add_process_set() first.")
+    if st.world.Get_rank() not in st.sets.members[set_id]:
+        raise ValueError(f"{what}: rank {st.world.Get_rank()} is not a member of {ps} "
+                         f"(ranks {ps.ranks}); only its members may call collectives on it.")
+    return set_id, ps.ranks
+
+
+def _name(st, op: str, name: str | None) -> str:
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{op}: name must be a non-empty string, got {name!r}.")
+        return name
+    n = st.counters.get(op, 0)
+    st.counters[op] = n + 1
+    return f"{op}.noname.{n}"
+
+
+def _array(x, what: str) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{what}: the array is not C-contiguous; pass "
+                         "np.ascontiguousarray(x) (hvdlite never copies silently).")
+    return x
+
+
+def _output(out, like: np.ndarray, what: str) -> np.ndarray:
+    if out is None:
+        return np.empty_like(like)
+    if not isinstance(out, np.ndarray) or out.shape != like.shape or out.dtype != like.dtype \
+            or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{what}: output must be a writeable C-contiguous array with the "
+                         f"input's shape {like.shape} and dtype {like.dtype}.")
+    return out
+
+
+def _submit(st, params: Params, inputs, outputs, grouped=False, splits=None, payload=None,
+            keepalive=None) -> Handle:
+    handle = Handle(params.name, keepalive=keepalive)
+    entry = Entry(params, inputs, outputs, handle, grouped=grouped, splits=splits,
+                  payload=payload)
+    return st.engine.submit(entry)
+
+
+def _submit_control(kind: Kind, name: str, extra: tuple, payload=None) -> Handle:
+    st = state()
+    params = Params(0, name, int(kind), (), (), 0, -1, 1.0, 1.0, extra, "cpu")
+    return _submit(st, params, [], [], payload=payload)
+
+
+def _reduction_op(op, average, what: str, set_size: int) -> ReduceOp:
+    rop = resolve_op(op, average)
+    if rop == Adasum and set_size & (set_size - 1):
+        raise ValueError(f"{what}: op=Adasum needs a power-of-two number of ranks, the "
+                         f"process set has {set_size}; use op=Average or run on 2, 4, 8... "
+                         "ranks.")
+    return rop
+
+
+def _scales(prescale_factor, postscale_factor) -> tuple[float, float]:
+    try:
+        return float(prescale_factor), float(postscale_factor)
+    except (TypeError, ValueError):
+        raise ValueError("prescale_factor and postscale_factor must be numbers.") from None
+
+
+# ----------------------------------------------------------------- allreduce
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set, *,
+                            outputs=None) -> Handle:
+    """Reduce a list of arrays as one unit (negotiated and fused together).
+
+    The handle's result is the list of outputs.  Each rank gets the element-wise
+    reduction over the ranks of *process_set* (Average divides by its size).
+    """
+    st = state()
+    what = "grouped_allreduce" if isinstance(tensors, (list, tuple)) else "allreduce"
+    set_id, ranks = _members(st, process_set, what)
+    rop = _reduction_op(op, average, what, len(ranks))
+    pre, post = _scales(prescale_factor, postscale_factor)
+    arrays = [_array(t, what) for t in tensors]
+    if not arrays:
+        raise ValueError(f"{what}: needs at least one array.")
+    if outputs is None:
+        outputs = [None] * len(arrays)
+    if len(outputs) != len(arrays):
+        raise ValueError(f"{what}: got {len(arrays)} arrays but {len(outputs)} outputs.")
+    outs = [_output(o, a, what) for o, a in zip(outputs, arrays)]
+    dtypes = tuple(check_dtype(a, what, rop) for a in arrays)
+    params = Params(set_id, _name(st, "allreduce", name), int(Kind.ALLREDUCE), dtypes,
+                    tuple(a.shape for a in arrays), int(rop), -1, pre, post, (), "cpu")
+    return _submit(st, params, arrays, outs, grouped=True, keepalive=(arrays, outs))
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set, *,
+                    output=None) -> Handle:
+    """Start an allreduce of *tensor*; the handle's result is the output array.
+
+    Pass ``output=tensor`` to reduce in place.
+    """
+    st = state()
+    set_id, ranks = _members(st, process_set, "allreduce")
+    rop = _reduction_op(op, average, "allreduce", len(ranks))
+    pre, post = _scales(prescale_factor, postscale_factor)
+    array = _array(tensor, "allreduce")
+    out = _output(output, array, "allreduce")
+    dtype = check_dtype(array, "allreduce", rop)
+    params = Params(set_id, _name(st, "allreduce", name), int(Kind.ALLREDUCE), (dtype,),
+                    (array.shape,), int(rop), -1, pre, post, (), "cpu")
+    return _submit(st, params, [array], [out], keepalive=(array, out))
+
+
+def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=global_process_set, *, output=None):
+    """Reduce *tensor* over the ranks of *process_set* (default op: Average)."""
+    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
+                                       postscale_factor, process_set, output=output))
+
+
+def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=global_process_set, *, outputs=None):
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                               postscale_factor, process_set,
+                                               outputs=outputs))
+
+
+# ----------------------------------------------------------------- allgather
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
+    """Concatenate each array along dim 0 over the ranks (dim 0 may differ per rank)."""
+    st = state()
+    set_id, _ = _members(st, process_set, "allgather")
+    arrays = [_array(t, "allgather") for t in tensors]
+    if not arrays:
+        raise ValueError("grouped_allgather: needs at least one array.")
+    for a in arrays:
+        if a.ndim == 0:
+            raise ValueError("allgather: the array needs at least one dimension (it is "
+                             "concatenated along dim 0); use x.reshape(1).")
+    dtypes = tuple(check_dtype(a, "allgather") for a in arrays)
+    params = Params(set_id, _name(st, "allgather", name), int(Kind.ALLGATHER), dtypes,
+                    tuple(a.shape[1:] for a in arrays), 0, -1, 1.0, 1.0, (), "cpu")
+    return _submit(st, params, arrays, None, grouped=True, keepalive=arrays)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
+    st = state()
+    set_id, _ = _members(st, process_set, "allgather")
+    array = _array(tensor, "allgather")
+    if array.ndim == 0:
+        raise ValueError("allgather: the array needs at least one dimension (it is "
+                         "concatenated along dim 0); use x.reshape(1).")
+    dtype = check_dtype(array, "allgather")
+    params = Params(set_id, _name(st, "allgather", name), int(Kind.ALLGATHER), (dtype,),
+                    (array.shape[1:],), 0, -1, 1.0, 1.0, (), "cpu")
+    return _submit(st, params, [array], None, keepalive=array)
+
+
+def allgather(tensor, name=None, process_set=global_process_set) -> np.ndarray:
+    return synchronize(allgather_async(tensor, name, process_set))
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
+    return synchronize(grouped_allgather_async(list(tensors), name, process_set))
+
+
+# ----------------------------------------------------------------- broadcast
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set, *,
+                    output=None) -> Handle:
+    """Copy *tensor* from *root_rank* (a global rank) to every rank of the set.
+
+    Pass ``output=tensor`` to broadcast in place.
+    """
+    st = state()
+    set_id, ranks = _members(st, process_set, "broadcast")
+    try:
+        root = int(root_rank)
+    except (TypeError, ValueError):
+        raise ValueError(f"broadcast: root_rank must be an int, got {root_rank!r}.") from None
+    if root not in ranks:
+        raise ValueError(f"broadcast: root_rank {root} is not a rank of the process set "
+                         f"(ranks {ranks}); pass the global rank of a member.")
+    array = _array(tensor, "broadcast")
+    out = _output(output, array, "broadcast")
+    dtype = check_dtype(array, "broadcast")
+    params = Params(set_id, _name(st, "broadcast", name), int(Kind.BROADCAST), (dtype,),
+                    (array.shape,), 0, root, 1.0, 1.0, (), "cpu")
+    return _submit(st, params, [array], [out], keepalive=(array, out))
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set, *, output=None):
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set, output=output))
+
+
+# ------------------------------------------------------------------ alltoall
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
+    """Scatter dim-0 slices of *tensor* to the ranks (``splits[i]`` rows to rank i).
+
+    The handle's result is ``(output, received_splits)``.  Without *splits*, dim 0
+    must divide evenly by the set size.
+    """
+    st = state()
+    set_id, ranks = _members(st, process_set, "alltoall")
+    array = _array(tensor, "alltoall")
+    if array.ndim == 0:
+        raise ValueError("alltoall: the array needs at least one dimension.")
+    n = len(ranks)
+    if splits is None:
+        if array.shape[0] % n:
+            raise ValueError(f"alltoall: dim 0 ({array.shape[0]}) is not divisible by the "
+                             f"{n} ranks; pass splits= to say how many rows each rank gets.")
+        split_arr = np.full(n, array.shape[0] // n, dtype=np.int64)
+    else:
+        split_arr = np.asarray(splits, dtype=np.int64).reshape(-1)
+        if split_arr.size != n or (split_arr < 0).any() or split_arr.sum() != array.shape[0]:
+            raise ValueError(f"alltoall: splits must be {n} non-negative ints summing to dim 0 "
+                             f"({array.shape[0]}), got {list(split_arr)}.")
+    dtype = check_dtype(array, "alltoall")
+    params = Params(set_id, _name(st, "alltoall", name), int(Kind.ALLTOALL), (dtype,),
+                    (array.shape[1:],), 0, -1, 1.0, 1.0, (), "cpu")
+    return _submit(st, params, [array], None, splits=split_arr, keepalive=array)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Returns ``output`` if *splits* is None, else ``(output, received_splits)``."""
+    output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+    return output if splits is None else (output, received)
+
+
+# ------------------------------------------------------------- reducescatter
+def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=1.0,
+                                postscale_factor=1.0, process_set=global_process_set) -> Handle:
+    """Reduce each array over the ranks and give rank i its i-th dim-0 shard.
+
+    Shards are as even as possible; the first ``rows % size`` ranks get one more row.
+    """
+    st = state()
+    set_id, _ = _members(st, process_set, "reducescatter")
+    rop = resolve_op(op, None)
+    if rop == Adasum:
+        raise ValueError("reducescatter: op=Adasum is not supported; use Average or Sum.")
+    pre, post = _scales(prescale_factor, postscale_factor)
+    arrays = [_array(t, "reducescatter") for t in tensors]
+    if not arrays:
+        raise ValueError("grouped_reducescatter: needs at least one array.")
+    for a in arrays:
+        if a.ndim == 0:
+            raise ValueError("reducescatter: the array needs at least one dimension.")
+    dtypes = tuple(check_dtype(a, "reducescatter", rop) for a in arrays)
+    params = Params(set_id, _name(st, "reducescatter", name), int(Kind.REDUCESCATTER), dtypes,
+                    tuple(a.shape for a in arrays), int(rop), -1, pre, post, (), "cpu")
+    return _submit(st, params, arrays, None, grouped=True, keepalive=arrays)
+
+
+def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0,
+                        postscale_factor=1.0, process_set=global_process_set) -> Handle:
+    handle = grouped_reducescatter_async([tensor], name, op, prescale_factor,
+                                         postscale_factor, process_set)
+    handle._convert = lambda outs: outs[0]
+    return handle
+
+
+def reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+                  process_set=global_process_set):
+    return synchronize(reducescatter_async(tensor, name, op, prescale_factor,
+                                           postscale_factor, process_set))
+
+
+def grouped_reducescatter(tensors, name=None, op=Average, prescale_factor=1.0,
+                          postscale_factor=1.0, process_set=global_process_set):
+    return synchronize(grouped_reducescatter_async(tensors, name, op, prescale_factor,
+                                                   postscale_factor, process_set))
+
+
+# --------------------------------------------------------- barrier and join
+def barrier(process_set=global_process_set) -> None:
+    """Return once every rank of *process_set* has called barrier()."""
+    st = state()
+    set_id, _ = _members(st, process_set, "barrier")
+    params = Params(set_id, _name(st, "barrier", None), int(Kind.BARRIER), (), (), 0, -1,
+                    1.0, 1.0, (), "cpu")
+    synchronize(_submit(st, params, [], []))
+
+
+def join(device: int = -1) -> int:
+    """This rank has no more data: until every rank joined, contribute zeros.
+
+    Meanwhile the other ranks' allreduce/allgather/reducescatter keep working
+    (a joined rank adds zeros or no rows; Average still divides by the full
+    size).  Returns the rank that joined last, the same on every rank.
+    """
+    st = state()
+    params = Params(0, "__join__", int(Kind.JOIN), (), (), 0, -1, 1.0, 1.0, (), "cpu")
+    return synchronize(_submit(st, params, [], []))

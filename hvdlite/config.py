@@ -1,0 +1,147 @@
+"""Knobs: every tunable of hvdlite, read once from the environment at ``init()``.
+
+Each knob has an ``HVDLITE_*`` environment variable; the matching ``HOROVOD_*``
+name is accepted too so existing job scripts keep working, and the ``HVDLITE_``
+spelling wins when both are set.  ``hvdrun`` exposes every knob as a flag that
+sets the variable (see :data:`KNOBS`, the single table both sides read).
+
+Cross-rank contract: knobs are per process.  Values that must agree across
+ranks (fusion threshold, cache capacity, cycle time) are what ``hvdrun``
+forwards to every rank; a rank started with a different value still works, only
+less efficiently, because every decision that must agree is made by the
+coordinator and broadcast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+__all__ = ["Knob", "KNOBS", "Config", "read_config", "env_value"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """One tunable: its attribute on :class:`Config`, its variable, its type."""
+
+    attr: str
+    env: str  # the HVDLITE_ name; the HOROVOD_ name is derived from it
+    kind: type
+    default: object
+    help: str
+
+    @property
+    def horovod_env(self) -> str:
+        return "HOROVOD_" + self.env[len("HVDLITE_"):]
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("fusion_threshold", "HVDLITE_FUSION_THRESHOLD", int, 64 * 1024 * 1024,
+         "bytes: ready tensors are packed into one buffer up to this size (0 disables fusion)"),
+    Knob("cycle_time_ms", "HVDLITE_CYCLE_TIME", float, 1.0,
+         "milliseconds: how long the engine waits for more work before an empty cycle"),
+    Knob("cache_capacity", "HVDLITE_CACHE_CAPACITY", int, 1024,
+         "entries in the response cache (0 disables it: every name goes to the coordinator)"),
+    Knob("hierarchical_allreduce", "HVDLITE_HIERARCHICAL_ALLREDUCE", bool, False,
+         "reduce inside each node, then across nodes, then broadcast inside the node"),
+    Knob("hierarchical_allgather", "HVDLITE_HIERARCHICAL_ALLGATHER", bool, False,
+         "gather inside each node, then across nodes"),
+    Knob("timeline", "HVDLITE_TIMELINE", str, "",
+         "path of a Chrome-trace timeline written by rank 0 (empty: off)"),
+    Knob("timeline_mark_cycles", "HVDLITE_TIMELINE_MARK_CYCLES", bool, False,
+         "mark every engine cycle in the timeline"),
+    Knob("stall_check_disable", "HVDLITE_STALL_CHECK_DISABLE", bool, False,
+         "turn the stall inspector off"),
+    Knob("stall_check_time_seconds", "HVDLITE_STALL_CHECK_TIME_SECONDS", float, 60.0,
+         "seconds a name may wait for other ranks before the coordinator warns"),
+    Knob("stall_shutdown_time_seconds", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", float, 0.0,
+         "seconds after which stalled collectives fail with an error (0: never)"),
+    Knob("log_level", "HVDLITE_LOG_LEVEL", str, "WARNING",
+         "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL"),
+    Knob("mpi_threads_disable", "HVDLITE_MPI_THREADS_DISABLE", bool, False,
+         "initialize MPI with MPI_THREAD_SERIALIZED instead of MPI_THREAD_MULTIPLE"),
+    Knob("dynamic_process_sets", "HVDLITE_DYNAMIC_PROCESS_SETS", bool, False,
+         "allow add_process_set()/remove_process_set() after init()"),
+    Knob("test_node_size", "HVDLITE_TEST_NODE_SIZE", int, 0,
+         "tests and benchmarks only: group consecutive ranks into simulated nodes of this size"),
+)
+
+_TRUE = {"1", "true", "yes", "on", "y", "t"}
+_FALSE = {"0", "false", "no", "off", "n", "f", ""}
+
+
+def env_value(knob: Knob, environ: Mapping[str, str] | None = None) -> str | None:
+    """The raw string for *knob*: HVDLITE_ first, then HOROVOD_, else None."""
+    environ = os.environ if environ is None else environ
+    for name in (knob.env, knob.horovod_env):
+        if name in environ:
+            return environ[name]
+    return None
+
+
+def _parse(knob: Knob, raw: str):
+    name = knob.env
+    text = raw.strip()
+    try:
+        if knob.kind is bool:
+            low = text.lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError(raw)
+        if knob.kind is int:
+            return int(float(text)) if text else knob.default
+        if knob.kind is float:
+            return float(text) if text else knob.default
+        return text
+    except ValueError:
+        want = {bool: "0 or 1", int: "an integer", float: "a number"}.get(knob.kind, "a string")
+        raise ValueError(
+            f"{name}={raw!r} is not valid: it must be {want} ({knob.help})."
+        ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The knob values one process runs with (immutable; made by :func:`read_config`)."""
+
+    fusion_threshold: int = 64 * 1024 * 1024
+    cycle_time_ms: float = 1.0
+    cache_capacity: int = 1024
+    hierarchical_allreduce: bool = False
+    hierarchical_allgather: bool = False
+    timeline: str = ""
+    timeline_mark_cycles: bool = False
+    stall_check_disable: bool = False
+    stall_check_time_seconds: float = 60.0
+    stall_shutdown_time_seconds: float = 0.0
+    log_level: str = "WARNING"
+    mpi_threads_disable: bool = False
+    dynamic_process_sets: bool = False
+    test_node_size: int = 0
+
+
+def read_config(environ: Mapping[str, str] | None = None) -> Config:
+    """Read every knob from *environ* (default ``os.environ``); bad values raise ValueError."""
+    values = {}
+    for knob in KNOBS:
+        raw = env_value(knob, environ)
+        if raw is not None:
+            values[knob.attr] = _parse(knob, raw)
+    cfg = Config(**values)
+    if cfg.fusion_threshold < 0:
+        raise ValueError("HVDLITE_FUSION_THRESHOLD must be >= 0 bytes (0 disables fusion).")
+    if cfg.cycle_time_ms <= 0:
+        raise ValueError("HVDLITE_CYCLE_TIME must be a positive number of milliseconds.")
+    if cfg.cache_capacity < 0:
+        raise ValueError("HVDLITE_CACHE_CAPACITY must be >= 0 (0 disables the response cache).")
+    if cfg.test_node_size < 0:
+        raise ValueError("HVDLITE_TEST_NODE_SIZE must be >= 0.")
+    levels = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"}
+    if cfg.log_level.upper() not in levels:
+        raise ValueError(
+            f"HVDLITE_LOG_LEVEL={cfg.log_level!r} is not valid: use one of {sorted(levels)}."
+        )
+    return dataclasses.replace(cfg, log_level=cfg.log_level.upper())

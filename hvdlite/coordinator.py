@@ -1,0 +1,175 @@
+"""The coordinator: rank 0's table of requests, and its decisions.
+
+Ranks send requests for names the response cache cannot settle.  The
+coordinator records which ranks asked for which name; when every rank of the
+name's process set has asked (joined ranks excepted, for the kinds they can
+take part in), it checks that the requests agree and emits one response: run
+it, or an error naming the field that differed and each rank's value.
+
+This module is pure logic (no MPI), so it is unit-tested directly.  Cross-rank
+contract: only rank 0 holds a Coordinator; its response list is broadcast and
+executed by every rank in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from .messages import (
+    JOINABLE, RESPONSE_ERROR, RESPONSE_OK, Kind, Params, Response, describe, field_label,
+)
+
+__all__ = ["Coordinator", "check_agreement"]
+
+_CHECKED_FIELDS = ("kind", "device", "dtypes", "shapes", "op", "root", "prescale", "postscale",
+                   "extra")
+
+
+def check_agreement(name: str, per_rank: Mapping[int, Params]) -> str | None:
+    """None if all ranks' requests agree, else a message naming what differed where."""
+    ranks = sorted(per_rank)
+    first = per_rank[ranks[0]]
+    for field in _CHECKED_FIELDS:
+        values = {r: getattr(per_rank[r], field) for r in ranks}
+        if len(set(values.values())) == 1:
+            continue
+        by_value: dict = {}
+        for r, v in values.items():
+            by_value.setdefault(v, []).append(r)
+        parts = "; ".join(
+            f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {describe(field, v)}"
+            for v, rs in by_value.items()
+        )
+        kind = Kind(first.kind).name.lower() if field != "kind" else "collective"
+        return (
+            f"Mismatched {field_label(field)} for {kind} {name!r}: {parts}. "
+            f"Every rank of the process set must submit {name!r} with the same "
+            f"{field_label(field)}."
+        )
+    return None
+
+
+class Coordinator:
+    """Rank 0's negotiation state across cycles."""
+
+    def __init__(self, world_size: int, members: Callable[[int], frozenset | None]):
+        self.world_size = world_size
+        self._members = members
+        self._table: dict[tuple, dict[int, Params]] = {}
+        self._first_seen: dict[tuple, float] = {}
+        self.joined: list[int] = []  # ranks in the order they joined
+
+    def pending_names(self) -> dict[tuple, list[int]]:
+        return {key: sorted(reqs) for key, reqs in self._table.items()}
+
+    def process(self, gathered: Iterable[tuple[int, list[Params]]]) -> list[Response]:
+        """Record the new requests of each rank; return the responses now decided."""
+        newly_joined = []
+        for rank, requests in gathered:
+            for p in requests:
+                if p.kind == Kind.JOIN:
+                    if rank not in self.joined:
+                        newly_joined.append(rank)
+                    continue
+                self._table.setdefault(p.key, {})[rank] = p
+        # Several ranks joining in one cycle: the highest rank counts as the last.
+        self.joined.extend(sorted(newly_joined))
+
+        responses: list[Response] = []
+        joined = frozenset(self.joined)
+        for key in list(self._table):
+            per_rank = self._table[key]
+            response = self._decide(key, per_rank, joined)
+            if response is not None:
+                responses.append(response)
+                del self._table[key]
+        if len(self.joined) == self.world_size:
+            last = self.joined[-1]
+            self.joined = []
+            responses.append(Response(RESPONSE_OK, _join_params(), (0, "__join__"), value=last))
+        return responses
+
+    def _decide(self, key, per_rank: dict[int, Params], joined: frozenset) -> Response | None:
+        set_id, name = key
+        members = self._members(set_id)
+        if members is None:
+            return Response(RESPONSE_ERROR, None, key,
+                            f"Process set {set_id} of {name!r} is not registered (was it "
+                            "removed?).")
+        outsiders = sorted(set(per_rank) - members)
+        if outsiders:
+            return Response(RESPONSE_ERROR, None, key,
+                            f"Ranks {outsiders} submitted {name!r} to process set {set_id}, "
+                            f"which they are not members of.")
+        submitted = set(per_rank)
+        kind = next(iter(per_rank.values())).kind
+        joined_members = members & joined
+        if joined_members and kind not in JOINABLE and not (members - joined) <= submitted:
+            return None
+        if joined_members and kind not in JOINABLE:
+            return Response(RESPONSE_ERROR, None, key,
+                            f"{Kind(kind).name.lower()} {name!r} cannot run while ranks "
+                            f"{sorted(joined_members)} have called join(); only allreduce, "
+                            "allgather and reducescatter continue after a rank joined.")
+        if not (members - joined) <= submitted:
+            return None
+        if not submitted:
+            return None
+        error = check_agreement(name, per_rank)
+        if error is not None:
+            return Response(RESPONSE_ERROR, None, key, error)
+        params = per_rank[min(per_rank)]
+        if params.kind == Kind.BROADCAST and params.root in joined:
+            return Response(RESPONSE_ERROR, None, key,
+                            f"broadcast {name!r}: root rank {params.root} has joined.")
+        return Response(RESPONSE_OK, params, key)
+
+    def stall_report(self, pending: Mapping[int, list[tuple[tuple, float]]],
+                     warn_after: float, fail_after: float) -> tuple[str, list[Response]]:
+        """From each rank's pending (key, age) list: a warning text and error responses.
+
+        A name is stalled when some member of its process set has waited longer
+        than *warn_after* seconds while other members have not submitted it.
+        Past *fail_after* (> 0) seconds the name fails on every rank.
+        """
+        holders: dict[tuple, dict[int, float]] = {}
+        for rank, items in pending.items():
+            for key, age in items:
+                holders.setdefault(key, {})[rank] = age
+        joined = frozenset(self.joined)
+        missing_by_rank: dict[int, list[str]] = {}
+        errors: list[Response] = []
+        for key, ages in sorted(holders.items(), key=lambda kv: kv[0]):
+            members = self._members(key[0]) or frozenset()
+            missing = sorted(members - set(ages) - joined)
+            oldest = max(ages.values())
+            if not missing or oldest < warn_after:
+                continue
+            for r in missing:
+                missing_by_rank.setdefault(r, []).append(key[1])
+            if fail_after > 0 and oldest >= fail_after:
+                errors.append(Response(
+                    RESPONSE_ERROR, None, key,
+                    f"Stalled collective {key[1]!r} cancelled after {oldest:.0f} s: ranks "
+                    f"{sorted(ages)} submitted it, ranks {missing} never did. Make every rank "
+                    "of the process set call the same collectives with the same names.",
+                ))
+                self._table.pop(key, None)
+        if not missing_by_rank:
+            return "", errors
+        lines = [
+            "One or more collectives were submitted by a subset of ranks and have been waiting "
+            f"for the remaining ranks for more than {warn_after:.0f} seconds. This may mean "
+            "that different ranks run different collectives, or in a different order, or that "
+            "a rank is much slower. Missing ranks:"
+        ]
+        for r in sorted(missing_by_rank):
+            names = missing_by_rank[r]
+            shown = ", ".join(names[:10]) + (f" (and {len(names) - 10} more)"
+                                             if len(names) > 10 else "")
+            lines.append(f"  rank {r}: [{shown}]")
+        return "\n".join(lines), errors
+
+
+def _join_params() -> Params:
+    return Params(0, "__join__", int(Kind.JOIN), (), (), 0, -1, 1.0, 1.0, (), "cpu")

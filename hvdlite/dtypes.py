@@ -1,0 +1,50 @@
+"""Which array dtypes each collective accepts, and how reductions move them.
+
+MPI has no portable float16 reduction, so float16 is reduced in a float32
+buffer (more accurate too).  bool is moved as bytes; it may be reduced only
+with Min (logical and), Max (logical or) or Product (and), done on uint8.
+numpy has no bfloat16: framework adapters reduce bfloat16 in float32 and move
+it bit-exactly as int16 for broadcast/allgather/alltoall.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ops import ReduceOp
+
+__all__ = ["SUPPORTED", "check_dtype", "reduce_dtype"]
+
+SUPPORTED = frozenset(
+    np.dtype(t).str
+    for t in (np.uint8, np.int8, np.int16, np.int32, np.int64,
+              np.float16, np.float32, np.float64, np.bool_)
+)
+_NAMES = "uint8, int8, int16, int32, int64, float16, float32, float64, bool"
+
+
+def check_dtype(array: np.ndarray, what: str, op: ReduceOp | None = None) -> str:
+    """Return the dtype string of *array* or raise ValueError naming what is supported."""
+    dt = array.dtype
+    if dt.str not in SUPPORTED:
+        raise ValueError(
+            f"{what}: dtype {dt} is not supported. Supported dtypes: {_NAMES} "
+            "(cast the array, e.g. with .astype(np.float32))."
+        )
+    if op is not None and dt == np.bool_ and op not in (ReduceOp.MIN, ReduceOp.MAX,
+                                                       ReduceOp.PRODUCT):
+        raise ValueError(
+            f"{what}: a bool array can only be reduced with op=Min (and), Max (or) or "
+            f"Product (and), not {op.name.capitalize()}; cast to an integer type to sum."
+        )
+    return dt.str
+
+
+def reduce_dtype(dtype_str: str) -> np.dtype:
+    """The dtype a reduction buffer of this input dtype uses on the wire."""
+    dt = np.dtype(dtype_str)
+    if dt == np.float16:
+        return np.dtype(np.float32)
+    if dt == np.bool_:
+        return np.dtype(np.uint8)
+    return dt

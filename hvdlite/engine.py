@@ -1,0 +1,539 @@
+"""The engine: one background thread per process that negotiates and runs collectives.
+
+Framework threads call :meth:`Engine.submit`; the engine thread runs *cycles*.
+A cycle, on every rank at once over the engine's private copy of the world
+communicator:
+
+1. drain newly submitted entries; look each up in the response cache
+   (hit: set its bit; changed parameters: mark the bit invalid; miss: queue a
+   request for the coordinator);
+2. one non-blocking bitwise-AND allreduce of a small status vector: OR-flags
+   (stored inverted), the AND and OR of cache bits, invalidations, and, right
+   after a wait, which ranks rang the doorbell;
+3. if any rank has requests (or a stall check is due): gather them to rank 0,
+   whose :class:`~hvdlite.coordinator.Coordinator` answers with a response
+   list that is broadcast;
+4. run cached responses that every rank is ready for, then the coordinator's
+   responses, fused into batches (identical on every rank); complete handles.
+
+All process sets negotiate through this one global cycle, and every rank runs
+the same responses in the same order (skipping sets it is not in), so the
+blocking data collectives of different sets can never deadlock each other.
+
+Idle cost: when a cycle makes no progress anywhere, every rank stops cycling
+and *waits*: it sleeps on its local submission event and polls a posted
+doorbell receive with an interval that grows with the time already waited
+(50 µs up to 5 ms).  The first rank with new work sends a one-byte doorbell to
+every other rank and cycling resumes.  No MPI call spins while a peer is slow:
+the status allreduce is non-blocking and is tested with a back-off.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+from .coordinator import Coordinator
+from .exceptions import HorovodInternalError
+from .executor import MPIExecutor
+from .fusion import plan_batches
+from .handles import Handle
+from .messages import (
+    CACHEABLE, RESPONSE_ERROR, RESPONSE_OK, Kind, Params, Response,
+)
+from .response_cache import HIT, INVALID, ResponseCache
+
+__all__ = ["Engine", "Entry"]
+
+log = logging.getLogger("hvdlite")
+
+# OR-flags of the status vector.
+_NEW = 1  # a rank drained new entries this cycle
+_UNCACHED = 2  # a rank has requests for the coordinator
+_SHUTDOWN = 4  # a rank asked to shut down
+_JOINED = 8  # a rank has joined: everything goes through the coordinator
+_STALL = 16  # a rank wants a stall check
+_INVALID = 32  # a rank saw changed parameters under a cached name
+
+_DOORBELL_TAG = 77
+_WORD = 64
+_ALL_ONES = (1 << 64) - 1
+
+
+class Entry:
+    """One submitted collective (a single tensor or a group), owned by the engine thread."""
+
+    __slots__ = ("params", "inputs", "outputs", "handle", "submitted", "grouped", "splits",
+                 "payload", "bit", "sent")
+
+    def __init__(self, params: Params, inputs, outputs, handle: Handle, grouped=False,
+                 splits=None, payload=None):
+        self.params = params
+        self.inputs = inputs
+        self.outputs = outputs
+        self.handle = handle
+        self.submitted = time.monotonic()
+        self.grouped = grouped
+        self.splits = splits
+        self.payload = payload
+        self.bit = -1
+        self.sent = False
+
+    def result(self, value):
+        if value is None:
+            value = self.outputs
+        if isinstance(value, list) and not self.grouped:
+            return value[0] if value else None
+        return value
+
+
+def _to_words(mask: int, nwords: int) -> np.ndarray:
+    return np.frombuffer(mask.to_bytes(nwords * 8, "little"), dtype="<u8")
+
+
+def _from_words(words: np.ndarray) -> int:
+    return int.from_bytes(words.tobytes(), "little")
+
+
+def _bits(mask: int):
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+class Engine:
+    """The per-process background engine (see the module docstring for the cycle)."""
+
+    def __init__(self, world, config, sets, timeline=None, hierarchical=None):
+        self.config = config
+        self.sets = sets
+        self.comm = world.Dup()  # control traffic only: status, gather/bcast, doorbells
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.timeline = timeline
+        self._queue: collections.deque = collections.deque()
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._inflight: set = set()
+        self._stopped = False
+        self._stop_reason = ""
+        self._shutdown_requested = False
+
+        # Engine-thread state.
+        self._pending: dict[tuple, Entry] = {}
+        self._hits: dict[int, Entry] = {}  # bit -> entry waiting on it
+        self._hit_mask = 0
+        self._invalid_mask = 0
+        self._uncached: list[Entry] = []
+        self._joined = False
+        self._some_joined = False
+        self.cache = ResponseCache(config.cache_capacity)
+        self.coordinator = Coordinator(self.size, sets.members.get) if self.rank == 0 else None
+        self.executor = MPIExecutor(self._pending.get, self._finish, self._comm_of, self.rank)
+        self.executor.hierarchical = hierarchical
+        self._threshold = config.fusion_threshold
+        self._cycle_time = config.cycle_time_ms / 1000.0
+        self._stall_warn = config.stall_check_time_seconds
+        self._stall_fail = config.stall_shutdown_time_seconds
+        self._stall_enabled = not config.stall_check_disable and self.size > 1
+        self._next_stall_check = time.monotonic() + min(self._stall_warn, 5.0)
+        self._doorbell_buf = np.zeros(1, dtype=np.uint8)
+        self._doorbell_req = None
+        self._doorbells_seen = 0
+        self._rang = False
+        self._waited = False
+        self._stall_wanted = False
+        self.cycles = 0
+        self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
+        self._thread.start()
+
+    # ============================================================ caller side
+    def submit(self, entry: Entry) -> Handle:
+        """Queue *entry*; ValueError if its name is already in flight on this rank."""
+        key = entry.params.key
+        with self._lock:
+            if self._stopped:
+                raise HorovodInternalError(self._stop_message())
+            if key in self._inflight:
+                raise ValueError(
+                    f"A collective named {key[1]!r} is already in flight on this rank; "
+                    "names must be unique until their handle completes (wait for it with "
+                    "synchronize(), or pass a different name=)."
+                )
+            self._inflight.add(key)
+            self._queue.append(entry)
+        self._event.set()
+        return entry.handle
+
+    def request_shutdown(self, timeout: float | None = 60.0) -> bool:
+        """Ask every rank's engine to stop; wait for ours. True if it stopped in time."""
+        self._shutdown_requested = True
+        self._event.set()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def _stop_message(self) -> str:
+        return self._stop_reason or (
+            "hvdlite has been shut down. This was caused by shutdown() on this or another "
+            "rank, or an exception on another rank; call hvd.init() again to restart."
+        )
+
+    # ============================================================ engine thread
+    def _main(self) -> None:
+        try:
+            self._doorbell_req = self.comm.Irecv(self._doorbell_buf, MPI.ANY_SOURCE,
+                                                 _DOORBELL_TAG)
+            while True:
+                progress, stop = self._cycle()
+                if stop:
+                    break
+                if not progress:
+                    self._wait_for_work()
+        except BaseException as exc:  # noqa: BLE001 - the engine must never die silently
+            text = "".join(traceback.format_exception(exc))
+            log.error("hvdlite engine failed on rank %d:\n%s", self.rank, text)
+            self._stop_reason = f"hvdlite engine failed on rank {self.rank}: {exc!r}"
+            self._fail_everything(self._stop_reason)
+            if self.size > 1:
+                # Peers would wait for this rank forever: end the job instead of hanging it.
+                MPI.COMM_WORLD.Abort(1)
+            return
+        self._teardown()
+
+    def _teardown(self) -> None:
+        reason = self._stop_message()
+        self._fail_everything(reason)
+        req = self._doorbell_req
+        if req is not None:
+            try:
+                req.Cancel()
+                req.Wait()
+            except MPI.Exception:
+                pass
+        try:
+            self.comm.Free()
+        except MPI.Exception:
+            pass
+
+    def _fail_everything(self, reason: str) -> None:
+        with self._lock:
+            self._stopped = True
+            queued = list(self._queue)
+            self._queue.clear()
+        for entry in queued + list(self._pending.values()):
+            self._fail(entry, reason)
+
+    # ------------------------------------------------------------------ waiting
+    def _wait_for_work(self) -> None:
+        """Sleep until local work arrives (then ring every peer) or a peer rings."""
+        start = time.monotonic()
+        req = self._doorbell_req
+        while True:
+            if self._stall_due():
+                self._stall_wanted = True
+            if self._queue or self._shutdown_requested or self._stall_wanted:
+                self._ring()
+                break
+            if req.Test():
+                self._doorbells_seen += 1
+                self._doorbell_req = req = self.comm.Irecv(self._doorbell_buf, MPI.ANY_SOURCE,
+                                                           _DOORBELL_TAG)
+                break
+            waited = time.monotonic() - start
+            self._event.wait(min(0.005, max(0.00005, waited * 0.1)))
+            self._event.clear()
+        self._waited = True
+
+    def _ring(self) -> None:
+        one = np.ones(1, dtype=np.uint8)
+        requests = [self.comm.Isend(one, dest=r, tag=_DOORBELL_TAG)
+                    for r in range(self.size) if r != self.rank]
+        MPI.Request.Waitall(requests)
+        self._rang = True
+
+    def _drain_doorbells(self, wakers: int) -> None:
+        """Receive exactly the doorbells rung before this cycle (each rank rang at most one)."""
+        expected = wakers - (1 if self._rang else 0)
+        while self._doorbells_seen < expected:
+            self._doorbell_req.Wait()
+            self._doorbells_seen += 1
+            self._doorbell_req = self.comm.Irecv(self._doorbell_buf, MPI.ANY_SOURCE,
+                                                 _DOORBELL_TAG)
+        self._doorbells_seen = 0
+        self._rang = False
+
+    def _stall_due(self) -> bool:
+        if not self._stall_enabled or not self._pending:
+            return False
+        now = time.monotonic()
+        if now < self._next_stall_check:
+            return False
+        self._next_stall_check = now + max(1.0, min(self._stall_warn, 10.0) / 2)
+        oldest = min(e.submitted for e in self._pending.values())
+        return now - oldest >= self._stall_warn
+
+    # -------------------------------------------------------------------- cycle
+    def _admit(self, entry: Entry) -> None:
+        params = entry.params
+        self._pending[params.key] = entry
+        if params.set_id not in self.sets.members:
+            self._fail(entry, f"process set {params.set_id} of {params.name!r} is not "
+                              "registered (was it removed?)")
+            return
+        if params.kind == Kind.JOIN:
+            self._joined = True
+        if self._some_joined or params.kind not in CACHEABLE:
+            self._uncached.append(entry)
+            return
+        state, bit = self.cache.lookup(params)
+        if state == HIT:
+            entry.bit = bit
+            self._hits[bit] = entry
+            self._hit_mask |= 1 << bit
+        else:
+            if state == INVALID:
+                self._invalid_mask |= 1 << bit
+            self._uncached.append(entry)
+
+    def _unhit(self, bit: int, to_coordinator: bool) -> None:
+        entry = self._hits.pop(bit, None)
+        self._hit_mask &= ~(1 << bit)
+        if entry is not None:
+            entry.bit = -1
+            if to_coordinator:
+                self._uncached.append(entry)
+
+    def _cycle(self) -> tuple[bool, bool]:
+        self.cycles += 1
+        self._event.clear()
+        new = []
+        queue = self._queue
+        while queue:
+            new.append(queue.popleft())
+        for entry in new:
+            self._admit(entry)
+
+        flags = 0
+        if new:
+            flags |= _NEW
+        if self._uncached:
+            flags |= _UNCACHED
+        if self._shutdown_requested:
+            flags |= _SHUTDOWN
+        if self._joined:
+            flags |= _JOINED
+        if self._invalid_mask:
+            flags |= _INVALID
+        if self._stall_wanted or self._stall_due():
+            flags |= _STALL
+            self._stall_wanted = False
+
+        nwords = (self.cache.num_bits + _WORD - 1) // _WORD
+        wake_words = (self.size + _WORD - 1) // _WORD if self._waited else 0
+        full = (1 << (nwords * _WORD)) - 1
+        hit_and = full if self._joined else self._hit_mask
+        hit_or = 0 if self._joined else self._hit_mask
+        status = np.empty(1 + 3 * nwords + wake_words, dtype="<u8")
+        status[0] = ~flags & _ALL_ONES
+        if nwords:
+            status[1:1 + nwords] = _to_words(hit_and, nwords)
+            status[1 + nwords:1 + 2 * nwords] = _to_words(~hit_or & full, nwords)
+            status[1 + 2 * nwords:1 + 3 * nwords] = _to_words(~self._invalid_mask & full, nwords)
+        if wake_words:
+            wake_full = (1 << (wake_words * _WORD)) - 1
+            mine = (1 << self.rank) if self._rang else 0
+            status[1 + 3 * nwords:] = _to_words(~mine & wake_full, wake_words)
+        self._allreduce_status(status)
+
+        flags = ~int(status[0]) & _ALL_ONES
+        if wake_words:
+            wake_full = (1 << (wake_words * _WORD)) - 1
+            wakers = bin(~_from_words(status[1 + 3 * nwords:]) & wake_full).count("1")
+            self._drain_doorbells(wakers)
+            self._waited = False
+        ready = 0
+        if nwords:
+            all_hit = _from_words(status[1:1 + nwords])
+            any_hit = ~_from_words(status[1 + nwords:1 + 2 * nwords]) & full
+            invalid = ~_from_words(status[1 + 2 * nwords:1 + 3 * nwords]) & full
+            self._invalid_mask = 0
+            for bit in _bits(invalid):
+                self._unhit(bit, to_coordinator=True)
+                self.cache.erase(bit)
+            ready = all_hit & any_hit & ~invalid
+        joined_changed = self._some_joined != bool(flags & _JOINED)
+        self._some_joined = bool(flags & _JOINED)
+        if self._some_joined and self._hit_mask:
+            # While a rank is joined everything is negotiated by the coordinator.
+            for bit in list(_bits(self._hit_mask)):
+                self._unhit(bit, to_coordinator=True)
+            ready = 0
+
+        responses: list[Response] = []
+        if flags & (_UNCACHED | _STALL):
+            responses = self._negotiate(bool(flags & _STALL))
+        cached = [self.cache.get(bit) for bit in _bits(ready)]
+        for bit in _bits(ready):
+            self.cache.touch(bit)
+            self._unhit(bit, to_coordinator=False)
+        executed = self._execute(cached + responses)
+        for response in responses:
+            if response.status == RESPONSE_OK and response.params.kind in CACHEABLE:
+                evicted = self.cache.put(response)
+                if evicted is not None:
+                    self._unhit(evicted, to_coordinator=True)
+        if flags & _SHUTDOWN:
+            return True, True
+        # Only globally known facts decide progress, so every rank waits (or not) together.
+        progress = bool(flags & (_NEW | _INVALID | _STALL | _UNCACHED)) or executed \
+            or joined_changed
+        return progress, False
+
+    def _allreduce_status(self, status: np.ndarray) -> None:
+        """Non-blocking AND-allreduce of the status vector, tested with a back-off."""
+        req = self.comm.Iallreduce(MPI.IN_PLACE, status, MPI.BAND)
+        spins = 0
+        while not req.Test():
+            spins += 1
+            if spins < 50:
+                continue
+            time.sleep(min(0.001, 0.00002 * (spins - 49)))
+
+    def _negotiate(self, stall: bool) -> list[Response]:
+        requests = [e.params for e in self._uncached]
+        for e in self._uncached:
+            e.sent = True
+        self._uncached = []
+        now = time.monotonic()
+        pending = ([(key, now - e.submitted) for key, e in self._pending.items()]
+                   if stall else None)
+        gathered = self.comm.gather((requests, pending), root=0)
+        responses = None
+        if self.coordinator is not None:
+            responses = self.coordinator.process(
+                (rank, item[0]) for rank, item in enumerate(gathered))
+            if stall:
+                report, errors = self.coordinator.stall_report(
+                    {r: item[1] or [] for r, item in enumerate(gathered)},
+                    self._stall_warn, self._stall_fail)
+                if report:
+                    log.warning(report)
+                responses += errors
+        return self.comm.bcast(responses, root=0)
+
+    # ---------------------------------------------------------------- execution
+    def _execute(self, responses: list[Response]) -> bool:
+        if not responses:
+            return False
+        for batch in plan_batches(responses, self._threshold):
+            first = batch[0]
+            if first.status == RESPONSE_ERROR:
+                entry = self._pending.get(first.key)
+                if entry is not None:
+                    self._fail(entry, first.error)
+                continue
+            kind = first.params.kind
+            if kind == Kind.JOIN:
+                self._finish_join(first)
+            elif kind == Kind.ADD_PROCESS_SET:
+                self._add_process_set(first)
+            elif kind == Kind.REMOVE_PROCESS_SET:
+                self._remove_process_set(first)
+            else:
+                timeline = self.timeline
+                if timeline is not None:
+                    timeline.start_batch(batch)
+                self.executor.run_batch(batch)
+                if timeline is not None:
+                    timeline.end_batch(batch)
+        return True
+
+    def _finish_join(self, response: Response) -> None:
+        self._joined = False
+        entry = self._pending.get(response.key)
+        if entry is not None:
+            self._finish(entry, response.value)
+
+    def _add_process_set(self, response: Response) -> None:
+        ranks = list(response.params.extra)
+        color = 0 if self.rank in ranks else MPI.UNDEFINED
+        comm = self.sets.get(0).comm.Split(color, self.rank)
+        entry = self._pending.get(response.key)
+        existing = self.sets.find_ranks(ranks)
+        if existing is not None:
+            if comm != MPI.COMM_NULL:
+                comm.Free()
+            if entry is not None:
+                self._fail(entry, f"a process set with ranks {ranks} already exists "
+                                  f"(id {existing.process_set_id}).")
+            return
+        from .process_sets import ProcessSet
+
+        ps = entry.payload if entry is not None else ProcessSet(ranks)
+        self.sets.register(ps, ranks, None if comm == MPI.COMM_NULL else comm)
+        if entry is not None:
+            self._finish(entry, ps)
+
+    def _remove_process_set(self, response: Response) -> None:
+        set_id = response.params.extra[0]
+        entry = self._pending.get(response.key)
+        if set_id == 0 or self.sets.get(set_id) is None:
+            if entry is not None:
+                self._fail(entry, f"process set {set_id} cannot be removed "
+                                  "(it is the global set or not registered).")
+            return
+        for bit in self.cache.erase_set(set_id):
+            self._unhit(bit, to_coordinator=False)
+        for key, other in list(self._pending.items()):
+            if key[0] == set_id:
+                self._fail(other, f"process set {set_id} was removed while {key[1]!r} was "
+                                  "pending.")
+        ps = self.sets.remove(set_id)
+        if entry is not None:
+            self._finish(entry, ps)
+
+    def _comm_of(self, set_id: int):
+        ps = self.sets.get(set_id)
+        return ps.comm, ps.ranks
+
+    # --------------------------------------------------------------- completion
+    def _release(self, entry: Entry) -> None:
+        key = entry.params.key
+        self._pending.pop(key, None)
+        with self._lock:
+            self._inflight.discard(key)
+
+    def _finish(self, entry: Entry, value) -> None:
+        self._release(entry)
+        if entry.params.kind == Kind.JOIN:
+            self._joined = False
+        result = entry.result(value)
+        try:
+            entry.handle.set_result(result)
+        except concurrent.futures.InvalidStateError:  # cancelled by the caller
+            pass
+
+    def _fail(self, entry: Entry, message: str) -> None:
+        self._release(entry)
+        if entry.bit >= 0:
+            self._hits.pop(entry.bit, None)
+            self._hit_mask &= ~(1 << entry.bit)
+            entry.bit = -1
+        if entry in self._uncached:
+            self._uncached.remove(entry)
+        try:
+            entry.handle.set_exception(HorovodInternalError(message))
+        except concurrent.futures.InvalidStateError:
+            pass

@@ -1,0 +1,27 @@
+"""Error classes, named as in Horovod so that ``except hvd.HorovodInternalError`` keeps working."""
+
+__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "HvdliteInternalError"]
+
+
+class HorovodInternalError(RuntimeError):
+    """A collective failed on this rank.
+
+    Raised from ``synchronize()``/``handle.result()`` when ranks disagree about a
+    collective (shape, dtype, op, root, scale factors), when a stalled collective
+    is cancelled by the stall inspector, and after ``shutdown()`` (local or on
+    another rank).  The engine stays usable after a disagreement; after a
+    shutdown it does not.  Elastic training treats this error as "restore the
+    last committed state and retry".
+    """
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The set of hosts changed (elastic training); the caller should re-sync state."""
+
+    def __init__(self, skip_sync: bool = False):
+        super().__init__("hosts updated")
+        self.skip_sync = skip_sync
+
+
+#: hvdlite's own name for the same class.
+HvdliteInternalError = HorovodInternalError

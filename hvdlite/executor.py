@@ -1,0 +1,342 @@
+"""Running agreed responses over MPI on host (numpy) buffers.
+
+Every rank calls :meth:`MPIExecutor.run_batch` with the same batches in the
+same order (the engine guarantees it); ranks outside a batch's process set skip
+it.  Single tensors move without a copy (MPI reads the caller's array and
+writes the output array); fused batches are copied into a persistent buffer,
+moved by one collective and copied out, with the pre/post scale factors applied
+during the copies.  A joined rank (no local entry) contributes zeros to
+reductions and no rows to allgathers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from .dtypes import reduce_dtype
+from .fusion import BufferPool
+from .messages import Kind, Response
+from .ops import ReduceOp
+
+__all__ = ["MPIExecutor", "split_rows"]
+
+_MPI_OPS = {
+    ReduceOp.AVERAGE: MPI.SUM,
+    ReduceOp.SUM: MPI.SUM,
+    ReduceOp.MIN: MPI.MIN,
+    ReduceOp.MAX: MPI.MAX,
+    ReduceOp.PRODUCT: MPI.PROD,
+}
+
+
+def split_rows(rows: int, parts: int) -> list[int]:
+    """Reducescatter's dim-0 split: as even as possible, the first ranks get the remainder."""
+    base, extra = divmod(rows, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def _flat_bytes(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+def _displacements(counts) -> list[int]:
+    out, acc = [], 0
+    for c in counts:
+        out.append(acc)
+        acc += c
+    return out
+
+
+class MPIExecutor:
+    """Executes batches of OK responses; knows nothing about negotiation."""
+
+    def __init__(self, lookup: Callable, finish: Callable, comm_of: Callable,
+                 world_rank: int):
+        self._lookup = lookup  # key -> local Entry or None (joined / not a member)
+        self._finish = finish  # (entry, value) -> None
+        self._comm_of = comm_of  # set_id -> (comm, ranks) or (None, ranks)
+        self.world_rank = world_rank
+        self.pool = BufferPool()
+        self.hierarchical = None  # set by the engine when hierarchical allreduce is on
+
+    # ------------------------------------------------------------------ dispatch
+    def run_batch(self, batch: list[Response]) -> None:
+        params = batch[0].params
+        comm, ranks = self._comm_of(params.set_id)
+        if comm is None:
+            return
+        kind = params.kind
+        if kind == Kind.ALLREDUCE:
+            if params.op == ReduceOp.ADASUM:
+                from .adasum import adasum_allreduce
+
+                self._allreduce_adasum(batch, comm, adasum_allreduce)
+            else:
+                self._allreduce(batch, comm)
+        elif kind == Kind.ALLGATHER:
+            self._allgather(batch, comm)
+        elif kind == Kind.BROADCAST:
+            self._broadcast(batch, comm, ranks.index(params.root))
+        elif kind == Kind.ALLTOALL:
+            self._alltoall(batch[0], comm)
+        elif kind == Kind.REDUCESCATTER:
+            self._reducescatter(batch, comm)
+        elif kind == Kind.BARRIER:
+            entry = self._lookup(batch[0].key)
+            if entry is not None:
+                self._finish(entry, None)
+        else:  # pragma: no cover - the engine handles control kinds itself
+            raise RuntimeError(f"executor cannot run {Kind(kind).name}")
+
+    # ----------------------------------------------------------------- allreduce
+    def _reduction_items(self, batch, set_size):
+        """(entry, input, output, count, prescale, postscale) for every tensor of the batch."""
+        items = []
+        for response in batch:
+            p = response.params
+            entry = self._lookup(response.key)
+            post = p.postscale / set_size if p.op == ReduceOp.AVERAGE else p.postscale
+            for i, shape in enumerate(p.shapes):
+                if entry is None:
+                    items.append((None, None, None, math.prod(shape), p.prescale, post))
+                else:
+                    items.append((entry, entry.inputs[i], entry.outputs[i], math.prod(shape),
+                                  p.prescale, post))
+        return items
+
+    def _allreduce(self, batch, comm) -> None:
+        p0 = batch[0].params
+        wire = reduce_dtype(p0.dtypes[0])
+        op = _MPI_OPS[ReduceOp(p0.op)]
+        items = self._reduction_items(batch, comm.Get_size())
+        if self.hierarchical is not None and self.hierarchical.applies(comm):
+            reduce = lambda buf: self.hierarchical.allreduce(buf, op)  # noqa: E731
+        else:
+            reduce = lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, op)  # noqa: E731
+        if len(items) == 1 and items[0][1] is not None and items[0][1].dtype == wire \
+                and self.hierarchical is None:
+            _, inp, out, _, pre, post = items[0]
+            if pre != 1.0:
+                np.multiply(inp, pre, out=out, casting="unsafe")
+                comm.Allreduce(MPI.IN_PLACE, out, op)
+            elif inp is out:
+                comm.Allreduce(MPI.IN_PLACE, out, op)
+            else:
+                comm.Allreduce(inp, out, op)
+            if post != 1.0:
+                np.multiply(out, post, out=out, casting="unsafe")
+        else:
+            total = sum(item[3] for item in items)
+            buf = self.pool.get(wire, total)
+            self._copy_in(items, buf)
+            reduce(buf)
+            self._copy_out(items, buf)
+        self._finish_batch(batch)
+
+    @staticmethod
+    def _copy_in(items, buf) -> None:
+        offset = 0
+        for _, inp, _, count, pre, _ in items:
+            view = buf[offset:offset + count]
+            offset += count
+            if inp is None:
+                view.fill(0)
+            elif pre != 1.0:
+                np.multiply(inp.reshape(-1), pre, out=view, casting="unsafe")
+            else:
+                np.copyto(view, inp.reshape(-1), casting="unsafe")
+
+    @staticmethod
+    def _copy_out(items, buf) -> None:
+        offset = 0
+        for _, _, out, count, _, post in items:
+            view = buf[offset:offset + count]
+            offset += count
+            if out is None:
+                continue
+            if post != 1.0:
+                np.multiply(view, post, out=out.reshape(-1), casting="unsafe")
+            else:
+                np.copyto(out.reshape(-1), view, casting="unsafe")
+
+    def _finish_batch(self, batch) -> None:
+        for response in batch:
+            entry = self._lookup(response.key)
+            if entry is not None:
+                self._finish(entry, None)
+
+    def _allreduce_adasum(self, batch, comm, adasum_allreduce) -> None:
+        for response in batch:
+            p = response.params
+            entry = self._lookup(response.key)
+            for i, shape in enumerate(p.shapes):
+                if entry is None:
+                    data = np.zeros(math.prod(shape), dtype=reduce_dtype(p.dtypes[i]))
+                else:
+                    data = entry.inputs[i].reshape(-1).astype(np.float64) * p.prescale
+                result = adasum_allreduce(comm, data)
+                if entry is not None:
+                    np.multiply(result, p.postscale, out=entry.outputs[i].reshape(-1),
+                                casting="unsafe")
+            if entry is not None:
+                self._finish(entry, None)
+
+    # ----------------------------------------------------------------- allgather
+    def _allgather(self, batch, comm) -> None:
+        size = comm.Get_size()
+        tensors = []  # (entry, input or None, trailing shape, dtype)
+        for response in batch:
+            p = response.params
+            entry = self._lookup(response.key)
+            for i, (dt, trailing) in enumerate(zip(p.dtypes, p.shapes)):
+                tensors.append((entry, entry.inputs[i] if entry else None, trailing,
+                                np.dtype(dt)))
+        local = np.array([t[1].shape[0] if t[1] is not None else 0 for t in tensors],
+                         dtype=np.int64)
+        dims = np.empty((size, len(tensors)), dtype=np.int64)
+        comm.Allgather(local, dims)
+        row_bytes = [math.prod(t[2]) * t[3].itemsize for t in tensors]
+        outputs = [np.empty((int(dims[:, j].sum()),) + tuple(t[2]), dtype=t[3])
+                   for j, t in enumerate(tensors)]
+        if len(tensors) == 1:
+            inp = tensors[0][1]
+            send = _flat_bytes(inp) if inp is not None else np.empty(0, np.uint8)
+            counts = [int(d) * row_bytes[0] for d in dims[:, 0]]
+            comm.Allgatherv([send, MPI.BYTE],
+                            [_flat_bytes(outputs[0]), (counts, _displacements(counts)),
+                             MPI.BYTE])
+        else:
+            per_rank = [int(sum(int(dims[r, j]) * row_bytes[j] for j in range(len(tensors))))
+                        for r in range(size)]
+            me = comm.Get_rank()
+            send = self.pool.get(np.uint8, per_rank[me], slot=0)
+            offset = 0
+            for j, t in enumerate(tensors):
+                if t[1] is not None and t[1].size:
+                    nb = t[1].nbytes
+                    send[offset:offset + nb] = _flat_bytes(t[1])
+                    offset += nb
+            recv = self.pool.get(np.uint8, sum(per_rank), slot=1)
+            displs = _displacements(per_rank)
+            comm.Allgatherv([send, MPI.BYTE], [recv, (per_rank, displs), MPI.BYTE])
+            row_offsets = [0] * len(tensors)
+            for r in range(size):
+                offset = displs[r]
+                for j in range(len(tensors)):
+                    nb = int(dims[r, j]) * row_bytes[j]
+                    if nb:
+                        out = _flat_bytes(outputs[j])
+                        start = row_offsets[j]
+                        out[start:start + nb] = recv[offset:offset + nb]
+                        row_offsets[j] = start + nb
+                        offset += nb
+        self._finish_per_entry(tensors, outputs)
+
+    def _finish_per_entry(self, tensors, outputs) -> None:
+        results: dict[int, tuple] = {}
+        for (entry, *_), out in zip(tensors, outputs):
+            if entry is not None:
+                results.setdefault(id(entry), (entry, []))[1].append(out)
+        for entry, outs in results.values():
+            self._finish(entry, outs)
+
+    # ----------------------------------------------------------------- broadcast
+    def _broadcast(self, batch, comm, root: int) -> None:
+        is_root = comm.Get_rank() == root
+        pairs = []  # (input, output)
+        for response in batch:
+            entry = self._lookup(response.key)
+            for inp, out in zip(entry.inputs, entry.outputs):
+                pairs.append((inp, out))
+        if len(pairs) == 1:
+            inp, out = pairs[0]
+            if is_root and inp is not out:
+                np.copyto(out, inp)
+            comm.Bcast([_flat_bytes(out), MPI.BYTE], root=root)
+        else:
+            total = sum(out.nbytes for _, out in pairs)
+            buf = self.pool.get(np.uint8, total)
+            if is_root:
+                offset = 0
+                for inp, _ in pairs:
+                    buf[offset:offset + inp.nbytes] = _flat_bytes(inp)
+                    offset += inp.nbytes
+            comm.Bcast([buf, MPI.BYTE], root=root)
+            offset = 0
+            for inp, out in pairs:
+                if not (is_root and inp is out):
+                    _flat_bytes(out)[...] = buf[offset:offset + out.nbytes]
+                offset += out.nbytes
+        self._finish_batch(batch)
+
+    # ------------------------------------------------------------------ alltoall
+    def _alltoall(self, response, comm) -> None:
+        entry = self._lookup(response.key)
+        inp = entry.inputs[0]
+        trailing = inp.shape[1:]
+        row_bytes = math.prod(trailing) * inp.itemsize
+        splits = np.ascontiguousarray(entry.splits, dtype=np.int64)
+        received = np.empty(comm.Get_size(), dtype=np.int64)
+        comm.Alltoall(splits, received)
+        out = np.empty((int(received.sum()),) + trailing, dtype=inp.dtype)
+        sc = [int(s) * row_bytes for s in splits]
+        rc = [int(s) * row_bytes for s in received]
+        comm.Alltoallv([_flat_bytes(inp), (sc, _displacements(sc)), MPI.BYTE],
+                       [_flat_bytes(out), (rc, _displacements(rc)), MPI.BYTE])
+        self._finish(entry, (out, received))
+
+    # ------------------------------------------------------------- reducescatter
+    def _reducescatter(self, batch, comm) -> None:
+        size, me = comm.Get_size(), comm.Get_rank()
+        p0 = batch[0].params
+        wire = reduce_dtype(p0.dtypes[0])
+        op = _MPI_OPS[ReduceOp(p0.op)]
+        tensors = []  # (entry, input, shape, dtype, prescale, postscale, rows per rank)
+        for response in batch:
+            p = response.params
+            entry = self._lookup(response.key)
+            post = p.postscale / size if p.op == ReduceOp.AVERAGE else p.postscale
+            for i, (dt, shape) in enumerate(zip(p.dtypes, p.shapes)):
+                tensors.append((entry, entry.inputs[i] if entry else None, shape, np.dtype(dt),
+                                p.prescale, post, split_rows(shape[0], size)))
+        row_elems = [math.prod(t[2][1:]) for t in tensors]
+        counts = [sum(t[6][r] * row_elems[j] for j, t in enumerate(tensors))
+                  for r in range(size)]
+        send = self.pool.get(wire, sum(counts), slot=0)
+        # Rank-major layout: every tensor's rows for rank 0, then for rank 1, ...
+        offset = 0
+        starts = [0] * len(tensors)
+        for r in range(size):
+            for j, t in enumerate(tensors):
+                n = t[6][r] * row_elems[j]
+                view = send[offset:offset + n]
+                if t[1] is None:
+                    view.fill(0)
+                else:
+                    src = t[1].reshape(-1)[starts[j]:starts[j] + n]
+                    if t[4] != 1.0:
+                        np.multiply(src, t[4], out=view, casting="unsafe")
+                    else:
+                        np.copyto(view, src, casting="unsafe")
+                starts[j] += n
+                offset += n
+        recv = self.pool.get(wire, counts[me], slot=1)
+        comm.Reduce_scatter(send, recv, counts, op)
+        outputs = []
+        offset = 0
+        for j, t in enumerate(tensors):
+            rows = t[6][me]
+            out = np.empty((rows,) + tuple(t[2][1:]), dtype=t[3])
+            n = rows * row_elems[j]
+            view = recv[offset:offset + n]
+            offset += n
+            if t[5] != 1.0:
+                np.multiply(view, t[5], out=out.reshape(-1), casting="unsafe")
+            else:
+                np.copyto(out.reshape(-1), view, casting="unsafe")
+            outputs.append(out)
+        self._finish_per_entry(tensors, outputs)

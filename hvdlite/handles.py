@@ -1,0 +1,46 @@
+"""Handles: what every asynchronous collective returns.
+
+A :class:`Handle` is a :class:`concurrent.futures.Future`: ``poll(h)`` is
+``h.done()`` and ``synchronize(h)`` is ``h.result()``.  It holds references to
+the input and output buffers until the collective completed, so a caller may
+drop its own references right after submitting.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+__all__ = ["Handle", "poll", "synchronize"]
+
+
+class Handle(concurrent.futures.Future):
+    """The pending result of one collective (or one group of them)."""
+
+    __slots__ = ("name", "_keepalive", "_convert")
+
+    def __init__(self, name: str, keepalive=None, convert=None):
+        super().__init__()
+        self.name = name
+        self._keepalive = keepalive
+        # Optional post-processing run in the caller's thread by synchronize().
+        self._convert = convert
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<hvdlite.Handle {self.name!r} {state}>"
+
+
+def poll(handle: Handle) -> bool:
+    """True when the collective behind *handle* has finished (successfully or not)."""
+    return handle.done()
+
+
+def synchronize(handle: Handle):
+    """Wait for *handle* and return its output; raises HorovodInternalError if it failed."""
+    if not isinstance(handle, concurrent.futures.Future):
+        raise ValueError(
+            f"synchronize() takes a handle returned by an *_async op, not {type(handle).__name__}."
+        )
+    result = handle.result()
+    convert = getattr(handle, "_convert", None)
+    return convert(result) if convert is not None else result

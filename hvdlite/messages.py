@@ -1,0 +1,103 @@
+"""What ranks tell the coordinator, and what it answers.
+
+A rank describes each collective it wants to run with a :class:`Params` tuple
+(the *request*).  Every field except ``rank`` must agree across the ranks of
+the process set — except dim 0 of allgather/alltoall shapes, which may differ
+and is exchanged at execution time, so it is left out of the request.  The
+coordinator answers with :class:`Response` objects; every rank executes the
+same list of responses in the same order.
+
+Params are plain tuples so that comparing two requests (the response cache does
+it for every submission) is one C-level tuple comparison, and pickling them for
+the coordinator is cheap.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+__all__ = ["Kind", "Params", "Response", "RESPONSE_OK", "RESPONSE_ERROR", "describe"]
+
+
+class Kind(enum.IntEnum):
+    ALLREDUCE = 0
+    ALLGATHER = 1
+    BROADCAST = 2
+    ALLTOALL = 3
+    REDUCESCATTER = 4
+    BARRIER = 5
+    JOIN = 6
+    ADD_PROCESS_SET = 7
+    REMOVE_PROCESS_SET = 8
+
+
+#: Kinds whose results the response cache may remember (control messages never are).
+CACHEABLE = frozenset({Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.ALLTOALL,
+                       Kind.REDUCESCATTER, Kind.BARRIER})
+#: Kinds a joined rank takes part in by contributing nothing (zeros or no rows).
+JOINABLE = frozenset({Kind.ALLREDUCE, Kind.ALLGATHER, Kind.REDUCESCATTER})
+
+
+class Params(NamedTuple):
+    """One request: everything about a collective that every rank must agree on."""
+
+    set_id: int
+    name: str
+    kind: int
+    dtypes: tuple  # numpy dtype strings, one per tensor of the (possibly grouped) entry
+    shapes: tuple  # one shape per tensor; dim 0 dropped for allgather/alltoall
+    op: int
+    root: int  # global rank for broadcast, else -1
+    prescale: float
+    postscale: float
+    extra: tuple  # kind-specific agreed data (e.g. the ranks of a new process set)
+    device: str  # "cpu" or "cuda"
+
+    @property
+    def key(self) -> tuple:
+        return (self.set_id, self.name)
+
+
+RESPONSE_OK = 0
+RESPONSE_ERROR = 1
+
+
+class Response(NamedTuple):
+    """The coordinator's decision about one name: run it (``params``) or fail it (``error``)."""
+
+    status: int
+    params: Params | None
+    key: tuple
+    error: str = ""
+    value: object = None  # kind-specific result decided by the coordinator (join: last rank)
+
+
+_FIELD_NAMES = {
+    "kind": "collective",
+    "dtypes": "dtype",
+    "shapes": "shape",
+    "op": "reduction op",
+    "root": "root rank",
+    "prescale": "prescale_factor",
+    "postscale": "postscale_factor",
+    "extra": "arguments",
+    "device": "device",
+}
+
+
+def describe(field: str, value) -> str:
+    """Human wording for one field's value in a mismatch message."""
+    if field == "kind":
+        return Kind(value).name.lower()
+    if field == "op":
+        from .ops import ReduceOp
+
+        return ReduceOp(value).name.capitalize()
+    if field in ("dtypes", "shapes") and isinstance(value, tuple) and len(value) == 1:
+        return str(value[0])
+    return str(value)
+
+
+def field_label(field: str) -> str:
+    return _FIELD_NAMES.get(field, field)

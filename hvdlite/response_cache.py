@@ -1,0 +1,100 @@
+"""The response cache: steady-state negotiation without the coordinator.
+
+After a name has run once, every rank remembers its response under a bit
+position.  Next time a rank submits the same name with the same parameters it
+only sets that bit; one bitwise-AND allreduce per cycle tells every rank which
+bits all ranks have set, and those responses run without a gather.
+
+Cross-rank contract: every rank applies the same sequence of ``put``/``touch``/
+``erase`` calls (they are driven only by the globally agreed response list and
+invalidation bits), so bit positions agree on every rank without ever being
+exchanged.  Eviction is least-recently-used over that same sequence.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .messages import Params, Response
+
+__all__ = ["ResponseCache", "HIT", "MISS", "INVALID"]
+
+HIT, MISS, INVALID = 0, 1, 2
+
+
+class ResponseCache:
+    """Maps (process set id, name) to a bit and the response that ran under it."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._bit_of: dict[tuple, int] = {}
+        self._responses: list[Response | None] = []
+        self._free: list[int] = []
+        self._lru: OrderedDict[int, None] = OrderedDict()
+
+    @property
+    def num_bits(self) -> int:
+        """Bits in use or ever used: the length of the per-cycle bit vectors."""
+        return len(self._responses)
+
+    def __len__(self) -> int:
+        return len(self._bit_of)
+
+    def lookup(self, params: Params) -> tuple[int, int]:
+        """(HIT|MISS|INVALID, bit) for a local request."""
+        bit = self._bit_of.get(params.key)
+        if bit is None:
+            return MISS, -1
+        if self._responses[bit].params == params:
+            return HIT, bit
+        return INVALID, bit
+
+    def get(self, bit: int) -> Response:
+        return self._responses[bit]
+
+    def put(self, response: Response) -> int | None:
+        """Remember *response*; returns the bit evicted to make room, if any."""
+        if self.capacity <= 0:
+            return None
+        key = response.key
+        if key in self._bit_of:
+            bit = self._bit_of[key]
+            self._responses[bit] = response
+            self._lru.move_to_end(bit)
+            return None
+        evicted = None
+        if len(self._bit_of) >= self.capacity:
+            evicted, _ = self._lru.popitem(last=False)
+            self._drop(evicted)
+        if self._free:
+            bit = self._free.pop()
+        else:
+            bit = len(self._responses)
+            self._responses.append(None)
+        self._responses[bit] = response
+        self._bit_of[key] = bit
+        self._lru[bit] = None
+        return evicted
+
+    def touch(self, bit: int) -> None:
+        self._lru.move_to_end(bit)
+
+    def erase(self, bit: int) -> None:
+        if self._responses[bit] is not None:
+            self._lru.pop(bit, None)
+            self._drop(bit)
+
+    def erase_set(self, set_id: int) -> list[int]:
+        """Forget every response of a removed process set; returns the bits freed."""
+        bits = [b for (sid, _), b in self._bit_of.items() if sid == set_id]
+        for bit in bits:
+            self.erase(bit)
+        return bits
+
+    def _drop(self, bit: int) -> None:
+        response = self._responses[bit]
+        del self._bit_of[response.key]
+        self._responses[bit] = None
+        # Reuse the lowest free bits first so vectors stay short; order is deterministic.
+        self._free.append(bit)
+        self._free.sort(reverse=True)
