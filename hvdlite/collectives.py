@@ -14,6 +14,8 @@ agree, else every rank gets HorovodInternalError naming the difference.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from .basics import state
@@ -78,12 +80,26 @@ def _output(out, like: np.ndarray, what: str) -> np.ndarray:
     return out
 
 
+_calling = threading.local()
+
+
+def _sync(async_fn, *args, **kwargs):
+    """Run *async_fn* and wait for it; the waiting caller drives the engine itself,
+    so the engine thread is not woken for it (one thread hand-off less)."""
+    _calling.sync = True
+    try:
+        handle = async_fn(*args, **kwargs)
+    finally:
+        _calling.sync = False
+    return synchronize(handle)
+
+
 def _submit(st, params: Params, inputs, outputs, grouped=False, splits=None, payload=None,
             keepalive=None) -> Handle:
     handle = Handle(params.name, keepalive=keepalive)
     entry = Entry(params, inputs, outputs, handle, grouped=grouped, splits=splits,
                   payload=payload)
-    return st.engine.submit(entry)
+    return st.engine.submit(entry, wake=not getattr(_calling, "sync", False))
 
 
 def _submit_control(kind: Kind, name: str, extra: tuple, payload=None) -> Handle:
@@ -158,15 +174,15 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set, *, output=None):
     """Reduce *tensor* over the ranks of *process_set* (default op: Average)."""
-    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
-                                       postscale_factor, process_set, output=output))
+    return _sync(allreduce_async, tensor, average, name, op, prescale_factor,
+                                       postscale_factor, process_set, output=output)
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=global_process_set, *, outputs=None):
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+    return _sync(grouped_allreduce_async, tensors, average, name, op, prescale_factor,
                                                postscale_factor, process_set,
-                                               outputs=outputs))
+                                               outputs=outputs)
 
 
 # ----------------------------------------------------------------- allgather
@@ -201,11 +217,11 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
 
 
 def allgather(tensor, name=None, process_set=global_process_set) -> np.ndarray:
-    return synchronize(allgather_async(tensor, name, process_set))
+    return _sync(allgather_async, tensor, name, process_set)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
-    return synchronize(grouped_allgather_async(list(tensors), name, process_set))
+    return _sync(grouped_allgather_async, list(tensors), name, process_set)
 
 
 # ----------------------------------------------------------------- broadcast
@@ -233,7 +249,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set, *, output=None):
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set, output=output))
+    return _sync(broadcast_async, tensor, root_rank, name, process_set, output=output)
 
 
 # ------------------------------------------------------------------ alltoall
@@ -267,7 +283,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Returns ``output`` if *splits* is None, else ``(output, received_splits)``."""
-    output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+    output, received = _sync(alltoall_async, tensor, splits, name, process_set)
     return output if splits is None else (output, received)
 
 
@@ -306,14 +322,14 @@ def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0,
 
 def reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
                   process_set=global_process_set):
-    return synchronize(reducescatter_async(tensor, name, op, prescale_factor,
-                                           postscale_factor, process_set))
+    return _sync(reducescatter_async, tensor, name, op, prescale_factor,
+                                           postscale_factor, process_set)
 
 
 def grouped_reducescatter(tensors, name=None, op=Average, prescale_factor=1.0,
                           postscale_factor=1.0, process_set=global_process_set):
-    return synchronize(grouped_reducescatter_async(tensors, name, op, prescale_factor,
-                                                   postscale_factor, process_set))
+    return _sync(grouped_reducescatter_async, tensors, name, op, prescale_factor,
+                                                   postscale_factor, process_set)
 
 
 # --------------------------------------------------------- barrier and join

@@ -40,8 +40,18 @@ def check_dtype(array: np.ndarray, what: str, op: ReduceOp | None = None) -> str
     return dt.str
 
 
+_WIRE: dict[str, np.dtype] = {}
+
+
 def reduce_dtype(dtype_str: str) -> np.dtype:
     """The dtype a reduction buffer of this input dtype uses on the wire."""
+    wire = _WIRE.get(dtype_str)
+    if wire is None:
+        wire = _WIRE[dtype_str] = _reduce_dtype(dtype_str)
+    return wire
+
+
+def _reduce_dtype(dtype_str: str) -> np.dtype:
     dt = np.dtype(dtype_str)
     if dt == np.float16:
         return np.dtype(np.float32)

@@ -51,6 +51,8 @@ def plan_batches(responses: Sequence[Response], threshold: int) -> list[list[Res
     and cut into batches of at most *threshold* bytes; everything else (errors,
     control messages, Adasum, alltoall) is a batch of its own, in place.
     """
+    if len(responses) == 1:
+        return [list(responses)]
     batches: list[list[Response]] = []
     open_batch: dict = {}
     open_bytes: dict = {}

@@ -16,14 +16,25 @@ __all__ = ["Handle", "poll", "synchronize"]
 class Handle(concurrent.futures.Future):
     """The pending result of one collective (or one group of them)."""
 
-    __slots__ = ("name", "_keepalive", "_convert")
-
     def __init__(self, name: str, keepalive=None, convert=None):
         super().__init__()
         self.name = name
         self._keepalive = keepalive
         # Optional post-processing run in the caller's thread by synchronize().
         self._convert = convert
+        self._engine = None  # set at submission; result() helps the engine make progress
+
+    def result(self, timeout=None):
+        engine = self._engine
+        if engine is not None and not self.done():
+            engine.drive(self, timeout)
+        return super().result(timeout)
+
+    def exception(self, timeout=None):
+        engine = self._engine
+        if engine is not None and not self.done():
+            engine.drive(self, timeout)
+        return super().exception(timeout)
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
