@@ -148,6 +148,7 @@ class Engine:
         self._finished = False
         self._driver = threading.Lock()
         self._callers = 0  # threads inside drive()
+        self._owner = None  # thread taking a step right now
         self.cycles = 0
         self._doorbell_req = self.comm.Irecv(self._doorbell_buf, MPI.ANY_SOURCE, _DOORBELL_TAG)
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
@@ -173,7 +174,7 @@ class Engine:
                 )
             self._inflight.add(key)
             self._queue.append(entry)
-        if wake:
+        if wake and not self._event.is_set():
             self._event.set()
         return entry.handle
 
@@ -207,6 +208,12 @@ class Engine:
                 self._event.wait(0.002)
                 self._event.clear()
                 continue
+            if self._waiting and self._queue:
+                # Local work woke us: give the framework one cycle time to submit the
+                # rest of its burst, so it is negotiated and fused as one batch.
+                time.sleep(self._cycle_time)
+                if self._callers:
+                    continue
             with self._driver:
                 if not self._finished:
                     self._guarded_step()
@@ -217,6 +224,11 @@ class Engine:
 
     def drive(self, handle: Handle, timeout: float | None = None) -> None:
         """Advance the engine from the calling thread until *handle* is done (or *timeout*)."""
+        if self._owner == threading.get_ident():
+            raise RuntimeError(
+                "hvdlite: a handle was waited on inside a done-callback of another handle; "
+                "that would deadlock the engine. Wait on it after the callback returns."
+            )
         deadline = None if timeout is None else time.monotonic() + timeout
         condition = handle._condition
         with self._lock:
@@ -246,6 +258,7 @@ class Engine:
                 self._event.set()
 
     def _guarded_step(self) -> None:
+        self._owner = threading.get_ident()
         try:
             if self._step():
                 self._finished = True
@@ -259,6 +272,8 @@ class Engine:
             if self.size > 1:
                 # Peers would wait for this rank forever: end the job instead of hanging it.
                 MPI.COMM_WORLD.Abort(1)
+        finally:
+            self._owner = None
 
     def _step(self) -> bool:
         """One cycle, or one look for work while waiting. True when the engine must stop."""

@@ -9,6 +9,7 @@ drop its own references right after submitting.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
 __all__ = ["Handle", "poll", "synchronize"]
 
@@ -25,16 +26,22 @@ class Handle(concurrent.futures.Future):
         self._engine = None  # set at submission; result() helps the engine make progress
 
     def result(self, timeout=None):
-        engine = self._engine
-        if engine is not None and not self.done():
-            engine.drive(self, timeout)
-        return super().result(timeout)
+        return super().result(self._drive(timeout))
 
     def exception(self, timeout=None):
+        return super().exception(self._drive(timeout))
+
+    def _drive(self, timeout):
+        """Let the engine progress in this thread; returns the timeout left for the wait."""
         engine = self._engine
-        if engine is not None and not self.done():
-            engine.drive(self, timeout)
-        return super().exception(timeout)
+        if engine is None or self.done():
+            return timeout
+        if timeout is None:
+            engine.drive(self)
+            return None
+        deadline = time.monotonic() + timeout
+        engine.drive(self, timeout)
+        return max(0.0, deadline - time.monotonic())
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
