@@ -134,7 +134,7 @@ def init(comm=None, process_sets=None) -> None:
         from .engine import Engine
 
         hierarchical = None
-        if cfg.hierarchical_allreduce:
+        if cfg.hierarchical_allreduce or cfg.hierarchical_allgather:
             from .hierarchical import Hierarchical
 
             hierarchical = Hierarchical.create(new)

@@ -112,19 +112,25 @@ class MPIExecutor:
         p0 = batch[0].params
         wire = reduce_dtype(p0.dtypes[0])
         op = _MPI_OPS[ReduceOp(p0.op)]
+        if len(p0.dtypes) > 1 and any(reduce_dtype(d) != wire for d in p0.dtypes):
+            self._allreduce_mixed(batch, comm, op)
+            return
         items = self._reduction_items(batch, comm.Get_size())
-        if self.hierarchical is not None and self.hierarchical.applies(comm):
+        hierarchical = self.hierarchical is not None and self.hierarchical.applies(comm)
+        if hierarchical:
             reduce = lambda buf: self.hierarchical.allreduce(buf, op)  # noqa: E731
         else:
             reduce = lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, op)  # noqa: E731
-        if len(items) == 1 and items[0][1] is not None and items[0][1].dtype == wire \
-                and self.hierarchical is None:
+        if len(items) == 1 and items[0][1] is not None and items[0][1].dtype == wire:
+            # One tensor: reduce straight into its output, no fusion buffer.
             _, inp, out, _, pre, post = items[0]
             if pre != 1.0:
                 np.multiply(inp, pre, out=out, casting="unsafe")
-                comm.Allreduce(MPI.IN_PLACE, out, op)
+                reduce(out)
             elif inp is out:
-                comm.Allreduce(MPI.IN_PLACE, out, op)
+                reduce(out)
+            elif hierarchical:
+                self.hierarchical.allreduce(out, op, inp)
             else:
                 comm.Allreduce(inp, out, op)
             if post != 1.0:
@@ -135,6 +141,22 @@ class MPIExecutor:
             self._copy_in(items, buf)
             reduce(buf)
             self._copy_out(items, buf)
+        self._finish_batch(batch)
+
+    def _allreduce_mixed(self, batch, comm, op) -> None:
+        """A group of tensors with different wire dtypes (never fused with other
+        responses): one reduction per wire dtype, in order of first appearance."""
+        items = self._reduction_items(batch, comm.Get_size())
+        wires = [reduce_dtype(d) for r in batch for d in r.params.dtypes]
+        for wire in dict.fromkeys(wires):
+            subset = [item for item, w in zip(items, wires, strict=True) if w == wire]
+            buf = self.pool.get(wire, sum(item[3] for item in subset))
+            self._copy_in(subset, buf)
+            if self.hierarchical is not None and self.hierarchical.applies(comm):
+                self.hierarchical.allreduce(buf, op)
+            else:
+                comm.Allreduce(MPI.IN_PLACE, buf, op)
+            self._copy_out(subset, buf)
         self._finish_batch(batch)
 
     @staticmethod
@@ -206,9 +228,8 @@ class MPIExecutor:
             inp = tensors[0][1]
             send = _flat_bytes(inp) if inp is not None else np.empty(0, np.uint8)
             counts = [int(d) * row_bytes[0] for d in dims[:, 0]]
-            comm.Allgatherv([send, MPI.BYTE],
-                            [_flat_bytes(outputs[0]), (counts, _displacements(counts)),
-                             MPI.BYTE])
+            self._allgatherv(comm, send, _flat_bytes(outputs[0]), counts,
+                             _displacements(counts))
         else:
             per_rank = [int(sum(int(dims[r, j]) * row_bytes[j] for j in range(len(tensors))))
                         for r in range(size)]
@@ -222,7 +243,7 @@ class MPIExecutor:
                     offset += nb
             recv = self.pool.get(np.uint8, sum(per_rank), slot=1)
             displs = _displacements(per_rank)
-            comm.Allgatherv([send, MPI.BYTE], [recv, (per_rank, displs), MPI.BYTE])
+            self._allgatherv(comm, send, recv, per_rank, displs)
             row_offsets = [0] * len(tensors)
             for r in range(size):
                 offset = displs[r]
@@ -235,6 +256,13 @@ class MPIExecutor:
                         row_offsets[j] = start + nb
                         offset += nb
         self._finish_per_entry(tensors, outputs)
+
+    def _allgatherv(self, comm, send, recv, counts, displs) -> None:
+        """Byte Allgatherv, two-level when hierarchical allgather applies to *comm*."""
+        if self.hierarchical is not None and self.hierarchical.applies(comm, "allgather"):
+            self.hierarchical.allgatherv(send, recv, counts, displs)
+        else:
+            comm.Allgatherv([send, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
 
     def _finish_per_entry(self, tensors, outputs) -> None:
         results: dict[int, tuple] = {}
@@ -291,10 +319,8 @@ class MPIExecutor:
 
     # ------------------------------------------------------------- reducescatter
     def _reducescatter(self, batch, comm) -> None:
-        size, me = comm.Get_size(), comm.Get_rank()
-        p0 = batch[0].params
-        wire = reduce_dtype(p0.dtypes[0])
-        op = _MPI_OPS[ReduceOp(p0.op)]
+        size = comm.Get_size()
+        op = _MPI_OPS[ReduceOp(batch[0].params.op)]
         tensors = []  # (entry, input, shape, dtype, prescale, postscale, rows per rank)
         for response in batch:
             p = response.params
@@ -303,6 +329,20 @@ class MPIExecutor:
             for i, (dt, shape) in enumerate(zip(p.dtypes, p.shapes)):
                 tensors.append((entry, entry.inputs[i] if entry else None, shape, np.dtype(dt),
                                 p.prescale, post, split_rows(shape[0], size)))
+        # One Reduce_scatter per wire dtype (a grouped call may mix dtypes), in order of
+        # first appearance, which is the same on every rank.
+        wires = [reduce_dtype(t[3].str) for t in tensors]
+        outputs: list = [None] * len(tensors)
+        for wire in dict.fromkeys(wires):
+            index = [j for j, w in enumerate(wires) if w == wire]
+            shards = self._reduce_scatter_rows([tensors[j] for j in index], wire, op, comm)
+            for j, out in zip(index, shards, strict=True):
+                outputs[j] = out
+        self._finish_per_entry(tensors, outputs)
+
+    def _reduce_scatter_rows(self, tensors, wire, op, comm) -> list:
+        """Reduce *tensors* (all of one wire dtype) and return this rank's dim-0 shards."""
+        size, me = comm.Get_size(), comm.Get_rank()
         row_elems = [math.prod(t[2][1:]) for t in tensors]
         counts = [sum(t[6][r] * row_elems[j] for j, t in enumerate(tensors))
                   for r in range(size)]
@@ -339,4 +379,4 @@ class MPIExecutor:
             else:
                 np.copyto(out.reshape(-1), view, casting="unsafe")
             outputs.append(out)
-        self._finish_per_entry(tensors, outputs)
+        return outputs

@@ -1,0 +1,218 @@
+"""Hierarchical allreduce/allgather give the flat collectives' results.
+
+Runs as simulated nodes of two consecutive ranks (HVDLITE_TEST_NODE_SIZE=2):
+at 4 ranks two nodes of 2 (reduce-scatter scheme), at 3 ranks nodes of 2 + 1
+(per-node leader scheme).  The references are plain mpi4py collectives on
+COMM_WORLD.  The knobs must be set before init(), hence at import.
+"""
+
+import os
+
+os.environ["HVDLITE_HIERARCHICAL_ALLREDUCE"] = "1"
+os.environ["HVDLITE_HIERARCHICAL_ALLGATHER"] = "1"
+os.environ["HVDLITE_TEST_NODE_SIZE"] = "2"
+
+from types import SimpleNamespace  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import hvdlite  # noqa: E402
+from hvdlite.basics import state  # noqa: E402
+from hvdlite.hierarchical import Hierarchical  # noqa: E402
+
+MPI_SIZES = (3, 4)
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hvd():
+    hvdlite.init()
+    yield hvdlite
+    hvdlite.shutdown()
+
+
+@pytest.fixture(scope="module")
+def helper():
+    """The engine's own helper (used only through hvdlite's collectives)."""
+    return state().engine.executor.hierarchical
+
+
+def _topology(kind: str):
+    """A private helper over duplicated communicators describing *kind* of nodes."""
+    st = state()
+    if kind == "configured":
+        local = st.local_comm.Dup()
+    elif kind == "uneven":  # the first SIZE-1 ranks share a node, the last is alone
+        local = WORLD.Split(int(RANK == SIZE - 1), RANK)
+    elif kind == "one-node":
+        local = WORLD.Dup()
+    else:  # "singletons": one rank per node
+        local = WORLD.Split(RANK, RANK)
+    cross = WORLD.Split(local.Get_rank(), RANK)
+    homogeneous = len(set(WORLD.allgather(local.Get_size()))) == 1
+    cfg = SimpleNamespace(hierarchical_allreduce=True, hierarchical_allgather=True)
+    fake = SimpleNamespace(world=WORLD, local_comm=local, cross_comm=cross,
+                           homogeneous=homogeneous, config=cfg)
+    return Hierarchical.create(fake), (local, cross)
+
+
+@pytest.fixture(scope="module", params=["configured", "uneven", "one-node", "singletons"])
+def private(request):
+    h, comms = _topology(request.param)
+    yield h
+    for c in comms:
+        c.Free()
+
+
+def _data(dtype, n, salt=0):
+    rng = np.random.default_rng(1000 * RANK + 17 * n + salt)
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(n).astype(dtype)
+    return rng.integers(-50, 50, n).astype(dtype)
+
+
+def _flat(x, op=MPI.SUM):
+    out = np.empty_like(x)
+    WORLD.Allreduce(x, out, op)
+    return out
+
+
+def _same(got, want):
+    if np.dtype(want.dtype).kind == "f":
+        tol = 1e-5 if want.dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+# -------------------------------------------------------------------- topology
+def test_simulated_nodes(helper):
+    assert hvdlite.local_size() == (1 if SIZE == 3 and RANK == 2 else 2)
+    assert hvdlite.local_rank() == RANK % 2
+    assert hvdlite.is_homogeneous() == (SIZE == 4)
+    assert helper is not None and helper.allgather_enabled
+    assert helper.nodes == ([(0, 1), (2, 3)] if SIZE == 4 else [(0, 1), (2,)])
+    assert helper.applies(state().sets.get(0).comm)
+    assert helper.applies(state().sets.get(0).comm, "allgather")
+
+
+def test_other_communicators_run_flat(helper):
+    pair = WORLD.Split(RANK // 2, RANK)
+    try:
+        assert not helper.applies(pair)
+        assert not helper.applies(pair, "allgather")
+    finally:
+        pair.Free()
+
+
+def test_each_collective_has_its_own_switch():
+    st = state()
+    only_gather = SimpleNamespace(hierarchical_allreduce=False, hierarchical_allgather=True)
+    fake = SimpleNamespace(world=WORLD, local_comm=st.local_comm, cross_comm=st.cross_comm,
+                           homogeneous=st.homogeneous, config=only_gather)
+    h = Hierarchical.create(fake)
+    assert h.applies(WORLD, "allgather") and not h.applies(WORLD)
+
+
+# ------------------------------------------------- the algorithms, called directly
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32, np.float64, np.uint8])
+def test_allreduce_sum_uneven_lengths(private, dtype):
+    for n in (1, 2, 3, 7, 1001):
+        x = _data(dtype, n)
+        want = _flat(x)
+        got = x.copy()
+        private.allreduce(got, MPI.SUM)  # in place
+        _same(got, want)
+        got = np.zeros_like(x)
+        private.allreduce(got, MPI.SUM, src=x)  # from a separate input, left unchanged
+        _same(got, want)
+        np.testing.assert_array_equal(x, _data(dtype, n))
+
+
+@pytest.mark.parametrize("op", [MPI.MIN, MPI.MAX, MPI.PROD])
+def test_allreduce_other_ops_exact(private, op):
+    x = _data(np.int64, 37) % 5 + 1
+    got = x.copy()
+    private.allreduce(got, op)
+    np.testing.assert_array_equal(got, _flat(x, op))
+
+
+def test_allgatherv_any_layout(private):
+    counts = [(3 * r + 1) % 4 for r in range(SIZE)]  # ranks with zero bytes included
+    send = np.full(counts[RANK], RANK + 1, dtype=np.uint8)
+    # contiguous displacements in rank order, then a reversed, gapped layout
+    layouts = [np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()]
+    acc, rev = 0, [0] * SIZE
+    for r in reversed(range(SIZE)):
+        rev[r] = acc
+        acc += counts[r] + 2
+    layouts.append(rev)
+    for displs in layouts:
+        total = max(d + c for d, c in zip(displs, counts, strict=True))
+        want = np.zeros(total, np.uint8)
+        WORLD.Allgatherv([send, MPI.BYTE], [want, (counts, displs), MPI.BYTE])
+        got = np.zeros(total, np.uint8)
+        private.allgatherv(send, got, counts, displs)
+        np.testing.assert_array_equal(got, want)
+
+
+# ------------------------------------------------------- through the engine
+@pytest.mark.parametrize("dtype", [np.int32, np.float32, np.float64, np.float16])
+def test_single_tensor_allreduce(helper, dtype):
+    before = helper.calls["allreduce"]
+    for n in (1, 5, 4099):
+        x = _data(dtype, n, salt=1)
+        got = hvdlite.allreduce(x, op=hvdlite.Sum, name=f"single.{np.dtype(dtype)}.{n}")
+        wire = np.float32 if dtype == np.float16 else dtype
+        want = _flat(x.astype(wire)).astype(dtype)
+        if dtype == np.float16:
+            np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+        else:
+            _same(got, want)
+    assert helper.calls["allreduce"] == before + 3
+
+
+def test_single_tensor_scaled_and_in_place(helper):
+    x = _data(np.float64, 33, salt=2).reshape(3, 11)
+    got = hvdlite.allreduce(x, op=hvdlite.Average, prescale_factor=2.0, postscale_factor=0.5,
+                            name="single.scaled")
+    _same(got, _flat(x) / SIZE)
+    y = _data(np.int64, 10, salt=3)
+    want = _flat(y)
+    hvdlite.synchronize(hvdlite.allreduce_async(y, op=hvdlite.Sum, name="single.inplace",
+                                                output=y))
+    np.testing.assert_array_equal(y, want)
+
+
+def test_fused_allreduce(helper):
+    before = helper.calls["allreduce"]
+    tensors = [_data(np.float32, n, salt=4) for n in (1, 3, 1000, 17)]
+    got = hvdlite.grouped_allreduce(tensors, op=hvdlite.Sum, name="fused.f32")
+    for g, t in zip(got, tensors, strict=True):
+        _same(g, _flat(t))
+    ints = [_data(np.int32, n, salt=5).reshape(-1, 1) for n in (2, 9)]
+    got = hvdlite.grouped_allreduce(ints, op=hvdlite.Max, name="fused.i32")
+    for g, t in zip(got, ints, strict=True):
+        np.testing.assert_array_equal(g, _flat(t, MPI.MAX))
+    assert helper.calls["allreduce"] == before + 2
+
+
+def _flat_allgather(x):
+    return np.concatenate(WORLD.allgather(x), axis=0)
+
+
+def test_allgather_uneven_dim0(helper):
+    before = helper.calls["allgather"]
+    rows = (2 * RANK) % 3  # 0, 2, 1, 0: some ranks contribute no rows
+    x = np.arange(rows * 3, dtype=np.int32).reshape(rows, 3) + 100 * RANK
+    np.testing.assert_array_equal(hvdlite.allgather(x, name="gather.single"),
+                                  _flat_allgather(x))
+    y = _data(np.float64, RANK + 1, salt=6)
+    got = hvdlite.grouped_allgather([x, y], name="gather.grouped")
+    np.testing.assert_array_equal(got[0], _flat_allgather(x))
+    np.testing.assert_array_equal(got[1], _flat_allgather(y))
+    assert helper.calls["allgather"] == before + 2
