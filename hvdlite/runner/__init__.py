@@ -1,0 +1,28 @@
+"""hvdlite's launcher, ``hvdrun`` (console script; also ``python -m hvdlite.runner``).
+
+Layers, from the outside in:
+
+- :mod:`.cli` -- the entry point: options in, exit status out;
+- :mod:`.options` (flags, ``--config-file``, knob variables), :mod:`.hosts`
+  (``-H``/``--hostfile``), :mod:`.slurm` (allocation variables),
+  :mod:`.mpi` (which MPI), :mod:`.command` (the launcher's argument list);
+- :mod:`.job` -- runs the launcher, passes output through, stops the job on
+  the first failure or a signal, and :mod:`.report` says what failed;
+- :mod:`.task_wrapper` -- runs on every rank around the user's command and
+  reports its start and exit through :mod:`.protocol` status lines;
+  :mod:`.rankenv` tells a process its rank from the launcher's variables.
+
+Importing this package imports neither mpi4py nor a framework: the launcher
+process never initializes MPI (``--check-build`` probes in child processes).
+"""
+
+from __future__ import annotations
+
+__all__ = ["main"]
+
+
+def main(argv=None) -> int:
+    """Run hvdrun; see :func:`hvdlite.runner.cli.main`."""
+    from .cli import main as _main
+
+    return _main(argv)

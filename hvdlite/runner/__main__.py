@@ -1,0 +1,8 @@
+"""``python -m hvdlite.runner ...`` is ``hvdrun ...``."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

