@@ -33,6 +33,9 @@ def __getattr__(name):
     # initialize MPI); load them on first use so `import hvdlite` stays light.
     import importlib
 
+    from .basics import prepare_mpi_import
+
+    prepare_mpi_import()
     for module_name in ("hvdlite.collectives", "hvdlite.objects"):
         module = importlib.import_module(module_name)
         if name in module.__all__:

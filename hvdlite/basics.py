@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+import time
 
 from . import config as _config
 from .process_sets import ProcessSet, ProcessSetTable, global_process_set
@@ -48,6 +49,7 @@ class _State:
 
 
 _state: _State | None = None
+_was_shut_down = False  # shutdown() ran and init() was not called again
 _init_lock = threading.Lock()
 _atexit_registered = False
 
@@ -55,6 +57,12 @@ _atexit_registered = False
 def state() -> _State:
     """The live state; ValueError (Horovod's wording) when init() was not called."""
     if _state is None or _state.engine is None:
+        if _was_shut_down:
+            from .exceptions import HorovodInternalError
+
+            raise HorovodInternalError(
+                "hvdlite has been shut down; call hvd.init() again before the next collective."
+            )
         raise ValueError(
             "hvdlite has not been initialized; use hvd.init() first."
         )
@@ -74,16 +82,31 @@ def _configure_logging(level: str, rank: int) -> None:
         log.propagate = False
 
 
-def _import_mpi(cfg):
-    """Import mpi4py's MPI, asking for the thread level the knobs select."""
+def prepare_mpi_import(cfg=None) -> None:
+    """Set mpi4py's init options from the knobs, unless MPI is already initialized.
+
+    Importing ``mpi4py.MPI`` initializes MPI, so this runs before any hvdlite
+    module that imports it (``init()``, or the first use of a collective).
+    """
+    if "mpi4py.MPI" in sys.modules:
+        return
+    if cfg is None:
+        try:
+            cfg = _config.read_config()
+        except ValueError:
+            cfg = _config.Config()  # init() reports the bad value
     import mpi4py
 
-    if "mpi4py.MPI" not in sys.modules:
-        mpi4py.rc.thread_level = "serialized" if cfg.mpi_threads_disable else "multiple"
-        if cfg.mpi_threads_disable:
-            # MPICH picks a ~4x slower shared-memory allreduce below THREAD_MULTIPLE.
-            os.environ.setdefault("MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM", "mpir")
+    mpi4py.rc.thread_level = "serialized" if cfg.mpi_threads_disable else "multiple"
+    if cfg.mpi_threads_disable:
+        # MPICH picks a ~4x slower shared-memory allreduce below THREAD_MULTIPLE.
+        os.environ.setdefault("MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM", "mpir")
+
+
+def _import_mpi(cfg):
+    """Import mpi4py's MPI, asking for the thread level the knobs select."""
     try:
+        prepare_mpi_import(cfg)
         from mpi4py import MPI
     except (ImportError, RuntimeError) as exc:
         raise RuntimeError(
@@ -102,7 +125,7 @@ def init(comm=None, process_sets=None) -> None:
     now, or ``"dynamic"`` to allow add/remove later.  A second call while
     initialized does nothing.  Knobs are read from the environment now.
     """
-    global _state, _atexit_registered
+    global _state, _atexit_registered, _was_shut_down
     with _init_lock:
         if _state is not None and _state.engine is not None and not _state.engine.stopped:
             return
@@ -146,6 +169,7 @@ def init(comm=None, process_sets=None) -> None:
         new.engine = Engine(world, cfg, new.sets, timeline=new.timeline,
                             hierarchical=hierarchical)
         _state = new
+        _was_shut_down = False
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True
@@ -190,7 +214,9 @@ def _install_excepthook(world_size: int) -> None:
     def hook(exc_type, exc, tb):
         previous(exc_type, exc, tb)
         if _state is not None and _state.engine is not None and not _state.engine.stopped:
+            sys.stdout.flush()
             sys.stderr.flush()
+            time.sleep(0.2)  # let mpiexec forward the traceback before the job is torn down
             from mpi4py import MPI
 
             MPI.COMM_WORLD.Abort(1)
@@ -201,7 +227,7 @@ def _install_excepthook(world_size: int) -> None:
 
 def shutdown() -> None:
     """Stop the engine on every rank; pending collectives fail with HorovodInternalError."""
-    global _state
+    global _state, _was_shut_down
     with _init_lock:
         st = _state
         if st is None or st.engine is None:
@@ -226,6 +252,7 @@ def shutdown() -> None:
                 pass
         st.engine = None
         _state = None
+        _was_shut_down = True
 
 
 def _shutdown_at_exit() -> None:
@@ -363,6 +390,10 @@ def add_process_set(process_set) -> ProcessSet:
     if ps.process_set_id is not None:
         raise ValueError(f"{ps} is already registered.")
     ranks = st.sets.validate_ranks(ps.ranks or [])
+    existing = st.sets.find_ranks(ranks)
+    if existing is not None:
+        raise ValueError(f"A process set with ranks {ranks} is already registered "
+                         f"(id {existing.process_set_id}); reuse it instead of adding it again.")
     n = st.counters.get("add_process_set", 0)
     st.counters["add_process_set"] = n + 1
     return _submit_control(Kind.ADD_PROCESS_SET, f"__add_process_set__.{n}", tuple(ranks),

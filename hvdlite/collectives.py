@@ -51,13 +51,19 @@ def _members(st, process_set: ProcessSet, what: str) -> tuple[int, list[int]]:
     return set_id, ps.ranks
 
 
-def _name(st, op: str, name: str | None) -> str:
+def _name(st, op: str, name: str | None, set_id: int = 0) -> str:
+    """*name*, or the next automatic name of *op* in process set *set_id*.
+
+    Counting per process set keeps automatic names in step across the members of
+    a set even when some of them also call unnamed collectives on other sets.
+    """
     if name is not None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"{op}: name must be a non-empty string, got {name!r}.")
         return name
-    n = st.counters.get(op, 0)
-    st.counters[op] = n + 1
+    key = op if set_id == 0 else (op, set_id)
+    n = st.counters.get(key, 0)
+    st.counters[key] = n + 1
     return f"{op}.noname.{n}"
 
 
@@ -147,7 +153,8 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
         raise ValueError(f"{what}: got {len(arrays)} arrays but {len(outputs)} outputs.")
     outs = [_output(o, a, what) for o, a in zip(outputs, arrays)]
     dtypes = tuple(check_dtype(a, what, rop) for a in arrays)
-    params = Params(set_id, _name(st, "allreduce", name), int(Kind.ALLREDUCE), dtypes,
+    name = _name(st, "allreduce", name, set_id)
+    params = Params(set_id, name, int(Kind.ALLREDUCE), dtypes,
                     tuple(a.shape for a in arrays), int(rop), -1, pre, post, (), "cpu")
     return _submit(st, params, arrays, outs, grouped=True, keepalive=(arrays, outs))
 
@@ -166,7 +173,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     array = _array(tensor, "allreduce")
     out = _output(output, array, "allreduce")
     dtype = check_dtype(array, "allreduce", rop)
-    params = Params(set_id, _name(st, "allreduce", name), int(Kind.ALLREDUCE), (dtype,),
+    name = _name(st, "allreduce", name, set_id)
+    params = Params(set_id, name, int(Kind.ALLREDUCE), (dtype,),
                     (array.shape,), int(rop), -1, pre, post, (), "cpu")
     return _submit(st, params, [array], [out], keepalive=(array, out))
 
@@ -198,7 +206,8 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
             raise ValueError("allgather: the array needs at least one dimension (it is "
                              "concatenated along dim 0); use x.reshape(1).")
     dtypes = tuple(check_dtype(a, "allgather") for a in arrays)
-    params = Params(set_id, _name(st, "allgather", name), int(Kind.ALLGATHER), dtypes,
+    name = _name(st, "allgather", name, set_id)
+    params = Params(set_id, name, int(Kind.ALLGATHER), dtypes,
                     tuple(a.shape[1:] for a in arrays), 0, -1, 1.0, 1.0, (), "cpu")
     return _submit(st, params, arrays, None, grouped=True, keepalive=arrays)
 
@@ -211,7 +220,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
         raise ValueError("allgather: the array needs at least one dimension (it is "
                          "concatenated along dim 0); use x.reshape(1).")
     dtype = check_dtype(array, "allgather")
-    params = Params(set_id, _name(st, "allgather", name), int(Kind.ALLGATHER), (dtype,),
+    name = _name(st, "allgather", name, set_id)
+    params = Params(set_id, name, int(Kind.ALLGATHER), (dtype,),
                     (array.shape[1:],), 0, -1, 1.0, 1.0, (), "cpu")
     return _submit(st, params, [array], None, keepalive=array)
 
@@ -243,7 +253,8 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     array = _array(tensor, "broadcast")
     out = _output(output, array, "broadcast")
     dtype = check_dtype(array, "broadcast")
-    params = Params(set_id, _name(st, "broadcast", name), int(Kind.BROADCAST), (dtype,),
+    name = _name(st, "broadcast", name, set_id)
+    params = Params(set_id, name, int(Kind.BROADCAST), (dtype,),
                     (array.shape,), 0, root, 1.0, 1.0, (), "cpu")
     return _submit(st, params, [array], [out], keepalive=(array, out))
 
@@ -276,7 +287,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
             raise ValueError(f"alltoall: splits must be {n} non-negative ints summing to dim 0 "
                              f"({array.shape[0]}), got {list(split_arr)}.")
     dtype = check_dtype(array, "alltoall")
-    params = Params(set_id, _name(st, "alltoall", name), int(Kind.ALLTOALL), (dtype,),
+    name = _name(st, "alltoall", name, set_id)
+    params = Params(set_id, name, int(Kind.ALLTOALL), (dtype,),
                     (array.shape[1:],), 0, -1, 1.0, 1.0, (), "cpu")
     return _submit(st, params, [array], None, splits=split_arr, keepalive=array)
 
@@ -294,6 +306,12 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=
 
     Shards are as even as possible; the first ``rows % size`` ranks get one more row.
     """
+    return _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor,
+                                process_set, grouped=True)
+
+
+def _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor, process_set,
+                         grouped: bool) -> Handle:
     st = state()
     set_id, _ = _members(st, process_set, "reducescatter")
     rop = resolve_op(op, None)
@@ -307,17 +325,17 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=
         if a.ndim == 0:
             raise ValueError("reducescatter: the array needs at least one dimension.")
     dtypes = tuple(check_dtype(a, "reducescatter", rop) for a in arrays)
-    params = Params(set_id, _name(st, "reducescatter", name), int(Kind.REDUCESCATTER), dtypes,
+    name = _name(st, "reducescatter", name, set_id)
+    params = Params(set_id, name, int(Kind.REDUCESCATTER), dtypes,
                     tuple(a.shape for a in arrays), int(rop), -1, pre, post, (), "cpu")
-    return _submit(st, params, arrays, None, grouped=True, keepalive=arrays)
+    return _submit(st, params, arrays, None, grouped=grouped, keepalive=arrays)
 
 
 def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0,
                         postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    handle = grouped_reducescatter_async([tensor], name, op, prescale_factor,
-                                         postscale_factor, process_set)
-    handle._convert = lambda outs: outs[0]
-    return handle
+    """Start a reducescatter of *tensor*; the handle's result is this rank's shard."""
+    return _reducescatter_async([tensor], name, op, prescale_factor, postscale_factor,
+                                process_set, grouped=False)
 
 
 def reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
@@ -337,7 +355,8 @@ def barrier(process_set=global_process_set) -> None:
     """Return once every rank of *process_set* has called barrier()."""
     st = state()
     set_id, _ = _members(st, process_set, "barrier")
-    params = Params(set_id, _name(st, "barrier", None), int(Kind.BARRIER), (), (), 0, -1,
+    name = _name(st, "barrier", None, set_id)
+    params = Params(set_id, name, int(Kind.BARRIER), (), (), 0, -1,
                     1.0, 1.0, (), "cpu")
     synchronize(_submit(st, params, [], []))
 

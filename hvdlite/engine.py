@@ -123,6 +123,7 @@ class Engine:
         self._pending: dict[tuple, Entry] = {}
         self._hits: dict[int, Entry] = {}  # bit -> entry waiting on it
         self._hit_mask = 0
+        self._foreign_mask = 0
         self._invalid_mask = 0
         self._uncached: list[Entry] = []
         self._joined = False
@@ -352,6 +353,25 @@ class Engine:
         self._doorbells_seen = 0
         self._rang = False
 
+    # Every rank applies the same puts and erases (driven by global facts only),
+    # so bits agree everywhere; _foreign_mask marks bits of sets this rank is not in.
+    def _cache_put(self, response: Response) -> None:
+        evicted = self.cache.put(response)
+        if evicted is not None:
+            self._unhit(evicted, to_coordinator=True)
+            self._foreign_mask &= ~(1 << evicted)
+        bit = self.cache.bit_of(response.key)
+        if bit is not None:
+            members = self.sets.members.get(response.key[0], ())
+            if self.rank in members:
+                self._foreign_mask &= ~(1 << bit)
+            else:
+                self._foreign_mask |= 1 << bit
+
+    def _cache_erase(self, bit: int) -> None:
+        self.cache.erase(bit)
+        self._foreign_mask &= ~(1 << bit)
+
     def _stall_due(self) -> bool:
         if not self._stall_enabled or not self._pending:
             return False
@@ -424,7 +444,9 @@ class Engine:
         wake_words = (self.size + _WORD - 1) // _WORD if self._waited else 0
         width = nwords * _WORD
         full = (1 << width) - 1
-        hit_and = full if self._joined else self._hit_mask
+        # Bits of process sets this rank is not in count as set, so the AND runs
+        # over the members only (any_hit still needs a member's bit).
+        hit_and = full if self._joined else self._hit_mask | self._foreign_mask
         hit_or = 0 if self._joined else self._hit_mask
         value = (~flags & _ALL_ONES) | (hit_and << _WORD) \
             | ((~hit_or & full) << (_WORD + width)) \
@@ -453,12 +475,13 @@ class Engine:
             if invalid:
                 for bit in _bits(invalid):
                     self._unhit(bit, to_coordinator=True)
-                    self.cache.erase(bit)
+                    self._cache_erase(bit)
             ready = all_hit & any_hit & ~invalid
         joined_changed = self._some_joined != bool(flags & _JOINED)
         self._some_joined = bool(flags & _JOINED)
-        if self._some_joined and self._hit_mask:
-            # While a rank is joined everything is negotiated by the coordinator.
+        if self._some_joined:
+            # While a rank is joined everything is negotiated by the coordinator
+            # (decided from the global flag, so every rank drops the same bits).
             for bit in list(_bits(self._hit_mask)):
                 self._unhit(bit, to_coordinator=True)
             ready = 0
@@ -474,9 +497,7 @@ class Engine:
         executed = self._execute(cached + responses if responses else cached)
         for response in responses:
             if response.status == RESPONSE_OK and response.params.kind in CACHEABLE:
-                evicted = self.cache.put(response)
-                if evicted is not None:
-                    self._unhit(evicted, to_coordinator=True)
+                self._cache_put(response)
         if flags & _SHUTDOWN:
             return True, True
         # Only globally known facts decide progress, so every rank waits (or not) together.
@@ -579,6 +600,7 @@ class Engine:
             return
         for bit in self.cache.erase_set(set_id):
             self._unhit(bit, to_coordinator=False)
+            self._foreign_mask &= ~(1 << bit)
         for key, other in list(self._pending.items()):
             if key[0] == set_id:
                 self._fail(other, f"process set {set_id} was removed while {key[1]!r} was "

@@ -236,7 +236,7 @@ class MPIExecutor:
             me = comm.Get_rank()
             send = self.pool.get(np.uint8, per_rank[me], slot=0)
             offset = 0
-            for j, t in enumerate(tensors):
+            for t in tensors:
                 if t[1] is not None and t[1].size:
                     nb = t[1].nbytes
                     send[offset:offset + nb] = _flat_bytes(t[1])

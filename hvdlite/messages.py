@@ -94,7 +94,12 @@ def describe(field: str, value) -> str:
         from .ops import ReduceOp
 
         return ReduceOp(value).name.capitalize()
-    if field in ("dtypes", "shapes") and isinstance(value, tuple) and len(value) == 1:
+    if field == "dtypes" and isinstance(value, tuple):
+        import numpy as np
+
+        names = [np.dtype(v).name for v in value]
+        return names[0] if len(names) == 1 else "(" + ", ".join(names) + ")"
+    if field == "shapes" and isinstance(value, tuple) and len(value) == 1:
         return str(value[0])
     return str(value)
 

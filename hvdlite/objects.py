@@ -18,6 +18,10 @@ from .process_sets import global_process_set
 __all__ = ["broadcast_object", "allgather_object"]
 
 
+def _set_id(process_set) -> int:
+    return getattr(process_set, "process_set_id", None) or 0
+
+
 def _dumps(obj) -> np.ndarray:
     buf = io.BytesIO()
     pickle.dump(obj, buf, protocol=pickle.HIGHEST_PROTOCOL)
@@ -28,7 +32,7 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None,
                      process_set=global_process_set):
     """Return *obj* from *root_rank* on every rank of the set (other ranks' obj is ignored)."""
     st = state()
-    name = _name(st, "broadcast_object", name)
+    name = _name(st, "broadcast_object", name, _set_id(process_set))
     is_root = st.world.Get_rank() == int(root_rank)
     payload = _dumps(obj) if is_root else np.empty(0, dtype=np.uint8)
     length = np.array([payload.size], dtype=np.int64)
@@ -42,7 +46,7 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None,
 def allgather_object(obj, name: str | None = None, process_set=global_process_set) -> list:
     """Return the list of every rank's *obj*, ordered by rank within the set."""
     st = state()
-    name = _name(st, "allgather_object", name)
+    name = _name(st, "allgather_object", name, _set_id(process_set))
     payload = _dumps(obj)
     sizes = allgather(np.array([payload.size], dtype=np.int64), name=f"{name}.sizes",
                       process_set=process_set)

@@ -76,6 +76,9 @@ class ResponseCache:
         self._lru[bit] = None
         return evicted
 
+    def bit_of(self, key: tuple) -> int | None:
+        return self._bit_of.get(key)
+
     def touch(self, bit: int) -> None:
         self._lru.move_to_end(bit)
 

@@ -1,0 +1,87 @@
+"""Helpers shared by the core-engine parallel tests (tests/parallel/test_core_*.py).
+
+Not a test module: it is imported by modules that run under mpiexec, one
+pytest per rank.  Everything here is either local to a rank or a collective
+that every rank calls at the same point.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import hvdlite as hvd
+
+#: Every dtype the engine accepts, in the order the tests use them.
+INT_DTYPES = (np.uint8, np.int8, np.int16, np.int32, np.int64)
+FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+NUMERIC_DTYPES = INT_DTYPES + FLOAT_DTYPES
+ALL_DTYPES = NUMERIC_DTYPES + (np.bool_,)
+
+#: Seconds a test waits for a handle that must complete (or fail) before calling it a hang.
+WAIT = 30.0
+
+
+def dtype_id(dt) -> str:
+    return np.dtype(dt).name
+
+
+def assert_same(actual, expected, dtype=None) -> None:
+    """Exact for integers and bool, a float16-sized tolerance for floats."""
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    if dtype is not None:
+        assert actual.dtype == np.dtype(dtype), (actual.dtype, dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    if actual.dtype.kind == "f":
+        rtol = 2e-3 if actual.dtype == np.float16 else 1e-6
+        np.testing.assert_allclose(actual.astype(np.float64), expected.astype(np.float64),
+                                   rtol=rtol, atol=rtol)
+    else:
+        np.testing.assert_array_equal(actual, expected)
+
+
+def expect_internal_error(handle, *fragments: str, timeout: float = WAIT) -> str:
+    """Wait for *handle* to fail with HorovodInternalError; check its message; return it."""
+    start = time.monotonic()
+    with pytest.raises(hvd.HorovodInternalError) as info:
+        handle.result(timeout=timeout)
+    assert time.monotonic() - start < timeout, "the handle timed out instead of failing"
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in error message: {message}"
+    assert isinstance(info.value, RuntimeError)
+    return message
+
+
+def wait_all(handles, timeout: float = WAIT) -> list:
+    """Results of *handles*, in order (each must finish within *timeout*)."""
+    return [h.result(timeout=timeout) for h in handles]
+
+
+def check_engine_works(name: str, process_set=hvd.global_process_set) -> None:
+    """A fresh allreduce on every member of *process_set* gives the right answer."""
+    ranks = process_set.ranks
+    x = np.full(3, hvd.rank() + 1, dtype=np.float64)
+    out = hvd.allreduce(x, name=name, op=hvd.Sum, process_set=process_set)
+    assert_same(out, np.full(3, sum(r + 1 for r in ranks), dtype=np.float64))
+
+
+def mpi_sync() -> None:
+    """A barrier outside the engine (plain MPI on COMM_WORLD), polled with a short sleep.
+
+    For tests that need every rank at one point without submitting anything to
+    the engine (e.g. while the stall inspector watches the engine's queues).
+    """
+    from mpi4py import MPI
+
+    request = MPI.COMM_WORLD.Ibarrier()
+    while not request.Test():
+        time.sleep(0.002)
+
+
+def same_everywhere(value) -> bool:
+    """True when every rank of the job passes an equal *value*."""
+    return all(v == value for v in hvd.allgather_object(value))

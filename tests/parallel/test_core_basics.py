@@ -1,0 +1,81 @@
+"""What a rank knows about the job after init(): ranks, topology, capabilities.
+
+Runs under mpiexec at 1, 2 and 3 ranks with the default knobs (no simulated
+nodes): the topology must be consistent with what the ranks report about
+their hosts.
+"""
+
+import socket
+
+import numpy as np
+import pytest
+from core_helpers import same_everywhere
+
+import hvdlite as hvd
+from mpi4py import MPI
+
+MPI_SIZES = (1, 2, 3)
+
+pytestmark = pytest.mark.timeout(60)
+
+hvd.init()
+RANK, SIZE = hvd.rank(), hvd.size()
+
+
+def test_rank_and_size_match_mpi():
+    assert SIZE == MPI.COMM_WORLD.Get_size()
+    assert RANK == MPI.COMM_WORLD.Get_rank()
+    assert hvd.is_initialized()
+    assert sorted(hvd.allgather_object(RANK)) == list(range(SIZE))
+
+
+def test_topology_is_consistent():
+    local_rank, local_size = hvd.local_rank(), hvd.local_size()
+    cross_rank, cross_size = hvd.cross_rank(), hvd.cross_size()
+    assert 0 <= local_rank < local_size <= SIZE
+    assert 0 <= cross_rank < cross_size <= SIZE
+    facts = hvd.allgather_object((socket.gethostname(), local_rank, local_size, cross_rank,
+                                  cross_size))
+    # (cross_rank, local_rank) identifies a rank: no two ranks share both.
+    assert len({(f[3], f[1]) for f in facts}) == SIZE
+    # Ranks on one host form one node: same local size, distinct local ranks.
+    hosts = {}
+    for host, lr, ls, _, _ in facts:
+        hosts.setdefault(host, []).append((lr, ls))
+    for members in hosts.values():
+        assert sorted(lr for lr, _ in members) == list(range(len(members)))
+        assert {ls for _, ls in members} == {len(members)}
+    # cross_size = number of nodes that have a rank with this local rank.
+    assert cross_size == sum(1 for f in facts if f[1] == local_rank)
+    assert hvd.is_homogeneous() == (len({len(m) for m in hosts.values()}) == 1)
+    if len(hosts) == 1:
+        assert (local_size, local_rank, cross_size, cross_rank) == (SIZE, RANK, 1, 0)
+
+
+def test_capabilities():
+    assert hvd.mpi_enabled() is True and hvd.mpi_built() is True
+    assert hvd.gloo_enabled() is False and hvd.gloo_built() is False
+    assert isinstance(hvd.nccl_built(), int)
+    assert isinstance(hvd.cuda_built(), bool)
+    assert hvd.rocm_built() is False and hvd.ddl_built() is False and hvd.ccl_built() is False
+    assert isinstance(hvd.mpi_threads_supported(), bool)
+    assert same_everywhere(hvd.mpi_threads_supported())
+
+
+def test_reduce_ops_have_horovod_values():
+    assert [int(op) for op in (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max,
+                               hvd.Product)] == [0, 1, 2, 3, 4, 5]
+
+
+def test_error_classes():
+    assert issubclass(hvd.HorovodInternalError, RuntimeError)
+    assert hvd.HvdliteInternalError is hvd.HorovodInternalError
+
+
+def test_handle_is_a_future():
+    import concurrent.futures
+
+    h = hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="basics.future")
+    assert isinstance(h, concurrent.futures.Future)
+    assert h.result(timeout=30)[0] == SIZE
+    assert h.done() and hvd.poll(h)

@@ -1,0 +1,103 @@
+"""Dynamic process sets: init(process_sets="dynamic"), then add/remove at run time.
+
+Runs under mpiexec at 1, 2 and 3 ranks.  Sets are built from the world size
+(even ranks, odd ranks), so the module holds at any size; at one rank only the
+checks that need no second set run.
+"""
+
+import numpy as np
+import pytest
+from core_helpers import WAIT, assert_same, check_engine_works, wait_all
+
+import hvdlite as hvd
+
+MPI_SIZES = (1, 2, 3)
+
+pytestmark = pytest.mark.timeout(60)
+
+hvd.init(process_sets="dynamic")
+RANK, SIZE = hvd.rank(), hvd.size()
+
+EVEN = [r for r in range(SIZE) if r % 2 == 0]
+ODD = [r for r in range(SIZE) if r % 2 == 1]
+
+needs_two = pytest.mark.skipif(SIZE < 2, reason="at one rank every set duplicates the global "
+                                                "one")
+
+
+def test_add_existing_ranks_is_refused():
+    with pytest.raises(ValueError, match="already registered"):
+        hvd.add_process_set(list(range(SIZE)))
+    with pytest.raises(ValueError, match="outside"):
+        hvd.add_process_set([SIZE])
+    with pytest.raises(ValueError, match="distinct"):
+        hvd.add_process_set([0, 0])
+    with pytest.raises(ValueError, match="global"):
+        hvd.remove_process_set(hvd.global_process_set)
+    check_engine_works("after.refused")
+
+
+@needs_two
+def test_add_use_remove():
+    evens = hvd.add_process_set(EVEN)
+    odds = hvd.add_process_set(hvd.ProcessSet(ODD))
+    assert isinstance(evens, hvd.ProcessSet) and isinstance(odds, hvd.ProcessSet)
+    assert 0 < evens.process_set_id < odds.process_set_id
+    assert evens.ranks == EVEN and odds.ranks == ODD
+    mine, other = (evens, odds) if RANK % 2 == 0 else (odds, evens)
+    assert mine.included() and not other.included()
+    assert mine.rank() == mine.ranks.index(RANK) and other.rank() is None
+
+    for step in range(3):  # repeated: the second and third go through the response cache
+        out = hvd.allreduce(np.full(3, RANK + 1.0), op=hvd.Sum, name="dyn.ar", process_set=mine)
+        assert_same(out, np.full(3, float(sum(r + 1 for r in mine.ranks))))
+        out = hvd.allgather(np.full((1, 2), RANK), name=f"dyn.ag.{step}", process_set=mine)
+        assert_same(out, np.repeat(np.array(mine.ranks), 2).reshape(-1, 2))
+        out = hvd.broadcast(np.full(2, RANK), mine.ranks[-1], name="dyn.bc", process_set=mine)
+        assert_same(out, np.full(2, mine.ranks[-1]))
+        hvd.barrier(process_set=mine)
+    with pytest.raises(ValueError, match="not a member"):
+        hvd.allreduce(np.ones(2), name="dyn.other", process_set=other)
+
+    assert hvd.remove_process_set(odds)
+    assert hvd.remove_process_set(evens)
+    assert evens.process_set_id is None and odds.process_set_id is None
+    with pytest.raises(ValueError, match="not registered"):
+        hvd.allreduce(np.ones(2), name="dyn.removed", process_set=mine)
+    check_engine_works("after.remove")
+
+
+@needs_two
+def test_add_again_after_remove_and_concurrent_with_global():
+    ps = hvd.add_process_set(EVEN)
+    first_id = ps.process_set_id
+    handles = [hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="dyn2.global")]
+    if RANK in EVEN:
+        handles.append(hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="dyn2.ps",
+                                           process_set=ps))
+    results = wait_all(handles)
+    assert_same(results[0], np.full(2, float(SIZE)))
+    if RANK in EVEN:
+        assert_same(results[1], np.full(2, float(len(EVEN))))
+    hvd.remove_process_set(ps)
+    again = hvd.add_process_set(EVEN)
+    assert again.process_set_id is not None and again.process_set_id != first_id
+    if RANK in EVEN:
+        out = hvd.allreduce(np.ones(2), op=hvd.Sum, name="dyn2.ps", process_set=again)
+        assert_same(out, np.full(2, float(len(EVEN))))
+    hvd.remove_process_set(again)
+
+
+@needs_two
+def test_removing_a_set_fails_its_pending_collectives():
+    ps = hvd.add_process_set(EVEN)
+    pending = None
+    if RANK == 0 and len(EVEN) > 1:
+        # Rank 2 never submits this, so it is still pending when the set goes away.
+        pending = hvd.allreduce_async(np.ones(2), name="dyn3.pending", process_set=ps)
+    hvd.allreduce(np.ones(1), name="dyn3.sync")  # rank 0's submission is in the engine now
+    hvd.remove_process_set(ps)
+    if pending is not None:
+        with pytest.raises(hvd.HorovodInternalError, match="removed"):
+            pending.result(timeout=WAIT)
+    check_engine_works("after.dyn3")

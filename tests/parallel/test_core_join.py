@@ -1,0 +1,92 @@
+"""join(): ranks that run out of data early, while the others keep reducing.
+
+Runs under mpiexec at 1, 2 and 3 ranks.  Rank r runs a rank-dependent number
+of steps, then joins; in step s only ranks that have not joined contribute.
+A joined rank adds zeros to allreduces and reducescatters (Average still
+divides by the full size) and no rows to allgathers.  join() returns the rank
+that joined last, the same everywhere.
+"""
+
+import numpy as np
+import pytest
+from core_helpers import expect_internal_error, same_everywhere
+
+import hvdlite as hvd
+
+MPI_SIZES = (1, 2, 3)
+
+pytestmark = pytest.mark.timeout(60)
+
+hvd.init()
+RANK, SIZE = hvd.rank(), hvd.size()
+RANKS = range(SIZE)
+
+
+def run_steps(steps_of, tag):
+    """Rank r runs steps_of(r) steps of allreduce/allgather/reducescatter, then joins."""
+    for s in range(steps_of(RANK)):
+        active = [r for r in RANKS if steps_of(r) > s]
+        value = RANK + 1
+        avg = hvd.allreduce(np.full(4, float(value)), op=hvd.Average, name=f"{tag}.avg.{s}")
+        np.testing.assert_allclose(avg, np.full(4, sum(r + 1 for r in active) / SIZE))
+        total = hvd.allreduce(np.full(3, value, np.int64), op=hvd.Sum, name=f"{tag}.sum.{s}")
+        np.testing.assert_array_equal(total, np.full(3, sum(r + 1 for r in active)))
+        grouped = hvd.grouped_allreduce([np.full(2, float(value)), np.full(5, 2.0 * value)],
+                                        op=hvd.Sum, name=f"{tag}.group.{s}")
+        np.testing.assert_allclose(grouped[1], np.full(5, 2.0 * sum(r + 1 for r in active)))
+        gathered = hvd.allgather(np.full((value, 2), RANK, np.int32), name=f"{tag}.ag.{s}")
+        expected = np.concatenate([np.full((r + 1, 2), r, np.int32) for r in active])
+        np.testing.assert_array_equal(gathered, expected)
+        shard = hvd.reducescatter(np.full((SIZE, 2), float(value)), op=hvd.Sum,
+                                  name=f"{tag}.rs.{s}")
+        np.testing.assert_allclose(shard, np.full((1, 2), float(sum(r + 1 for r in active))))
+    return hvd.join()
+
+
+def test_join_returns_last_rank_and_joined_ranks_contribute_zeros():
+    # Rank r runs r + 1 steps: rank SIZE-1 is necessarily the last to join.
+    last = run_steps(lambda r: r + 1, "join1")
+    assert last == SIZE - 1
+    assert same_everywhere(last)
+
+
+def test_join_again_with_another_last_rank():
+    # The coordinator forgot the previous join: this time rank 0 runs longest.
+    last = run_steps(lambda r: SIZE - r + 1, "join2")
+    assert last == 0
+    assert same_everywhere(last)
+
+
+def test_join_at_once_everywhere():
+    last = hvd.join()
+    assert 0 <= last < SIZE
+    assert same_everywhere(last)
+
+
+def test_collectives_and_cache_work_after_join():
+    for _ in range(3):
+        out = hvd.allreduce(np.full(2, RANK + 1.0), op=hvd.Sum, name="after.join")
+        np.testing.assert_allclose(out, np.full(2, float(sum(r + 1 for r in RANKS))))
+    assert hvd.broadcast(np.full(2, RANK), 0, name="after.join.bc")[0] == 0
+    hvd.barrier()
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a rank that joined while another still works")
+def test_broadcast_while_a_rank_has_joined_fails_clearly():
+    if RANK == 0:
+        last = hvd.join()
+    else:
+        h = hvd.broadcast_async(np.ones(2), 1, name="join.bc")
+        expect_internal_error(h, "join", "'join.bc'")
+        h = hvd.alltoall_async(np.ones(SIZE), name="join.a2a")
+        expect_internal_error(h, "join")
+        # allreduce still works with rank 0 joined (it contributes zeros)
+        out = hvd.allreduce(np.ones(2), op=hvd.Sum, name="join.ar")
+        np.testing.assert_allclose(out, np.full(2, SIZE - 1.0))
+        last = hvd.join()
+    assert 1 <= last < SIZE
+    assert same_everywhere(last)
+
+
+# Cached names while a rank joins: see tests/mpi_scripts/core_join_cached.py (run from
+# tests/test_core_launch.py, because today it aborts the whole MPI job).
