@@ -1,0 +1,195 @@
+"""DistributedOptimizer step time beside no communication and beside torch DDP (gloo).
+
+Run as ``python benchmarks/bench_torch_optimizer.py``: it starts every job
+itself, 2 ranks each, with the mpiexec beside this Python:
+
+- ``nocomm``: 2 processes each training its own copy, no communication (the
+  floor: the same compute competing for the same cores);
+- ``hvdlite``: ``hvdlite.torch.DistributedOptimizer`` (gradients averaged);
+- ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over gloo on localhost;
+- ``mpi``: raw mpi4py, one in-place ``Allreduce`` per gradient after backward
+  (no overlap, no engine): what MPI alone costs on this machine, for reference.
+
+Workload: MLP 784-1024-1024-10, batch 64 per rank, SGD with momentum, one torch
+thread per rank.  The jobs run in rounds (nocomm, hvdlite, ddp, mpi, repeated) so a
+burst of load from elsewhere on the machine hits all of them alike; each job's
+figure is the median step time over blocks of steps, and each mode's figure
+the best of its rounds (load from elsewhere only ever slows a job down).
+Printed: each figure beside its baseline, and the ratios (targets:
+hvdlite/nocomm <= 1.15, hvdlite/ddp throughput >= 1.6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BATCH = 64
+RANKS = 2
+MODES = ("nocomm", "hvdlite", "ddp", "mpi")
+
+
+# ------------------------------------------------------------------ worker side
+
+
+def _model():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                         nn.Linear(1024, 10))
+
+
+def _rank_and_size() -> tuple[int, int]:
+    for rank_var, size_var in (("PMI_RANK", "PMI_SIZE"),
+                               ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if rank_var in os.environ:
+            return int(os.environ[rank_var]), int(os.environ[size_var])
+    return 0, 1
+
+
+def worker(mode: str, steps: int, block: int, port: int) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    rank, size = _rank_and_size()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    barrier = lambda: None  # noqa: E731
+    if mode == "hvdlite":
+        import hvdlite.torch as hvd
+
+        hvd.init()
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        barrier = hvd.barrier
+    elif mode == "ddp":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=size)
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        barrier = dist.barrier
+    grads = []
+    if mode == "mpi":
+        from mpi4py import MPI
+
+        barrier = MPI.COMM_WORLD.Barrier
+        params = list(model.parameters())
+
+        def average_gradients():
+            for p in params:
+                MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, p.grad.numpy(), MPI.SUM)
+                p.grad.div_(size)
+
+        grads.append(average_gradients)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(BATCH, 784, generator=g)
+    y = torch.randint(0, 10, (BATCH,), generator=g)
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        for average_gradients in grads:
+            average_gradients()
+        opt.step()
+
+    for _ in range(10):
+        step()
+    barrier()
+    times = []
+    for _ in range(steps // block):
+        t0 = time.perf_counter()
+        for _ in range(block):
+            step()
+        times.append((time.perf_counter() - t0) / block)
+    barrier()
+    if rank == 0:
+        print("RESULT " + json.dumps({"mode": mode, "step": statistics.median(times)}),
+              flush=True)
+    if mode == "ddp":
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ launcher side
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _mpiexec() -> str:
+    local = Path(sys.executable).with_name("mpiexec")
+    return str(local) if local.exists() else "mpiexec"
+
+
+def run_job(mode: str, steps: int, block: int) -> float:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [_mpiexec(), "-n", str(RANKS), sys.executable, str(Path(__file__).resolve()),
+           "--worker", mode, "--steps", str(steps), "--block", str(block),
+           "--port", str(_free_port())]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])["step"]
+    raise RuntimeError(f"{mode} job failed (exit {out.returncode}):\n{out.stdout[-3000:]}\n"
+                       f"{out.stderr[-3000:]}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=300, help="timed steps per job")
+    parser.add_argument("--block", type=int, default=10, help="steps per timing block")
+    parser.add_argument("--rounds", type=int, default=3, help="jobs per mode, interleaved")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker, args.steps, args.block, args.port)
+        return 0
+
+    results: dict[str, list[float]] = {m: [] for m in MODES}
+    for r in range(args.rounds):
+        for mode in MODES:
+            results[mode].append(run_job(mode, args.steps, args.block))
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+            f"{m} {results[m][-1] * 1e3:.2f} ms" for m in MODES), flush=True)
+    step = {m: min(v) for m, v in results.items()}
+    throughput = {m: RANKS * BATCH / s for m, s in step.items()}
+
+    print(f"\nMLP 784-1024-1024-10, batch {BATCH}/rank, SGD momentum, 1 thread/rank, "
+          f"{RANKS} ranks; best of {args.rounds} jobs x {args.steps} steps (median per job)")
+    print(f"{'':34s}{'hvdlite':>12s}{'baseline':>12s}{'ratio':>9s}  target")
+    ratio_nc = step["hvdlite"] / step["nocomm"]
+    print(f"{'step time vs no communication':34s}{step['hvdlite'] * 1e3:10.2f}ms"
+          f"{step['nocomm'] * 1e3:10.2f}ms{ratio_nc:9.3f}  <= 1.15  "
+          f"{'ok' if ratio_nc <= 1.15 else 'MISSED'}")
+    ratio_mpi = step["hvdlite"] / step["mpi"]
+    print(f"{'step time vs raw mpi4py Allreduce':34s}{step['hvdlite'] * 1e3:10.2f}ms"
+          f"{step['mpi'] * 1e3:10.2f}ms{ratio_mpi:9.3f}  (info; raw MPI / no-comm "
+          f"= {step['mpi'] / step['nocomm']:.3f})")
+    ratio_ddp = throughput["hvdlite"] / throughput["ddp"]
+    print(f"{'throughput vs torch DDP (gloo)':34s}{throughput['hvdlite']:8.0f}img/s"
+          f"{throughput['ddp']:8.0f}img/s{ratio_ddp:9.3f}  >= 1.6   "
+          f"{'ok' if ratio_ddp >= 1.6 else 'MISSED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""``hvdlite.DistributedOptimizer``: one entry point for every framework.
+
+It looks at the optimizer's class to pick the framework adapter, and imports
+only that adapter: a framework the user has not imported is never imported
+here (detection uses ``sys.modules`` and class module names only).
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["DistributedOptimizer"]
+
+_KERAS_PREFIXES = ("keras.", "tf_keras.", "tensorflow.python.keras.", "tensorflow.keras.")
+
+
+def _class_modules(obj) -> list[str]:
+    return [getattr(cls, "__module__", "") or "" for cls in type(obj).__mro__]
+
+
+def _is_torch_optimizer(obj) -> bool:
+    torch = sys.modules.get("torch")
+    optim = getattr(torch, "optim", None) if torch is not None else None
+    base = getattr(optim, "Optimizer", None)
+    return base is not None and isinstance(obj, base)
+
+
+def _is_keras_optimizer(obj) -> bool:
+    if not any(name in sys.modules for name in ("keras", "tf_keras", "tensorflow")):
+        return False
+    return any(m.startswith(_KERAS_PREFIXES) and ".optimizer" in m
+               for m in _class_modules(obj))
+
+
+def DistributedOptimizer(optimizer, *args, **kwargs):
+    """Wrap *optimizer* with the data-parallel optimizer of its framework.
+
+    A ``torch.optim.Optimizer`` goes to :func:`hvdlite.torch.DistributedOptimizer`,
+    a Keras optimizer to :func:`hvdlite.tensorflow.keras.DistributedOptimizer`;
+    the remaining arguments are passed through unchanged.
+    """
+    if _is_torch_optimizer(optimizer):
+        from hvdlite.torch import DistributedOptimizer as torch_distributed
+
+        return torch_distributed(optimizer, *args, **kwargs)
+    if _is_keras_optimizer(optimizer):
+        from hvdlite.tensorflow.keras import DistributedOptimizer as keras_distributed
+
+        return keras_distributed(optimizer, *args, **kwargs)
+    raise TypeError(
+        f"hvdlite.DistributedOptimizer: unsupported optimizer type "
+        f"{type(optimizer).__module__}.{type(optimizer).__qualname__}; supported are "
+        f"torch.optim.Optimizer (hvdlite.torch.DistributedOptimizer) and Keras "
+        f"optimizers (hvdlite.tensorflow.keras.DistributedOptimizer)")

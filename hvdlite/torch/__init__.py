@@ -1,0 +1,114 @@
+"""``hvdlite.torch``: Horovod's ``horovod.torch`` API on hvdlite's engine.
+
+Switch a Horovod script by changing ``import horovod.torch as hvd`` to
+``import hvdlite.torch as hvd``.  Layers, innermost first:
+
+- :mod:`._handles` turns CPU tensors into zero-copy numpy views for the
+  engine and engine results back into tensors;
+- :mod:`.mpi_ops` is every collective in Horovod's spellings (async, in-place,
+  grouped, differentiable);
+- :mod:`.compression`, :mod:`.optimizer` (``DistributedOptimizer``),
+  :mod:`.functions` (broadcast helpers) and :mod:`.sync_batch_norm` build on
+  it.
+
+The basics (``init``, ``rank``, process sets, reduce ops, errors) are the
+engine's own objects, re-exported so ``hvd.init()`` etc. work unchanged.
+Cross-rank contracts are stated on each function.
+"""
+
+from hvdlite import (
+    Adasum,
+    Average,
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+    Max,
+    Min,
+    ProcessSet,
+    Product,
+    Sum,
+    add_process_set,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    global_process_set,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    remove_process_set,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from hvdlite.torch.compression import Compression
+from hvdlite.torch.functions import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+from hvdlite.torch.mpi_ops import (
+    allgather,
+    allgather_async,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    alltoall,
+    alltoall_async,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    join,
+    poll,
+    reducescatter,
+    reducescatter_async,
+    sparse_allreduce_async,
+    synchronize,
+)
+from hvdlite.torch.optimizer import DistributedOptimizer
+from hvdlite.torch.sync_batch_norm import SyncBatchNorm
+
+__all__ = [
+    # basics (the engine's objects)
+    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
+    "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
+    "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "HorovodInternalError", "HostsUpdatedInterrupt",
+    # collectives
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
+    "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
+    "poll", "synchronize", "join", "barrier",
+    # training helpers
+    "Compression", "DistributedOptimizer", "broadcast_parameters",
+    "broadcast_optimizer_state", "broadcast_object", "allgather_object", "SyncBatchNorm",
+]

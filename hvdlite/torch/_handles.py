@@ -1,0 +1,155 @@
+"""Tensor <-> engine-array conversion and torch-aware handles.
+
+The engine moves numpy arrays; this module turns CPU tensors into zero-copy
+numpy views (bfloat16 as its int16 bits) after checking them, and attaches to
+each engine :class:`hvdlite.Handle` the function that turns its result into
+torch output, which :func:`synchronize` applies.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import numpy as np
+import torch
+
+import hvdlite as _engine
+
+__all__ = ["poll", "synchronize"]
+
+# dtypes whose .numpy() view the engine takes as is; bfloat16 is handled here.
+_NUMPY_DTYPES = frozenset({
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.float16, torch.float32, torch.float64, torch.bool,
+})
+_SUPPORTED = "uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, bool"
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check(tensor, what: str) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"hvdlite.torch.{what}: expected a torch.Tensor, "
+                        f"got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise ValueError(
+            f"hvdlite.torch.{what}: the tensor is on device '{tensor.device}', but this "
+            f"hvdlite build moves CPU tensors only (no device path in the engine yet); "
+            f"move it with tensor.cpu() first")
+    if tensor.layout != torch.strided:
+        raise ValueError(f"hvdlite.torch.{what}: {tensor.layout} tensors are not supported; "
+                         f"use sparse_allreduce_async for sparse COO tensors")
+    if tensor.dtype not in _NUMPY_DTYPES and tensor.dtype != torch.bfloat16:
+        raise ValueError(f"hvdlite.torch.{what}: unsupported dtype {tensor.dtype}; "
+                         f"supported: {_SUPPORTED}")
+
+
+def _source(tensor, what: str) -> torch.Tensor:
+    """A detached, contiguous tensor sharing *tensor*'s memory when it can."""
+    _check(tensor, what)
+    tensor = tensor.detach()
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def _target(tensor, what: str) -> torch.Tensor:
+    """A detached view of *tensor* for in-place ops, which need it contiguous."""
+    _check(tensor, what)
+    if not tensor.is_contiguous():
+        raise ValueError(f"hvdlite.torch.{what}: in-place ops need a contiguous tensor "
+                         f"(got strides {tuple(tensor.stride())} for shape "
+                         f"{tuple(tensor.shape)}); use the out-of-place spelling or "
+                         f"call .contiguous() first")
+    return tensor.detach()
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    """The numpy view of a contiguous CPU tensor; bfloat16 as its int16 bits."""
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.view(torch.int16)
+    return tensor.numpy()
+
+
+def _tensor(array, dtype: torch.dtype) -> torch.Tensor:
+    """A torch view of an engine-allocated array, read back as *dtype*'s bits."""
+    out = torch.from_numpy(np.asarray(array))
+    return out.view(torch.bfloat16) if dtype == torch.bfloat16 else out
+
+
+def _attach(handle: Future, convert: Callable) -> Future:
+    """Make ``synchronize(handle)`` return ``convert(result)``: chained after the
+    engine's own post-processing (the Handle's ``_convert`` hook)."""
+    inner = getattr(handle, "_convert", None)
+    handle._convert = convert if inner is None else (lambda result: convert(inner(result)))
+    return handle
+
+
+def _named(op: str, name):
+    """Horovod's names: an explicit name is qualified by its op, so that e.g.
+    ``allreduce(x, name="w")`` and ``broadcast(y, 0, name="w")`` never collide."""
+    return None if name is None else f"{op}.{name}"
+
+
+# ----------------------------------------------------------------------- handles
+
+
+def poll(handle: Future) -> bool:
+    """True when *handle*'s collective has finished (never blocks)."""
+    return handle.done()
+
+
+def synchronize(handle):
+    """Wait for *handle* and return its torch output.
+
+    Raises :class:`hvdlite.HorovodInternalError` when the collective failed on
+    any rank (mismatched arguments, stall shutdown, shutdown).
+    """
+    if callable(handle) and not isinstance(handle, Future):
+        return handle()  # Horovod's sparse handles were plain callables
+    return _engine.synchronize(handle)
+
+
+class _AllOf(Future):
+    """Finishes when every part has; waiting on it waits on each part, so a
+    caller-driven engine is driven by the wait as for a plain Handle."""
+
+    def __init__(self, parts: Sequence[Future]):
+        super().__init__()
+        self.set_running_or_notify_cancel()
+        self._parts = list(parts)
+        self._remaining = len(self._parts)
+        self._lock = threading.Lock()
+        for part in self._parts:
+            part.add_done_callback(self._part_done)
+
+    def _part_done(self, _part) -> None:
+        with self._lock:
+            self._remaining -= 1
+            if self._remaining:
+                return
+        # every part is done here, so asking for their exceptions never waits
+        errors = [e for e in (p.exception() for p in self._parts) if e is not None]
+        if errors:
+            self.set_exception(errors[0])
+        else:
+            self.set_result(None)
+
+    def result(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for part in self._parts:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                part.exception(left)
+            except FutureTimeout:
+                break
+        return super().result(None if deadline is None
+                              else max(0.0, deadline - time.monotonic()))
+
+
+def _all_of(handles: Sequence[Future], convert: Callable[[], object]) -> Future:
+    """A handle that finishes when every one of *handles* has; converts via *convert*."""
+    return _attach(_AllOf(handles), lambda _result: convert())

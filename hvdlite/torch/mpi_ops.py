@@ -1,0 +1,510 @@
+"""Horovod's torch collectives on CPU tensors, on top of the numpy engine.
+
+Every op is one engine call: the tensor's own memory goes to the engine as a
+numpy view (``Tensor.numpy()`` shares storage), so nothing is copied unless
+the tensor is non-contiguous (out-of-place ops copy it; in-place ops refuse
+it) or bfloat16 (numpy has no bfloat16: reductions run on a float32 copy and
+are cast back; broadcast, allgather and alltoall move the raw bits as int16).
+
+An ``*_async`` op returns the engine's :class:`hvdlite.Handle` (a
+``concurrent.futures.Future``) carrying a converter; ``synchronize(handle)``
+waits and returns torch tensors.  The non-async spellings are
+``synchronize(<op>_async(...))``; ``allreduce``, ``allgather``, ``broadcast``,
+``alltoall``, ``reducescatter`` and their grouped forms are differentiable
+(their autograd Functions are at the end of this module).
+
+Cross-rank contract (as in Horovod): every rank of the process set submits
+the same collectives; with ``name=None`` names come from per-op counters, so
+unnamed collectives must be submitted in the same order on every rank.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import hvdlite as _engine
+from hvdlite import Average, Sum, global_process_set
+from hvdlite.torch._handles import (
+    _all_of,
+    _array,
+    _attach,
+    _named,
+    _source,
+    _target,
+    _tensor,
+    poll,
+    synchronize,
+)
+from hvdlite.torch.compression import Compression
+
+__all__ = [
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
+    "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
+    "poll", "synchronize", "join", "barrier",
+]
+
+# --------------------------------------------------------------------- allreduce
+
+
+def _allreduce(sources, outputs, average, name, op, prescale_factor, postscale_factor,
+               process_set, grouped: bool, returned):
+    """Submit one (grouped) allreduce of *sources* into *outputs*; synchronize
+    returns *returned* (the user's tensor(s) for in-place ops)."""
+    ins, outs, casts = [], [], []
+    for src, out in zip(sources, outputs, strict=True):
+        if src.dtype == torch.bfloat16:  # reduce a float32 copy in place, cast back later
+            wide = src.float()
+            arr = wide.numpy()
+            ins.append(arr)
+            outs.append(arr)
+            casts.append((out, wide))
+        else:
+            ins.append(_array(src))
+            outs.append(ins[-1] if out is src else _array(out))
+    kwargs = dict(average=average, name=_named("allreduce", name), op=op,
+                  prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                  process_set=process_set)
+    if grouped:
+        handle = _engine.grouped_allreduce_async(ins, outputs=outs, **kwargs)
+    else:
+        handle = _engine.allreduce_async(ins[0], output=outs[0], **kwargs)
+
+    def convert(_result):
+        for out, wide in casts:
+            out.copy_(wide)
+        return returned
+
+    return _attach(handle, convert)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Start reducing *tensor* over the process set into a new tensor; returns a handle.
+
+    ``op`` defaults to Average (``average=`` is the deprecated spelling; giving
+    both raises ValueError).  ``prescale_factor`` multiplies the input and
+    ``postscale_factor`` the result.
+    """
+    src = _source(tensor, "allreduce_async")
+    out = torch.empty_like(src)
+    return _allreduce([src], [out], average, name, op, prescale_factor, postscale_factor,
+                      process_set, grouped=False, returned=out)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """In-place :func:`allreduce_async`: *tensor* receives the result."""
+    dst = _target(tensor, "allreduce_async_")
+    return _allreduce([dst], [dst], average, name, op, prescale_factor, postscale_factor,
+                      process_set, grouped=False, returned=tensor)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    """Start one allreduce of a list of tensors, negotiated and fused as one unit."""
+    srcs = [_source(t, "grouped_allreduce_async") for t in tensors]
+    outs = [torch.empty_like(s) for s in srcs]
+    return _allreduce(srcs, outs, average, name, op, prescale_factor, postscale_factor,
+                      process_set, grouped=True, returned=outs)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    """In-place :func:`grouped_allreduce_async`."""
+    tensors = list(tensors)
+    dsts = [_target(t, "grouped_allreduce_async_") for t in tensors]
+    return _allreduce(dsts, dsts, average, name, op, prescale_factor, postscale_factor,
+                      process_set, grouped=True, returned=tensors)
+
+
+# ----------------------------------------------------------- allgather, broadcast
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Start concatenating every rank's *tensor* along dim 0 (first dims may differ)."""
+    src = _source(tensor, "allgather_async")
+    handle = _engine.allgather_async(_array(src), name=_named("allgather", name),
+                                     process_set=process_set)
+    return _attach(handle, lambda result: _tensor(result, src.dtype))
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Start allgathering a list of tensors as one unit; the result is a list."""
+    srcs = [_source(t, "grouped_allgather_async") for t in tensors]
+    handle = _engine.grouped_allgather_async([_array(s) for s in srcs],
+                                             name=_named("allgather", name),
+                                             process_set=process_set)
+    dtypes = [s.dtype for s in srcs]
+    return _attach(handle, lambda result: [
+        _tensor(r, d) for r, d in zip(result, dtypes, strict=True)])
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Start copying *root_rank*'s tensor (a global rank) into a new tensor on every rank."""
+    src = _source(tensor, "broadcast_async")
+    out = torch.empty_like(src)
+    handle = _engine.broadcast_async(_array(src), root_rank, name=_named("broadcast", name),
+                                     process_set=process_set, output=_array(out))
+    return _attach(handle, lambda _result: out)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place :func:`broadcast_async`: *tensor* is overwritten on non-root ranks."""
+    arr = _array(_target(tensor, "broadcast_async_"))
+    handle = _engine.broadcast_async(arr, root_rank, name=_named("broadcast", name),
+                                     process_set=process_set, output=arr)
+    return _attach(handle, lambda _result: tensor)
+
+
+# ------------------------------------------------------ alltoall, reducescatter
+
+
+def _splits(splits) -> list[int] | None:
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        splits = splits.tolist()
+    return [int(s) for s in np.asarray(splits).reshape(-1)]
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Start scattering dim-0 slices of *tensor* to every rank and gathering theirs.
+
+    ``splits[i]`` rows go to rank i (default: equal slices).  ``synchronize``
+    returns ``(output, received_splits)``, received_splits an int32 tensor.
+    """
+    src = _source(tensor, "alltoall_async")
+    handle = _engine.alltoall_async(_array(src), splits=_splits(splits),
+                                    name=_named("alltoall", name),
+                                    process_set=process_set)
+
+    def convert(result):
+        output, received = result
+        return (_tensor(output, src.dtype),
+                torch.as_tensor(np.asarray(received), dtype=torch.int32))
+
+    return _attach(handle, convert)
+
+
+def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_set, grouped):
+    wide = [s.float() if s.dtype == torch.bfloat16 else s for s in srcs]
+    kwargs = dict(name=_named("reducescatter", name), op=op, prescale_factor=prescale_factor,
+                  postscale_factor=postscale_factor, process_set=process_set)
+    if grouped:
+        handle = _engine.grouped_reducescatter_async([_array(w) for w in wide], **kwargs)
+    else:
+        handle = _engine.reducescatter_async(_array(wide[0]), **kwargs)
+
+    def back(result, src):
+        out = torch.from_numpy(np.asarray(result))
+        return out.to(torch.bfloat16) if src.dtype == torch.bfloat16 else out
+
+    if grouped:
+        return _attach(handle, lambda result: [
+            back(r, s) for r, s in zip(result, srcs, strict=True)])
+    return _attach(handle, lambda result: back(result, srcs[0]))
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Start reducing *tensor* (Sum or Average) and keeping this rank's dim-0 shard."""
+    src = _source(tensor, "reducescatter_async")
+    return _reducescatter([src], name, op, prescale_factor, postscale_factor, process_set,
+                          grouped=False)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average,
+                                process_set=global_process_set, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    """Start a reducescatter of a list of tensors as one unit; the result is a list."""
+    srcs = [_source(t, "grouped_reducescatter_async") for t in tensors]
+    return _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_set,
+                          grouped=True)
+
+
+# -------------------------------------------------------------------- sparse
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Start reducing a sparse COO tensor: allgather its indices and values.
+
+    The result (from ``synchronize``) is a sparse tensor holding every rank's
+    entries (duplicates are summed when it is coalesced); ``op`` Average
+    divides the values by the process set's size.
+    """
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise ValueError("hvdlite.torch.sparse_allreduce_async: expected a sparse COO tensor")
+    if op not in (Average, Sum, None):
+        raise ValueError(f"hvdlite.torch.sparse_allreduce_async: op must be Average or Sum, "
+                         f"got {op!r}")
+    sparse = tensor.coalesce()
+    # allgather concatenates dim 0, so gather indices as (nnz, ndim) rows.
+    indices = sparse.indices().t().contiguous()
+    values = sparse.values().contiguous()
+    idx_name = None if name is None else f"{name}.indices"
+    val_name = None if name is None else f"{name}.values"
+    values_handle = allgather_async(values, name=val_name, process_set=process_set)
+    indices_handle = allgather_async(indices, name=idx_name, process_set=process_set)
+
+    def convert():
+        all_values = synchronize(values_handle)
+        all_indices = synchronize(indices_handle)
+        if op in (Average, None):
+            all_values = all_values / process_set.size()
+        return torch.sparse_coo_tensor(all_indices.t(), all_values, tensor.size(),
+                                       check_invariants=True)
+
+    return _all_of([values_handle, indices_handle], convert)
+
+
+# -------------------------------------------------------------------- control
+
+
+def join(device: int = -1) -> int:
+    """This rank has no more data: contribute zeros to other ranks' allreduces
+    until every rank has joined.  Returns the last rank to join (same on every
+    rank).  ``device`` is accepted for Horovod compatibility and ignored."""
+    return _engine.join()
+
+
+def barrier(process_set=global_process_set) -> None:
+    """Block until every rank of *process_set* has reached the barrier."""
+    _engine.barrier(process_set=process_set)
+
+
+# ------------------------------------------------------ differentiable spellings
+
+
+class _Allreduce(torch.autograd.Function):
+    """Gradient of an allreduce = the same allreduce of the gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor,
+                process_set):
+        ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
+        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
+                                           postscale_factor, process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        average, op, pre, post, process_set = ctx.args
+        reduced = synchronize(allreduce_async(grad, average, None, op, pre, post, process_set))
+        return (reduced,) + (None,) * 6
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set,
+                *tensors):
+        ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
+        return tuple(synchronize(grouped_allreduce_async(
+            list(tensors), average, name, op, prescale_factor, postscale_factor, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        average, op, pre, post, process_set = ctx.args
+        reduced = synchronize(grouped_allreduce_async(list(grads), average, None, op, pre,
+                                                      post, process_set))
+        return (None,) * 6 + tuple(reduced)
+
+
+def _own_rows(grads, first_dims: list[int], process_set) -> list[torch.Tensor]:
+    """This rank's dim-0 slices of allgathered gradients, averaged over ranks
+    (Horovod's convention for the gradient of allgather)."""
+    if len(grads) == 1:
+        reduced = [synchronize(allreduce_async(grads[0], op=Average, process_set=process_set))]
+    else:
+        reduced = synchronize(grouped_allreduce_async(grads, op=Average,
+                                                      process_set=process_set))
+    counts = synchronize(allgather_async(torch.tensor([first_dims], dtype=torch.int64),
+                                         process_set=process_set))
+    offsets = counts[: process_set.rank()].sum(dim=0).tolist()
+    return [r.narrow(0, int(o), d) for r, o, d in zip(reduced, offsets, first_dims, strict=True)]
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        handle = allgather_async(tensor, name, process_set)  # validates the tensor
+        ctx.first_dim, ctx.process_set = tensor.shape[0], process_set
+        return synchronize(handle)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _own_rows([grad], [ctx.first_dim], ctx.process_set)[0], None, None
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        handle = grouped_allgather_async(list(tensors), name, process_set)
+        ctx.first_dims = [t.shape[0] for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(handle))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        rows = _own_rows(list(grads), ctx.first_dims, ctx.process_set)
+        return (None, None) + tuple(rows)
+
+
+class _Broadcast(torch.autograd.Function):
+    """Gradient reaches the root only: the average of every rank's gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = synchronize(allreduce_async(grad, op=Average, process_set=ctx.process_set))
+        if _engine.rank() != ctx.root_rank:
+            reduced.zero_()
+        return reduced, None, None, None
+
+
+class _Alltoall(torch.autograd.Function):
+    """Gradient: send each received slice's gradient back where it came from."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received, ctx.process_set = received, process_set
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad, _grad_received):
+        back, _ = synchronize(alltoall_async(grad, ctx.received, process_set=ctx.process_set))
+        return back, None, None, None
+
+
+def _reducescatter_grad_scale(op, prescale_factor, postscale_factor, process_set) -> float:
+    scale = prescale_factor * postscale_factor
+    return scale / process_set.size() if op in (Average, None) else scale
+
+
+class _Reducescatter(torch.autograd.Function):
+    """Gradient: every rank's output gradient, gathered and scaled like the forward."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor,
+                                              process_set)
+        ctx.process_set = process_set
+        return synchronize(reducescatter_async(tensor, name, op, process_set,
+                                               prescale_factor, postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad):
+        gathered = synchronize(allgather_async(grad, process_set=ctx.process_set))
+        return gathered * ctx.scale, None, None, None, None, None
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor,
+                                              process_set)
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_reducescatter_async(
+            list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        gathered = synchronize(grouped_allgather_async(list(grads),
+                                                       process_set=ctx.process_set))
+        return (None,) * 5 + tuple(g * ctx.scale for g in gathered)
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Reduce *tensor* over the process set (default op Average); returns a new
+    tensor.  Differentiable: the gradient is the same allreduce of the gradient.
+    ``compression`` casts the tensor for the wire and back (e.g. Compression.fp16).
+    """
+    compressed, ctx = compression.compress(tensor)
+    reduced = _Allreduce.apply(compressed, average, name, op, prescale_factor,
+                               postscale_factor, process_set)
+    return compression.decompress(reduced, ctx)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """In-place :func:`allreduce` (not differentiable); returns *tensor*."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none,
+                      op=None, prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set):
+    """Allreduce a list of tensors as one negotiated, fused unit; differentiable."""
+    pairs = [compression.compress(t) for t in tensors]
+    reduced = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
+                                      process_set, *[t for t, _ in pairs])
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, pairs, strict=True)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    """In-place :func:`grouped_allreduce`; returns *tensors*."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Concatenate every rank's *tensor* along dim 0; differentiable (the
+    gradient is this rank's rows of the averaged output gradient)."""
+    return _Allgather.apply(tensor, name, process_set)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Allgather a list of tensors as one unit; differentiable."""
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """*root_rank*'s tensor (a global rank) as a new tensor on every rank; differentiable."""
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place :func:`broadcast` (not differentiable); returns *tensor*."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Send ``splits[i]`` dim-0 rows of *tensor* to rank i, receive theirs.
+
+    Returns the received rows, or ``(output, received_splits)`` when *splits*
+    was given.  Differentiable.
+    """
+    output, received = _Alltoall.apply(tensor, splits, name, process_set)
+    return output if splits is None else (output, received)
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce *tensor* (Sum or Average) and return this rank's dim-0 shard
+    (uneven sizes: the first ranks get one row more).  Differentiable."""
+    compressed, ctx = compression.compress(tensor)
+    shard = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor,
+                                 postscale_factor)
+    return compression.decompress(shard, ctx)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """Reducescatter a list of tensors as one unit; differentiable."""
+    pairs = [compression.compress(t) for t in tensors]
+    shards = _GroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                         postscale_factor, *[t for t, _ in pairs])
+    return [compression.decompress(s, ctx) for s, (_, ctx) in zip(shards, pairs, strict=True)]
