@@ -130,6 +130,8 @@ def init(comm=None, process_sets=None) -> None:
         if _state is not None and _state.engine is not None and not _state.engine.stopped:
             return
         cfg = _config.read_config()
+        if not cfg.malloc_tuning_disable:
+            _tune_malloc()
         MPI = _import_mpi(cfg)
         if isinstance(comm, (list, tuple)):
             ranks = sorted(int(r) for r in comm)
@@ -174,6 +176,24 @@ def init(comm=None, process_sets=None) -> None:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True
         _install_excepthook(world.Get_size())
+
+
+def _tune_malloc() -> None:
+    """glibc: stop returning freed heap memory to the OS, and serve blocks up to 32 MiB
+    from the heap.  MPI and the frameworks allocate and free large temporaries every
+    step; with glibc's defaults each one is a fresh mmap and thousands of page faults."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 32 << 20)
+        libc.mallopt(m_trim_threshold, 1 << 30)
+    except (OSError, AttributeError):  # not glibc after all: nothing to tune
+        pass
 
 
 def _register_static(st: _State, ps, MPI) -> None:

@@ -61,6 +61,10 @@ KNOBS: tuple[Knob, ...] = (
          "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL"),
     Knob("mpi_threads_disable", "HVDLITE_MPI_THREADS_DISABLE", bool, False,
          "initialize MPI with MPI_THREAD_SERIALIZED instead of MPI_THREAD_MULTIPLE"),
+    Knob("malloc_tuning_disable", "HVDLITE_MALLOC_TUNING_DISABLE", bool, False,
+         "leave glibc's malloc alone (by default init() keeps freed heap memory for reuse: "
+         "mmap threshold 32 MiB, trim threshold 1 GiB, so per-step MPI and framework "
+         "buffers do not page-fault every step)"),
     Knob("dynamic_process_sets", "HVDLITE_DYNAMIC_PROCESS_SETS", bool, False,
          "allow add_process_set()/remove_process_set() after init()"),
     Knob("test_node_size", "HVDLITE_TEST_NODE_SIZE", int, 0,
@@ -119,6 +123,7 @@ class Config:
     stall_shutdown_time_seconds: float = 0.0
     log_level: str = "WARNING"
     mpi_threads_disable: bool = False
+    malloc_tuning_disable: bool = False
     dynamic_process_sets: bool = False
     test_node_size: int = 0
 

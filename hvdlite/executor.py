@@ -24,6 +24,10 @@ from .ops import ReduceOp
 
 __all__ = ["MPIExecutor", "split_rows"]
 
+#: Tensors at least this large are reduced in place instead of through the fusion
+#: buffer: for them the two copies cost more than the extra collective call.
+_ZERO_COPY_BYTES = 1 << 20
+
 _MPI_OPS = {
     ReduceOp.AVERAGE: MPI.SUM,
     ReduceOp.SUM: MPI.SUM,
@@ -121,27 +125,43 @@ class MPIExecutor:
             reduce = lambda buf: self.hierarchical.allreduce(buf, op)  # noqa: E731
         else:
             reduce = lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, op)  # noqa: E731
-        if len(items) == 1 and items[0][1] is not None and items[0][1].dtype == wire:
-            # One tensor: reduce straight into its output, no fusion buffer.
-            _, inp, out, _, pre, post = items[0]
-            if pre != 1.0:
-                np.multiply(inp, pre, out=out, casting="unsafe")
-                reduce(out)
-            elif inp is out:
-                reduce(out)
-            elif hierarchical:
-                self.hierarchical.allreduce(out, op, inp)
+        # Tensors of the wire dtype that are alone or large are reduced where they
+        # are (no copy through the fusion buffer); the rest is fused.  The split
+        # depends only on the agreed shapes and dtypes, so it is the same everywhere.
+        dtypes = [d for response in batch for d in response.params.dtypes]
+        alone = len(items) == 1
+        fused = []
+        for item, dtype in zip(items, dtypes):
+            if dtype == wire.str and (alone or item[3] * wire.itemsize >= _ZERO_COPY_BYTES):
+                self._reduce_in_place(item, wire, op, comm, reduce, hierarchical)
             else:
-                comm.Allreduce(inp, out, op)
-            if post != 1.0:
-                np.multiply(out, post, out=out, casting="unsafe")
-        else:
-            total = sum(item[3] for item in items)
-            buf = self.pool.get(wire, total)
-            self._copy_in(items, buf)
+                fused.append(item)
+        if fused:
+            buf = self.pool.get(wire, sum(item[3] for item in fused))
+            self._copy_in(fused, buf)
             reduce(buf)
-            self._copy_out(items, buf)
+            self._copy_out(fused, buf)
         self._finish_batch(batch)
+
+    def _reduce_in_place(self, item, wire, op, comm, reduce, hierarchical) -> None:
+        """Reduce one tensor straight into its output, without the fusion buffer."""
+        _, inp, out, count, pre, post = item
+        if inp is None:  # a joined rank contributes zeros
+            zeros = self.pool.get(wire, count, slot=2)
+            zeros.fill(0)
+            reduce(zeros)
+            return
+        if pre != 1.0:
+            np.multiply(inp, pre, out=out, casting="unsafe")
+            reduce(out)
+        elif inp is out:
+            reduce(out)
+        elif hierarchical:
+            self.hierarchical.allreduce(out, op, inp)
+        else:
+            comm.Allreduce(inp, out, op)
+        if post != 1.0:
+            np.multiply(out, post, out=out, casting="unsafe")
 
     def _allreduce_mixed(self, batch, comm, op) -> None:
         """A group of tensors with different wire dtypes (never fused with other

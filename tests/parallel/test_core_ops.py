@@ -205,6 +205,22 @@ def test_grouped_allreduce_mixed_dtypes():
         assert_same(out, np.full(t.shape, total * scale, t.dtype), t.dtype)
 
 
+def test_grouped_allreduce_large_tensors_reduced_in_place_beside_fused_small_ones():
+    # Tensors of 1 MiB and more skip the fusion buffer; small ones are fused. Both
+    # kinds, in one group and as separate async entries, give the plain result.
+    big = np.full(300_000, float(RANK + 1), np.float32)  # 1.2 MB
+    small = [np.full(5, float(RANK), np.float64), np.full(3, RANK, np.int32)]
+    outs = hvd.grouped_allreduce([big, *small], op=hvd.Sum, name="gar.big")
+    assert_same(outs[0], np.full(big.shape, float(sum(r + 1 for r in RANKS)), np.float32))
+    assert_same(outs[1], np.full(5, float(sum(RANKS))))
+    assert_same(outs[2], np.full(3, sum(RANKS), np.int32))
+    in_place = big.copy()
+    handles = [hvd.allreduce_async(in_place, name="big.inplace", output=in_place),
+               hvd.allreduce_async(small[0], name="small.async")]
+    wait_all(handles)
+    assert_same(in_place, np.full(big.shape, sum(r + 1 for r in RANKS) / SIZE, np.float32))
+
+
 def test_grouped_allreduce_average_scaled_async_in_place():
     tensors = [np.full((2, 2), float(RANK), np.float64) for _ in range(3)]
     h = hvd.grouped_allreduce_async(tensors, op=hvd.Average, prescale_factor=2.0,
