@@ -54,10 +54,11 @@ def run_ranks() -> None:
         for _ in range(3):
             hvd.allreduce(x, name=f"a{nbytes}", op=hvd.Sum, output=out)
             comm.Allreduce(x, out, MPI.SUM)
-        t_hvd = _median_time(lambda: hvd.allreduce(x, name=f"a{nbytes}", op=hvd.Sum,
-                                                   output=out), iters, repeats, comm.Barrier)
-        t_mpi = _median_time(lambda: comm.Allreduce(x, out, MPI.SUM), iters, repeats,
-                             comm.Barrier)
+        name = f"a{nbytes}"
+        t_hvd = _median_time(lambda x=x, out=out, name=name: hvd.allreduce(
+            x, name=name, op=hvd.Sum, output=out), iters, repeats, comm.Barrier)
+        t_mpi = _median_time(lambda x=x, out=out: comm.Allreduce(x, out, MPI.SUM), iters,
+                             repeats, comm.Barrier)
         rows.append((f"allreduce {_human(nbytes)}", t_hvd, "raw mpi4py Allreduce", t_mpi))
 
     arrays = [np.full(16 << 10, i, dtype=np.float32) for i in range(200)]  # 64 KB each

@@ -1,0 +1,109 @@
+"""hvdlite for TensorFlow 2 — Horovod's ``horovod.tensorflow`` API on the hvdlite engine.
+
+Switch with ``import hvdlite.tensorflow as hvd`` in place of
+``import horovod.tensorflow as hvd``.
+
+Layering (dependencies point downwards only)::
+
+    keras/ (DistributedOptimizer, callbacks)      gradient_tape, sync_batch_norm
+                 \\                                   /
+                  gradient_reduction (one grouped submission per step)
+                                  |
+          reductions (compression, IndexedSlices)   functions (objects, variables)
+                                  |
+                 mpi_ops (collectives + gradients, graph-time basics)
+                                  |
+              _bridge (eager call or one tf.numpy_function node)
+                                  |
+                     hvdlite engine (numpy arrays, MPI)
+
+Every collective works eagerly and inside ``tf.function``.  Cross-rank
+contract, as in Horovod: every member of a process set calls the same
+collectives in the same order with matching dtypes and shapes.
+"""
+
+from __future__ import annotations
+
+from hvdlite import HostsUpdatedInterrupt  # noqa: F401
+
+from .compression import Compression
+from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from .mpi_ops import (  # noqa: F401  (Horovod exposes the underscored ops too)
+    Adasum, Average, HorovodInternalError, Max, Min, Product, ProcessSet, Sum,
+    _allreduce, _grouped_allreduce, _grouped_reducescatter, _reducescatter,
+    add_process_set, allgather, alltoall, barrier, broadcast, broadcast_, ccl_built,
+    check_num_rank_power_of_2, cross_rank, cross_size, cuda_built, ddl_built,
+    global_process_set, gloo_built, gloo_enabled, grouped_allgather,
+    handle_average_backwards_compatibility, init, is_homogeneous, is_initialized, join,
+    local_rank, local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, process_set_included_op, rank, rank_op,
+    remove_process_set, rocm_built, shutdown, size, size_op, start_timeline, stop_timeline,
+)
+from .reductions import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
+
+__all__ = [
+    # basics
+    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
+    "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
+    "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "HorovodInternalError", "HostsUpdatedInterrupt",
+    # collectives
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
+    "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
+    "size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op",
+    # helpers and training
+    "Compression", "broadcast_variables", "broadcast_object", "broadcast_object_fn",
+    "allgather_object", "DistributedGradientTape", "PartialDistributedGradientTape",
+    "DistributedOptimizer", "SyncBatchNormalization", "broadcast_global_variables",
+]
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
+                         device_sparse="", compression=Compression.none,
+                         sparse_as_dense=False, backward_passes_per_step=1, op=Average,
+                         gradient_predivide_factor=1.0, average_aggregated_gradients=False,
+                         num_groups=0, groups=None, process_set=global_process_set,
+                         scale_local_gradients=True):
+    """Horovod's ``hvd.DistributedOptimizer`` for TensorFlow: a Keras 3 optimizer is
+    wrapped by :func:`hvdlite.tensorflow.keras.DistributedOptimizer` (same arguments).
+
+    TF1 ``tf.compat.v1.train.Optimizer`` graph-mode optimizers are not supported;
+    use a Keras optimizer or :func:`DistributedGradientTape`.
+    """
+    import keras
+
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        if op == Adasum:
+            raise ValueError("op == Adasum is not supported yet with Keras")
+        from .keras import DistributedOptimizer as _keras_distributed_optimizer
+
+        return _keras_distributed_optimizer(
+            optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+            gradient_predivide_factor=gradient_predivide_factor, op=op,
+            backward_passes_per_step=backward_passes_per_step,
+            average_aggregated_gradients=average_aggregated_gradients,
+            num_groups=num_groups, groups=groups, process_set=process_set,
+            scale_local_gradients=scale_local_gradients)
+    raise ValueError(
+        f"Provided optimizer doesn't inherit from a Keras optimizer: {type(optimizer).__name__}. "
+        "hvdlite supports Keras 3 optimizers (keras.optimizers.*); for custom training "
+        "loops use hvdlite.tensorflow.DistributedGradientTape.")
+
+
+def broadcast_global_variables(root_rank):
+    """TF1-only in Horovod; with TensorFlow 2 use :func:`broadcast_variables`."""
+    raise RuntimeError(
+        "hvd.broadcast_global_variables() does not support eager execution. "
+        "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead.")
+
+
+def __getattr__(name):
+    if name == "SyncBatchNormalization":  # imports keras: only when asked for
+        from .sync_batch_norm import SyncBatchNormalization
+
+        return SyncBatchNormalization
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,334 @@
+"""Reduce a step's gradients across ranks in one submission.
+
+:class:`GradientReducer` is shared by ``DistributedGradientTape`` and the Keras
+``DistributedOptimizer``.  For one call it
+
+1. densifies ``tf.IndexedSlices`` when ``sparse_as_dense`` (else allgathers them),
+2. compresses the dense gradients,
+3. hands every gradient of the step to the engine at once: one allreduce per
+   group (a single group unless ``groups`` says otherwise; a group of one dtype
+   travels as one contiguous buffer, see :meth:`GradientReducer._submit`) and
+   one grouped allgather for the sparse ones, all submitted before any is
+   awaited; inside a ``tf.function`` this is a single graph node,
+4. decompresses and, for sparse Average, divides by the set size.
+
+With ``op=Average`` and ``gradient_predivide_factor=f`` the result is
+``sum(g) / size`` (Horovod scales by ``1/f`` before the sum and ``f/size``
+after it; a packed group applies the product of both once, before the sum).
+
+Cross-rank contract: every member of the process set reduces the same list
+of gradients (same dtypes and shapes, ``None`` in the same places) in the same
+order; every member gets the same reduced gradients.  Ranks outside the set
+get their gradients back unchanged, as in Horovod.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+import hvdlite as _engine
+
+from . import _bridge
+from .compression import Compression
+from .mpi_ops import Adasum, Average, Sum, global_process_set
+
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+__all__ = ["GradientReducer", "LocalSources", "normalize_groups", "reduce_with_local",
+           "scale_local"]
+
+
+def normalize_groups(num_groups, groups):
+    """Horovod's rule: ``num_groups`` is the deprecated spelling of an int ``groups``."""
+    if num_groups:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be "
+                      "removed in a future version.", DeprecationWarning, stacklevel=3)
+        if groups is None:
+            groups = num_groups
+    if groups is not None and not (isinstance(groups, list) or
+                                   (isinstance(groups, int) and groups > 0)):
+        raise ValueError("groups should be a non-negative integer or a list of list of "
+                         "tf.Variable.")
+    return groups
+
+
+def _split_evenly(items, k):
+    n = len(items)
+    chunks = [items[i * n // k:(i + 1) * n // k] for i in range(k)]
+    return [c for c in chunks if c]
+
+
+class LocalSources:
+    """Variables whose gradients stay rank-local (PartialDistributed*)."""
+
+    def __init__(self):
+        self._keep = []
+        self._ids = set()
+
+    def add(self, var) -> None:
+        self._keep.append(var)
+        self._ids.add(id(var))
+        inner = getattr(var, "value", None)  # a Keras 3 variable's tf.Variable
+        if isinstance(inner, tf.Variable):
+            self._ids.add(id(inner))
+
+    def __contains__(self, var) -> bool:
+        return id(var) in self._ids
+
+    def __len__(self) -> int:
+        return len(self._keep)
+
+
+class GradientReducer:
+    """Callable ``reducer(grads, variables) -> reduced grads`` (see module docstring)."""
+
+    def __init__(self, name="DistributedGradientTape", compression=Compression.none,
+                 sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0,
+                 groups=None, process_set=global_process_set):
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        if op not in (Average, Sum, Adasum):
+            raise ValueError(f"hvdlite: gradients can be reduced with Average, Sum or "
+                             f"Adasum, not {op!r}.")
+        self.name = name
+        self.compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        self.op = op
+        self.groups = groups
+        self.process_set = process_set
+        if op == Average:
+            self.prescale = 1.0 / gradient_predivide_factor
+            self.postscale = gradient_predivide_factor
+        else:
+            self.prescale = self.postscale = 1.0
+
+    # -- grouping -------------------------------------------------------------
+    def _dense_groups(self, dense_positions, grads, variables):
+        groups = self.groups
+        if groups is None:
+            return [dense_positions]
+        if isinstance(groups, int):
+            return _split_evenly(dense_positions, groups)
+        if variables is None:
+            raise ValueError("groups given as lists of variables need the variables; "
+                             "pass them to the reducer.")
+        where = {id(variables[p]): p for p in dense_positions}
+        for p in dense_positions:
+            inner = getattr(variables[p], "value", None)
+            if isinstance(inner, tf.Variable):
+                where.setdefault(id(inner), p)
+        out, used = [], set()
+        for group in groups:
+            members = []
+            for var in group:
+                p = where.get(id(var))
+                if p is None:
+                    inner = getattr(var, "value", None)
+                    p = where.get(id(inner)) if inner is not None else None
+                if p is not None and p not in used:
+                    members.append(p)
+                    used.add(p)
+            if members:
+                out.append(sorted(members))
+        out += [[p] for p in dense_positions if p not in used]
+        return out
+
+    # -- the reduction ----------------------------------------------------------
+    @_no_autograph
+    def __call__(self, grads, variables=None, use_generic_names=False):
+        grads = list(grads)
+        ps = self.process_set
+        _bridge.remember_process_set(ps)
+        if not ps.included() or ps.size() == 1:
+            return grads
+        if self.sparse_as_dense:
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                     for g in grads]
+        dense = [i for i, g in enumerate(grads)
+                 if g is not None and not isinstance(g, tf.IndexedSlices)]
+        sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
+        if not dense and not sparse:
+            return grads
+        if sparse and self.op == Adasum:
+            raise NotImplementedError("The Adasum reduction does not support sparse "
+                                      "gradients; pass sparse_as_dense=True.")
+
+        with tf.name_scope(f"{self.name}_Allreduce"):
+            compressed, ctxs = {}, {}
+            for i in dense:
+                compressed[i], ctxs[i] = self.compression.compress(tf.convert_to_tensor(grads[i]))
+            wire, dtypes = [], []
+            for i in dense:
+                dtypes.append(compressed[i].dtype)
+                wire.append(_bridge.to_wire(compressed[i], reduce=True))
+            for i in sparse:
+                wire.append(_bridge.to_wire(grads[i].values, reduce=False))
+                wire.append(grads[i].indices)
+            for w in wire:
+                _bridge.check_dtype(w.dtype, "gradient allreduce")
+            for i in dense:
+                if not compressed[i].dtype.is_floating:
+                    raise ValueError(f"hvdlite: gradient {i} has dtype "
+                                     f"{compressed[i].dtype.name}; gradients must be "
+                                     "floating point.")
+
+            position = {i: k for k, i in enumerate(dense)}
+            dense_groups = [[position[i] for i in g]
+                            for g in self._dense_groups(dense, grads, variables) if g]
+            base = self._base_name(wire, use_generic_names)
+            outs = self._submit(wire, dense_groups, len(dense), base)
+
+            result = list(grads)
+            for k, i in enumerate(dense):
+                out = _bridge.from_wire(outs[k], dtypes[k], reduce=True)
+                result[i] = self.compression.decompress(out, ctxs[i])
+            for j, i in enumerate(sparse):
+                values = _bridge.from_wire(outs[len(dense) + 2 * j],
+                                           grads[i].values.dtype, reduce=False)
+                indices = outs[len(dense) + 2 * j + 1]
+                if self.op == Average:
+                    values = values / tf.cast(ps.size(), values.dtype)
+                result[i] = tf.IndexedSlices(values, indices, dense_shape=grads[i].dense_shape)
+        return result
+
+    def _base_name(self, wire, use_generic_names):
+        if tf.executing_eagerly():
+            return None
+        if use_generic_names:
+            return _bridge.op_name("GroupedAllreduce", wire, "grad", ignore_name_scope=False)
+        return _bridge.op_name("GroupedAllreduce", wire, None)
+
+    def _plans(self, wire, dense_groups):
+        """Per group: ("flat", members) when it can travel as one contiguous buffer
+        (one dtype, static shapes, Sum/Average), else ("each", members)."""
+        plans = []
+        for members in dense_groups:
+            ws = [wire[m] for m in members]
+            flat = (self.op in (Average, Sum) and len({w.dtype for w in ws}) == 1
+                    and all(w.shape.is_fully_defined() for w in ws))
+            plans.append(("flat" if flat else "each", members))
+        return plans
+
+    def _submit(self, wire, dense_groups, n_dense, base):
+        """Submit every group (and the sparse parts), then wait: one numpy call.
+
+        A "flat" group is packed by this adapter into one buffer, scaled on the
+        way in (the Average's 1/size and the predivide factors folded into one
+        multiply) and summed in place by a single-tensor allreduce, so the engine
+        neither copies it into its fusion buffer nor back out; TensorFlow then
+        splits the one output with zero-copy slices.  In a graph the buffers
+        belong to the graph node and are reused every step.
+        """
+        ps, op, pre, post = self.process_set, self.op, self.prescale, self.postscale
+        plans = self._plans(wire, dense_groups)
+        scale = pre * post / (ps.size() if op == Average else 1)
+        n_sparse = len(wire) - n_dense
+        reuse = not tf.executing_eagerly()
+        cache: dict = {}
+
+        def buffer(key, shape, dtype):
+            buf = cache.get(key) if reuse else None
+            if buf is None or buf.shape != shape or buf.dtype != dtype:
+                buf = np.empty(shape, dtype)
+                if reuse:
+                    cache[key] = buf
+            return buf
+
+        def fn(*arrays, outputs=None):
+            handles = []
+            for g, (kind, members) in enumerate(plans):
+                name = None if base is None else f"{base}.{g}"
+                if kind == "flat":
+                    parts = [arrays[m].reshape(-1) for m in members]
+                    flat = buffer(g, (sum(p.size for p in parts),), parts[0].dtype)
+                    offset = 0
+                    for part in parts:
+                        view = flat[offset:offset + part.size]
+                        offset += part.size
+                        if scale != 1.0:
+                            np.multiply(part, scale, out=view, casting="unsafe")
+                        else:
+                            np.copyto(view, part)
+                    handles.append(_engine.allreduce_async(
+                        flat, op=Sum, name=name, process_set=ps, output=flat))
+                else:
+                    outs = [buffer((g, m), arrays[m].shape, arrays[m].dtype) for m in members]
+                    handles.append(_engine.grouped_allreduce_async(
+                        [arrays[m] for m in members], op=op, prescale_factor=pre,
+                        postscale_factor=post, process_set=ps, name=name, outputs=outs))
+            if n_sparse:
+                handles.append(_engine.grouped_allgather_async(
+                    list(arrays[n_dense:]), process_set=ps,
+                    name=None if base is None else f"{base}.sparse"))
+            results = []
+            for (kind, _), handle in zip(plans, handles, strict=False):
+                out = _engine.synchronize(handle)
+                results.extend([out] if kind == "flat" else out)
+            if n_sparse:
+                results.extend(_engine.synchronize(handles[-1]))
+            return results
+
+        dtypes, shapes = [], []
+        for kind, members in plans:
+            if kind == "flat":
+                dtypes.append(wire[members[0]].dtype)
+                shapes.append(tf.TensorShape([sum(wire[m].shape.num_elements()
+                                                  for m in members)]))
+            else:
+                dtypes += [wire[m].dtype for m in members]
+                shapes += [wire[m].shape for m in members]
+        for w in wire[n_dense:]:
+            dtypes.append(w.dtype)
+            shapes.append(tf.TensorShape([None]).concatenate(w.shape[1:]))
+        outs = _bridge.run(fn, wire, dtypes, shapes, base)
+
+        # Back to one output per input: dense positions first, then the sparse parts.
+        dense_out = [None] * n_dense
+        k = 0
+        for kind, members in plans:
+            if kind == "flat":
+                sizes = [wire[m].shape.num_elements() for m in members]
+                pieces = tf.split(outs[k], sizes) if len(members) > 1 else [outs[k]]
+                for m, piece in zip(members, pieces, strict=True):
+                    dense_out[m] = tf.reshape(piece, wire[m].shape)
+                k += 1
+            else:
+                for m in members:
+                    dense_out[m] = outs[k]
+                    k += 1
+        return dense_out + list(outs[k:])
+
+
+def scale_local(grads, variables, local: LocalSources, size):
+    """Horovod's ``scale_local_gradients``: divide rank-local gradients by the set size."""
+    out = []
+    for g, v in zip(grads, variables, strict=True):
+        if g is None or v not in local:
+            out.append(g)
+        elif isinstance(g, tf.IndexedSlices):
+            out.append(tf.IndexedSlices(g.values / tf.cast(size, g.values.dtype), g.indices,
+                                        g.dense_shape))
+        else:
+            out.append(g / tf.cast(size, g.dtype))
+    return out
+
+
+def reduce_with_local(reducer: GradientReducer, grads, variables, local: LocalSources,
+                      scale_local_gradients: bool, use_generic_names=False):
+    """Reduce the non-local gradients; scale the local ones if asked (Horovod semantics)."""
+    grads = list(grads)
+    variables = list(variables) if variables is not None else None
+    if variables is None or not len(local):
+        return reducer(grads, variables, use_generic_names)
+    shared = [i for i, v in enumerate(variables) if v not in local]
+    reduced = reducer([grads[i] for i in shared], [variables[i] for i in shared],
+                      use_generic_names)
+    out = list(grads)
+    for i, g in zip(shared, reduced, strict=True):
+        out[i] = g
+    if scale_local_gradients and reducer.process_set.included():
+        out = scale_local(out, variables, local, reducer.process_set.size())
+    return out

@@ -1,0 +1,484 @@
+"""TensorFlow collectives with gradients, on the hvdlite engine.
+
+The ops here are Horovod's ``horovod.tensorflow.mpi_ops``: raw collectives (no
+compression, no ``tf.IndexedSlices``), usable eagerly and inside
+``tf.function``, each with a gradient registered through ``tf.custom_gradient``:
+
+==========================  ==================================================
+op                          gradient (Horovod's rules)
+==========================  ==================================================
+allreduce (Sum, Average)    the same allreduce of the upstream gradient
+allreduce (Min, Max)        Sum-allreduce of the upstream gradient, kept where
+                            this rank's input equals the result (+)
+allreduce (Product)         Sum-allreduce of the upstream gradient * y / x (+)
+allgather                   this rank's rows of an Average-allreduce
+broadcast                   Average-allreduce on the root, zeros elsewhere
+alltoall                    alltoall back with the received splits
+reducescatter               allgather (times the set size for Sum)
+==========================  ==================================================
+
+Cross-rank contract: every member of ``process_set`` must call the same
+collectives in the same order with matching dtypes and shapes (first
+dimension excepted for allgather/alltoall); gradients are collectives too, so
+every member must also differentiate through them.  Each rank gets the result
+the op's docstring states; mismatches raise ``HorovodInternalError`` eagerly
+and a ``tf.errors.OpError`` carrying the same message inside a graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+import hvdlite as _engine
+from hvdlite import (  # noqa: F401  (re-exported basics)
+    Adasum, Average, HorovodInternalError, Max, Min, Product, ProcessSet, Sum,
+    add_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+    global_process_set, gloo_built, gloo_enabled, init, is_homogeneous,
+    is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
+    shutdown, size, start_timeline, stop_timeline,
+)
+
+from . import _bridge
+
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+__all__ = [
+    "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall",
+    "join", "barrier", "size_op", "local_size_op", "rank_op", "local_rank_op",
+    "process_set_included_op", "handle_average_backwards_compatibility",
+    "check_num_rank_power_of_2",
+]
+
+
+def handle_average_backwards_compatibility(op, average):
+    """Resolve Horovod's deprecated ``average=`` against ``op=`` (default Average)."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. "
+                             "Please provide only one of them.")
+        return op
+    if average is not None:
+        import warnings
+        warnings.warn("Parameter `average` has been replaced with `op` and will be "
+                      "removed in a future version", DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average
+
+
+def check_num_rank_power_of_2(num_rank: int) -> bool:
+    """True when ``num_rank`` is a power of two (Adasum's requirement)."""
+    return num_rank > 0 and (num_rank & (num_rank - 1)) == 0
+
+
+def _zeros_if_none(grads, outputs):
+    return [tf.zeros_like(y) if g is None else g for g, y in zip(grads, outputs, strict=True)]
+
+
+# --- allreduce ---------------------------------------------------------------
+
+def _grouped_allreduce_nograd(tensors, name, op, prescale_factor, postscale_factor,
+                              process_set):
+    dtypes = [t.dtype for t in tensors]
+    wire = [_bridge.to_wire(t, reduce=True) for t in tensors]
+    if name is None:
+        name = _bridge.op_name("GroupedAllreduce", tensors, None)
+
+    def fn(*arrays, outputs=None):
+        return _engine.grouped_allreduce(
+            list(arrays), name=name, op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, process_set=process_set, outputs=outputs)
+
+    outs = _bridge.run(fn, wire, [w.dtype for w in wire], [w.shape for w in wire], name,
+                       outputs_like_inputs=len(wire))
+    return [_bridge.from_wire(o, d, reduce=True) for o, d in zip(outs, dtypes, strict=True)]
+
+
+def _reduce_backward(dys, xs, ys, op, prescale_factor, postscale_factor, process_set):
+    if op in (Min, Max):
+        summed = _grouped_allreduce_nograd(dys, None, Sum, 1.0, 1.0, process_set)
+        return [s * tf.cast(tf.equal(x, y), s.dtype)
+                for s, x, y in zip(summed, xs, ys, strict=True)]
+    if op == Product:
+        summed = _grouped_allreduce_nograd(dys, None, Sum, 1.0, 1.0, process_set)
+        return [tf.math.divide_no_nan(s * y, x) for s, x, y in zip(summed, xs, ys, strict=True)]
+    return _grouped_allreduce_nograd(dys, None, op, prescale_factor, postscale_factor,
+                                     process_set)
+
+
+@_no_autograph
+def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0,
+                       postscale_factor=1.0, ignore_name_scope=False,
+                       process_set=global_process_set):
+    """Differentiable grouped allreduce: one engine submission for the whole list.
+
+    Every rank gets, per position, ``postscale * op(prescale * x_r over ranks)``.
+    """
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    for t in tensors:
+        _bridge.check_dtype(t.dtype, "allreduce", op=op)
+    _bridge.check_process_set(process_set, "allreduce")
+    name = _bridge.op_name("GroupedAllreduce" if len(tensors) > 1 else "Allreduce",
+                           tensors, name, ignore_name_scope)
+
+    @tf.custom_gradient
+    def _op(*xs):
+        ys = _grouped_allreduce_nograd(list(xs), name, op, prescale_factor,
+                                       postscale_factor, process_set)
+
+        def grad(*dys):
+            return _reduce_backward(_zeros_if_none(dys, ys), xs, ys, op,
+                                    prescale_factor, postscale_factor, process_set)
+        return ys, grad
+
+    return list(_op(*tensors))
+
+
+@_no_autograph
+def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
+               ignore_name_scope=False, process_set=global_process_set):
+    """Differentiable allreduce of one tensor (no compression; default op Sum)."""
+    return _grouped_allreduce([tensor], name=name, op=op, prescale_factor=prescale_factor,
+                              postscale_factor=postscale_factor,
+                              ignore_name_scope=ignore_name_scope,
+                              process_set=process_set)[0]
+
+
+# --- allgather ---------------------------------------------------------------
+
+def _grouped_allgather_nograd(tensors, name, process_set):
+    dtypes = [t.dtype for t in tensors]
+    wire = [_bridge.to_wire(t, reduce=False) for t in tensors]
+    single = process_set.size() == 1
+    if name is None:
+        name = _bridge.op_name("GroupedAllgather", tensors, None)
+
+    def fn(*arrays, outputs=None):
+        return _engine.grouped_allgather(list(arrays), name=name, process_set=process_set)
+
+    shapes = [w.shape if single else tf.TensorShape([None]).concatenate(w.shape[1:])
+              for w in wire]
+    outs = _bridge.run(fn, wire, [w.dtype for w in wire], shapes, name)
+    return [_bridge.from_wire(o, d, reduce=False) for o, d in zip(outs, dtypes, strict=True)]
+
+
+@_no_autograph
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
+                      process_set=global_process_set):
+    """Concatenate each tensor along dim 0 across the set: one submission for all.
+
+    First dimensions may differ per rank; the other dimensions must match.
+    Every rank gets the same concatenations, in rank order.
+    """
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    for t in tensors:
+        _bridge.check_dtype(t.dtype, "allgather")
+        if t.shape.rank == 0:
+            raise ValueError("hvdlite allgather needs tensors of rank >= 1; "
+                             "reshape a scalar to [1] first.")
+    _bridge.check_process_set(process_set, "allgather")
+    name = _bridge.op_name("GroupedAllgather" if len(tensors) > 1 else "Allgather",
+                           tensors, name, ignore_name_scope)
+
+    @tf.custom_gradient
+    def _op(*xs):
+        ys = _grouped_allgather_nograd(list(xs), name, process_set)
+
+        def grad(*dys):
+            dys = _zeros_if_none(dys, ys)
+            floating = [i for i, d in enumerate(dys) if d.dtype.is_floating]
+            reduced = dict(zip(floating, _grouped_allreduce_nograd(
+                [dys[i] for i in floating], None, Average, 1.0, 1.0, process_set), strict=True))
+            firsts = tf.stack([tf.shape(x, out_type=tf.int32)[0] for x in xs])
+            all_firsts = _grouped_allgather_nograd([firsts], None, process_set)[0]
+            all_firsts = tf.reshape(all_firsts, [process_set.size(), len(xs)])
+            me = process_set.rank()
+            out = []
+            for i, x in enumerate(xs):
+                if i not in reduced:
+                    out.append(None)
+                    continue
+                start = tf.reduce_sum(all_firsts[:me, i])
+                out.append(tf.slice(reduced[i], tf.concat([[start], tf.zeros(
+                    [x.shape.rank - 1], tf.int32)], 0), tf.shape(x)))
+            return out
+        return ys, grad
+
+    return list(_op(*tensors))
+
+
+@_no_autograph
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Concatenate ``tensor`` along dim 0 across the set (first dims may differ).
+
+    Every rank gets the same result, rows ordered by rank.
+    """
+    return grouped_allgather([tensor], name=name, ignore_name_scope=ignore_name_scope,
+                             process_set=process_set)[0]
+
+
+# --- broadcast ---------------------------------------------------------------
+
+def _broadcast_group_nograd(tensors, root_rank, name, process_set):
+    """Broadcast many tensors from ``root_rank`` as one graph node / one wait."""
+    dtypes = [t.dtype for t in tensors]
+    wire = [_bridge.to_wire(t, reduce=False) for t in tensors]
+    if name is None:
+        name = _bridge.op_name("Broadcast", tensors, None)
+
+    def fn(*arrays, outputs=None):
+        handles = [
+            _engine.broadcast_async(a, root_rank,
+                                    name=None if name is None else
+                                    (name if len(arrays) == 1 else f"{name}.{i}"),
+                                    process_set=process_set,
+                                    output=None if outputs is None else outputs[i])
+            for i, a in enumerate(arrays)]
+        return [_engine.synchronize(h) for h in handles]
+
+    outs = _bridge.run(fn, wire, [w.dtype for w in wire], [w.shape for w in wire], name,
+                       outputs_like_inputs=len(wire))
+    return [_bridge.from_wire(o, d, reduce=False) for o, d in zip(outs, dtypes, strict=True)]
+
+
+def _check_root(root_rank, process_set, what):
+    _bridge.check_process_set(process_set, what)
+    if root_rank not in process_set.ranks:
+        raise ValueError(f"hvdlite {what}: root_rank {root_rank} is not a member of "
+                         f"process set {process_set.ranks}.")
+
+
+@_no_autograph
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              process_set=global_process_set):
+    """Every rank gets ``tensor``'s value on ``root_rank`` (a global rank).
+
+    Dtype and shape must match on every member of the set.
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    _bridge.check_dtype(tensor.dtype, "broadcast")
+    _check_root(root_rank, process_set, "broadcast")
+    name = _bridge.op_name("Broadcast", [tensor], name, ignore_name_scope)
+
+    @tf.custom_gradient
+    def _op(x):
+        y = _broadcast_group_nograd([x], root_rank, name, process_set)[0]
+
+        def grad(dy):
+            if not dy.dtype.is_floating:
+                return None
+            dy = _grouped_allreduce_nograd([dy], None, Average, 1.0, 1.0, process_set)[0]
+            return dy if rank() == root_rank else dy * 0
+        return y, grad
+
+    return _op(tensor)
+
+
+@_no_autograph
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """In-place broadcast: assign ``root_rank``'s values to ``variables`` on every rank.
+
+    One submission for all variables.  Returns the updated values, one per
+    variable (a list when given a list).
+    """
+    single = not isinstance(variables, (list, tuple))
+    variables = [variables] if single else list(variables)
+    if not variables:
+        return []
+    values = [tf.convert_to_tensor(v) for v in variables]
+    for v in values:
+        _bridge.check_dtype(v.dtype, "broadcast_")
+    _check_root(root_rank, process_set, "broadcast_")
+    name = _bridge.op_name("BroadcastInplace", values, name)
+    new = _broadcast_group_nograd(values, root_rank, name, process_set)
+    out = []
+    for var, value in zip(variables, new, strict=True):
+        var.assign(value)
+        out.append(tf.convert_to_tensor(var))
+    return out[0] if single else out
+
+
+# --- alltoall ----------------------------------------------------------------
+
+@_no_autograph
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=global_process_set):
+    """Send ``splits[i]`` rows of ``tensor`` to member i; receive theirs, in rank order.
+
+    Without ``splits`` dim 0 is split evenly.  Returns the received tensor, or
+    ``(received, received_splits)`` when ``splits`` is given.
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    _bridge.check_dtype(tensor.dtype, "alltoall")
+    _bridge.check_process_set(process_set, "alltoall")
+    if splits is not None:
+        splits = tf.cast(tf.convert_to_tensor(splits), tf.int32)
+    name = _bridge.op_name("Alltoall", [tensor], name, ignore_name_scope)
+    n = process_set.size()
+
+    def forward(x, s, name):
+        wire = _bridge.to_wire(x, reduce=False)
+
+        def fn(array, *rest, outputs=None):
+            out, received = _engine.alltoall_async(
+                array, splits=rest[0] if rest else None, name=name,
+                process_set=process_set).result()
+            return [out, np.asarray(received, dtype=np.int32)]
+
+        inputs = [wire] if s is None else [wire, s]
+        out, received = _bridge.run(
+            fn, inputs, [wire.dtype, tf.int32],
+            [tf.TensorShape([None]).concatenate(wire.shape[1:]), tf.TensorShape([n])], name)
+        return _bridge.from_wire(out, x.dtype, reduce=False), received
+
+    @tf.custom_gradient
+    def _op(x):
+        y, received = forward(x, splits, name)
+
+        def grad(dy, _unused=None):
+            if dy is None:
+                dy = tf.zeros_like(y)
+            if not dy.dtype.is_floating:
+                return None
+            back, _ = forward(dy, received, _bridge.op_name("Alltoall", [dy], None))
+            return back
+        return (y, received), grad
+
+    out, received = _op(tensor)
+    return out if splits is None else (out, received)
+
+
+# --- reducescatter -----------------------------------------------------------
+
+def _grouped_reducescatter_nograd(tensors, name, op, prescale_factor, postscale_factor,
+                                  process_set):
+    dtypes = [t.dtype for t in tensors]
+    wire = [_bridge.to_wire(t, reduce=True) for t in tensors]
+    if name is None:
+        name = _bridge.op_name("GroupedReducescatter", tensors, None)
+
+    def fn(*arrays, outputs=None):
+        return _engine.grouped_reducescatter(
+            list(arrays), name=name, op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, process_set=process_set)
+
+    shapes = [tf.TensorShape([None]).concatenate(w.shape[1:]) for w in wire]
+    outs = _bridge.run(fn, wire, [w.dtype for w in wire], shapes, name)
+    return [_bridge.from_wire(o, d, reduce=True) for o, d in zip(outs, dtypes, strict=True)]
+
+
+@_no_autograph
+def _grouped_reducescatter(tensors, name=None, op=Sum, ignore_name_scope=False,
+                           process_set=global_process_set, prescale_factor=1.0,
+                           postscale_factor=1.0):
+    """Differentiable grouped reduce-scatter along dim 0 (uneven splits allowed).
+
+    Member i of the set gets the i-th block of rows of the reduction; the first
+    ``d0 % size`` members get one extra row.
+    """
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    if op not in (Sum, Average):
+        raise ValueError("hvdlite reducescatter supports op=Sum and op=Average only.")
+    for t in tensors:
+        _bridge.check_dtype(t.dtype, "reducescatter", op=op)
+        if t.shape.rank == 0:
+            raise ValueError("hvdlite reducescatter needs tensors of rank >= 1.")
+    _bridge.check_process_set(process_set, "reducescatter")
+    name = _bridge.op_name("GroupedReducescatter" if len(tensors) > 1 else "Reducescatter",
+                           tensors, name, ignore_name_scope)
+
+    @tf.custom_gradient
+    def _op(*xs):
+        ys = _grouped_reducescatter_nograd(list(xs), name, op, prescale_factor,
+                                           postscale_factor, process_set)
+
+        def grad(*dys):
+            dys = _zeros_if_none(dys, ys)
+            if op == Sum:
+                dys = [d * tf.cast(process_set.size(), d.dtype) for d in dys]
+            return _grouped_allgather_nograd(dys, None, process_set)
+        return ys, grad
+
+    return list(_op(*tensors))
+
+
+@_no_autograph
+def _reducescatter(tensor, name=None, op=Sum, ignore_name_scope=False,
+                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Differentiable reduce-scatter of one tensor (no compression; default op Sum)."""
+    return _grouped_reducescatter([tensor], name=name, op=op,
+                                  ignore_name_scope=ignore_name_scope,
+                                  process_set=process_set, prescale_factor=prescale_factor,
+                                  postscale_factor=postscale_factor)[0]
+
+
+# --- join, barrier, graph-time basics ----------------------------------------
+
+def _scalar_op(fn, name, dtype=tf.int32):
+    if tf.executing_eagerly():
+        return tf.constant(fn(), dtype=dtype)
+    return _bridge.run(lambda outputs=None: [np.asarray(fn(), dtype=dtype.as_numpy_dtype)], [],
+                       [dtype], [tf.TensorShape([])], name)[0]
+
+
+@_no_autograph
+def join():
+    """This rank has no more data: until every rank has joined, it contributes
+    zeros to the others' allreduces.  Returns (an int32 scalar) the last rank to
+    join, the same on every rank."""
+    return _scalar_op(_engine.join, "HorovodJoin")
+
+
+@_no_autograph
+def barrier(process_set=global_process_set):
+    """Block until every member of ``process_set`` reaches the barrier.
+
+    Eagerly returns None; in a graph returns an int32 scalar to depend on.
+    """
+    _bridge.check_process_set(process_set, "barrier")
+
+    def fn():
+        _engine.barrier(process_set=process_set)
+        return 0
+
+    out = _scalar_op(fn, "HorovodBarrier")
+    return None if tf.executing_eagerly() else out
+
+
+@_no_autograph
+def size_op(process_set_id=0, name=None):
+    """int32 scalar: the size of the process set, read when the graph runs."""
+    return _scalar_op(lambda: _bridge.process_set_by_id(process_set_id).size(),
+                      name or "HorovodSize")
+
+
+@_no_autograph
+def local_size_op(name=None):
+    """int32 scalar: the number of ranks on this node, read when the graph runs."""
+    return _scalar_op(local_size, name or "HorovodLocalSize")
+
+
+@_no_autograph
+def rank_op(name=None):
+    """int32 scalar: this process's global rank, read when the graph runs."""
+    return _scalar_op(rank, name or "HorovodRank")
+
+
+@_no_autograph
+def local_rank_op(name=None):
+    """int32 scalar: this process's rank on its node, read when the graph runs."""
+    return _scalar_op(local_rank, name or "HorovodLocalRank")
+
+
+@_no_autograph
+def process_set_included_op(process_set_id=0, name=None):
+    """int32 scalar: 1 if this rank is in the process set, else 0."""
+    return _scalar_op(lambda: int(_bridge.process_set_by_id(process_set_id).included()),
+                      name or "HorovodProcessSetIncluded")
