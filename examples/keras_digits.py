@@ -68,6 +68,9 @@ def main(argv=None) -> float:
     keras.utils.set_random_seed(args.seed + rank)  # ranks differ; the callback aligns them
 
     x_train, x_test, y_train, y_test = datasets(args.seed)
+    if rank == 0:
+        print(f"training on {size} rank(s): {len(x_train)} train / {len(x_test)} test images, "
+              f"compression={args.compression}", flush=True)
     x_train, y_train = x_train[rank::size], y_train[rank::size]   # this rank's shard
 
     model = build_model()
@@ -100,7 +103,7 @@ def main(argv=None) -> float:
     counts = hvd.allgather_object((accuracy, len(y_test[rank::size])))
     accuracy = sum(a * n for a, n in counts) / sum(n for _, n in counts)
     if rank == 0:
-        print(f"test accuracy: {accuracy:.4f} ({size} ranks)")
+        print(f"final test accuracy {100 * accuracy:.2f}% ({size} ranks)", flush=True)
     return accuracy
 
 

@@ -5,14 +5,14 @@ they cannot be installed), starts munged, slurmctld and slurmd with a private
 config, and stops exactly those processes at the end.  Deselect with
 ``-m "not slurm"``.
 
-The launcher/slurm/ scripts run a stand-in training script
-(helpers_runner/slurm_train.py: numpy + mpi4py) through their TRAIN_SCRIPT
-variable.  To run the scripts' own default examples instead, set
-``HVDLITE_SLURM_TORCH_SCRIPT=default`` and/or ``HVDLITE_SLURM_TF_SCRIPT=default``
-(or a path relative to the repository); ``HVDLITE_SLURM_TRAIN_ARGS`` becomes the
-scripts' TRAIN_ARGS (e.g. ``--epochs 2 --checkpoint=``), and
-``HVDLITE_SLURM_EXPECT`` is a regular expression the output must contain
-(default: ``training finished|final test accuracy``).
+The launcher/slurm/ scripts run their own default training examples
+(examples/torch_digits.py, examples/keras_digits.py: real hvdlite training on
+scikit-learn's digits) with TRAIN_ARGS ``--epochs 2 --checkpoint=``
+(``HVDLITE_SLURM_TRAIN_ARGS`` overrides it).  ``HVDLITE_SLURM_TORCH_SCRIPT`` /
+``HVDLITE_SLURM_TF_SCRIPT`` may name another script (a path relative to the
+repository, or ``stand-in`` for helpers_runner/slurm_train.py: numpy + mpi4py
+only), and ``HVDLITE_SLURM_EXPECT`` is a regular expression the output must
+contain (default: ``training finished|final test accuracy``).
 """
 
 from __future__ import annotations
@@ -73,11 +73,14 @@ def batch_jobs(cluster, job_env, tmp_path_factory):
     jobs = {}
     for name, variable in BATCH_SCRIPTS.items():
         env = dict(job_env)
-        choice = os.environ.get(variable, "")
-        if choice != "default":
-            env["TRAIN_SCRIPT"] = choice or str(STAND_IN)
-        if choice and os.environ.get("HVDLITE_SLURM_TRAIN_ARGS"):
-            env["TRAIN_ARGS"] = os.environ["HVDLITE_SLURM_TRAIN_ARGS"]
+        choice = os.environ.get(variable, "default")
+        if choice == "stand-in":
+            env["TRAIN_SCRIPT"] = str(STAND_IN)
+        else:
+            if choice != "default":
+                env["TRAIN_SCRIPT"] = choice
+            env["TRAIN_ARGS"] = os.environ.get("HVDLITE_SLURM_TRAIN_ARGS",
+                                               "--epochs 2 --checkpoint=")
         out = outdir / f"{name}.out"
         job_id = cluster.sbatch(
             ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", f"--chdir={ROOT}",
@@ -102,11 +105,14 @@ def test_sbatch_script(cluster, batch_jobs, name):
     assert f"job {job_id}: 2 ranks on {cluster.host}" in text, text
     assert "hvdrun: 2 rank(s) on this machine" in text, text  # hvdrun read the allocation
     assert re.search(r"^\[0\] ", text, re.M), text  # rank output passed through, prefixed
-    if os.environ.get(BATCH_SCRIPTS[name], "") == "":
+    choice = os.environ.get(BATCH_SCRIPTS[name], "default")
+    if choice == "stand-in":
         for rank in (0, 1):
             assert f"[{rank}] rank {rank} of 2 (local rank {rank})" in text, text
             assert f"[{rank}] rank {rank} of 2: training finished" in text, text
     else:
+        if choice == "default":  # the digits examples: hvd.size() is 2, training ran to the end
+            assert re.search(r"^\[0\] training on 2 rank\(s\)", text, re.M), text
         assert re.search(EXPECT, text), text
 
 
