@@ -2,6 +2,9 @@
 
     hvdrun -np 2 python examples/torch_digits.py            # or: make demo
     hvdrun -np 2 python examples/torch_digits.py --compression fp16 --epochs 20
+    hvdrun -np 2 python examples/torch_digits.py --compression topk --topk-ratio 0.01
+    hvdrun -np 2 python examples/torch_digits.py --compression powersgd --powersgd-rank 4
+    hvdrun -np 2 python examples/torch_digits.py --op adasum
 
 A Horovod script with one changed import: every rank trains on its shard of
 the training set (``DistributedSampler``), gradients are averaged by
@@ -32,8 +35,16 @@ def parse_args(argv=None):
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05, help="per rank; scaled by size")
-    parser.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none",
-                        help="gradient compression on the wire")
+    parser.add_argument("--compression", choices=["none", "fp16", "bf16", "topk", "powersgd"],
+                        default="none", help="gradient compression on the wire")
+    parser.add_argument("--topk-ratio", type=float, default=0.01,
+                        help="topk: fraction of each gradient sent per step")
+    parser.add_argument("--powersgd-rank", type=int, default=4, help="powersgd: factor rank")
+    parser.add_argument("--powersgd-start-step", type=int, default=50,
+                        help="powersgd: uncompressed steps before compression starts")
+    parser.add_argument("--op", choices=["average", "adasum"], default="average",
+                        help="average gradients, or combine local steps with Adasum "
+                             "(2, 4, 8... ranks)")
     parser.add_argument("--checkpoint", default=os.path.join("checkpoints", "torch_digits.pt"),
                         help="where rank 0 writes the final checkpoint ('' to skip)")
     parser.add_argument("--seed", type=int, default=42)
@@ -59,6 +70,15 @@ class Net(nn.Module):
     def forward(self, x):
         x = F.max_pool2d(F.relu(self.conv(x)), 2)
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def make_compression(args):
+    if args.compression == "topk":
+        return hvd.Compression.topk(args.topk_ratio)
+    if args.compression == "powersgd":
+        return hvd.Compression.powersgd(rank=args.powersgd_rank,
+                                        start_step=args.powersgd_start_step)
+    return getattr(hvd.Compression, args.compression)
 
 
 def metric_average(value: float, name: str) -> float:
@@ -94,16 +114,19 @@ def main(argv=None) -> float:
     test_loader = DataLoader(test_set, batch_size=256, sampler=test_sampler)
 
     model = Net()
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
+    # Averaged gradients of size x the batch allow size x the step; Adasum's
+    # combination already grows with how much the ranks' steps disagree.
+    lr = args.lr if args.op == "adasum" else args.lr * hvd.size()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     # Start every rank from rank 0's weights and optimizer state.
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    compression = getattr(hvd.Compression, args.compression)
+    op = hvd.Adasum if args.op == "adasum" else hvd.Average
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
+                                         compression=make_compression(args), op=op)
     if hvd.rank() == 0:
         print(f"training on {hvd.size()} rank(s): {len(train_set)} train / {len(test_set)} "
-              f"test images, compression={args.compression}", flush=True)
+              f"test images, compression={args.compression}, op={args.op}", flush=True)
 
     start = time.perf_counter()
     accuracy = 0.0
@@ -124,7 +147,8 @@ def main(argv=None) -> float:
                   f"test accuracy {accuracy:.2%}", flush=True)
     if hvd.rank() == 0:
         print(f"final test accuracy {accuracy:.2%} after {args.epochs} epochs in "
-              f"{time.perf_counter() - start:.1f} s", flush=True)
+              f"{time.perf_counter() - start:.1f} s; {optimizer.bytes_sent_last_step} bytes "
+              f"sent per step by each rank", flush=True)
         if args.checkpoint:
             os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
             torch.save({"epoch": args.epochs, "model": model.state_dict(),

@@ -7,9 +7,10 @@ Switch a Horovod script by changing ``import horovod.torch as hvd`` to
   engine and engine results back into tensors;
 - :mod:`.mpi_ops` is every collective in Horovod's spellings (async, in-place,
   grouped, differentiable);
-- :mod:`.compression`, :mod:`.optimizer` (``DistributedOptimizer``),
-  :mod:`.functions` (broadcast helpers) and :mod:`.sync_batch_norm` build on
-  it.
+- :mod:`.compression` (stateless casts), :mod:`.compressors` (top-k and
+  PowerSGD, stateful), :mod:`.optimizer` (``DistributedOptimizer``, with
+  :mod:`.adasum_optimizer` for ``op=Adasum``), :mod:`.functions` (broadcast
+  helpers) and :mod:`.sync_batch_norm` build on it.
 
 The basics (``init``, ``rank``, process sets, reduce ops, errors) are the
 engine's own objects, re-exported so ``hvd.init()`` etc. work unchanged.

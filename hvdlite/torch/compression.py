@@ -1,5 +1,9 @@
 """Gradient compression for allreduce: cast before the wire, cast back after.
 
+(The stateful compressors ``Compression.topk`` and ``Compression.powersgd``
+live in :mod:`hvdlite.torch.compressors`; they work through
+``DistributedOptimizer`` only.)
+
 A compressor is a pair of static functions, ``compress(tensor) -> (tensor,
 ctx)`` and ``decompress(tensor, ctx) -> tensor``, exactly Horovod's protocol,
 so compressors written for Horovod plug in unchanged.
@@ -70,8 +74,36 @@ class BF16Compressor(_CastCompressor):
 
 
 class Compression:
-    """The built-in compressors, by Horovod's names (plus ``bf16``)."""
+    """The built-in compressors, by Horovod's names (plus ``bf16``, ``topk``
+    and ``powersgd``).
+
+    ``none``, ``fp16`` and ``bf16`` are stateless casts usable anywhere a
+    ``compression=`` argument is taken.  ``topk(ratio)`` and
+    ``powersgd(rank, start_step)`` build a fresh stateful compressor (see
+    :mod:`hvdlite.torch.compressors`) for one ``DistributedOptimizer``: pass
+    a new one to each optimizer.
+    """
 
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+
+    @staticmethod
+    def topk(ratio: float = 0.01):
+        """Top-k sparsification with error feedback: each step sends the
+        ``ceil(ratio * n)`` largest-magnitude entries of every gradient (its
+        values and int64 indices, by allgather) and keeps the rest as a
+        per-parameter residual added to the next step's gradient."""
+        from hvdlite.torch.compressors import TopKCompressor  # it builds on mpi_ops
+
+        return TopKCompressor(ratio)
+
+    @staticmethod
+    def powersgd(rank: int = 4, start_step: int = 100, seed: int = 0):
+        """PowerSGD (Vogels et al., 2019): after ``start_step`` plain steps,
+        each gradient matrix is sent as two rank-``rank`` factors (two
+        allreduces per step), with error feedback and a warm-started Q
+        (seeded by ``seed``, equal on every rank).  Biases go uncompressed."""
+        from hvdlite.torch.compressors import PowerSGDCompressor
+
+        return PowerSGDCompressor(rank, start_step, seed)

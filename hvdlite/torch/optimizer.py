@@ -13,6 +13,24 @@ under the same names (``named_parameters``; otherwise names follow the order
 of the parameter groups) and calls ``step()``/``synchronize()`` the same
 number of times.  Gradients may become ready in any order on each rank: the
 engine matches them by name.
+
+Three ways to reduce, chosen by the arguments:
+
+- default (Average/Sum/Min/Max, optionally with a stateless ``compression``
+  cast): one allreduce per gradient (or group) started from the hook;
+- a stateful ``compression`` (``Compression.topk(ratio)``,
+  ``Compression.powersgd(...)``): the hooks only count backward passes;
+  ``synchronize()`` hands every gradient to the compressor at once, which
+  runs its own grouped exchange (no overlap with backward: the grouped
+  exchange needs all gradients, and one collective per phase beats one per
+  tensor).  Its state is part of ``state_dict()``;
+- ``op=Adasum``: the delta-optimizer scheme.  Gradients stay local; ``step()``
+  remembers the parameters, runs the wrapped optimizer's step on this rank's
+  gradients, and combines the parameter deltas of all ranks with Adasum
+  (one grouped allreduce), so every rank ends with ``start + adasum(deltas)``.
+
+``optimizer.bytes_sent_last_step`` is the payload this rank handed to the
+engine in the last step (allreduce inputs, or allgathered values and indices).
 """
 
 from __future__ import annotations
@@ -27,8 +45,10 @@ from collections import Counter
 import torch
 
 import hvdlite as _engine
-from hvdlite import Adasum, Average, global_process_set
+from hvdlite import Adasum, Average, Sum, global_process_set
+from hvdlite.torch.adasum_optimizer import adasum_delta_step
 from hvdlite.torch.compression import Compression
+from hvdlite.torch.compressors import STATE_KEY, StatefulCompressor
 from hvdlite.torch.mpi_ops import (
     allreduce_async_,
     grouped_allreduce_async_,
@@ -65,6 +85,13 @@ class _DistributedOptimizer:
         self._hook_handles: list = []
         self._synchronized = False
         self._should_synchronize = True
+        # topk/powersgd reduce at synchronize(), Adasum combines deltas in step():
+        # either way the hooks only count backward passes.
+        self._stateful = isinstance(compression, StatefulCompressor)
+        self._deferred = self._stateful or op == Adasum
+        self._adasum_start: dict = {}  # Adasum: parameter -> its value before the step
+        self.bytes_sent_last_step = 0
+        self._bytes_pending = 0
         elastic = os.environ.get("HVDLITE_ELASTIC", os.environ.get("HOROVOD_ELASTIC")) == "1"
         self._hooks_on = process_set.included() and (process_set.size() > 1 or elastic)
         if self._hooks_on:
@@ -104,7 +131,7 @@ class _DistributedOptimizer:
         self._allreduce_delay[p] -= 1
         group = self._p_to_group.get(p)
         key = p if group is None else group
-        if self._allreduce_delay[p] > 0:  # accumulating locally: mark pending only
+        if self._allreduce_delay[p] > 0 or self._deferred:  # mark pending only
             self._handles.setdefault(key, (None, None))
             return
         if group is None:
@@ -135,9 +162,12 @@ class _DistributedOptimizer:
     def _submit(self, p):
         name = self._parameter_names[p]
         if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
-            return sparse_allreduce_async(p.grad, name=name, op=self.op,
+            grad = p.grad.coalesce()
+            self._bytes_pending += grad.values().nbytes + grad.indices().nbytes
+            return sparse_allreduce_async(grad, name=name, op=self.op,
                                           process_set=self.process_set), _SPARSE
         wire, ctx = self._wire_tensor(p)
+        self._bytes_pending += wire.nbytes
         pre, post = self._scale_factors()
         handle = allreduce_async_(wire, name=name, op=self.op, prescale_factor=pre,
                                   postscale_factor=post, process_set=self.process_set)
@@ -145,6 +175,7 @@ class _DistributedOptimizer:
 
     def _submit_group(self, group):
         wires = [self._wire_tensor(p) for p in group]
+        self._bytes_pending += sum(w.nbytes for w, _ in wires)
         pre, post = self._scale_factors()
         handle = grouped_allreduce_async_(
             [w for w, _ in wires], name=self._parameter_names[group[0]], op=self.op,
@@ -162,34 +193,67 @@ class _DistributedOptimizer:
         else:
             grad.copy_(result)
 
+    def _finish_allreduces(self) -> None:
+        """Start what backward did not (unused parameters, incomplete groups),
+        wait for every allreduce and write the results to ``.grad``."""
+        for key in self._keys:
+            if self._handles.get(key, (None, None))[0] is None:
+                self._handles[key] = (self._submit_group(key) if isinstance(key, tuple)
+                                      else self._submit(key))
+        for key, (handle, ctx) in self._handles.items():
+            if ctx is _SPARSE:
+                key.grad = synchronize(handle).coalesce()
+                continue
+            synchronize(handle)
+            if isinstance(key, tuple):
+                for p, member_ctx in zip(key, ctx, strict=True):
+                    self._write_back(p, member_ctx)
+            else:
+                self._write_back(key, ctx)
+
+    # ------------------------------- deferred paths: stateful compression, Adasum
+
+    def _reduce_stateful(self) -> None:
+        """Hand every gradient (zeros where none was computed) to the stateful
+        compressor, in the parameters' order, which is the same on every rank."""
+        grads, sparse = [], []
+        for p, name in self._parameter_names.items():
+            if p not in self._requires_update:
+                continue
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grad = p.grad
+            if grad.is_sparse:
+                grad = grad.to_dense()
+                sparse.append((p, grad))
+            grads.append((name, grad))
+        self._bytes_pending += self._compression.reduce(grads, self.process_set, self.op)
+        for p, dense in sparse:
+            p.grad = dense.to_sparse()
+
     # ------------------------------------------------------------ public API
 
     def synchronize(self) -> None:
         """Wait for every gradient's allreduce (starting those backward did not:
-        unused parameters, incomplete groups) and write the results to ``.grad``."""
+        unused parameters, incomplete groups) and write the results to ``.grad``.
+
+        With a stateful compression this is where the whole exchange runs; with
+        op=Adasum it only closes the backward passes (gradients stay local,
+        ``step()`` combines the parameter deltas)."""
         if not self._hooks_on:
             self._synchronized = True
             return
         try:
-            for key in self._keys:
-                if self._handles.get(key, (None, None))[0] is None:
-                    self._handles[key] = (self._submit_group(key) if isinstance(key, tuple)
-                                          else self._submit(key))
-            for key, (handle, ctx) in self._handles.items():
-                if ctx is _SPARSE:
-                    key.grad = synchronize(handle).coalesce()
-                    continue
-                synchronize(handle)
-                if isinstance(key, tuple):
-                    for p, member_ctx in zip(key, ctx, strict=True):
-                        self._write_back(p, member_ctx)
-                else:
-                    self._write_back(key, ctx)
+            if self._stateful:
+                self._reduce_stateful()
+            elif not self._deferred:  # Adasum: nothing to do before step()
+                self._finish_allreduces()
         finally:
             self._handles.clear()
             self._group_ready.clear()
             for p in self._allreduce_delay:
                 self._allreduce_delay[p] = self.backward_passes_per_step
+            self.bytes_sent_last_step, self._bytes_pending = self._bytes_pending, 0
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -217,6 +281,8 @@ class _DistributedOptimizer:
                     "optimizer.synchronize() in your code.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
+        if self.op == Adasum and self._hooks_on:
+            return adasum_delta_step(self, super().step, closure)
         return super().step() if closure is None else super().step(closure)
 
     # torch wraps a class's step() for its profiler and step hooks unless it is
@@ -230,6 +296,24 @@ class _DistributedOptimizer:
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
                 "cause a race condition.")
         return super().zero_grad(*args, **kwargs)
+
+    def state_dict(self):
+        """The wrapped optimizer's state dict, plus a stateful compressor's
+        state (residuals, PowerSGD's Q) under ``"hvdlite_compression"`` (a
+        plain optimizer ignores that key when loading)."""
+        state = super().state_dict()
+        if self._stateful:
+            state[STATE_KEY] = self._compression.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict) -> None:
+        compression_state = None
+        if isinstance(state_dict, dict) and STATE_KEY in state_dict:
+            state_dict = dict(state_dict)
+            compression_state = state_dict.pop(STATE_KEY)
+        super().load_state_dict(state_dict)
+        if compression_state is not None and self.__dict__.get("_stateful"):
+            self._compression.load_state_dict(compression_state)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes accumulate locally before an allreduce."""
@@ -334,6 +418,16 @@ def _parameter_groups(groups, param_groups) -> dict:
     return mapping
 
 
+def _check_compression(compression, op) -> None:
+    if compression in (Compression.topk, Compression.powersgd):
+        raise ValueError(f"compression=Compression.{compression.__name__} must be called to "
+                         f"build a compressor, e.g. Compression.topk(0.01) or "
+                         f"Compression.powersgd(rank=4)")
+    if isinstance(compression, StatefulCompressor) and op not in (Average, Sum):
+        raise ValueError(f"{compression!r} reduces gradients by op=Average or op=Sum, got "
+                         f"op={op!r}; use Compression.none/fp16/bf16 with other ops")
+
+
 def _check_passes(passes) -> None:
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
         raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}")
@@ -355,10 +449,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     Arguments follow Horovod: ``named_parameters`` (usually
     ``model.named_parameters()``) names each allreduce; ``compression``
-    (``Compression.none``, ``.fp16``, ``.bf16``) casts gradients for the wire;
+    (``Compression.none``, ``.fp16``, ``.bf16``) casts gradients for the wire,
+    (+) ``Compression.topk(ratio)`` and ``Compression.powersgd(rank,
+    start_step)`` compress them with error feedback (a new one per
+    optimizer; their state is part of ``state_dict()``); ``op=Adasum``
+    combines the parameter deltas of local steps (power-of-two set sizes);
     ``backward_passes_per_step`` accumulates that many backward passes locally
     before reducing; ``gradient_predivide_factor`` f divides gradients by f
-    before the sum and by size/f after (Average only); ``groups`` (an int, or
+    before the sum and by size/f after (Average only; no effect on topk and
+    powersgd, which reduce in float32 or wider); ``groups`` (an int, or
     lists of parameters) reduces parameters in fused groups (``num_groups`` is
     its deprecated spelling); ``sparse_as_dense`` reduces sparse gradients as
     dense tensors.  The result is still an instance of ``type(optimizer)`` and
@@ -381,6 +480,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if gradient_predivide_factor <= 0:
         raise ValueError(f"gradient_predivide_factor must be positive, "
                          f"got {gradient_predivide_factor}")
+    _check_compression(compression, op)
     if num_groups:
         warnings.warn("Parameter `num_groups` has been replaced by `groups`.",
                       DeprecationWarning, stacklevel=2)

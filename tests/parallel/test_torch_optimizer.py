@@ -4,7 +4,6 @@ Every rank also trains the single-process reference locally (on the whole
 global batch), so each test compares the distributed weights with it.
 """
 
-import importlib.util
 import warnings
 
 import pytest
@@ -203,34 +202,7 @@ def test_process_set_subset():
     hvd.barrier()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("hvdlite.adasum") is None,
-                    reason="the engine has no Adasum yet")
-def test_adasum_combines_each_gradient():
-    if N & (N - 1):
-        with pytest.raises(ValueError, match="power-of-two"):
-            hvd.DistributedOptimizer(sgd(make_model().parameters()), op=hvd.Adasum)
-        return
-    model = make_model()
-    opt = hvd.DistributedOptimizer(sgd(model.parameters()), op=hvd.Adasum,
-                                   named_parameters=model.named_parameters())
-    x, y = batch(0)
-    F.mse_loss(model(mine(x)), mine(y)).backward()
-    opt.synchronize()
-    refs = []
-    for r in range(N):
-        ref = make_model()
-        F.mse_loss(ref(mine(x, r)), mine(y, r)).backward()
-        refs.append([p.grad.double().reshape(-1) for p in ref.parameters()])
-    for i, p in enumerate(model.parameters()):
-        vectors = [grads[i] for grads in refs]
-        while len(vectors) > 1:  # pairwise tree, as Adasum defines it
-            pairs = zip(vectors[::2], vectors[1::2], strict=True)
-            vectors = [(1 - a @ b / (2 * a @ a)) * a + (1 - a @ b / (2 * b @ b)) * b
-                       for a, b in pairs]
-        torch.testing.assert_close(p.grad.reshape(-1).double(), vectors[0],
-                                   rtol=1e-5, atol=1e-6)
-    with opt.skip_synchronize():
-        opt.step()
+# op=Adasum (the delta-optimizer scheme) is tested in test_torch_compression.py.
 
 
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")
