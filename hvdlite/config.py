@@ -40,7 +40,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("fusion_threshold", "HVDLITE_FUSION_THRESHOLD", int, 64 * 1024 * 1024,
          "bytes: ready tensors are packed into one buffer up to this size (0 disables fusion)"),
     Knob("cycle_time_ms", "HVDLITE_CYCLE_TIME", float, 1.0,
-         "milliseconds: how long the engine waits for more work before an empty cycle"),
+         "milliseconds the engine waits after the first asynchronous submission of a burst "
+         "before negotiating, so the rest of the burst is fused into the same cycle"),
     Knob("cache_capacity", "HVDLITE_CACHE_CAPACITY", int, 1024,
          "entries in the response cache (0 disables it: every name goes to the coordinator)"),
     Knob("hierarchical_allreduce", "HVDLITE_HIERARCHICAL_ALLREDUCE", bool, False,
