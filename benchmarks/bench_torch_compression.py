@@ -149,10 +149,10 @@ def main(argv=None) -> int:
                      else f"{'0':>17s}{'':>10s}")
         print(f"{LABELS[m]:20s}{bytes_col}{step[m] * 1e3:>11.2f}ms"
               f"{step[m] / step['none']:>10.3f}")
-    print("bytes: what each rank hands to the engine per step.  fp16: the engine reduces "
-          "float16 in a float32\nbuffer (MPI has no float16 sum), so MPI moves as many bytes "
-          "as for none, and the casts\n(numpy's float16 conversion is slow on subnormal "
-          "gradients) make up its step time.\nOn one machine MPI is a memory copy: "
+    print("bytes: what each rank hands to the engine per step.  fp16: the adapter widens "
+          "float16 to float32\nwith torch's cast before the engine (MPI has no fast float16 "
+          "sum), so MPI moves as many bytes\nas for none, and the two casts make up its extra "
+          "step time.\nOn one machine MPI is a memory copy: "
           "compression trades compute for bytes a network would carry.")
     return 0
 
