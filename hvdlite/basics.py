@@ -26,6 +26,16 @@ __all__ = [
     "remove_process_set", "state",
 ]
 
+#: The names every framework module re-exports from the engine (Horovod's "basics").
+COMMON_NAMES = (
+    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
+    "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
+    "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+)
+
 log = logging.getLogger("hvdlite")
 _LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
            "WARNING": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}

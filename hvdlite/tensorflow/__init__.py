@@ -42,14 +42,10 @@ from .mpi_ops import (  # noqa: F401  (Horovod exposes the underscored ops too)
 )
 from .reductions import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
 
+from ..basics import COMMON_NAMES
+
 __all__ = [
-    # basics
-    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
-    "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
-    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
-    "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product",
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    *COMMON_NAMES,
     "HorovodInternalError", "HostsUpdatedInterrupt",
     # collectives
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",

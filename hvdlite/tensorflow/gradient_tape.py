@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from .._subclass import with_mixin
 from .compression import Compression
 from .gradient_reduction import GradientReducer, LocalSources, normalize_groups, reduce_with_local
 from .mpi_ops import Average, global_process_set
@@ -51,16 +52,8 @@ class _DistributedTapeMixin:
         return tf.nest.pack_sequence_as(sources, reduced)
 
 
-_TAPE_CLASSES: dict[type, type] = {}
-
-
 def _distributed_class(tape_cls: type) -> type:
-    cls = _TAPE_CLASSES.get(tape_cls)
-    if cls is None:
-        cls = type(tape_cls.__name__, (_DistributedTapeMixin, tape_cls),
-                   {"__module__": tape_cls.__module__, "__qualname__": tape_cls.__qualname__})
-        _TAPE_CLASSES[tape_cls] = cls
-    return cls
+    return with_mixin(_DistributedTapeMixin, tape_cls)
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="",

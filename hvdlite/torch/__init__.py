@@ -92,14 +92,10 @@ from hvdlite.torch.mpi_ops import (
 from hvdlite.torch.optimizer import DistributedOptimizer
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
 
+from hvdlite.basics import COMMON_NAMES
+
 __all__ = [
-    # basics (the engine's objects)
-    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
-    "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
-    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
-    "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product",
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    *COMMON_NAMES,
     "HorovodInternalError", "HostsUpdatedInterrupt",
     # collectives
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",

@@ -36,7 +36,6 @@ engine in the last step (allreduce inputs, or allgathered values and indices).
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import warnings
 import weakref
@@ -46,6 +45,7 @@ import torch
 
 import hvdlite as _engine
 from hvdlite import Adasum, Average, Sum, global_process_set
+from hvdlite._subclass import with_mixin
 from hvdlite.torch.adasum_optimizer import adasum_delta_step
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.compressors import STATE_KEY, StatefulCompressor
@@ -433,11 +433,9 @@ def _check_passes(passes) -> None:
         raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}")
 
 
-@functools.cache
 def _distributed_class(base: type) -> type:
     """``base`` with the distributed methods in front; named like ``base``."""
-    return type(base.__name__, (_DistributedOptimizer, base),
-                {"__module__": __name__, "__qualname__": base.__qualname__})
+    return with_mixin(_DistributedOptimizer, base, __name__)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,

@@ -30,13 +30,10 @@ from ..sync_batch_norm import SyncBatchNormalization  # noqa: F401
 from . import callbacks  # noqa: F401
 from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, make_distributed
 
+from ...basics import COMMON_NAMES
+
 __all__ = [
-    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
-    "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
-    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
-    "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product",
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    *COMMON_NAMES,
     "HorovodInternalError", "Compression", "DistributedOptimizer",
     "PartialDistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather",
     "broadcast", "reducescatter", "load_model", "callbacks", "SyncBatchNormalization",

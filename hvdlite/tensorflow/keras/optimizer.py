@@ -24,6 +24,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from ..._subclass import with_mixin
 from ..compression import Compression
 from ..gradient_reduction import GradientReducer, LocalSources, normalize_groups, reduce_with_local
 from ..mpi_ops import Average, Sum, global_process_set
@@ -123,16 +124,8 @@ class _DistributedMixin:
         tf.cond(st.counter.value >= st.bpps, boundary, skip)
 
 
-_CLASSES: dict[type, type] = {}
-
-
 def _distributed_class(opt_cls: type) -> type:
-    cls = _CLASSES.get(opt_cls)
-    if cls is None:
-        cls = type(opt_cls.__name__, (_DistributedMixin, opt_cls),
-                   {"__module__": opt_cls.__module__, "__qualname__": opt_cls.__qualname__})
-        _CLASSES[opt_cls] = cls
-    return cls
+    return with_mixin(_DistributedMixin, opt_cls)
 
 
 def make_distributed(optimizer, *, name=None, compression=Compression.none,
