@@ -37,8 +37,23 @@ from .mpi_ops import Adasum, Average, Sum, global_process_set
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
-__all__ = ["GradientReducer", "LocalSources", "normalize_groups", "reduce_with_local",
+__all__ = ["GradientReducer", "LocalSources", "local_layer_list", "normalize_groups",
+           "reduce_with_local",
            "scale_local"]
+
+
+def local_layer_list(local_layers) -> list:
+    """``local_layers`` of the partial tape/optimizer as a list of Keras layers."""
+    import keras
+
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        return [local_layers]
+    local_layers = list(local_layers)
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    return local_layers
 
 
 def normalize_groups(num_groups, groups):

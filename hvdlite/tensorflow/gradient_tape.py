@@ -17,7 +17,9 @@ import tensorflow as tf
 
 from .._subclass import with_mixin
 from .compression import Compression
-from .gradient_reduction import GradientReducer, LocalSources, normalize_groups, reduce_with_local
+from .gradient_reduction import (
+    GradientReducer, LocalSources, local_layer_list, normalize_groups, reduce_with_local,
+)
 from .mpi_ops import Average, global_process_set
 
 _no_autograph = tf.autograph.experimental.do_not_convert
@@ -97,14 +99,7 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
     """Like :func:`DistributedGradientTape`, but the trainable weights of
     ``local_layers`` (a Keras layer or a collection of them) keep rank-local
     gradients."""
-    import keras
-
-    if local_layers is None:
-        local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
-        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    local_layers = local_layer_list(local_layers)
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
                                    sparse_as_dense, op, gradient_predivide_factor,
                                    num_groups, groups, process_set, scale_local_gradients)

@@ -93,18 +93,13 @@ from hvdlite.torch.optimizer import DistributedOptimizer
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
 
 from hvdlite.basics import COMMON_NAMES
+from hvdlite.torch.mpi_ops import __all__ as _mpi_ops_all
 
 __all__ = [
     *COMMON_NAMES,
     "HorovodInternalError", "HostsUpdatedInterrupt",
     # collectives
-    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
-    "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
-    "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
-    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
-    "poll", "synchronize", "join", "barrier",
+    *_mpi_ops_all,
     # training helpers
     "Compression", "DistributedOptimizer", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object", "SyncBatchNorm",

@@ -12,34 +12,14 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from mpi4py import MPI
 from torch import nn
+
+from torch_helpers import N, PAIR, R, batch, make_model, mine
 
 import hvdlite.torch as hvd
 from hvdlite.torch.compressors import PowerSGDCompressor, TopKCompressor
 
 MPI_SIZES = (2, 3)
-
-torch.set_num_threads(1)
-_WORLD = MPI.COMM_WORLD.Get_size()
-PAIR = hvd.ProcessSet([0, 1]) if _WORLD > 2 else hvd.global_process_set  # ranks 0 and 1
-hvd.init(process_sets=[PAIR] if _WORLD > 2 else None)
-R, N = hvd.rank(), hvd.size()
-B = 4  # rows per rank
-
-
-def make_model(seed=0):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
-
-
-def batch(step, ranks=N):
-    g = torch.Generator().manual_seed(100 + step)
-    return torch.randn(ranks * B, 5, generator=g), torch.randn(ranks * B, 3, generator=g)
-
-
-def mine(t, rank=R):
-    return t[rank * B:(rank + 1) * B]
 
 
 def sgd(params):

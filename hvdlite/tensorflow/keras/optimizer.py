@@ -26,7 +26,9 @@ import tensorflow as tf
 
 from ..._subclass import with_mixin
 from ..compression import Compression
-from ..gradient_reduction import GradientReducer, LocalSources, normalize_groups, reduce_with_local
+from ..gradient_reduction import (
+    GradientReducer, LocalSources, local_layer_list, normalize_groups, reduce_with_local,
+)
 from ..mpi_ops import Average, Sum, global_process_set
 
 _no_autograph = tf.autograph.experimental.do_not_convert
@@ -195,12 +197,7 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
                                 groups=None, process_set=global_process_set, local_layers=None,
                                 scale_local_gradients=True):
     """:func:`DistributedOptimizer` whose ``local_layers`` keep rank-local gradients."""
-    if local_layers is None:
-        local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
-        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    local_layers = local_layer_list(local_layers)
     opt = DistributedOptimizer(
         optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
         gradient_predivide_factor=gradient_predivide_factor, op=op,
