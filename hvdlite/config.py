@@ -66,6 +66,9 @@ KNOBS: tuple[Knob, ...] = (
          "leave glibc's malloc alone (by default init() keeps freed heap memory for reuse: "
          "mmap threshold 32 MiB, trim threshold 1 GiB, so per-step MPI and framework "
          "buffers do not page-fault every step)"),
+    Knob("shm_allreduce_disable", "HVDLITE_SHM_ALLREDUCE_DISABLE", bool, False,
+         "reduce through MPI even where a process set's ranks share one node (by default "
+         "sets of 2-4 ranks on one node reduce through a shared-memory window)"),
     Knob("dynamic_process_sets", "HVDLITE_DYNAMIC_PROCESS_SETS", bool, False,
          "allow add_process_set()/remove_process_set() after init()"),
     Knob("test_node_size", "HVDLITE_TEST_NODE_SIZE", int, 0,
@@ -125,6 +128,7 @@ class Config:
     log_level: str = "WARNING"
     mpi_threads_disable: bool = False
     malloc_tuning_disable: bool = False
+    shm_allreduce_disable: bool = False
     dynamic_process_sets: bool = False
     test_node_size: int = 0
 

@@ -20,12 +20,16 @@ All process sets negotiate through this one global cycle, and every rank runs
 the same responses in the same order (skipping sets it is not in), so the
 blocking data collectives of different sets can never deadlock each other.
 
-Idle cost: when a cycle makes no progress anywhere, every rank stops cycling
-and *waits*: it sleeps on its local submission event and polls a posted
-doorbell receive with an interval that grows with the time already waited
-(50 µs up to 5 ms).  The first rank with new work sends a one-byte doorbell to
-every other rank and cycling resumes.  No MPI call spins while a peer is slow:
-the status allreduce is non-blocking and is tested with a back-off.
+Idle cost: after a cycle that needs no follow-up anywhere (work that is not
+ready on every rank needs none: the rank that completes it will submit), every
+rank stops cycling and *waits*: it sleeps on its local submission event and
+polls a posted doorbell receive with an interval that grows with the time
+already waited (from 50 µs for a caller blocked on a handle, from the cycle
+time for the engine thread, up to 5 ms).  The first rank with new work sends a
+one-byte doorbell to every other rank and cycling resumes.  A training step
+that submits its gradients in one burst therefore costs one cycle.  No MPI
+call spins while a peer is slow: the status allreduce is non-blocking and is
+tested with a back-off.
 """
 
 from __future__ import annotations
@@ -132,6 +136,8 @@ class Engine:
         self.coordinator = Coordinator(self.size, sets.members.get) if self.rank == 0 else None
         self.executor = MPIExecutor(self._pending.get, self._finish, self._comm_of, self.rank)
         self.executor.hierarchical = hierarchical
+        self.executor.shared_memory = not config.shm_allreduce_disable
+        self._orderly_stop = False  # every rank agreed to stop (collective clean-up is safe)
         self._threshold = config.fusion_threshold
         self._cycle_time = config.cycle_time_ms / 1000.0
         self._stall_warn = config.stall_check_time_seconds
@@ -219,7 +225,7 @@ class Engine:
                 if not self._finished:
                     self._guarded_step()
             if self._waiting and not self._finished:
-                self._event.wait(self._poll_interval())
+                self._event.wait(self._poll_interval(background=True))
         with self._driver:
             self._teardown()
 
@@ -262,6 +268,7 @@ class Engine:
         self._owner = threading.get_ident()
         try:
             if self._step():
+                self._orderly_stop = True
                 self._finished = True
                 self._event.set()
         except BaseException as exc:  # noqa: BLE001 - the engine must never die silently
@@ -291,14 +298,24 @@ class Engine:
             self._wait_start = time.monotonic()
         return False
 
-    def _poll_interval(self) -> float:
-        """How long to sleep between looks for work: 50 us growing to 5 ms as the wait ages."""
+    def _poll_interval(self, background: bool = False) -> float:
+        """How long to sleep between looks for a peer's doorbell while waiting.
+
+        A caller blocked on a handle has nothing else to do: it looks again
+        after 50 us, growing with the time already waited (10 %) to 5 ms.  The
+        engine thread wakes for this rank's own submissions anyway, so its looks
+        only serve peers' doorbells; they start at the cycle time, because each
+        wake-up takes the core from the framework's compute running beside it.
+        """
         waited = time.monotonic() - self._wait_start
-        return min(0.005, max(0.00005, waited * 0.1))
+        floor = self._cycle_time if background else 0.00005
+        return min(0.005, max(floor, waited * 0.1))
 
     def _teardown(self) -> None:
         reason = self._stop_message()
         self._fail_everything(reason)
+        if self._orderly_stop:
+            self.executor.close()
         req = self._doorbell_req
         if req is not None:
             try:
@@ -494,15 +511,18 @@ class Engine:
             cached.append(self.cache.get(bit))
             self.cache.touch(bit)
             self._unhit(bit, to_coordinator=False)
-        executed = self._execute(cached + responses if responses else cached)
+        self._execute(cached + responses if responses else cached)
         for response in responses:
             if response.status == RESPONSE_OK and response.params.kind in CACHEABLE:
                 self._cache_put(response)
         if flags & _SHUTDOWN:
             return True, True
         # Only globally known facts decide progress, so every rank waits (or not) together.
-        progress = bool(flags & (_NEW | _INVALID | _STALL | _UNCACHED)) or executed \
-            or joined_changed
+        # Work that was submitted but is not ready everywhere needs no further cycle:
+        # the rank that completes it submits later and rings the doorbell.  Another
+        # cycle is due only when this one moved entries back to the coordinator
+        # (invalidated cache bits, a rank joining or leaving) or ran a stall check.
+        progress = bool(flags & (_INVALID | _STALL)) or joined_changed
         return progress, False
 
     def _allreduce_status(self, status: np.ndarray) -> None:
@@ -615,6 +635,8 @@ class Engine:
             if key[0] == set_id:
                 self._fail(other, f"process set {set_id} was removed while {key[1]!r} was "
                                   "pending.")
+        if self.rank in self.sets.members.get(set_id, ()):
+            self.executor.forget_set(set_id)
         ps = self.sets.remove(set_id)
         if entry is not None:
             self._finish(entry, ps)

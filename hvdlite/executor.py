@@ -66,6 +66,8 @@ class MPIExecutor:
         self.world_rank = world_rank
         self.pool = BufferPool()
         self.hierarchical = None  # set by the engine when hierarchical allreduce is on
+        self.shared_memory = True  # reduce through shared memory where a set fits a node
+        self._shm: dict[int, object] = {}  # set id -> SharedMemoryAllreduce or None
 
     # ------------------------------------------------------------------ dispatch
     def run_batch(self, batch: list[Response]) -> None:
@@ -121,6 +123,11 @@ class MPIExecutor:
             return
         items = self._reduction_items(batch, comm.Get_size())
         hierarchical = self.hierarchical is not None and self.hierarchical.applies(comm)
+        shm = None if hierarchical else self._shm_of(p0.set_id, comm)
+        if shm is not None:
+            shm.allreduce(items, wire, ReduceOp(p0.op))
+            self._finish_batch(batch)
+            return
         if hierarchical:
             reduce = lambda buf: self.hierarchical.allreduce(buf, op)  # noqa: E731
         else:
@@ -168,16 +175,47 @@ class MPIExecutor:
         responses): one reduction per wire dtype, in order of first appearance."""
         items = self._reduction_items(batch, comm.Get_size())
         wires = [reduce_dtype(d) for r in batch for d in r.params.dtypes]
+        hierarchical = self.hierarchical is not None and self.hierarchical.applies(comm)
+        shm = None if hierarchical else self._shm_of(batch[0].params.set_id, comm)
         for wire in dict.fromkeys(wires):
             subset = [item for item, w in zip(items, wires, strict=True) if w == wire]
+            if shm is not None:
+                shm.allreduce(subset, wire, ReduceOp(batch[0].params.op))
+                continue
             buf = self.pool.get(wire, sum(item[3] for item in subset))
             self._copy_in(subset, buf)
-            if self.hierarchical is not None and self.hierarchical.applies(comm):
+            if hierarchical:
                 self.hierarchical.allreduce(buf, op)
             else:
                 comm.Allreduce(MPI.IN_PLACE, buf, op)
             self._copy_out(subset, buf)
         self._finish_batch(batch)
+
+    def _shm_of(self, set_id: int, comm):
+        """The shared-memory reducer of a set, made on first use (collective: every
+        member runs the same first allreduce of the set); None where it does not apply."""
+        try:
+            return self._shm[set_id]
+        except KeyError:
+            pass
+        shm = None
+        if self.shared_memory:
+            from .shm import SharedMemoryAllreduce
+
+            shm = SharedMemoryAllreduce.create(comm)
+        self._shm[set_id] = shm
+        return shm
+
+    def forget_set(self, set_id: int) -> None:
+        """Collective over the set's members: release what was made for it."""
+        shm = self._shm.pop(set_id, None)
+        if shm is not None:
+            shm.free()
+
+    def close(self) -> None:
+        """Collective (orderly shutdown on every rank): release every shared window."""
+        for set_id in list(self._shm):
+            self.forget_set(set_id)
 
     @staticmethod
     def _copy_in(items, buf) -> None:

@@ -1,0 +1,101 @@
+"""The shared-memory allreduce (hvdlite/shm.py): where it applies, and what it computes.
+
+Runs under mpiexec at 1, 2 and 3 ranks, all on this one machine, so every set of
+2-4 ranks reduces through a shared window; at one rank nothing does.  The other
+core test modules run their allreduces through the same path; these tests cover
+what only it has: batches cut into slot-sized chunks (a tensor split across
+chunks, casts and scale factors on both sides of a cut), the reducer of a
+removed set being freed, and the knob that turns the path off.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import hvdlite as hvd
+from hvdlite import basics
+from hvdlite.shm import SLOT_BYTES, SharedMemoryAllreduce
+
+MPI_SIZES = (1, 2, 3)
+
+pytestmark = pytest.mark.timeout(120)
+
+hvd.init(process_sets="dynamic")
+RANK, SIZE = hvd.rank(), hvd.size()
+
+
+def _reducer(set_id: int = 0):
+    return basics.state().engine.executor._shm.get(set_id)
+
+
+def test_the_global_set_reduces_through_shared_memory():
+    hvd.allreduce(np.ones(3, np.float32), name="shm.first")
+    if SIZE == 1:
+        assert _reducer() is None
+    else:
+        assert isinstance(_reducer(), SharedMemoryAllreduce)
+
+
+def test_a_tensor_larger_than_one_slot_is_reduced_in_chunks():
+    # int32 sums are exact, so any misplaced element across a chunk cut shows.
+    n = SLOT_BYTES // 4 + 12345
+    big = np.arange(n, dtype=np.int32) % 1000 + RANK
+    small = [np.full(7 + i, RANK * 10 + i, dtype=np.int32) for i in range(3)]
+    out = hvd.grouped_allreduce(small[:1] + [big] + small[1:], name="shm.chunks", op=hvd.Sum)
+    ranks_sum = SIZE * (SIZE - 1) // 2
+    np.testing.assert_array_equal(out[1], (np.arange(n) % 1000) * SIZE + ranks_sum)
+    for i, o in enumerate([out[0]] + out[2:]):
+        np.testing.assert_array_equal(o, np.full(7 + i, ranks_sum * 10 + i * SIZE))
+
+
+def test_casts_and_scale_factors_on_both_sides_of_a_chunk_cut():
+    # float16 is reduced in a float32 wire buffer: 5 M values (20 MB on the wire) cross
+    # a cut, and every piece goes through the scratch buffer with both scale factors.
+    n = 5 * 1024 * 1024
+    x = np.full(n, RANK + 1, dtype=np.float16)
+    out = hvd.allreduce(x, name="shm.f16", op=hvd.Sum, prescale_factor=2.0,
+                        postscale_factor=0.5)
+    assert out.dtype == np.float16
+    np.testing.assert_array_equal(out, np.full(n, SIZE * (SIZE + 1) / 2, np.float16))
+    y = np.full(SLOT_BYTES // 8 + 3, float(RANK), dtype=np.float64)
+    avg = hvd.allreduce(y, name="shm.avg", op=hvd.Average)
+    np.testing.assert_allclose(avg, np.full_like(y, (SIZE - 1) / 2))
+
+
+def test_min_and_max_across_a_chunk_cut():
+    n = SLOT_BYTES // 8 + 99
+    x = np.arange(n, dtype=np.int64) * (RANK + 1)
+    np.testing.assert_array_equal(hvd.allreduce(x, name="shm.max", op=hvd.Max),
+                                  np.arange(n) * SIZE)
+    np.testing.assert_array_equal(hvd.allreduce(x, name="shm.min", op=hvd.Min), np.arange(n))
+
+
+@pytest.mark.skipif(SIZE < 3, reason="needs a set smaller than the world")
+def test_a_removed_set_frees_its_shared_window():
+    ps = hvd.add_process_set([0, 1])
+    if RANK in (0, 1):
+        total = hvd.allreduce(np.full(4, RANK + 1.0), name="shm.pair", op=hvd.Sum,
+                              process_set=ps)
+        np.testing.assert_array_equal(total, np.full(4, 3.0))
+        assert isinstance(_reducer(ps.process_set_id), SharedMemoryAllreduce)
+    set_id = ps.process_set_id
+    hvd.remove_process_set(ps)
+    assert _reducer(set_id) is None
+    assert set_id not in basics.state().engine.executor._shm
+
+
+def test_the_knob_turns_the_path_off():
+    hvd.shutdown()
+    os.environ["HVDLITE_SHM_ALLREDUCE_DISABLE"] = "1"
+    try:
+        hvd.init(process_sets="dynamic")
+        total = hvd.allreduce(np.full(5, RANK + 1, np.int64), name="shm.off", op=hvd.Sum)
+        np.testing.assert_array_equal(total, np.full(5, SIZE * (SIZE + 1) // 2))
+        assert _reducer() is None
+    finally:
+        del os.environ["HVDLITE_SHM_ALLREDUCE_DISABLE"]
+        hvd.shutdown()
+        hvd.init(process_sets="dynamic")
+    hvd.allreduce(np.ones(2), name="shm.back")
+    assert (_reducer() is None) == (SIZE == 1)
