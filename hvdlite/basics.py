@@ -179,7 +179,7 @@ def init(comm=None, process_sets=None) -> None:
             new.timeline = Timeline(cfg.timeline, cfg.timeline_mark_cycles) \
                 if world.Get_rank() == 0 else None
         new.engine = Engine(world, cfg, new.sets, timeline=new.timeline,
-                            hierarchical=hierarchical)
+                            hierarchical=hierarchical, overlap=_overlap(cfg, new))
         _state = new
         _was_shut_down = False
         if not _atexit_registered:
@@ -233,6 +233,18 @@ def _build_topology(st: _State, MPI, cfg) -> None:
     st.cross_comm = world.Split(st.local_comm.Get_rank(), world.Get_rank())
     sizes = world.allgather(st.local_comm.Get_size())
     st.homogeneous = len(set(sizes)) == 1
+
+
+def _overlap(cfg, st: _State) -> bool:
+    """HVDLITE_OVERLAP resolved: auto means on when this process may use more cores
+    than there are ranks on its node (a core is left for the engine thread)."""
+    if cfg.overlap != "auto":
+        return cfg.overlap == "on"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return cores > st.local_comm.Get_size()
 
 
 def _install_excepthook(world_size: int) -> None:

@@ -42,6 +42,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob("cycle_time_ms", "HVDLITE_CYCLE_TIME", float, 1.0,
          "milliseconds the engine waits after the first asynchronous submission of a burst "
          "before negotiating, so the rest of the burst is fused into the same cycle"),
+    Knob("overlap", "HVDLITE_OVERLAP", str, "auto",
+         "on: the engine thread negotiates asynchronous work (e.g. gradients from backward "
+         "hooks) while the framework still computes; off: it leaves that to the first "
+         "thread that waits on a handle (after 20 ms it starts anyway); auto: on only when "
+         "this process may use more cores than there are ranks on its node, since "
+         "otherwise the engine thread can only take the core from the compute"),
     Knob("cache_capacity", "HVDLITE_CACHE_CAPACITY", int, 1024,
          "entries in the response cache (0 disables it: every name goes to the coordinator)"),
     Knob("hierarchical_allreduce", "HVDLITE_HIERARCHICAL_ALLREDUCE", bool, False,
@@ -117,6 +123,7 @@ class Config:
 
     fusion_threshold: int = 64 * 1024 * 1024
     cycle_time_ms: float = 1.0
+    overlap: str = "auto"
     cache_capacity: int = 1024
     hierarchical_allreduce: bool = False
     hierarchical_allgather: bool = False
@@ -149,6 +156,12 @@ def read_config(environ: Mapping[str, str] | None = None) -> Config:
         raise ValueError("HVDLITE_CACHE_CAPACITY must be >= 0 (0 disables the response cache).")
     if cfg.test_node_size < 0:
         raise ValueError("HVDLITE_TEST_NODE_SIZE must be >= 0.")
+    overlap = cfg.overlap.strip().lower()
+    overlap = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off",
+               "no": "off", "": "auto"}.get(overlap, overlap)
+    if overlap not in ("auto", "on", "off"):
+        raise ValueError(f"HVDLITE_OVERLAP={cfg.overlap!r} is not valid: use auto, on or off.")
+    cfg = dataclasses.replace(cfg, overlap=overlap)
     levels = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"}
     if cfg.log_level.upper() not in levels:
         raise ValueError(

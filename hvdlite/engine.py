@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import os
 import threading
 import time
 import traceback
@@ -67,6 +68,9 @@ _STALL = 16  # a rank wants a stall check
 _INVALID = 32  # a rank saw changed parameters under a cached name
 
 _DOORBELL_TAG = 77
+#: Without overlap, the engine thread starts negotiating asynchronous work itself
+#: after this many seconds, so work that nobody waits on still completes.
+_LAZY_START = 0.02
 _WORD = 64
 _ALL_ONES = (1 << 64) - 1
 
@@ -108,7 +112,7 @@ def _bits(mask: int):
 class Engine:
     """The per-process background engine (see the module docstring for the cycle)."""
 
-    def __init__(self, world, config, sets, timeline=None, hierarchical=None):
+    def __init__(self, world, config, sets, timeline=None, hierarchical=None, overlap=True):
         self.config = config
         self.sets = sets
         self.comm = world.Dup()  # control traffic only: status, gather/bcast, doorbells
@@ -140,6 +144,11 @@ class Engine:
         self._orderly_stop = False  # every rank agreed to stop (collective clean-up is safe)
         self._threshold = config.fusion_threshold
         self._cycle_time = config.cycle_time_ms / 1000.0
+        self.overlap = overlap
+        # How long the engine thread lets asynchronous work gather before it
+        # negotiates it itself (a caller that waits on a handle starts at once).
+        self._start_delay = self._cycle_time if overlap else max(self._cycle_time,
+                                                                 _LAZY_START)
         self._stall_warn = config.stall_check_time_seconds
         self._stall_fail = config.stall_shutdown_time_seconds
         self._stall_enabled = not config.stall_check_disable and self.size > 1
@@ -216,9 +225,10 @@ class Engine:
                 self._event.clear()
                 continue
             if self._waiting and self._queue:
-                # Local work woke us: give the framework one cycle time to submit the
-                # rest of its burst, so it is negotiated and fused as one batch.
-                time.sleep(self._cycle_time)
+                # Local work woke us: give the framework time to submit the rest of
+                # its burst, so it is negotiated and fused as one batch (without
+                # overlap, time enough for a caller to wait and drive it instead).
+                time.sleep(self._start_delay)
                 if self._callers:
                     continue
             with self._driver:
@@ -528,18 +538,24 @@ class Engine:
     def _allreduce_status(self, status: np.ndarray) -> None:
         """Non-blocking AND-allreduce of the status vector, tested with a back-off.
 
-        Peers in step arrive within microseconds, so the first ~200 us poll
-        continuously; after that the wait sleeps between tests (20 us growing
-        to 1 ms) so a slow peer never costs this rank a spinning core.
+        Peers in step arrive within microseconds, so the wait first tests in a
+        loop that yields the core (``sched_yield``) between tests: for up to 5 ms
+        when the waiter is a caller blocked on a handle (its thread has nothing
+        else to do, and a peer that is late to this allreduce would be late to
+        the data collective that follows too), for 200 us on the engine thread
+        (the framework computes beside it).  After that it sleeps between tests
+        (20 us growing to 1 ms), so a slow peer never costs this rank a core.
         """
         req = self.comm.Iallreduce(MPI.IN_PLACE, status, MPI.BAND)
         if req.Test():
             return
         clock = time.perf_counter
-        spin_until = clock() + 0.0002
+        spin = 0.005 if threading.get_ident() != self._thread.ident else 0.0002
+        spin_until = clock() + spin
         while clock() < spin_until:
             if req.Test():
                 return
+            os.sched_yield()
         pause = 0.00002
         while not req.Test():
             time.sleep(pause)

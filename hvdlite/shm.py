@@ -98,6 +98,12 @@ class SharedMemoryAllreduce:
         """Reduce *items* (``(entry, input, output, count, prescale, postscale)``,
         input/output None on a joined rank) element-wise across the set."""
         ufunc = _UFUNCS[op]
+        if wire.kind == "f" and ufunc is np.add:
+            # Scale on the way in instead of on the way out (sum(x * pre * post) instead
+            # of sum(x * pre) * post, equal up to rounding): the copy into the slot
+            # costs the same with a factor, and the reduction then writes the final
+            # values, where a postscale would take another pass over the output.
+            items = [(e, i, o, c, pre * post, 1.0) for e, i, o, c, pre, post in items]
         capacity = SLOT_BYTES // wire.itemsize
         chunk = []  # (item, offset in the item, offset in the slot, count)
         fill = 0

@@ -478,6 +478,14 @@ def test_numbers_and_strings():
     assert cfg.cache_capacity == 1024  # empty: the default
 
 
+@pytest.mark.parametrize("raw,value", [("auto", "auto"), ("", "auto"), (" ON ", "on"),
+                                       ("1", "on"), ("true", "on"), ("off", "off"),
+                                       ("0", "off"), ("no", "off")])
+def test_overlap_knob(raw, value):
+    assert config.read_config({"HVDLITE_OVERLAP": raw}).overlap == value
+    assert config.read_config({"HOROVOD_OVERLAP": raw}).overlap == value
+
+
 @pytest.mark.parametrize("env,var", [
     ({"HVDLITE_FUSION_THRESHOLD": "lots"}, "HVDLITE_FUSION_THRESHOLD"),
     ({"HOROVOD_FUSION_THRESHOLD": "lots"}, "HVDLITE_FUSION_THRESHOLD"),
@@ -488,6 +496,7 @@ def test_numbers_and_strings():
     ({"HVDLITE_STALL_CHECK_DISABLE": "maybe"}, "HVDLITE_STALL_CHECK_DISABLE"),
     ({"HVDLITE_LOG_LEVEL": "LOUD"}, "HVDLITE_LOG_LEVEL"),
     ({"HVDLITE_TEST_NODE_SIZE": "-2"}, "HVDLITE_TEST_NODE_SIZE"),
+    ({"HVDLITE_OVERLAP": "sometimes"}, "HVDLITE_OVERLAP"),
 ])
 def test_bad_values_raise_value_error_naming_the_variable(env, var):
     with pytest.raises(ValueError) as info:

@@ -79,3 +79,25 @@ def test_handle_is_a_future():
     assert isinstance(h, concurrent.futures.Future)
     assert h.result(timeout=30)[0] == SIZE
     assert h.done() and hvd.poll(h)
+
+
+def test_overlap_follows_the_cores_left_for_the_engine_thread():
+    import os
+
+    from hvdlite import basics
+
+    expected = len(os.sched_getaffinity(0)) > hvd.local_size()
+    assert basics.state().engine.overlap is expected
+
+
+def test_async_work_nobody_waits_on_still_completes():
+    # Without overlap the engine thread leaves async work to a waiting caller;
+    # a program that only polls must still see its collective finish.
+    import time
+
+    h = hvd.allreduce_async(np.full(3, 2.0), op=hvd.Sum, name="basics.polled")
+    deadline = time.monotonic() + 20
+    while not hvd.poll(h):
+        assert time.monotonic() < deadline, "an async allreduce never completed"
+        time.sleep(0.001)
+    np.testing.assert_array_equal(h.result(), np.full(3, 2.0 * SIZE))
