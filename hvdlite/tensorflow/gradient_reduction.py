@@ -233,8 +233,8 @@ class GradientReducer:
         A "flat" group is packed by this adapter into one buffer, scaled on the
         way in (the Average's 1/size and the predivide factors folded into one
         multiply) and summed in place by a single-tensor allreduce, so the engine
-        neither copies it into its fusion buffer nor back out; TensorFlow then
-        splits the one output with zero-copy slices.  In a graph the buffers
+        neither copies it into its fusion buffer nor back out; the numpy
+        function returns its members as views of that buffer.  In a graph the buffers
         belong to the graph node and are reused every step.
         """
         ps, op, pre, post = self.process_set, self.op, self.prescale, self.postscale
@@ -254,6 +254,7 @@ class GradientReducer:
 
         def fn(*arrays, outputs=None):
             handles = []
+            views = []  # per flat group: its members' slices of the flat buffer
             for g, (kind, members) in enumerate(plans):
                 name = None if base is None else f"{base}.{g}"
                 if kind == "flat":
@@ -269,6 +270,8 @@ class GradientReducer:
                             np.copyto(view, part)
                     handles.append(_engine.allreduce_async(
                         flat, op=Sum, name=name, process_set=ps, output=flat))
+                    views.append([flat[o:o + arrays[m].size].reshape(arrays[m].shape)
+                                  for m, o in zip(members, _offsets(arrays, members))])
                 else:
                     outs = [buffer((g, m), arrays[m].shape, arrays[m].dtype) for m in members]
                     handles.append(_engine.grouped_allreduce_async(
@@ -279,22 +282,20 @@ class GradientReducer:
                     list(arrays[n_dense:]), process_set=ps,
                     name=None if base is None else f"{base}.sparse"))
             results = []
+            flat_views = iter(views)
             for (kind, _), handle in zip(plans, handles, strict=False):
                 out = _engine.synchronize(handle)
-                results.extend([out] if kind == "flat" else out)
+                # A flat group returns its members as views of the one buffer:
+                # TensorFlow copies each output once, no tf.split copies again.
+                results.extend(next(flat_views) if kind == "flat" else out)
             if n_sparse:
                 results.extend(_engine.synchronize(handles[-1]))
             return results
 
         dtypes, shapes = [], []
-        for kind, members in plans:
-            if kind == "flat":
-                dtypes.append(wire[members[0]].dtype)
-                shapes.append(tf.TensorShape([sum(wire[m].shape.num_elements()
-                                                  for m in members)]))
-            else:
-                dtypes += [wire[m].dtype for m in members]
-                shapes += [wire[m].shape for m in members]
+        for _, members in plans:
+            dtypes += [wire[m].dtype for m in members]
+            shapes += [wire[m].shape for m in members]
         for w in wire[n_dense:]:
             dtypes.append(w.dtype)
             shapes.append(tf.TensorShape([None]).concatenate(w.shape[1:]))
@@ -303,18 +304,20 @@ class GradientReducer:
         # Back to one output per input: dense positions first, then the sparse parts.
         dense_out = [None] * n_dense
         k = 0
-        for kind, members in plans:
-            if kind == "flat":
-                sizes = [wire[m].shape.num_elements() for m in members]
-                pieces = tf.split(outs[k], sizes) if len(members) > 1 else [outs[k]]
-                for m, piece in zip(members, pieces, strict=True):
-                    dense_out[m] = tf.reshape(piece, wire[m].shape)
+        for _, members in plans:
+            for m in members:
+                dense_out[m] = outs[k]
                 k += 1
-            else:
-                for m in members:
-                    dense_out[m] = outs[k]
-                    k += 1
         return dense_out + list(outs[k:])
+
+
+def _offsets(arrays, members):
+    """Where each member starts in its group's flat buffer (elements)."""
+    offsets, at = [], 0
+    for m in members:
+        offsets.append(at)
+        at += arrays[m].size
+    return offsets
 
 
 def scale_local(grads, variables, local: LocalSources, size):
