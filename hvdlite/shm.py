@@ -22,6 +22,7 @@ k+1, which that peer reaches only once it has finished reading chunk k.
 
 Each rank reads all N slots, so the memory traffic grows with N; the path is
 used for 2 to :data:`MAX_RANKS` ranks, beyond that MPI's algorithms move less.
+The executor decides which tensors of a batch come here (see its docstring).
 
 Cross-rank contract: every rank of the set calls :meth:`SharedMemoryAllreduce.create`
 and then :meth:`~SharedMemoryAllreduce.allreduce` with the same item counts,
