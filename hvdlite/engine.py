@@ -28,8 +28,9 @@ already waited (from 50 µs for a caller blocked on a handle, from the cycle
 time for the engine thread, up to 5 ms).  The first rank with new work sends a
 one-byte doorbell to every other rank and cycling resumes.  A training step
 that submits its gradients in one burst therefore costs one cycle.  No MPI
-call spins while a peer is slow: the status allreduce is non-blocking and is
-tested with a back-off.
+call spins for long while a peer is slow: the status allreduce is non-blocking,
+tested in a loop that yields the core for a few milliseconds at most, then
+with sleeps that grow.
 """
 
 from __future__ import annotations
