@@ -33,12 +33,17 @@ items without arrays and contributes zeros.
 
 from __future__ import annotations
 
+import logging
+import os
+
 import numpy as np
 from mpi4py import MPI
 
 from .ops import ReduceOp
 
 __all__ = ["SharedMemoryAllreduce", "MAX_RANKS", "SLOT_BYTES"]
+
+log = logging.getLogger("hvdlite")
 
 #: Largest process set reduced through shared memory.
 MAX_RANKS = 4
@@ -74,6 +79,15 @@ class SharedMemoryAllreduce:
             return None
         node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
         if node.Get_size() != size:
+            node.Free()
+            return None
+        # The window lives in a shared-memory file system; one that is too small (a
+        # container's 64 MB /dev/shm) would fail the job with SIGBUS on first touch.
+        # Every rank must agree, or the collective allocation below would hang.
+        room = _free_shm_bytes() >= 2 * size * 2 * SLOT_BYTES
+        if not node.allreduce(room, op=MPI.LAND):
+            log.info("hvdlite: /dev/shm is too small for the shared-memory allreduce "
+                     "(needs %d MiB free); reducing through MPI", 4 * size * SLOT_BYTES >> 20)
             node.Free()
             return None
         info = MPI.Info.Create()
@@ -151,6 +165,15 @@ class SharedMemoryAllreduce:
         if self._scratch.size < nbytes:
             self._scratch = np.empty(nbytes, dtype=np.uint8)
         return self._scratch[:nbytes].view(wire)
+
+
+def _free_shm_bytes(path: str = "/dev/shm") -> int:
+    """Bytes free in the shared-memory file system (unlimited where there is none)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 1 << 62
+    return st.f_bavail * st.f_frsize
 
 
 def _copy_in(chunk, slot: np.ndarray, wire: np.dtype) -> None:

@@ -99,3 +99,16 @@ def test_the_knob_turns_the_path_off():
         hvd.init(process_sets="dynamic")
     hvd.allreduce(np.ones(2), name="shm.back")
     assert (_reducer() is None) == (SIZE == 1)
+
+
+def test_a_small_dev_shm_falls_back_to_mpi_on_every_rank(monkeypatch):
+    # One rank short of room is enough: all ranks must take the MPI path together.
+    import hvdlite.shm as shm
+
+    if RANK == SIZE - 1:
+        monkeypatch.setattr(shm, "_free_shm_bytes", lambda path="/dev/shm": 0)
+    hvd.shutdown()
+    hvd.init(process_sets="dynamic")
+    total = hvd.allreduce(np.full(6, RANK + 1.0), name="shm.small", op=hvd.Sum)
+    np.testing.assert_array_equal(total, np.full(6, SIZE * (SIZE + 1) / 2))
+    assert _reducer() is None
