@@ -64,6 +64,7 @@ def test_command_flags_are_not_hvdruns():
     (["--cycle-time-ms", "-1", "python"], "--cycle-time-ms"),
     (["--log-level", "LOUD", "python"], "--log-level"),
     (["--launcher", "ssh", "python"], "--launcher"),
+    (["--overlap", "sometimes", "python"], "--overlap"),
     (["--fusion", "1", "python"], "unrecognized"),  # no abbreviations
 ])
 def test_bad_flags_are_one_line_usage_errors(argv, message):

@@ -99,6 +99,9 @@ def _knob_option(knob: Knob) -> Option:
                       to_env=lambda mb: str(int(round(float(mb) * MIB))))
     if knob.attr == "log_level":
         return Option(knob.attr, (flag,), help_text, _log_level, "LEVEL", knob=knob)
+    if knob.attr == "overlap":
+        return Option(knob.attr, (flag,), help_text, str, None, knob=knob,
+                      choices=("auto", "on", "off"))
     if knob.kind is bool:
         return Option(knob.attr, (flag,), help_text, None, knob=knob,
                       to_env=lambda on: "1" if on else "0")
