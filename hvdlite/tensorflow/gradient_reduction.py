@@ -234,8 +234,8 @@ class GradientReducer:
         way in (the Average's 1/size and the predivide factors folded into one
         multiply) and summed in place by a single-tensor allreduce, so the engine
         neither copies it into its fusion buffer nor back out; the numpy
-        function returns its members as views of that buffer.  In a graph the buffers
-        belong to the graph node and are reused every step.
+        function returns its members as views of that buffer.  In a graph the
+        buffers belong to the graph node and are reused every step.
         """
         ps, op, pre, post = self.process_set, self.op, self.prescale, self.postscale
         plans = self._plans(wire, dense_groups)
@@ -261,17 +261,18 @@ class GradientReducer:
                     parts = [arrays[m].reshape(-1) for m in members]
                     flat = buffer(g, (sum(p.size for p in parts),), parts[0].dtype)
                     offset = 0
-                    for part in parts:
+                    member_views = []
+                    for m, part in zip(members, parts, strict=True):
                         view = flat[offset:offset + part.size]
                         offset += part.size
                         if scale != 1.0:
                             np.multiply(part, scale, out=view, casting="unsafe")
                         else:
                             np.copyto(view, part)
+                        member_views.append(view.reshape(arrays[m].shape))
                     handles.append(_engine.allreduce_async(
                         flat, op=Sum, name=name, process_set=ps, output=flat))
-                    views.append([flat[o:o + arrays[m].size].reshape(arrays[m].shape)
-                                  for m, o in zip(members, _offsets(arrays, members))])
+                    views.append(member_views)
                 else:
                     outs = [buffer((g, m), arrays[m].shape, arrays[m].dtype) for m in members]
                     handles.append(_engine.grouped_allreduce_async(
@@ -309,15 +310,6 @@ class GradientReducer:
                 dense_out[m] = outs[k]
                 k += 1
         return dense_out + list(outs[k:])
-
-
-def _offsets(arrays, members):
-    """Where each member starts in its group's flat buffer (elements)."""
-    offsets, at = [], 0
-    for m in members:
-        offsets.append(at)
-        at += arrays[m].size
-    return offsets
 
 
 def scale_local(grads, variables, local: LocalSources, size):
