@@ -6,8 +6,8 @@ it.  Single tensors move without a copy (MPI reads the caller's array and
 writes the output array); fused batches are copied into a persistent buffer,
 moved by one collective and copied out, with the pre/post scale factors applied
 during the copies.  Allreduces of a process set that fits in one node go
-through :mod:`hvdlite.shm` instead, except single tensors of 1-16 MiB, for
-which MPI in place (a single-copy transfer in MPICH) measured faster.  A
+through :mod:`hvdlite.shm` instead, unless the whole batch is smaller than
+:data:`~hvdlite.shm.SHM_MIN_BYTES` (there MPI's latency is lower).  A
 joined rank (no local entry) contributes zeros to reductions and no rows to
 allgathers.
 """
@@ -24,7 +24,7 @@ from .dtypes import reduce_dtype
 from .fusion import BufferPool
 from .messages import Kind, Response
 from .ops import ReduceOp
-from .shm import SLOT_BYTES, SharedMemoryAllreduce
+from .shm import SHM_MIN_BYTES, SharedMemoryAllreduce
 
 __all__ = ["MPIExecutor", "split_rows"]
 
@@ -128,30 +128,26 @@ class MPIExecutor:
         items = self._reduction_items(batch, comm.Get_size())
         hierarchical = self.hierarchical is not None and self.hierarchical.applies(comm)
         shm = None if hierarchical else self._shm_of(p0.set_id, comm)
+        if shm is not None and sum(item[3] for item in items) * wire.itemsize >= SHM_MIN_BYTES:
+            shm.allreduce(items, wire, ReduceOp(p0.op))
+            self._finish_batch(batch)
+            return
         if hierarchical:
             reduce = lambda buf: self.hierarchical.allreduce(buf, op)  # noqa: E731
         else:
             reduce = lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, op)  # noqa: E731
         # Tensors of the wire dtype that are alone or large are reduced where they
-        # are (no copy through the fusion buffer) by MPI; the rest is fused.  Where
-        # the set has a shared-memory reducer, it takes the fused part and tensors
-        # of a slot or more: measured here, it beats MPI plus the fusion copies for
-        # batches of small tensors and MPI's large-message path, while MPI in place
-        # wins for single tensors of 1-16 MiB.  The split depends only on the agreed
-        # shapes and dtypes, so it is the same everywhere.
+        # are (no copy through the fusion buffer); the rest is fused.  The split
+        # depends only on the agreed shapes and dtypes, so it is the same everywhere.
         dtypes = [d for response in batch for d in response.params.dtypes]
         alone = len(items) == 1
-        limit = SLOT_BYTES if shm is not None else math.inf
         fused = []
         for item, dtype in zip(items, dtypes):
             nbytes = item[3] * wire.itemsize
-            if dtype == wire.str and (alone or nbytes >= _ZERO_COPY_BYTES) and nbytes < limit:
+            if dtype == wire.str and (alone or nbytes >= _ZERO_COPY_BYTES):
                 self._reduce_in_place(item, wire, op, comm, reduce, hierarchical)
             else:
                 fused.append(item)
-        if fused and shm is not None:
-            shm.allreduce(fused, wire, ReduceOp(p0.op))
-            fused = []
         if fused:
             buf = self.pool.get(wire, sum(item[3] for item in fused))
             self._copy_in(fused, buf)

@@ -1,34 +1,43 @@
 """Allreduce through one node's shared memory, for process sets that fit in a node.
 
 When every rank of a process set runs on the same node, the ranks can read each
-other's data directly.  Each rank exposes two *slots* in an MPI shared-memory
-window (``MPI.Win.Allocate_shared``) and a batch is reduced chunk by chunk:
+other's data directly.  Each rank owns two areas of an MPI shared-memory window
+(``MPI.Win.Allocate_shared``): a *contribution* area and a *result* area.  A
+batch is reduced chunk by chunk (a chunk fills at most one area), and each
+chunk is cut into one *portion* per rank, reduced by that rank alone:
 
-1. every rank copies its part of the chunk (prescaled, cast to the wire dtype)
-   into its slot;
+1. every rank copies its data for the other ranks' portions (prescaled, cast to
+   the wire dtype) into its contribution area;
 2. ``MPI_Win_sync`` + barrier + ``MPI_Win_sync`` (the MPI-3 idiom that makes
-   the stores of step 1 visible to the other ranks);
-3. every rank reduces all slots, in rank order, straight into its own outputs
-   (postscaled).
+   the stores before it visible to the other ranks);
+3. every rank reduces its own portion, in rank order, reading its own data
+   where it is and the peers' from their contribution areas, into its result
+   area, a cache-sized block at a time, handing each block on to its outputs
+   (postscaled) while it is still in cache;
+4. sync + barrier + sync again;
+5. every rank copies the peers' portions from their result areas to its outputs.
 
-So a rank touches its data twice (one copy in, one N-way reduction out), where
-MPI's allreduce through a fusion buffer copies in, moves the data through MPI's
-own shared-memory cells and copies out again.  Every rank computes the same
-reduction in the same order, so the results are bitwise identical everywhere.
+So a rank copies (N-1)/N of its data in, reduces 1/N of the data and copies
+(N-1)/N of the results out: less memory traffic than MPI's allreduce through a
+fusion buffer (copy in, MPI's own shared-memory cells, copy out) and, for two
+ranks, half the reduction work of letting every rank reduce everything.  Each
+element is reduced by exactly one rank, so every rank gets bitwise the same
+result.
 
-The two slots alternate between chunks: a rank may fill chunk k+1 while a peer
-still reads chunk k, and it can only start chunk k+2 after the barrier of chunk
-k+1, which that peer reaches only once it has finished reading chunk k.
+The areas are reused by every chunk, which keeps them warm in cache.  That is
+safe: a rank writes its contribution area for chunk k+1 only after the second
+barrier of chunk k, when every peer has finished reading it, and its result
+area only after the first barrier of chunk k+1, which a peer reaches only once
+it has copied out chunk k.
 
-Each rank reads all N slots, so the memory traffic grows with N; the path is
-used for 2 to :data:`MAX_RANKS` ranks, beyond that MPI's algorithms move less.
-The executor decides which tensors of a batch come here (see its docstring).
+The path is used for 2 to :data:`MAX_RANKS` ranks on one node; the executor
+decides which tensors of a batch come here (see its docstring).
 
 Cross-rank contract: every rank of the set calls :meth:`SharedMemoryAllreduce.create`
 and then :meth:`~SharedMemoryAllreduce.allreduce` with the same item counts,
 wire dtype and op, in the same order (the engine's response list guarantees
 it), and :meth:`~SharedMemoryAllreduce.free` together.  A joined rank passes
-items without arrays and contributes zeros.
+items without arrays: it contributes zeros and still reduces its portion.
 """
 
 from __future__ import annotations
@@ -41,13 +50,21 @@ from mpi4py import MPI
 
 from .ops import ReduceOp
 
-__all__ = ["SharedMemoryAllreduce", "MAX_RANKS", "SLOT_BYTES"]
+__all__ = ["SharedMemoryAllreduce", "MAX_RANKS", "SHM_MIN_BYTES", "SLOT_BYTES"]
 
 log = logging.getLogger("hvdlite")
 
 #: Largest process set reduced through shared memory.
 MAX_RANKS = 4
-#: Bytes of one slot: a batch is reduced in chunks of at most this size.
+#: Smallest batch (in wire bytes) worth this path: below it, one MPI allreduce's
+#: latency beats the two barriers here (measured with 2 ranks: a 4 KB tensor took
+#: 83 us here and 60 us through MPI; at 256 KB this path was ahead).
+SHM_MIN_BYTES = 64 << 10
+#: A rank reduces its portion in blocks of this size and hands each block to its
+#: outputs at once, while the block is still in the core's cache.
+BLOCK_BYTES = 256 << 10
+#: Bytes of one area (each rank has a contribution and a result area): a batch is
+#: reduced in chunks of at most this size.
 SLOT_BYTES = 16 << 20
 
 _UFUNCS = {
@@ -60,15 +77,17 @@ _UFUNCS = {
 
 
 class SharedMemoryAllreduce:
-    """Two slots per rank in one shared window, over the set's node communicator."""
+    """A contribution and a result area per rank in one shared window, over the
+    set's node communicator."""
 
-    def __init__(self, comm, window, slots: list[np.ndarray]):
+    def __init__(self, comm, window, areas: list[np.ndarray]):
         self._comm = comm
         self._win = window
-        self._slots = slots  # every rank's slot pair as bytes, indexed by rank
+        self._size = comm.Get_size()
         self._rank = comm.Get_rank()
-        self._chunks = 0  # chunks run so far: picks the slot of the next one
-        self._scratch = np.empty(0, dtype=np.uint8)
+        # Every rank's areas as bytes, indexed by rank.
+        self._contributions = [a[:SLOT_BYTES] for a in areas]
+        self._results = [a[SLOT_BYTES:] for a in areas]
 
     @classmethod
     def create(cls, comm) -> SharedMemoryAllreduce | None:
@@ -95,15 +114,15 @@ class SharedMemoryAllreduce:
         window = MPI.Win.Allocate_shared(2 * SLOT_BYTES, 1, info=info, comm=node)
         info.Free()
         window.Lock_all(MPI.MODE_NOCHECK)
-        slots = []
+        areas = []
         for r in range(size):
             buf, _ = window.Shared_query(r)
-            slots.append(np.frombuffer(buf, dtype=np.uint8, count=2 * SLOT_BYTES))
-        return cls(node, window, slots)
+            areas.append(np.frombuffer(buf, dtype=np.uint8, count=2 * SLOT_BYTES))
+        return cls(node, window, areas)
 
     def free(self) -> None:
         """Collective: release the window and the node communicator."""
-        self._slots = []
+        self._contributions = self._results = []
         self._win.Unlock_all()
         self._win.Free()
         self._comm.Free()
@@ -113,14 +132,8 @@ class SharedMemoryAllreduce:
         """Reduce *items* (``(entry, input, output, count, prescale, postscale)``,
         input/output None on a joined rank) element-wise across the set."""
         ufunc = _UFUNCS[op]
-        if wire.kind == "f" and ufunc is np.add:
-            # Scale on the way in instead of on the way out (sum(x * pre * post) instead
-            # of sum(x * pre) * post, equal up to rounding): the copy into the slot
-            # costs the same with a factor, and the reduction then writes the final
-            # values, where a postscale would take another pass over the output.
-            items = [(e, i, o, c, pre * post, 1.0) for e, i, o, c, pre, post in items]
         capacity = SLOT_BYTES // wire.itemsize
-        chunk = []  # (item, offset in the item, offset in the slot, count)
+        chunk = []  # pieces: (item, offset in the item, offset in the chunk, count)
         fill = 0
         for item in items:
             count = item[3]
@@ -136,35 +149,46 @@ class SharedMemoryAllreduce:
         if chunk:
             self._run_chunk(chunk, fill, wire, ufunc)
 
-    def _run_chunk(self, chunk, fill: int, wire: np.dtype, ufunc) -> None:
-        start = (self._chunks & 1) * SLOT_BYTES
-        self._chunks += 1
-        slots = [s[start:start + fill * wire.itemsize].view(wire) for s in self._slots]
-        _copy_in(chunk, slots[self._rank], wire)
+    def _sync(self) -> None:
         self._win.Sync()
         self._comm.Barrier()
         self._win.Sync()
-        for item, offset, at, n in chunk:
-            out, post = item[2], item[5]
-            if out is None:
-                continue
-            dst = out.reshape(-1)[offset:offset + n]
-            parts = [s[at:at + n] for s in slots]
-            if dst.dtype == wire and post == 1.0:
-                _reduce(ufunc, parts, dst)
-                continue
-            acc = self._scratch_of(wire, n)
-            _reduce(ufunc, parts, acc)
-            if post != 1.0:
-                np.multiply(acc, post, out=dst, casting="unsafe")
-            else:
-                np.copyto(dst, acc, casting="unsafe")
 
-    def _scratch_of(self, wire: np.dtype, n: int) -> np.ndarray:
-        nbytes = n * wire.itemsize
-        if self._scratch.size < nbytes:
-            self._scratch = np.empty(nbytes, dtype=np.uint8)
-        return self._scratch[:nbytes].view(wire)
+    def _run_chunk(self, chunk, fill: int, wire: np.dtype, ufunc) -> None:
+        size, rank = self._size, self._rank
+        nbytes = fill * wire.itemsize
+        contributions = [a[:nbytes].view(wire) for a in self._contributions]
+        bounds = [fill * p // size for p in range(size + 1)]
+        portions = _cut(chunk, bounds)
+        mine = contributions[rank]
+        for p, pieces in enumerate(portions):
+            if p != rank:
+                _copy_in(pieces, mine, bounds[p], bounds[p + 1])
+            else:  # this rank's own data is read where it is, unless it needs a cast
+                _copy_in([piece for piece in pieces if not _direct(piece[0], wire)], mine)
+        self._sync()
+        lo = bounds[rank]
+        result = self._results[rank][:nbytes].view(wire)
+        block = BLOCK_BYTES // wire.itemsize
+        for item, offset, at, n in portions[rank]:
+            own = item[1].reshape(-1) if _direct(item, wire) else None
+            # A block at a time, so the delivery reads the reduced values from cache.
+            for start in range(0, n, block):
+                m = min(block, n - start)
+                parts = [s[at + start:at + start + m] for s in contributions]
+                if own is not None:
+                    parts[rank] = own[offset + start:offset + start + m]
+                dst = result[at + start - lo:at + start - lo + m]
+                _reduce(ufunc, parts, dst)
+                _deliver(dst, (item, offset + start, at + start, m))
+        self._sync()
+        for p, pieces in enumerate(portions):
+            if p == rank:
+                continue
+            peer, start = self._results[p][:nbytes].view(wire), bounds[p]
+            for piece in pieces:
+                at, n = piece[2], piece[3]
+                _deliver(peer[at - start:at - start + n], piece)
 
 
 def _free_shm_bytes(path: str = "/dev/shm") -> int:
@@ -176,17 +200,39 @@ def _free_shm_bytes(path: str = "/dev/shm") -> int:
     return st.f_bavail * st.f_frsize
 
 
-def _copy_in(chunk, slot: np.ndarray, wire: np.dtype) -> None:
-    """This rank's part of *chunk* into *slot*: prescaled, cast, zeros when joined."""
-    if all(item[1] is not None and item[4] == 1.0 and item[1].dtype == wire
-           for item, _, _, _ in chunk):
+def _cut(chunk, bounds: list[int]) -> list[list]:
+    """The pieces of *chunk* in each portion ``[bounds[p], bounds[p + 1])``."""
+    portions = [[] for _ in range(len(bounds) - 1)]
+    p = 0
+    for item, offset, at, n in chunk:
+        end = at + n
+        while at < end:
+            while bounds[p + 1] <= at:
+                p += 1
+            stop = min(end, bounds[p + 1])
+            portions[p].append((item, offset, at, stop - at))
+            offset += stop - at
+            at = stop
+    return portions
+
+
+def _direct(item, wire: np.dtype) -> bool:
+    """Can this rank's reduction read its input as it is (no zeros, scale or cast)?"""
+    inp = item[1]
+    return inp is not None and item[4] == 1.0 and inp.dtype == wire
+
+
+def _copy_in(pieces, area: np.ndarray, lo: int | None = None, hi: int | None = None) -> None:
+    """This rank's *pieces* into its contribution *area*: prescaled, cast, zeros when
+    joined.  With *lo*/*hi*, the pieces cover ``area[lo:hi]`` exactly."""
+    if lo is not None and pieces and all(_direct(p[0], area.dtype) for p in pieces):
         # The common case: one C call packs every piece.
         np.concatenate([item[1].reshape(-1)[offset:offset + n]
-                        for item, offset, _, n in chunk], out=slot)
+                        for item, offset, _, n in pieces], out=area[lo:hi])
         return
-    for item, offset, at, n in chunk:
+    for item, offset, at, n in pieces:
         inp, pre = item[1], item[4]
-        dst = slot[at:at + n]
+        dst = area[at:at + n]
         if inp is None:
             dst.fill(0)
             continue
@@ -195,6 +241,19 @@ def _copy_in(chunk, slot: np.ndarray, wire: np.dtype) -> None:
             np.multiply(src, pre, out=dst, casting="unsafe")
         else:
             np.copyto(dst, src, casting="unsafe")
+
+
+def _deliver(reduced: np.ndarray, piece) -> None:
+    """A reduced piece into this rank's output (postscaled, cast); nothing when joined."""
+    item, offset, _, n = piece
+    out = item[2]
+    if out is None:
+        return
+    dst = out.reshape(-1)[offset:offset + n]
+    if item[5] != 1.0:
+        np.multiply(reduced, item[5], out=dst, casting="unsafe")
+    else:
+        np.copyto(dst, reduced, casting="unsafe")
 
 
 def _reduce(ufunc, parts: list[np.ndarray], out: np.ndarray) -> None:

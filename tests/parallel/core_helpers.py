@@ -85,3 +85,19 @@ def mpi_sync() -> None:
 def same_everywhere(value) -> bool:
     """True when every rank of the job passes an equal *value*."""
     return all(v == value for v in hvd.allgather_object(value))
+
+
+def spy_on_shared_memory(monkeypatch) -> list[int]:
+    """Record the item count of every batch this rank reduces through shared memory
+    (the reduction itself still runs)."""
+    from hvdlite.shm import SharedMemoryAllreduce
+
+    calls = []
+    real = SharedMemoryAllreduce.allreduce
+
+    def spy(self, items, wire, op):
+        calls.append(len(items))
+        return real(self, items, wire, op)
+
+    monkeypatch.setattr(SharedMemoryAllreduce, "allreduce", spy)
+    return calls

@@ -12,10 +12,11 @@ import os
 
 import numpy as np
 import pytest
+from core_helpers import same_everywhere, spy_on_shared_memory
 
 import hvdlite as hvd
 from hvdlite import basics
-from hvdlite.shm import SLOT_BYTES, SharedMemoryAllreduce
+from hvdlite.shm import SHM_MIN_BYTES, SLOT_BYTES, SharedMemoryAllreduce
 
 MPI_SIZES = (1, 2, 3)
 
@@ -35,6 +36,51 @@ def test_the_global_set_reduces_through_shared_memory():
         assert _reducer() is None
     else:
         assert isinstance(_reducer(), SharedMemoryAllreduce)
+
+
+def test_small_batches_go_through_mpi_and_larger_ones_through_shared_memory(monkeypatch):
+    calls = spy_on_shared_memory(monkeypatch)
+    small = [np.full(1000, RANK + i, np.int32) for i in range(3)]  # 12 KB together
+    out = hvd.grouped_allreduce(small, name="shm.route.small", op=hvd.Sum)
+    assert calls == []
+    large = np.full(SHM_MIN_BYTES // 4, RANK, np.int32)
+    total = hvd.allreduce(large, name="shm.route.large", op=hvd.Sum)
+    assert calls == ([] if SIZE == 1 else [1])
+    ranks_sum = SIZE * (SIZE - 1) // 2
+    for i, o in enumerate(out):
+        np.testing.assert_array_equal(o, np.full(1000, ranks_sum + i * SIZE))
+    np.testing.assert_array_equal(total, np.full(SHM_MIN_BYTES // 4, ranks_sum))
+
+
+def test_allreduce_uses_shared_memory_answers_alike_on_every_rank():
+    expected = 2 <= SIZE <= 4  # every rank of these tests shares one node
+    assert basics.allreduce_uses_shared_memory(hvd.global_process_set) == expected
+    assert same_everywhere(basics.allreduce_uses_shared_memory(hvd.global_process_set))
+
+
+def test_pieces_cut_between_the_ranks_portions_in_place_and_scaled():
+    # Odd sizes put portion boundaries inside tensors; in place, each rank's output is
+    # also its input, and a prescale makes every rank copy its own portion in too.
+    sizes = [12_345, 7, 40_001, 3, 29_999]
+    xs = [np.arange(n, dtype=np.float64) + RANK for n in sizes]
+    outs = hvd.grouped_allreduce(xs, name="shm.inplace", op=hvd.Sum, outputs=xs)
+    for n, o, x in zip(sizes, outs, xs, strict=True):
+        assert o is x
+        np.testing.assert_array_equal(x, np.arange(n) * SIZE + SIZE * (SIZE - 1) / 2)
+    ys = [np.arange(n, dtype=np.float64) + RANK for n in sizes]
+    avg = hvd.grouped_allreduce(ys, name="shm.scaled", op=hvd.Average, prescale_factor=4.0,
+                                postscale_factor=0.25)
+    for n, a in zip(sizes, avg, strict=True):
+        np.testing.assert_allclose(a, np.arange(n) + (SIZE - 1) / 2)
+    assert same_everywhere(np.concatenate(avg).tobytes())
+
+
+def test_a_last_chunk_smaller_than_the_set_is_cut_right():
+    # The second chunk holds one element: some ranks' portions of it are empty.
+    n = SLOT_BYTES // 4 + 1
+    x = np.arange(n, dtype=np.int32) % 977 + RANK
+    out = hvd.allreduce(x, name="shm.tail", op=hvd.Sum)
+    np.testing.assert_array_equal(out, (np.arange(n) % 977) * SIZE + SIZE * (SIZE - 1) // 2)
 
 
 def test_a_tensor_larger_than_one_slot_is_reduced_in_chunks():
