@@ -52,6 +52,7 @@ class _State:
         self.cross_comm = None
         self.sets: ProcessSetTable | None = None
         self.homogeneous = True
+        self.node_ranks: frozenset[int] = frozenset()  # ranks sharing this rank's memory
         self.thread_level = 0
         self.timeline = None
         self.dynamic = False
@@ -226,13 +227,38 @@ def _register_static(st: _State, ps, MPI) -> None:
 
 def _build_topology(st: _State, MPI, cfg) -> None:
     world = st.world
-    if cfg.test_node_size > 0:
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    st.node_ranks = frozenset(node.allgather(world.Get_rank()))
+    if cfg.test_node_size > 0:  # simulated nodes (tests): the real node is only asked above
+        node.Free()
         st.local_comm = world.Split(world.Get_rank() // cfg.test_node_size, world.Get_rank())
     else:
-        st.local_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+        st.local_comm = node
     st.cross_comm = world.Split(st.local_comm.Get_rank(), world.Get_rank())
     sizes = world.allgather(st.local_comm.Get_size())
     st.homogeneous = len(set(sizes)) == 1
+
+
+def allreduce_uses_shared_memory(process_set) -> bool:
+    """Whether allreduces over *process_set* are planned to run through the node's
+    shared memory (:mod:`hvdlite.shm`) rather than MPI.
+
+    For adapters that shape their submissions to the path: the answer comes from
+    local facts that every member of the set shares (the knob, the set's size,
+    whether all its members are on this node, hierarchical allreduce), so every
+    member chooses alike.  The path may still fall back to MPI at its first use
+    (a /dev/shm too small for the window); that costs speed, not correctness.
+    """
+    from .shm import MAX_RANKS
+
+    st = _live()
+    ranks = process_set.ranks if process_set.ranks is not None else range(st.world.Get_size())
+    ranks = frozenset(ranks)
+    if st.config.shm_allreduce_disable or not 2 <= len(ranks) <= MAX_RANKS:
+        return False
+    if st.config.hierarchical_allreduce and len(ranks) == st.world.Get_size():
+        return False
+    return ranks <= st.node_ranks
 
 
 def _overlap(cfg, st: _State) -> bool:

@@ -9,7 +9,9 @@
    group (a single group unless ``groups`` says otherwise; a group of one dtype
    travels as one contiguous buffer, see :meth:`GradientReducer._submit`) and
    one grouped allgather for the sparse ones, all submitted before any is
-   awaited; inside a ``tf.function`` this is a single graph node,
+   awaited; inside a ``tf.function`` this is a single graph node (a group is
+   packed into one buffer by this adapter only where the set reduces through
+   MPI, see :meth:`GradientReducer._plans`),
 4. decompresses and, for sparse Average, divides by the set size.
 
 With ``op=Average`` and ``gradient_predivide_factor=f`` the result is
@@ -30,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvdlite as _engine
+from hvdlite.basics import allreduce_uses_shared_memory
 
 from . import _bridge
 from .compression import Compression
@@ -217,8 +220,16 @@ class GradientReducer:
         return _bridge.op_name("GroupedAllreduce", wire, None)
 
     def _plans(self, wire, dense_groups):
-        """Per group: ("flat", members) when it can travel as one contiguous buffer
-        (one dtype, static shapes, Sum/Average), else ("each", members)."""
+        """Per group: ("flat", members) when it should travel as one contiguous buffer,
+        else ("each", members).
+
+        Flat needs one dtype, static shapes and Sum/Average, and pays off only where
+        the set reduces through MPI: packing spares the engine its fusion-buffer
+        copies.  The shared-memory path reads each gradient where it is and writes
+        each output directly, so there the pack would be one more pass over the data.
+        """
+        if allreduce_uses_shared_memory(self.process_set):
+            return [("each", members) for members in dense_groups]
         plans = []
         for members in dense_groups:
             ws = [wire[m] for m in members]

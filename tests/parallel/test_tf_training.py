@@ -51,9 +51,10 @@ def local_data(a, steps=STEPS):
     return np.concatenate([my_rows(a, s) for s in range(steps)])
 
 
-def make_model(seed=1, features=6, outputs=3):
+def make_model(seed=1, features=6, outputs=3, hidden=8):
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((features,)), keras.layers.Dense(8, activation="tanh"),
+    return keras.Sequential([keras.Input((features,)),
+                             keras.layers.Dense(hidden, activation="tanh"),
                              keras.layers.Dense(outputs)])
 
 
@@ -68,8 +69,8 @@ def same_on_every_rank(model):
         np.testing.assert_array_equal(other, first)
 
 
-def reference_tape_training(x, y, optimizer, steps=STEPS, seed=1):
-    model = make_model(seed)
+def reference_tape_training(x, y, optimizer, steps=STEPS, seed=1, hidden=8):
+    model = make_model(seed, hidden=hidden)
     for s in range(steps):
         xb, yb = x[s * N * B:(s + 1) * N * B], y[s * N * B:(s + 1) * N * B]
         with tf.GradientTape() as tape:
@@ -111,6 +112,41 @@ def test_tape_training_matches_one_process(mode, case):
     ref = reference_tape_training(x, y, keras.optimizers.SGD(0.1, momentum=0.9))
     weights_close(model, ref, tol)
     same_on_every_rank(model)
+
+
+@pytest.mark.parametrize("plan", ["each gradient", "packed"])
+def test_tape_training_with_each_submission_plan(plan, monkeypatch):
+    # Where the set reduces through shared memory (here: every set of 2-4 ranks), the
+    # gradients go to the engine as they are; elsewhere a group is packed into one
+    # buffer first (simulated by answering False).  2048 hidden units make 80 KB of
+    # gradients, enough for the shared-memory path either way.
+    from core_helpers import spy_on_shared_memory
+
+    from hvdlite.tensorflow import gradient_reduction
+
+    batches = spy_on_shared_memory(monkeypatch)
+    if plan == "packed":
+        monkeypatch.setattr(gradient_reduction, "allreduce_uses_shared_memory",
+                            lambda process_set: False)
+    x, y = global_data(seed=5)
+    model = make_model(hidden=2048)
+    opt = keras.optimizers.SGD(0.1, momentum=0.9)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(xb) - yb))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+    for s in range(STEPS):
+        step(my_rows(x, s), my_rows(y, s))
+    ref = reference_tape_training(x, y, keras.optimizers.SGD(0.1, momentum=0.9), hidden=2048)
+    weights_close(model, ref)
+    same_on_every_rank(model)
+    # Packed, the group is one tensor; otherwise one batch of all 4 gradients.
+    assert batches == [1 if plan == "packed" else 4] * STEPS
 
 
 def test_tape_groups_of_variables_and_sum():
