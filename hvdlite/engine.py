@@ -144,6 +144,7 @@ class Engine:
         self.executor.shared_memory = not config.shm_allreduce_disable
         self._orderly_stop = False  # every rank agreed to stop (collective clean-up is safe)
         self._threshold = config.fusion_threshold
+        self._last_plan: tuple = (None, [])  # ((ready bits, cache version), batches)
         self._cycle_time = config.cycle_time_ms / 1000.0
         self.overlap = overlap
         # How long the engine thread lets asynchronous work gather before it
@@ -530,7 +531,8 @@ class Engine:
             cached.append(self.cache.get(bit))
             self.cache.touch(bit)
             self._unhit(bit, to_coordinator=False)
-        self._execute(cached + responses if responses else cached)
+        self._execute(cached + responses if responses else cached,
+                      ready if not responses else None)
         for response in responses:
             if response.status == RESPONSE_OK and response.params.kind in CACHEABLE:
                 self._cache_put(response)
@@ -593,10 +595,11 @@ class Engine:
         return self.comm.bcast(responses, root=0)
 
     # ---------------------------------------------------------------- execution
-    def _execute(self, responses: list[Response]) -> bool:
+    def _execute(self, responses: list[Response], ready: int | None = None) -> bool:
+        """Run *responses*; *ready*: the cache bits they came from, when all are cached."""
         if not responses:
             return False
-        for batch in plan_batches(responses, self._threshold):
+        for batch in self._plan(responses, ready):
             first = batch[0]
             if first.status == RESPONSE_ERROR:
                 entry = self._pending.get(first.key)
@@ -618,6 +621,16 @@ class Engine:
                 if timeline is not None:
                     timeline.end_batch(batch)
         return True
+
+    def _plan(self, responses: list[Response], ready: int | None) -> list[list[Response]]:
+        """The fusion plan; a training loop readies the same cached bits every step,
+        so the plan of the last all-cached cycle is kept while the cache is unchanged."""
+        if ready is None:
+            return plan_batches(responses, self._threshold)
+        key = (ready, self.cache.version)
+        if self._last_plan[0] != key:
+            self._last_plan = (key, plan_batches(responses, self._threshold))
+        return self._last_plan[1]
 
     def _finish_join(self, response: Response) -> None:
         self._joined = False

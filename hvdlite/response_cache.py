@@ -31,6 +31,9 @@ class ResponseCache:
         self._responses: list[Response | None] = []
         self._free: list[int] = []
         self._lru: OrderedDict[int, None] = OrderedDict()
+        #: Changes whenever a bit comes to stand for another response (or none), so a
+        #: caller may keep what it derived from a set of bits while this stays equal.
+        self.version = 0
 
     @property
     def num_bits(self) -> int:
@@ -57,6 +60,7 @@ class ResponseCache:
         if self.capacity <= 0:
             return None
         key = response.key
+        self.version += 1
         if key in self._bit_of:
             bit = self._bit_of[key]
             self._responses[bit] = response
@@ -95,6 +99,7 @@ class ResponseCache:
         return bits
 
     def _drop(self, bit: int) -> None:
+        self.version += 1
         response = self._responses[bit]
         del self._bit_of[response.key]
         self._responses[bit] = None
