@@ -296,6 +296,24 @@ def test_cache_put_same_key_updates_in_place():
     assert len(cache) == 1
 
 
+def test_cache_version_changes_only_when_a_bit_changes_meaning():
+    cache = ResponseCache(2)
+    v0 = cache.version
+    cache.put(ok(P("a")))
+    bit = cache.lookup(P("a"))[1]
+    v1 = cache.version
+    assert v1 != v0
+    cache.touch(bit)
+    cache.lookup(P("a"))
+    cache.get(bit)
+    assert cache.version == v1  # reads and LRU order do not count
+    cache.put(ok(P("a", shapes=((9,),))))
+    v2 = cache.version
+    assert v2 != v1
+    cache.erase(bit)
+    assert cache.version != v2
+
+
 def test_cache_erase_and_erase_set():
     cache = ResponseCache(8)
     for name in ("a", "b", "c"):
