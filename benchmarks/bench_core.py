@@ -8,8 +8,9 @@ Figures (each beside its baseline from the same run):
 - 200 arrays of 64 KB submitted async, then all synchronized: hvdlite time / raw
   copy-into-one-buffer + one ``Allreduce`` + copy-out;
 - CPU used by an idle initialized process over 5 s (% of one core).
-Times are medians over repetitions, so one descheduled iteration on a busy
-machine does not decide the figure.
+Times are medians over repetitions, hvdlite's and the baseline's alternating, so
+one descheduled iteration on a busy machine does not decide a figure and load
+from elsewhere hits both alike.
 """
 
 from __future__ import annotations
@@ -27,15 +28,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _median_time(fn, iters: int, repeats: int, barrier) -> float:
-    samples = []
+def _paired_times(fn, base, iters: int, repeats: int, barrier) -> tuple[float, float]:
+    """Median seconds per call of *fn* and of *base*, timed in alternating repetitions
+    so that load from elsewhere on the machine hits both alike."""
+    samples: tuple[list, list] = ([], [])
     for _ in range(repeats):
-        barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        samples.append((time.perf_counter() - t0) / iters)
-    return statistics.median(samples)
+        for f, out in ((fn, samples[0]), (base, samples[1])):
+            barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                f()
+            out.append((time.perf_counter() - t0) / iters)
+    return statistics.median(samples[0]), statistics.median(samples[1])
 
 
 def run_ranks() -> None:
@@ -55,10 +59,9 @@ def run_ranks() -> None:
             hvd.allreduce(x, name=f"a{nbytes}", op=hvd.Sum, output=out)
             comm.Allreduce(x, out, MPI.SUM)
         name = f"a{nbytes}"
-        t_hvd = _median_time(lambda x=x, out=out, name=name: hvd.allreduce(
-            x, name=name, op=hvd.Sum, output=out), iters, repeats, comm.Barrier)
-        t_mpi = _median_time(lambda x=x, out=out: comm.Allreduce(x, out, MPI.SUM), iters,
-                             repeats, comm.Barrier)
+        t_hvd, t_mpi = _paired_times(
+            lambda x=x, out=out, name=name: hvd.allreduce(x, name=name, op=hvd.Sum, output=out),
+            lambda x=x, out=out: comm.Allreduce(x, out, MPI.SUM), iters, repeats, comm.Barrier)
         rows.append((f"allreduce {_human(nbytes)}", t_hvd, "raw mpi4py Allreduce", t_mpi))
 
     arrays = [np.full(16 << 10, i, dtype=np.float32) for i in range(200)]  # 64 KB each
@@ -87,8 +90,7 @@ def run_ranks() -> None:
     for _ in range(3):
         hvd_many()
         mpi_many()
-    t_hvd = _median_time(hvd_many, 5, 9, comm.Barrier)
-    t_mpi = _median_time(mpi_many, 5, 9, comm.Barrier)
+    t_hvd, t_mpi = _paired_times(hvd_many, mpi_many, 5, 15, comm.Barrier)
     rows.append(("200 x 64 KB async + sync", t_hvd, "copy-in + 1 Allreduce + copy-out", t_mpi))
     # The Python floor of that figure: creating 200 handles (validation, Future,
     # engine entry), before any negotiation or data movement.

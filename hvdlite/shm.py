@@ -133,14 +133,15 @@ class SharedMemoryAllreduce:
         input/output None on a joined rank) element-wise across the set."""
         ufunc = _UFUNCS[op]
         capacity = SLOT_BYTES // wire.itemsize
-        chunk = []  # pieces: (item, offset in the item, offset in the chunk, count)
+        chunk = []  # pieces: (_Tensor, offset in the tensor, offset in the chunk, count)
         fill = 0
         for item in items:
+            tensor = _Tensor(item, wire)
             count = item[3]
             done = 0
             while done < count:
                 n = min(count - done, capacity - fill)
-                chunk.append((item, done, fill, n))
+                chunk.append((tensor, done, fill, n))
                 fill += n
                 done += n
                 if fill == capacity:
@@ -165,30 +166,43 @@ class SharedMemoryAllreduce:
             if p != rank:
                 _copy_in(pieces, mine, bounds[p], bounds[p + 1])
             else:  # this rank's own data is read where it is, unless it needs a cast
-                _copy_in([piece for piece in pieces if not _direct(piece[0], wire)], mine)
+                _copy_in([piece for piece in pieces if not piece[0].direct], mine)
         self._sync()
         lo = bounds[rank]
         result = self._results[rank][:nbytes].view(wire)
         block = BLOCK_BYTES // wire.itemsize
-        for item, offset, at, n in portions[rank]:
-            own = item[1].reshape(-1) if _direct(item, wire) else None
+        for tensor, offset, at, n in portions[rank]:
             # A block at a time, so the delivery reads the reduced values from cache.
             for start in range(0, n, block):
                 m = min(block, n - start)
-                parts = [s[at + start:at + start + m] for s in contributions]
-                if own is not None:
-                    parts[rank] = own[offset + start:offset + start + m]
-                dst = result[at + start - lo:at + start - lo + m]
+                a, o = at + start, offset + start
+                parts = [c[a:a + m] for c in contributions]
+                if tensor.direct:
+                    parts[rank] = tensor.inp[o:o + m]
+                dst = result[a - lo:a - lo + m]
                 _reduce(ufunc, parts, dst)
-                _deliver(dst, (item, offset + start, at + start, m))
+                _deliver(dst, tensor, o, m)
         self._sync()
         for p, pieces in enumerate(portions):
             if p == rank:
                 continue
             peer, start = self._results[p][:nbytes].view(wire), bounds[p]
-            for piece in pieces:
-                at, n = piece[2], piece[3]
-                _deliver(peer[at - start:at - start + n], piece)
+            for tensor, offset, at, n in pieces:
+                _deliver(peer[at - start:at - start + n], tensor, offset, n)
+
+
+class _Tensor:
+    """One item of a batch as this path uses it: flat views of its arrays, its scale
+    factors, and whether this rank's reduction can read its input where it is (no
+    zeros for a joined rank, no scale, no cast)."""
+
+    __slots__ = ("inp", "out", "pre", "post", "direct")
+
+    def __init__(self, item, wire: np.dtype):
+        _, inp, out, _, self.pre, self.post = item
+        self.inp = None if inp is None else inp.reshape(-1)
+        self.out = None if out is None else out.reshape(-1)
+        self.direct = inp is not None and self.pre == 1.0 and inp.dtype == wire
 
 
 def _free_shm_bytes(path: str = "/dev/shm") -> int:
@@ -216,42 +230,31 @@ def _cut(chunk, bounds: list[int]) -> list[list]:
     return portions
 
 
-def _direct(item, wire: np.dtype) -> bool:
-    """Can this rank's reduction read its input as it is (no zeros, scale or cast)?"""
-    inp = item[1]
-    return inp is not None and item[4] == 1.0 and inp.dtype == wire
-
-
 def _copy_in(pieces, area: np.ndarray, lo: int | None = None, hi: int | None = None) -> None:
     """This rank's *pieces* into its contribution *area*: prescaled, cast, zeros when
     joined.  With *lo*/*hi*, the pieces cover ``area[lo:hi]`` exactly."""
-    if lo is not None and pieces and all(_direct(p[0], area.dtype) for p in pieces):
+    if lo is not None and pieces and all(piece[0].direct for piece in pieces):
         # The common case: one C call packs every piece.
-        np.concatenate([item[1].reshape(-1)[offset:offset + n]
-                        for item, offset, _, n in pieces], out=area[lo:hi])
+        np.concatenate([t.inp[offset:offset + n] for t, offset, _, n in pieces],
+                       out=area[lo:hi])
         return
-    for item, offset, at, n in pieces:
-        inp, pre = item[1], item[4]
+    for tensor, offset, at, n in pieces:
         dst = area[at:at + n]
-        if inp is None:
+        if tensor.inp is None:
             dst.fill(0)
-            continue
-        src = inp.reshape(-1)[offset:offset + n]
-        if pre != 1.0:
-            np.multiply(src, pre, out=dst, casting="unsafe")
+        elif tensor.pre != 1.0:
+            np.multiply(tensor.inp[offset:offset + n], tensor.pre, out=dst, casting="unsafe")
         else:
-            np.copyto(dst, src, casting="unsafe")
+            np.copyto(dst, tensor.inp[offset:offset + n], casting="unsafe")
 
 
-def _deliver(reduced: np.ndarray, piece) -> None:
-    """A reduced piece into this rank's output (postscaled, cast); nothing when joined."""
-    item, offset, _, n = piece
-    out = item[2]
-    if out is None:
+def _deliver(reduced: np.ndarray, tensor: _Tensor, offset: int, n: int) -> None:
+    """Reduced values into this rank's output (postscaled, cast); nothing when joined."""
+    if tensor.out is None:
         return
-    dst = out.reshape(-1)[offset:offset + n]
-    if item[5] != 1.0:
-        np.multiply(reduced, item[5], out=dst, casting="unsafe")
+    dst = tensor.out[offset:offset + n]
+    if tensor.post != 1.0:
+        np.multiply(reduced, tensor.post, out=dst, casting="unsafe")
     else:
         np.copyto(dst, reduced, casting="unsafe")
 
