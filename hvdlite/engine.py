@@ -24,8 +24,8 @@ Idle cost: after a cycle that needs no follow-up anywhere (work that is not
 ready on every rank needs none: the rank that completes it will submit), every
 rank stops cycling and *waits*: it sleeps on its local submission event and
 polls a posted doorbell receive with an interval that grows with the time
-already waited (from 50 µs for a caller blocked on a handle, from the cycle
-time for the engine thread, up to 5 ms).  The first rank with new work sends a
+already waited (for a caller blocked on a handle from 50 µs up to 5 ms, for
+the engine thread from the cycle time up to 20 ms).  The first rank with new work sends a
 one-byte doorbell to every other rank and cycling resumes.  A training step
 that submits its gradients in one burst therefore costs one cycle.  No MPI
 call spins for long while a peer is slow: the status allreduce is non-blocking,
@@ -178,6 +178,9 @@ class Engine:
 
         *wake*: rouse the engine thread now (an asynchronous caller); a caller
         that is about to wait on the handle passes False and drives the engine.
+        Without overlap nothing rouses it: the submitting thread is about to run
+        on the same core, and the engine thread's next look (at most 20 ms away)
+        finds the work anyway, which a waiting caller usually has driven by then.
         """
         key = entry.params.key
         entry.handle._engine = self
@@ -192,7 +195,7 @@ class Engine:
                 )
             self._inflight.add(key)
             self._queue.append(entry)
-        if wake and not self._event.is_set():
+        if wake and self.overlap and not self._event.is_set():
             self._event.set()
         return entry.handle
 
@@ -227,10 +230,15 @@ class Engine:
                 self._event.clear()
                 continue
             if self._waiting and self._queue:
-                # Local work woke us: give the framework time to submit the rest of
-                # its burst, so it is negotiated and fused as one batch (without
+                # Local work is queued: give the framework time to submit the rest
+                # of its burst, so it is negotiated and fused as one batch (without
                 # overlap, time enough for a caller to wait and drive it instead).
-                time.sleep(self._start_delay)
+                try:
+                    left = self._queue[0].submitted + self._start_delay - time.monotonic()
+                except IndexError:  # a caller took it meanwhile
+                    left = 0.0
+                if left > 0:
+                    time.sleep(left)
                 if self._callers:
                     continue
             with self._driver:
