@@ -86,7 +86,13 @@ def _output(out, like: np.ndarray, what: str) -> np.ndarray:
     return out
 
 
-_calling = threading.local()
+class _Calling(threading.local):
+    """Per thread: is the current submission made by a caller that waits on it at once?"""
+
+    sync = False  # a class default: reading it needs no per-thread setup
+
+
+_calling = _Calling()
 
 
 def _sync(async_fn, *args, **kwargs):
@@ -105,7 +111,7 @@ def _submit(st, params: Params, inputs, outputs, grouped=False, splits=None, pay
     handle = Handle(params.name, keepalive=keepalive)
     entry = Entry(params, inputs, outputs, handle, grouped=grouped, splits=splits,
                   payload=payload)
-    return st.engine.submit(entry, wake=not getattr(_calling, "sync", False))
+    return st.engine.submit(entry, wake=not _calling.sync)
 
 
 def _submit_control(kind: Kind, name: str, extra: tuple, payload=None) -> Handle:

@@ -23,21 +23,27 @@ SUPPORTED = frozenset(
 _NAMES = "uint8, int8, int16, int32, int64, float16, float32, float64, bool"
 
 
+# dtype -> its string, for the supported ones (a dict lookup is the cheap check
+# on the submission path, which runs once per tensor).
+_STR_OF = {np.dtype(s): s for s in SUPPORTED}
+
+
 def check_dtype(array: np.ndarray, what: str, op: ReduceOp | None = None) -> str:
     """Return the dtype string of *array* or raise ValueError naming what is supported."""
     dt = array.dtype
-    if dt.str not in SUPPORTED:
+    dtype_str = _STR_OF.get(dt)
+    if dtype_str is None:
         raise ValueError(
             f"{what}: dtype {dt} is not supported. Supported dtypes: {_NAMES} "
             "(cast the array, e.g. with .astype(np.float32))."
         )
-    if op is not None and dt == np.bool_ and op not in (ReduceOp.MIN, ReduceOp.MAX,
+    if op is not None and dt.kind == "b" and op not in (ReduceOp.MIN, ReduceOp.MAX,
                                                        ReduceOp.PRODUCT):
         raise ValueError(
             f"{what}: a bool array can only be reduced with op=Min (and), Max (or) or "
             f"Product (and), not {op.name.capitalize()}; cast to an integer type to sum."
         )
-    return dt.str
+    return dtype_str
 
 
 _WIRE: dict[str, np.dtype] = {}

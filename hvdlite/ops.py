@@ -33,6 +33,8 @@ def resolve_op(op, average, default=Average) -> ReduceOp:
         if average is None:
             return ReduceOp(default)
         return Average if average else Sum
+    if type(op) is ReduceOp:  # the common case, checked first: once per submission
+        return op
     try:
         return ReduceOp(int(op))
     except (ValueError, TypeError):
