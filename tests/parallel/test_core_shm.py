@@ -121,9 +121,10 @@ def test_min_and_max_across_a_chunk_cut():
 def test_a_removed_set_frees_its_shared_window():
     ps = hvd.add_process_set([0, 1])
     if RANK in (0, 1):
-        total = hvd.allreduce(np.full(4, RANK + 1.0), name="shm.pair", op=hvd.Sum,
+        n = SHM_MIN_BYTES // 8 + 5  # large enough for the shared-memory path
+        total = hvd.allreduce(np.full(n, RANK + 1.0), name="shm.pair", op=hvd.Sum,
                               process_set=ps)
-        np.testing.assert_array_equal(total, np.full(4, 3.0))
+        np.testing.assert_array_equal(total, np.full(n, 3.0))
         assert isinstance(_reducer(ps.process_set_id), SharedMemoryAllreduce)
     set_id = ps.process_set_id
     hvd.remove_process_set(ps)
