@@ -25,8 +25,8 @@ ready on every rank needs none: the rank that completes it will submit), every
 rank stops cycling and *waits*: it sleeps on its local submission event and
 polls a posted doorbell receive with an interval that grows with the time
 already waited (for a caller blocked on a handle from 50 µs up to 5 ms, for
-the engine thread from the cycle time up to 20 ms).  The first rank with new work sends a
-one-byte doorbell to every other rank and cycling resumes.  A training step
+the engine thread from the cycle time up to 20 ms).  The first rank with new
+work sends a one-byte doorbell to every other rank and cycling resumes.  A training step
 that submits its gradients in one burst therefore costs one cycle.  No MPI
 call spins for long while a peer is slow: the status allreduce is non-blocking,
 tested in a loop that yields the core for a few milliseconds at most, then
