@@ -6,7 +6,8 @@ mpiexec beside this Python) or directly under ``mpiexec -n 2``.
 Figures (each beside its baseline from the same run):
 - allreduce of 4 KB, 256 KB, 4 MB, 64 MB: hvdlite time / raw ``Allreduce``;
 - 200 arrays of 64 KB submitted async, then all synchronized: hvdlite time / raw
-  copy-into-one-buffer + one ``Allreduce`` + copy-out;
+  copy-into-one-buffer + one ``Allreduce`` + copy-out (and, for information, the
+  same arrays as one ``grouped_allreduce``);
 - CPU used by an idle initialized process over 5 s (% of one core).
 Times are medians over repetitions, hvdlite's and the baseline's alternating, so
 one descheduled iteration on a busy machine does not decide a figure and load
@@ -96,6 +97,12 @@ def run_ranks() -> None:
     # engine entry), before any negotiation or data movement.
     rows.append(("  of which: 200 submissions", statistics.median(submit_times),
                  "copy-in + 1 Allreduce + copy-out", t_mpi))
+    # The same arrays as one grouped submission: one handle, the same data path.
+    t_grouped, t_mpi = _paired_times(
+        lambda: hvd.grouped_allreduce(arrays, name="grouped", op=hvd.Sum, outputs=outs),
+        mpi_many, 5, 15, comm.Barrier)
+    rows.append(("200 x 64 KB grouped (info)", t_grouped, "copy-in + 1 Allreduce + copy-out",
+                 t_mpi))
 
     # Idle cost: an initialized process doing nothing for 5 s.
     comm.Barrier()
