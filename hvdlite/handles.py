@@ -13,6 +13,8 @@ import time
 
 __all__ = ["Handle", "poll", "synchronize"]
 
+_FINISHED = concurrent.futures._base.FINISHED
+
 
 class Handle(concurrent.futures.Future):
     """The pending result of one collective (or one group of them)."""
@@ -26,6 +28,10 @@ class Handle(concurrent.futures.Future):
         self._engine = None  # set at submission; result() helps the engine make progress
 
     def result(self, timeout=None):
+        if self._state == _FINISHED and self._exception is None:
+            # A finished future never changes again, so this needs no lock; waiting
+            # on a burst of handles, all but the first usually are finished.
+            return self._result
         return super().result(self._drive(timeout))
 
     def exception(self, timeout=None):

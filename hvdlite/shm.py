@@ -200,8 +200,8 @@ class _Tensor:
 
     def __init__(self, item, wire: np.dtype):
         _, inp, out, _, self.pre, self.post = item
-        self.inp = None if inp is None else inp.reshape(-1)
-        self.out = None if out is None else out.reshape(-1)
+        self.inp = inp if inp is None or inp.ndim == 1 else inp.reshape(-1)
+        self.out = out if out is None or out.ndim == 1 else out.reshape(-1)
         self.direct = inp is not None and self.pre == 1.0 and inp.dtype == wire
 
 
