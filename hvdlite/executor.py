@@ -41,6 +41,12 @@ _MPI_OPS = {
 }
 
 
+def _shm_takes(shm, items, wire: np.dtype) -> bool:
+    """Whether the set's shared-memory reducer (None: there is none) takes these items.
+    Their sizes are agreed, so every rank answers alike."""
+    return shm is not None and sum(item[3] for item in items) * wire.itemsize >= SHM_MIN_BYTES
+
+
 def split_rows(rows: int, parts: int) -> list[int]:
     """Reducescatter's dim-0 split: as even as possible, the first ranks get the remainder."""
     base, extra = divmod(rows, parts)
@@ -128,7 +134,7 @@ class MPIExecutor:
         items = self._reduction_items(batch, comm.Get_size())
         hierarchical = self.hierarchical is not None and self.hierarchical.applies(comm)
         shm = None if hierarchical else self._shm_of(p0.set_id, comm)
-        if shm is not None and sum(item[3] for item in items) * wire.itemsize >= SHM_MIN_BYTES:
+        if _shm_takes(shm, items, wire):
             shm.allreduce(items, wire, ReduceOp(p0.op))
             self._finish_batch(batch)
             return
@@ -184,7 +190,7 @@ class MPIExecutor:
         shm = None if hierarchical else self._shm_of(batch[0].params.set_id, comm)
         for wire in dict.fromkeys(wires):
             subset = [item for item, w in zip(items, wires, strict=True) if w == wire]
-            if shm is not None:
+            if _shm_takes(shm, subset, wire):
                 shm.allreduce(subset, wire, ReduceOp(batch[0].params.op))
                 continue
             buf = self.pool.get(wire, sum(item[3] for item in subset))

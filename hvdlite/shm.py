@@ -218,13 +218,13 @@ def _cut(chunk, bounds: list[int]) -> list[list]:
     """The pieces of *chunk* in each portion ``[bounds[p], bounds[p + 1])``."""
     portions = [[] for _ in range(len(bounds) - 1)]
     p = 0
-    for item, offset, at, n in chunk:
+    for tensor, offset, at, n in chunk:
         end = at + n
         while at < end:
             while bounds[p + 1] <= at:
                 p += 1
             stop = min(end, bounds[p + 1])
-            portions[p].append((item, offset, at, stop - at))
+            portions[p].append((tensor, offset, at, stop - at))
             offset += stop - at
             at = stop
     return portions
