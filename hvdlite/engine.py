@@ -36,7 +36,6 @@ with sleeps that grow.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import logging
 import os
 import threading
@@ -257,7 +256,6 @@ class Engine:
                 "that would deadlock the engine. Wait on it after the callback returns."
             )
         deadline = None if timeout is None else time.monotonic() + timeout
-        condition = handle._condition
         with self._lock:
             self._callers += 1
         try:
@@ -274,6 +272,7 @@ class Engine:
                     if left <= 0:
                         return
                     pause = min(pause, left)
+                condition = handle._condition
                 with condition:
                     if not handle.done():
                         condition.wait(pause)
@@ -702,11 +701,7 @@ class Engine:
         self._release(entry)
         if entry.params.kind == Kind.JOIN:
             self._joined = False
-        result = entry.result(value)
-        try:
-            entry.handle.set_result(result)
-        except concurrent.futures.InvalidStateError:  # cancelled by the caller
-            pass
+        entry.handle._complete(entry.result(value))
 
     def _fail(self, entry: Entry, message: str) -> None:
         self._release(entry)
@@ -716,7 +711,4 @@ class Engine:
             entry.bit = -1
         if entry in self._uncached:
             self._uncached.remove(entry)
-        try:
-            entry.handle.set_exception(HorovodInternalError(message))
-        except concurrent.futures.InvalidStateError:
-            pass
+        entry.handle._complete(exception=HorovodInternalError(message))
