@@ -135,7 +135,9 @@ class MPIExecutor:
         hierarchical = self.hierarchical is not None and self.hierarchical.applies(comm)
         shm = None if hierarchical else self._shm_of(p0.set_id, comm)
         if _shm_takes(shm, items, wire):
-            shm.allreduce(items, wire, ReduceOp(p0.op))
+            # The batch list stands for its layout: the engine reuses it while the
+            # response cache is unchanged, so the cut is computed once.
+            shm.allreduce(items, wire, ReduceOp(p0.op), layout_key=batch)
             self._finish_batch(batch)
             return
         if hierarchical:

@@ -88,6 +88,7 @@ class SharedMemoryAllreduce:
         # Every rank's areas as bytes, indexed by rank.
         self._contributions = [a[:SLOT_BYTES] for a in areas]
         self._results = [a[SLOT_BYTES:] for a in areas]
+        self._layout_key = self._layout = None  # the last batch's layout, kept for reuse
 
     @classmethod
     def create(cls, comm) -> SharedMemoryAllreduce | None:
@@ -128,81 +129,187 @@ class SharedMemoryAllreduce:
         self._comm.Free()
 
     # ----------------------------------------------------------------- allreduce
-    def allreduce(self, items, wire: np.dtype, op: ReduceOp) -> None:
+    def allreduce(self, items, wire: np.dtype, op: ReduceOp, layout_key=None) -> None:
         """Reduce *items* (``(entry, input, output, count, prescale, postscale)``,
-        input/output None on a joined rank) element-wise across the set."""
-        ufunc = _UFUNCS[op]
-        capacity = SLOT_BYTES // wire.itemsize
-        chunk = []  # pieces: (_Tensor, offset in the tensor, offset in the chunk, count)
-        fill = 0
-        for item in items:
-            tensor = _Tensor(item, wire)
-            count = item[3]
-            done = 0
-            while done < count:
-                n = min(count - done, capacity - fill)
-                chunk.append((tensor, done, fill, n))
-                fill += n
-                done += n
-                if fill == capacity:
-                    self._run_chunk(chunk, fill, wire, ufunc)
-                    chunk, fill = [], 0
-        if chunk:
-            self._run_chunk(chunk, fill, wire, ufunc)
+        input/output None on a joined rank) element-wise across the set.
+
+        *layout_key*: an object standing for the batch's agreed sizes, dtypes and
+        scale factors (the engine passes its batch, which it reuses while the
+        response cache is unchanged); the cut into chunks and portions is kept
+        while the same key comes back.
+        """
+        layout = self._layout_key is layout_key and self._layout
+        if not layout:
+            layout = _Layout(items, wire, SLOT_BYTES // wire.itemsize, self._size)
+            if layout_key is not None:
+                self._layout_key, self._layout = layout_key, layout
+        step = _Step(items, layout, wire, _UFUNCS[op])
+        for fill, bounds, portions in layout.chunks:
+            self._run_chunk(step, fill, bounds, portions)
 
     def _sync(self) -> None:
         self._win.Sync()
         self._comm.Barrier()
         self._win.Sync()
 
-    def _run_chunk(self, chunk, fill: int, wire: np.dtype, ufunc) -> None:
-        size, rank = self._size, self._rank
-        nbytes = fill * wire.itemsize
-        contributions = [a[:nbytes].view(wire) for a in self._contributions]
-        bounds = [fill * p // size for p in range(size + 1)]
-        portions = _cut(chunk, bounds)
+    def _run_chunk(self, step: _Step, fill: int, bounds: list[int], portions) -> None:
+        rank = self._rank
+        nbytes = fill * step.wire.itemsize
+        contributions = [a[:nbytes].view(step.wire) for a in self._contributions]
         mine = contributions[rank]
         for p, pieces in enumerate(portions):
             if p != rank:
-                _copy_in(pieces, mine, bounds[p], bounds[p + 1])
+                step.copy_in(pieces, mine, bounds[p], bounds[p + 1])
             else:  # this rank's own data is read where it is, unless it needs a cast
-                _copy_in([piece for piece in pieces if not piece[0].direct], mine)
+                step.copy_in([piece for piece in pieces if not step.direct[piece[0]]], mine)
         self._sync()
         lo = bounds[rank]
-        result = self._results[rank][:nbytes].view(wire)
-        block = BLOCK_BYTES // wire.itemsize
-        for tensor, offset, at, n in portions[rank]:
-            # A block at a time, so the delivery reads the reduced values from cache.
+        step.reduce_own(portions[rank], contributions, rank,
+                        self._results[rank][:nbytes].view(step.wire), lo)
+        self._sync()
+        for p, pieces in enumerate(portions):
+            if p != rank:
+                step.copy_out(pieces, self._results[p][:nbytes].view(step.wire), bounds[p])
+
+
+class _Layout:
+    """What every rank derives alike from a batch's agreed facts: its chunks, each
+    chunk's portion bounds and the pieces of items in each portion, plus per item
+    its element count, scale factors, and whether its input is already in the wire
+    dtype.  A piece is ``(item index, offset in the item, offset in the chunk, count)``."""
+
+    __slots__ = ("chunks", "counts", "pre", "post", "wire_typed")
+
+    def __init__(self, items, wire: np.dtype, capacity: int, size: int):
+        self.counts = [item[3] for item in items]
+        self.pre = [item[4] for item in items]
+        self.post = [item[5] for item in items]
+        # Unknown on a joined rank (no arrays): False only costs the general path.
+        self.wire_typed = [item[1] is not None and item[1].dtype == wire for item in items]
+        self.chunks = []
+        chunk, fill = [], 0
+        for index, count in enumerate(self.counts):
+            done = 0
+            while done < count:
+                n = min(count - done, capacity - fill)
+                chunk.append((index, done, fill, n))
+                fill += n
+                done += n
+                if fill == capacity:
+                    self._add(chunk, fill, size)
+                    chunk, fill = [], 0
+        if chunk:
+            self._add(chunk, fill, size)
+
+    def _add(self, chunk, fill: int, size: int) -> None:
+        bounds = [fill * p // size for p in range(size + 1)]
+        self.chunks.append((fill, bounds, _cut(chunk, bounds)))
+
+
+class _Step:
+    """One allreduce's arrays over its layout: flat views of each item's input and
+    output, and which items this rank may read in place (*direct*: no zeros for a
+    joined rank, no prescale, no cast) or also reduce straight into their output
+    (*plain*: direct and no postscale)."""
+
+    __slots__ = ("ins", "outs", "direct", "plain", "layout", "wire", "ufunc", "block")
+
+    def __init__(self, items, layout: _Layout, wire: np.dtype, ufunc):
+        self.ins = [x if x is None or x.ndim == 1 else x.reshape(-1) for _, x, *_ in items]
+        self.outs = [x if x is None or x.ndim == 1 else x.reshape(-1) for _, _, x, *_ in items]
+        self.direct = [typed and pre == 1.0 and x is not None
+                       for typed, pre, x in zip(layout.wire_typed, layout.pre, self.ins)]
+        self.plain = [d and post == 1.0 for d, post in zip(self.direct, layout.post)]
+        self.layout = layout
+        self.wire = wire
+        self.ufunc = ufunc
+        self.block = BLOCK_BYTES // wire.itemsize
+
+    def copy_in(self, pieces, area: np.ndarray, lo: int | None = None,
+                hi: int | None = None) -> None:
+        """This rank's *pieces* into its contribution *area*: prescaled, cast, zeros when
+        joined.  With *lo*/*hi*, the pieces cover ``area[lo:hi]`` exactly."""
+        ins, direct, counts = self.ins, self.direct, self.layout.counts
+        if lo is not None and pieces and all(direct[piece[0]] for piece in pieces):
+            # The common case: one C call packs every piece.
+            np.concatenate([ins[i] if n == counts[i] else ins[i][offset:offset + n]
+                            for i, offset, _, n in pieces], out=area[lo:hi])
+            return
+        pre = self.layout.pre
+        for i, offset, at, n in pieces:
+            dst = area[at:at + n]
+            if ins[i] is None:
+                dst.fill(0)
+            elif pre[i] != 1.0:
+                np.multiply(ins[i][offset:offset + n], pre[i], out=dst, casting="unsafe")
+            else:
+                np.copyto(dst, ins[i][offset:offset + n], casting="unsafe")
+
+    def reduce_own(self, pieces, contributions, rank: int, result: np.ndarray,
+                   lo: int) -> None:
+        """Reduce this rank's portion (*pieces*) into *result* (its result area, whose
+        element 0 is chunk element *lo*) and into this rank's outputs."""
+        ins, outs, plain, counts = self.ins, self.outs, self.plain, self.layout.counts
+        ufunc, block = self.ufunc, self.block
+        others = contributions[:rank] + contributions[rank + 1:]
+        group, group_at, group_n = [], 0, 0  # reduced outputs awaiting one copy to result
+        for i, offset, at, n in pieces:
+            if plain[i] and n <= block:
+                # Reduce straight into the output (own data first, then the peers' in
+                # rank order); the result area gets a copy, many pieces per call.
+                inp, out = ins[i], outs[i]
+                if n != counts[i]:
+                    inp, out = inp[offset:offset + n], out[offset:offset + n]
+                ufunc(inp, others[0][at:at + n], out=out)
+                for other in others[1:]:
+                    ufunc(out, other[at:at + n], out=out)
+                if not group:
+                    group_at = at
+                group.append(out)
+                group_n += n
+                if group_n >= block:
+                    np.concatenate(group, out=result[group_at - lo:group_at - lo + group_n])
+                    group, group_n = [], 0
+                continue
+            if group:
+                np.concatenate(group, out=result[group_at - lo:group_at - lo + group_n])
+                group, group_n = [], 0
+            # A block at a time into the result area, so the delivery reads the
+            # reduced values from cache.
             for start in range(0, n, block):
                 m = min(block, n - start)
                 a, o = at + start, offset + start
                 parts = [c[a:a + m] for c in contributions]
-                if tensor.direct:
-                    parts[rank] = tensor.inp[o:o + m]
+                if self.direct[i]:
+                    parts[rank] = ins[i][o:o + m]
                 dst = result[a - lo:a - lo + m]
                 _reduce(ufunc, parts, dst)
-                _deliver(dst, tensor, o, m)
-        self._sync()
-        for p, pieces in enumerate(portions):
-            if p == rank:
-                continue
-            peer, start = self._results[p][:nbytes].view(wire), bounds[p]
-            for tensor, offset, at, n in pieces:
-                _deliver(peer[at - start:at - start + n], tensor, offset, n)
+                self._deliver(dst, i, o, m)
+        if group:
+            np.concatenate(group, out=result[group_at - lo:group_at - lo + group_n])
 
+    def copy_out(self, pieces, peer_result: np.ndarray, start: int) -> None:
+        """A peer's reduced portion (its result area, element 0 = chunk element *start*)
+        into this rank's outputs."""
+        outs, plain, counts = self.outs, self.plain, self.layout.counts
+        for i, offset, at, n in pieces:
+            src = peer_result[at - start:at - start + n]
+            if plain[i]:
+                np.copyto(outs[i] if n == counts[i] else outs[i][offset:offset + n], src)
+            else:
+                self._deliver(src, i, offset, n)
 
-class _Tensor:
-    """One item of a batch as this path uses it: flat views of its arrays, its scale
-    factors, and whether this rank's reduction can read its input where it is (no
-    zeros for a joined rank, no scale, no cast)."""
-
-    __slots__ = ("inp", "out", "pre", "post", "direct")
-
-    def __init__(self, item, wire: np.dtype):
-        _, inp, out, _, self.pre, self.post = item
-        self.inp = inp if inp is None or inp.ndim == 1 else inp.reshape(-1)
-        self.out = out if out is None or out.ndim == 1 else out.reshape(-1)
-        self.direct = inp is not None and self.pre == 1.0 and inp.dtype == wire
+    def _deliver(self, reduced: np.ndarray, i: int, offset: int, n: int) -> None:
+        """Reduced values into item *i*'s output (postscaled, cast); nothing when joined."""
+        out = self.outs[i]
+        if out is None:
+            return
+        dst = out[offset:offset + n]
+        post = self.layout.post[i]
+        if post != 1.0:
+            np.multiply(reduced, post, out=dst, casting="unsafe")
+        else:
+            np.copyto(dst, reduced, casting="unsafe")
 
 
 def _free_shm_bytes(path: str = "/dev/shm") -> int:
@@ -228,35 +335,6 @@ def _cut(chunk, bounds: list[int]) -> list[list]:
             offset += stop - at
             at = stop
     return portions
-
-
-def _copy_in(pieces, area: np.ndarray, lo: int | None = None, hi: int | None = None) -> None:
-    """This rank's *pieces* into its contribution *area*: prescaled, cast, zeros when
-    joined.  With *lo*/*hi*, the pieces cover ``area[lo:hi]`` exactly."""
-    if lo is not None and pieces and all(piece[0].direct for piece in pieces):
-        # The common case: one C call packs every piece.
-        np.concatenate([t.inp[offset:offset + n] for t, offset, _, n in pieces],
-                       out=area[lo:hi])
-        return
-    for tensor, offset, at, n in pieces:
-        dst = area[at:at + n]
-        if tensor.inp is None:
-            dst.fill(0)
-        elif tensor.pre != 1.0:
-            np.multiply(tensor.inp[offset:offset + n], tensor.pre, out=dst, casting="unsafe")
-        else:
-            np.copyto(dst, tensor.inp[offset:offset + n], casting="unsafe")
-
-
-def _deliver(reduced: np.ndarray, tensor: _Tensor, offset: int, n: int) -> None:
-    """Reduced values into this rank's output (postscaled, cast); nothing when joined."""
-    if tensor.out is None:
-        return
-    dst = tensor.out[offset:offset + n]
-    if tensor.post != 1.0:
-        np.multiply(reduced, tensor.post, out=dst, casting="unsafe")
-    else:
-        np.copyto(dst, reduced, casting="unsafe")
 
 
 def _reduce(ufunc, parts: list[np.ndarray], out: np.ndarray) -> None:

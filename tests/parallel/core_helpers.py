@@ -95,9 +95,9 @@ def spy_on_shared_memory(monkeypatch) -> list[int]:
     calls = []
     real = SharedMemoryAllreduce.allreduce
 
-    def spy(self, items, wire, op):
+    def spy(self, items, wire, op, **kwargs):
         calls.append(len(items))
-        return real(self, items, wire, op)
+        return real(self, items, wire, op, **kwargs)
 
     monkeypatch.setattr(SharedMemoryAllreduce, "allreduce", spy)
     return calls

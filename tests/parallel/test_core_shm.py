@@ -75,6 +75,25 @@ def test_pieces_cut_between_the_ranks_portions_in_place_and_scaled():
     assert same_everywhere(np.concatenate(avg).tobytes())
 
 
+def test_a_training_loop_reuses_the_layout_with_new_values_every_step():
+    # The same names every step: the engine reuses its batch and the reducer its cut,
+    # while the arrays and their values change.  Mixed sizes put pieces on both sides
+    # of the portion bounds; odd steps reduce in place, and each rank reduces its own
+    # portion straight into its outputs.
+    sizes = [16_384, 5, 70_001, 16_384, 33]
+    for step in range(4):
+        xs = [np.arange(n, dtype=np.float32) % 251 + RANK + step for n in sizes]
+        handles = [hvd.allreduce_async(x, name=f"shm.loop.{i}", op=hvd.Sum,
+                                       output=x if step % 2 else None)
+                   for i, x in enumerate(xs)]
+        outs = [hvd.synchronize(h) for h in handles]
+        for n, x, o in zip(sizes, xs, outs, strict=True):
+            assert (o is x) == bool(step % 2)
+            np.testing.assert_array_equal(
+                o, (np.arange(n) % 251 + step) * SIZE + SIZE * (SIZE - 1) // 2)
+    assert same_everywhere(np.concatenate(outs).tobytes())
+
+
 def test_a_last_chunk_smaller_than_the_set_is_cut_right():
     # The second chunk holds one element: some ranks' portions of it are empty.
     n = SLOT_BYTES // 4 + 1
