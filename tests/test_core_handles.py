@@ -80,16 +80,15 @@ def test_concurrent_futures_wait_sees_completions():
 def test_completion_racing_with_callbacks_never_loses_one():
     # Callbacks added from another thread while the engine completes the handle:
     # each runs exactly once, whichever side wins.
+    def add(h, calls, start):
+        start.wait()
+        h.add_done_callback(calls.append)
+
     for _ in range(200):
         h = Handle("h")
         calls = []
         start = threading.Barrier(2)
-
-        def add():
-            start.wait()
-            h.add_done_callback(calls.append)
-
-        t = threading.Thread(target=add)
+        t = threading.Thread(target=add, args=(h, calls, start))
         t.start()
         start.wait()
         h._complete(None)

@@ -47,7 +47,8 @@ def test_pure_modules_do_not_start_mpi():
     # The modules tested here are pure logic: importing them must not initialize MPI.
     # (Checked in a fresh interpreter: other test files in this run may have started it.)
     code = ("import sys, hvdlite.coordinator, hvdlite.response_cache, hvdlite.fusion, "
-            "hvdlite.config, hvdlite.messages, hvdlite.handles; assert 'mpi4py.MPI' not in sys.modules")
+            "hvdlite.config, hvdlite.messages, hvdlite.handles; "
+            "assert 'mpi4py.MPI' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
                    env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
 
