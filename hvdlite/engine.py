@@ -53,7 +53,7 @@ from .handles import Handle
 from .messages import (
     CACHEABLE, RESPONSE_ERROR, RESPONSE_OK, Kind, Params, Response,
 )
-from .response_cache import HIT, INVALID, ResponseCache
+from .response_cache import HIT, INVALID, ResponseCache, set_bits
 
 __all__ = ["Engine", "Entry"]
 
@@ -533,13 +533,21 @@ class Engine:
         responses: list[Response] = []
         if flags & (_UNCACHED | _STALL):
             responses = self._negotiate(bool(flags & _STALL))
-        cached = []
-        for bit in _bits(ready):
-            cached.append(self.cache.get(bit))
-            self.cache.touch(bit)
-            self._unhit(bit, to_coordinator=False)
-        self._execute(cached + responses if responses else cached,
-                      ready if not responses else None)
+        if ready:
+            bits = set_bits(ready)
+            self.cache.touch_all(bits)
+            hits = self._hits
+            for bit in bits:
+                entry = hits.pop(bit, None)
+                if entry is not None:
+                    entry.bit = -1
+            self._hit_mask &= ~ready
+            if responses:
+                self._execute([self.cache.get(bit) for bit in bits] + responses)
+            else:
+                self._execute_cached(ready, bits)
+        elif responses:
+            self._execute(responses)
         for response in responses:
             if response.status == RESPONSE_OK and response.params.kind in CACHEABLE:
                 self._cache_put(response)
@@ -602,11 +610,24 @@ class Engine:
         return self.comm.bcast(responses, root=0)
 
     # ---------------------------------------------------------------- execution
-    def _execute(self, responses: list[Response], ready: int | None = None) -> bool:
-        """Run *responses*; *ready*: the cache bits they came from, when all are cached."""
-        if not responses:
-            return False
-        for batch in self._plan(responses, ready):
+    def _execute_cached(self, ready: int, bits: list[int]) -> None:
+        """Run the cached responses of *bits* (the bits of *ready*, ascending).
+
+        A training loop readies the same bits every step, so the fusion plan of
+        the last all-cached cycle is kept while the cache is unchanged.
+        """
+        key = (ready, self.cache.version)
+        if self._last_plan[0] != key:
+            responses = [self.cache.get(bit) for bit in bits]
+            self._last_plan = (key, plan_batches(responses, self._threshold))
+        self._run_batches(self._last_plan[1])
+
+    def _execute(self, responses: list[Response]) -> None:
+        """Run *responses*, fused into batches."""
+        self._run_batches(plan_batches(responses, self._threshold))
+
+    def _run_batches(self, batches: list[list[Response]]) -> None:
+        for batch in batches:
             first = batch[0]
             if first.status == RESPONSE_ERROR:
                 entry = self._pending.get(first.key)
@@ -627,17 +648,6 @@ class Engine:
                 self.executor.run_batch(batch)
                 if timeline is not None:
                     timeline.end_batch(batch)
-        return True
-
-    def _plan(self, responses: list[Response], ready: int | None) -> list[list[Response]]:
-        """The fusion plan; a training loop readies the same cached bits every step,
-        so the plan of the last all-cached cycle is kept while the cache is unchanged."""
-        if ready is None:
-            return plan_batches(responses, self._threshold)
-        key = (ready, self.cache.version)
-        if self._last_plan[0] != key:
-            self._last_plan = (key, plan_batches(responses, self._threshold))
-        return self._last_plan[1]
 
     def _finish_join(self, response: Response) -> None:
         self._joined = False

@@ -17,9 +17,15 @@ from collections import OrderedDict
 
 from .messages import Params, Response
 
-__all__ = ["ResponseCache", "HIT", "MISS", "INVALID"]
+__all__ = ["ResponseCache", "HIT", "MISS", "INVALID", "set_bits"]
 
 HIT, MISS, INVALID = 0, 1, 2
+
+
+def set_bits(mask: int) -> list[int]:
+    """The positions of the set bits of *mask*, ascending (a training step readies
+    hundreds of bits at once; one pass over the binary digits beats bit tricks)."""
+    return [i for i, digit in enumerate(reversed(bin(mask))) if digit == "1"]
 
 
 class ResponseCache:
@@ -85,6 +91,12 @@ class ResponseCache:
 
     def touch(self, bit: int) -> None:
         self._lru.move_to_end(bit)
+
+    def touch_all(self, bits) -> None:
+        """Mark *bits* used, in order."""
+        move = self._lru.move_to_end
+        for bit in bits:
+            move(bit)
 
     def erase(self, bit: int) -> None:
         if self._responses[bit] is not None:

@@ -27,7 +27,7 @@ from hvdlite.messages import (
     field_label,
 )
 from hvdlite.ops import ReduceOp, resolve_op
-from hvdlite.response_cache import HIT, INVALID, MISS, ResponseCache
+from hvdlite.response_cache import HIT, INVALID, MISS, ResponseCache, set_bits
 
 F32, F64, F16, I32, U8, B = (np.dtype(t).str for t in
                              (np.float32, np.float64, np.float16, np.int32, np.uint8, np.bool_))
@@ -313,6 +313,27 @@ def test_cache_version_changes_only_when_a_bit_changes_meaning():
     assert v2 != v1
     cache.erase(bit)
     assert cache.version != v2
+
+
+def test_set_bits_lists_positions_ascending():
+    assert set_bits(0) == []
+    assert set_bits(1) == [0]
+    assert set_bits(0b1011000) == [3, 4, 6]
+    rng = random.Random(7)
+    for _ in range(50):
+        mask = rng.getrandbits(700)
+        assert set_bits(mask) == [b for b in range(700) if mask >> b & 1]
+
+
+def test_cache_touch_all_orders_eviction_like_touch():
+    a, b = ResponseCache(3), ResponseCache(3)
+    for cache in (a, b):
+        for i in range(3):
+            cache.put(ok(P(f"n{i}")))
+    a.touch_all([0, 2])
+    b.touch(0)
+    b.touch(2)
+    assert a.put(ok(P("n3"))) == b.put(ok(P("n3"))) == 1
 
 
 def test_cache_erase_and_erase_set():
