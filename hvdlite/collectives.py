@@ -37,6 +37,8 @@ __all__ = [
 
 # ------------------------------------------------------------------ helpers
 def _members(st, process_set: ProcessSet, what: str) -> tuple[int, list[int]]:
+    if process_set is global_process_set:  # the common case: every rank is a member
+        return 0, process_set.ranks
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"{what}: process_set must be a hvd.ProcessSet, got "
                          f"{type(process_set).__name__}.")
@@ -108,10 +110,9 @@ def _sync(async_fn, *args, **kwargs):
 
 def _submit(st, params: Params, inputs, outputs, grouped=False, splits=None, payload=None,
             keepalive=None) -> Handle:
-    handle = Handle(params.name, keepalive=keepalive)
-    entry = Entry(params, inputs, outputs, handle, grouped=grouped, splits=splits,
-                  payload=payload)
-    return st.engine.submit(entry, wake=not _calling.sync)
+    handle = Handle(params.name, keepalive)
+    entry = Entry(params, inputs, outputs, handle, grouped, splits, payload)
+    return st.engine.submit(entry, not _calling.sync)
 
 
 def _submit_control(kind: Kind, name: str, extra: tuple, payload=None) -> Handle:

@@ -67,6 +67,7 @@ _JOINED = 8  # a rank has joined: everything goes through the coordinator
 _STALL = 16  # a rank wants a stall check
 _INVALID = 32  # a rank saw changed parameters under a cached name
 
+_JOIN = int(Kind.JOIN)
 _DOORBELL_TAG = 77
 #: Without overlap, the engine thread starts negotiating asynchronous work itself
 #: after this many seconds, so work that nobody waits on still completes.
@@ -78,12 +79,13 @@ _ALL_ONES = (1 << 64) - 1
 class Entry:
     """One submitted collective (a single tensor or a group), owned by the engine thread."""
 
-    __slots__ = ("params", "inputs", "outputs", "handle", "submitted", "grouped", "splits",
-                 "payload", "bit", "sent")
+    __slots__ = ("params", "key", "inputs", "outputs", "handle", "submitted", "grouped",
+                 "splits", "payload", "bit", "sent")
 
     def __init__(self, params: Params, inputs, outputs, handle: Handle, grouped=False,
                  splits=None, payload=None):
         self.params = params
+        self.key = (params.set_id, params.name)  # params.key, computed once
         self.inputs = inputs
         self.outputs = outputs
         self.handle = handle
@@ -138,7 +140,8 @@ class Engine:
         self._some_joined = False
         self.cache = ResponseCache(config.cache_capacity)
         self.coordinator = Coordinator(self.size, sets.members.get) if self.rank == 0 else None
-        self.executor = MPIExecutor(self._pending.get, self._finish, self._comm_of, self.rank)
+        self.executor = MPIExecutor(self._pending.get, self._finish, self._comm_of, self.rank,
+                                    self._finish_keys)
         self.executor.hierarchical = hierarchical
         self.executor.shared_memory = not config.shm_allreduce_disable
         self._orderly_stop = False  # every rank agreed to stop (collective clean-up is safe)
@@ -181,7 +184,7 @@ class Engine:
         on the same core, and the engine thread's next look (at most 20 ms away)
         finds the work anyway, which a waiting caller usually has driven by then.
         """
-        key = entry.params.key
+        key = entry.key
         entry.handle._engine = self
         with self._lock:
             if self._stopped:
@@ -429,17 +432,17 @@ class Engine:
     # -------------------------------------------------------------------- cycle
     def _admit(self, entry: Entry) -> None:
         params = entry.params
-        self._pending[params.key] = entry
+        self._pending[entry.key] = entry
         if params.set_id not in self.sets.members:
             self._fail(entry, f"process set {params.set_id} of {params.name!r} is not "
                               "registered (was it removed?)")
             return
-        if params.kind == Kind.JOIN:
+        if params.kind == _JOIN:
             self._joined = True
         if self._some_joined or params.kind not in CACHEABLE:
             self._uncached.append(entry)
             return
-        state, bit = self.cache.lookup(params)
+        state, bit = self.cache.lookup(params, entry.key)
         if state == HIT:
             entry.bit = bit
             self._hits[bit] = entry
@@ -702,16 +705,28 @@ class Engine:
 
     # --------------------------------------------------------------- completion
     def _release(self, entry: Entry) -> None:
-        key = entry.params.key
+        key = entry.key
         self._pending.pop(key, None)
         with self._lock:
             self._inflight.discard(key)
 
     def _finish(self, entry: Entry, value) -> None:
         self._release(entry)
-        if entry.params.kind == Kind.JOIN:
+        if entry.params.kind == _JOIN:
             self._joined = False
         entry.handle._complete(entry.result(value))
+
+    def _finish_keys(self, keys) -> None:
+        """Finish the local entries of *keys* with their outputs (a batch that ran):
+        what _finish does per entry, with the in-flight set locked once."""
+        pending = self._pending
+        entries = [pending.pop(key) for key in keys if key in pending]
+        with self._lock:
+            discard = self._inflight.discard
+            for entry in entries:
+                discard(entry.key)
+        for entry in entries:
+            entry.handle._complete(entry.result(None))
 
     def _fail(self, entry: Entry, message: str) -> None:
         self._release(entry)

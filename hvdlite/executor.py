@@ -69,9 +69,11 @@ class MPIExecutor:
     """Executes batches of OK responses; knows nothing about negotiation."""
 
     def __init__(self, lookup: Callable, finish: Callable, comm_of: Callable,
-                 world_rank: int):
+                 world_rank: int, finish_keys: Callable | None = None):
         self._lookup = lookup  # key -> local Entry or None (joined / not a member)
         self._finish = finish  # (entry, value) -> None
+        # keys -> None: finish the local entries of these keys with their outputs
+        self._finish_keys = finish_keys or self._finish_each
         self._comm_of = comm_of  # set_id -> (comm, ranks) or (None, ranks)
         self.world_rank = world_rank
         self.pool = BufferPool()
@@ -260,8 +262,11 @@ class MPIExecutor:
                 np.copyto(out.reshape(-1), view, casting="unsafe")
 
     def _finish_batch(self, batch) -> None:
-        for response in batch:
-            entry = self._lookup(response.key)
+        self._finish_keys([response.key for response in batch])
+
+    def _finish_each(self, keys) -> None:
+        for key in keys:
+            entry = self._lookup(key)
             if entry is not None:
                 self._finish(entry, None)
 

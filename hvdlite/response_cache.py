@@ -49,9 +49,9 @@ class ResponseCache:
     def __len__(self) -> int:
         return len(self._bit_of)
 
-    def lookup(self, params: Params) -> tuple[int, int]:
-        """(HIT|MISS|INVALID, bit) for a local request."""
-        bit = self._bit_of.get(params.key)
+    def lookup(self, params: Params, key: tuple | None = None) -> tuple[int, int]:
+        """(HIT|MISS|INVALID, bit) for a local request (*key*: its ``params.key``)."""
+        bit = self._bit_of.get(params.key if key is None else key)
         if bit is None:
             return MISS, -1
         if self._responses[bit].params == params:
