@@ -158,6 +158,8 @@ class Engine:
         self._stall_enabled = not config.stall_check_disable and self.size > 1
         self._next_stall_check = time.monotonic() + min(self._stall_warn, 5.0)
         self._doorbell_buf = np.zeros(1, dtype=np.uint8)
+        self._doorbell_out = np.ones(1, dtype=np.uint8)  # what a ring sends (never written)
+        self._peers = [r for r in range(self.size) if r != self.rank]
         self._doorbell_req = None
         self._doorbells_seen = 0
         self._rang = False
@@ -383,10 +385,9 @@ class Engine:
         return False
 
     def _ring(self) -> None:
-        one = np.ones(1, dtype=np.uint8)
-        requests = [self.comm.Isend(one, dest=r, tag=_DOORBELL_TAG)
-                    for r in range(self.size) if r != self.rank]
-        MPI.Request.Waitall(requests)
+        if self._peers:
+            MPI.Request.Waitall([self.comm.Isend(self._doorbell_out, dest=r, tag=_DOORBELL_TAG)
+                                 for r in self._peers])
         self._rang = True
 
     def _drain_doorbells(self, wakers: int) -> None:

@@ -129,7 +129,7 @@ class MPIExecutor:
     def _allreduce(self, batch, comm) -> None:
         p0 = batch[0].params
         wire = reduce_dtype(p0.dtypes[0])
-        op = _MPI_OPS[ReduceOp(p0.op)]
+        op = _MPI_OPS[p0.op]  # ReduceOp is an IntEnum: the int finds it
         if len(p0.dtypes) > 1 and any(reduce_dtype(d) != wire for d in p0.dtypes):
             self._allreduce_mixed(batch, comm, op)
             return
@@ -139,7 +139,7 @@ class MPIExecutor:
         if _shm_takes(shm, items, wire):
             # The batch list stands for its layout: the engine reuses it while the
             # response cache is unchanged, so the cut is computed once.
-            shm.allreduce(items, wire, ReduceOp(p0.op), layout_key=batch)
+            shm.allreduce(items, wire, p0.op, layout_key=batch)
             self._finish_batch(batch)
             return
         if hierarchical:

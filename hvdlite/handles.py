@@ -90,11 +90,13 @@ class Handle(concurrent.futures.Future):
         return False
 
     def result(self, timeout=None):
+        if self._state != _FINISHED:
+            timeout = self._drive(timeout)
         if self._state == _FINISHED and self._exception is None:
-            # A finished handle never changes again, so this needs no lock; waiting
-            # on a burst of handles, all but the first usually are finished.
+            # A finished handle never changes again, so this needs no lock (nor the
+            # condition, which a handle that was driven to completion never made).
             return self._result
-        return super().result(self._drive(timeout))
+        return super().result(timeout)
 
     def exception(self, timeout=None):
         return super().exception(self._drive(timeout))

@@ -25,7 +25,9 @@ def test_a_handle_is_a_future_that_completes_once():
     h._complete(41)
     h._complete(42)  # a second completion is ignored
     assert h.done() and poll(h) and not h.running()
-    assert h.result() == 41 and synchronize(h) == 41 and h.exception() is None
+    assert h.result() == 41 and synchronize(h) == 41
+    assert h._lock_made is None  # nobody had to wait: no lock was ever made
+    assert h.exception() is None
 
 
 def test_a_failed_handle_raises_its_error():
