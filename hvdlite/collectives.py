@@ -183,7 +183,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     name = _name(st, "allreduce", name, set_id)
     params = Params(set_id, name, int(Kind.ALLREDUCE), (dtype,),
                     (array.shape,), int(rop), -1, pre, post, (), "cpu")
-    return _submit(st, params, [array], [out], keepalive=(array, out))
+    # Tuples of arrays: the garbage collector stops tracking them (lists it would not).
+    return _submit(st, params, (array,), (out,))
 
 
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,

@@ -97,9 +97,13 @@ class Entry:
         self.sent = False
 
     def result(self, value):
+        """What the handle returns: *value*, or (None) the outputs; a single tensor's
+        entry returns its one output, not a sequence."""
         if value is None:
             value = self.outputs
-        if isinstance(value, list) and not self.grouped:
+            if not self.grouped:
+                return value[0] if value else None
+        elif isinstance(value, list) and not self.grouped:
             return value[0] if value else None
         return value
 

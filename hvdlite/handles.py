@@ -31,13 +31,17 @@ class Handle(concurrent.futures.Future):
     engine completes it with :meth:`_complete`, which needs no lock until then.
     """
 
+    # Until the condition is made, nothing can wait or register a callback (Future
+    # does both under the condition), so these empty class defaults stand in for
+    # the lists: fewer objects per handle for the garbage collector to track.
+    _waiters: list | tuple = ()
+    _done_callbacks: list | tuple = ()
+
     def __init__(self, name: str, keepalive=None, convert=None):
         # Future.__init__ is not called: it would make the lock right away.
         self._state = _PENDING
         self._result = None
         self._exception = None
-        self._waiters = []
-        self._done_callbacks = []
         self._lock_made = None
         self.name = name
         self._keepalive = keepalive
@@ -47,12 +51,15 @@ class Handle(concurrent.futures.Future):
 
     @property
     def _condition(self) -> threading.Condition:
-        """The Future's condition, made on first use (exactly once, whichever thread asks)."""
+        """The Future's condition, made on first use (exactly once, whichever thread
+        asks), together with the lists it guards."""
         condition = self._lock_made
         if condition is None:
             with _making_conditions:
                 condition = self._lock_made
                 if condition is None:
+                    self._waiters = []
+                    self._done_callbacks = []
                     condition = self._lock_made = threading.Condition()
         return condition
 

@@ -96,3 +96,12 @@ def test_completion_racing_with_callbacks_never_loses_one():
         h._complete(None)
         t.join(30)
         assert calls == [h]
+
+
+def test_each_handle_gets_its_own_lists_with_its_condition():
+    a, b = Handle("a"), Handle("b")
+    assert a._condition is a._condition  # made once
+    assert a._waiters == [] and a._done_callbacks == []
+    assert b._waiters == () and b._lock_made is None  # b untouched
+    b.add_done_callback(lambda f: None)
+    assert a._done_callbacks == [] and len(b._done_callbacks) == 1
