@@ -10,10 +10,12 @@ chunk is cut into one *portion* per rank, reduced by that rank alone:
    the wire dtype) into its contribution area;
 2. ``MPI_Win_sync`` + barrier + ``MPI_Win_sync`` (the MPI-3 idiom that makes
    the stores before it visible to the other ranks);
-3. every rank reduces its own portion, in rank order, reading its own data
-   where it is and the peers' from their contribution areas, into its result
-   area, a cache-sized block at a time, handing each block on to its outputs
-   (postscaled) while it is still in cache;
+3. every rank reduces its own portion, reading its own data where it is and
+   the peers' from their contribution areas.  A piece up to a cache-sized block
+   that needs no scale or cast is reduced straight into its output and copied
+   to the rank's result area a block of pieces at a time; anything else is
+   reduced into the result area a block at a time and handed on to its outputs
+   (postscaled, cast) while it is still in cache;
 4. sync + barrier + sync again;
 5. every rank copies the peers' portions from their result areas to its outputs.
 
