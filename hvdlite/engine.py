@@ -108,13 +108,6 @@ class Entry:
         return value
 
 
-def _bits(mask: int):
-    while mask:
-        low = mask & -mask
-        yield low.bit_length() - 1
-        mask ^= low
-
-
 class Engine:
     """The per-process background engine (see the module docstring for the cycle)."""
 
@@ -525,7 +518,7 @@ class Engine:
             invalid = ~(value >> (_WORD + 2 * width)) & full
             self._invalid_mask = 0
             if invalid:
-                for bit in _bits(invalid):
+                for bit in set_bits(invalid):
                     self._unhit(bit, to_coordinator=True)
                     self._cache_erase(bit)
             ready = all_hit & any_hit & ~invalid
@@ -534,7 +527,7 @@ class Engine:
         if self._some_joined:
             # While a rank is joined everything is negotiated by the coordinator
             # (decided from the global flag, so every rank drops the same bits).
-            for bit in list(_bits(self._hit_mask)):
+            for bit in set_bits(self._hit_mask):
                 self._unhit(bit, to_coordinator=True)
             ready = 0
 

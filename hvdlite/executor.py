@@ -69,11 +69,11 @@ class MPIExecutor:
     """Executes batches of OK responses; knows nothing about negotiation."""
 
     def __init__(self, lookup: Callable, finish: Callable, comm_of: Callable,
-                 world_rank: int, finish_keys: Callable | None = None):
+                 world_rank: int, finish_keys: Callable):
         self._lookup = lookup  # key -> local Entry or None (joined / not a member)
         self._finish = finish  # (entry, value) -> None
         # keys -> None: finish the local entries of these keys with their outputs
-        self._finish_keys = finish_keys or self._finish_each
+        self._finish_keys = finish_keys
         self._comm_of = comm_of  # set_id -> (comm, ranks) or (None, ranks)
         self.world_rank = world_rank
         self.pool = BufferPool()
@@ -263,12 +263,6 @@ class MPIExecutor:
 
     def _finish_batch(self, batch) -> None:
         self._finish_keys([response.key for response in batch])
-
-    def _finish_each(self, keys) -> None:
-        for key in keys:
-            entry = self._lookup(key)
-            if entry is not None:
-                self._finish(entry, None)
 
     def _allreduce_adasum(self, batch, comm, adasum_allreduce) -> None:
         for response in batch:
