@@ -43,7 +43,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check hvdlite tests benchmarks examples
+	$(VENV)/bin/ruff check hvdlite tests benchmarks examples tools
+	$(PY) tools/import_graph.py
 
 clean:
 	rm -rf $(VENV) $(OMPI_VENV) build *.egg-info

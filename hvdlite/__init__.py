@@ -1,24 +1,31 @@
 """hvdlite: Horovod's API for data-parallel training, in pure Python over MPI.
 
-Layers, from the outside in (imports only point inward):
+Layers, from the outside in (imports only point inward; ``make lint`` and a
+test check that hvdlite's modules import no cycle):
 
 - framework adapters: ``hvdlite.torch``, ``hvdlite.tensorflow`` (and ``.keras``),
-  which turn tensors into numpy views and wrap optimizers;
-- this package's public API: basics (init, ranks, process sets) and the
+  which turn tensors into numpy views and wrap optimizers; they import the core
+  modules they use (``collectives``, ``handles``, ``basics``...) by name;
+- this package's public API: basics (init, ranks), process sets, the
   collectives on numpy arrays (``hvdlite.allreduce`` ...), plus
   :func:`DistributedOptimizer`, which dispatches on the optimizer's framework;
-- the engine (``hvdlite.engine``): one background thread per process that
-  negotiates readiness with rank 0 (``coordinator``) or the ``response_cache``,
-  fuses ready tensors (``fusion``) and runs them (``executor``) over MPI.
+- the engine (``hvdlite.engine``): the cycle that negotiates readiness with
+  rank 0 (``coordinator``) or the response cache (``cache_bits``), fuses ready
+  tensors (``fusion``) and runs them (``executor``) on the path the set's
+  ``transport`` plan names, driven by ``driver`` on its thread or a waiting
+  caller's;
+- at the bottom, ``runtime``: the live state that ``init()`` builds.
+
+ARCHITECTURE.md follows one gradient through these modules.
 
 Importing hvdlite imports neither torch nor tensorflow, and does not initialize
 MPI until :func:`init` is called.
 """
 
 from .basics import (
-    add_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
+    ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
     gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
-    mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
+    mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
     shutdown, size, start_timeline, stop_timeline,
 )
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, HvdliteInternalError
@@ -29,14 +36,11 @@ from .version import __version__
 
 
 def __getattr__(name):
-    # The collectives import the engine, which imports mpi4py (but does not
-    # initialize MPI); load them on first use so `import hvdlite` stays light.
+    # The collectives import numpy: load them on first use, so `import hvdlite`
+    # (which hvdrun does too) stays light.
     import importlib
 
-    from .basics import prepare_mpi_import
-
-    prepare_mpi_import()
-    for module_name in ("hvdlite.collectives", "hvdlite.objects"):
+    for module_name in ("hvdlite.collectives", "hvdlite.objects", "hvdlite.dynamic_sets"):
         module = importlib.import_module(module_name)
         if name in module.__all__:
             value = getattr(module, name)

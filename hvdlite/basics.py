@@ -16,14 +16,19 @@ import threading
 import time
 
 from . import config as _config
-from .process_sets import ProcessSet, ProcessSetTable, global_process_set
+from . import runtime
+from .devices import cuda_available, nccl_version
+from .process_sets import ProcessSet, ProcessSetTable
+from .runtime import State, is_running, live, state
+from .timeline import Timeline
+from .transport import Planner, Transport, plan_for
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
-    "ddl_built", "ccl_built", "start_timeline", "stop_timeline", "add_process_set",
-    "remove_process_set", "state",
+    "ddl_built", "ccl_built", "start_timeline", "stop_timeline", "state",
+    "allreduce_uses_shared_memory",
 ]
 
 #: The names every framework module re-exports from the engine (Horovod's "basics").
@@ -41,47 +46,8 @@ _LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
            "WARNING": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
 
 
-class _State:
-    """Everything init() creates; replaced as a whole by the next init()."""
-
-    def __init__(self):
-        self.engine = None
-        self.config = None
-        self.world = None
-        self.local_comm = None
-        self.cross_comm = None
-        self.sets: ProcessSetTable | None = None
-        self.homogeneous = True
-        self.node_ranks: frozenset[int] = frozenset()  # ranks sharing this rank's memory
-        self.thread_level = 0
-        self.timeline = None
-        self.dynamic = False
-        self.counters: dict[str, int] = {}
-
-
-_state: _State | None = None
-_was_shut_down = False  # shutdown() ran and init() was not called again
 _init_lock = threading.Lock()
 _atexit_registered = False
-
-
-def state() -> _State:
-    """The live state; ValueError (Horovod's wording) when init() was not called."""
-    if _state is None or _state.engine is None:
-        if _was_shut_down:
-            from .exceptions import HorovodInternalError
-
-            raise HorovodInternalError(
-                "hvdlite has been shut down; call hvd.init() again before the next collective."
-            )
-        raise ValueError(
-            "hvdlite has not been initialized; use hvd.init() first."
-        )
-    if _state.engine.stopped:
-        from .exceptions import HorovodInternalError
-
-        raise HorovodInternalError(_state.engine._stop_message())
-    return _state
 
 
 def _configure_logging(level: str, rank: int) -> None:
@@ -110,7 +76,7 @@ def prepare_mpi_import(cfg=None) -> None:
 
     mpi4py.rc.thread_level = "serialized" if cfg.mpi_threads_disable else "multiple"
     if cfg.mpi_threads_disable:
-        # MPICH picks a ~4x slower shared-memory allreduce below THREAD_MULTIPLE.
+        # MPICH picks a much slower shared-memory allreduce below THREAD_MULTIPLE.
         os.environ.setdefault("MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM", "mpir")
 
 
@@ -136,9 +102,9 @@ def init(comm=None, process_sets=None) -> None:
     now, or ``"dynamic"`` to allow add/remove later.  A second call while
     initialized does nothing.  Knobs are read from the environment now.
     """
-    global _state, _atexit_registered, _was_shut_down
+    global _atexit_registered
     with _init_lock:
-        if _state is not None and _state.engine is not None and not _state.engine.stopped:
+        if is_running():
             return
         cfg = _config.read_config()
         if not cfg.malloc_tuning_disable:
@@ -155,34 +121,34 @@ def init(comm=None, process_sets=None) -> None:
             world = comm
         if world == MPI.COMM_NULL:
             raise ValueError("init(comm=...) was called on a rank that is not in comm.")
-        new = _State()
+        new = State()
         new.config = cfg
         new.world = world
         new.thread_level = MPI.Query_thread()
         _configure_logging(cfg.log_level, world.Get_rank())
         _build_topology(new, MPI, cfg)
-        new.sets = ProcessSetTable(world.Get_size(), world.Get_rank())
-        new.sets.register_global(world.Dup())
+        new.sets = ProcessSetTable(world.Get_size(), world.Get_rank(), world.Dup())
         new.dynamic = cfg.dynamic_process_sets or process_sets == "dynamic"
         if process_sets not in (None, "dynamic"):
             for ps in process_sets:
                 _register_static(new, ps, MPI)
+        new.planner = Planner(world.Get_size(), new.node_ranks,
+                              shared_memory=not cfg.shm_allreduce_disable,
+                              hierarchical_allreduce=cfg.hierarchical_allreduce,
+                              hierarchical_allgather=cfg.hierarchical_allgather)
+        # The engine and the two-level helper import mpi4py.MPI: only once MPI is set up.
         from .engine import Engine
+        from .hierarchical import Hierarchical
 
         hierarchical = None
         if cfg.hierarchical_allreduce or cfg.hierarchical_allgather:
-            from .hierarchical import Hierarchical
-
             hierarchical = Hierarchical.create(new)
         if cfg.timeline:
-            from .timeline import Timeline
-
             new.timeline = Timeline(cfg.timeline, cfg.timeline_mark_cycles) \
                 if world.Get_rank() == 0 else None
-        new.engine = Engine(world, cfg, new.sets, timeline=new.timeline,
+        new.engine = Engine(world, cfg, new.sets, new.planner, timeline=new.timeline,
                             hierarchical=hierarchical, overlap=_overlap(cfg, new))
-        _state = new
-        _was_shut_down = False
+        runtime.install(new)
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True
@@ -207,11 +173,11 @@ def _tune_malloc() -> None:
         pass
 
 
-def _register_static(st: _State, ps, MPI) -> None:
+def _register_static(st: State, ps, MPI) -> None:
     if not isinstance(ps, ProcessSet):
         ps = ProcessSet(ps)
-    if ps._mpi_comm is not None:
-        group = ps._mpi_comm.Get_group()
+    if ps.mpi_comm is not None:
+        group = ps.mpi_comm.Get_group()
         ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
                                           st.world.Get_group())
         ranks = sorted(ranks)
@@ -225,7 +191,7 @@ def _register_static(st: _State, ps, MPI) -> None:
     st.sets.register(ps, ranks, None if sub == MPI.COMM_NULL else sub)
 
 
-def _build_topology(st: _State, MPI, cfg) -> None:
+def _build_topology(st: State, MPI, cfg) -> None:
     world = st.world
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
     st.node_ranks = frozenset(node.allgather(world.Get_rank()))
@@ -240,28 +206,13 @@ def _build_topology(st: _State, MPI, cfg) -> None:
 
 
 def allreduce_uses_shared_memory(process_set) -> bool:
-    """Whether allreduces over *process_set* are planned to run through the node's
-    shared memory (:mod:`hvdlite.shm`) rather than MPI.
-
-    For adapters that shape their submissions to the path: the answer comes from
-    local facts that every member of the set shares (the knob, the set's size,
-    whether all its members are on this node, hierarchical allreduce), so every
-    member chooses alike.  The path may still fall back to MPI at its first use
-    (a /dev/shm too small for the window); that costs speed, not correctness.
-    """
-    from .shm import MAX_RANKS
-
-    st = _live()
-    ranks = process_set.ranks if process_set.ranks is not None else range(st.world.Get_size())
-    ranks = frozenset(ranks)
-    if st.config.shm_allreduce_disable or not 2 <= len(ranks) <= MAX_RANKS:
-        return False
-    if st.config.hierarchical_allreduce and len(ranks) == st.world.Get_size():
-        return False
-    return ranks <= st.node_ranks
+    """Whether large allreduces over *process_set* are planned to run through the
+    node's shared memory (:mod:`hvdlite.shm`); the set's
+    :class:`~hvdlite.transport.TransportPlan` decides, the same on every member."""
+    return plan_for(process_set).allreduce is Transport.SHARED_MEMORY
 
 
-def _overlap(cfg, st: _State) -> bool:
+def _overlap(cfg, st: State) -> bool:
     """HVDLITE_OVERLAP resolved: auto means on when this process may use more cores
     than there are ranks on its node (a core is left for the engine thread)."""
     if cfg.overlap != "auto":
@@ -281,7 +232,7 @@ def _install_excepthook(world_size: int) -> None:
 
     def hook(exc_type, exc, tb):
         previous(exc_type, exc, tb)
-        if _state is not None and _state.engine is not None and not _state.engine.stopped:
+        if is_running():
             sys.stdout.flush()
             sys.stderr.flush()
             time.sleep(0.2)  # let mpiexec forward the traceback before the job is torn down
@@ -295,9 +246,8 @@ def _install_excepthook(world_size: int) -> None:
 
 def shutdown() -> None:
     """Stop the engine on every rank; pending collectives fail with HorovodInternalError."""
-    global _state, _was_shut_down
     with _init_lock:
-        st = _state
+        st = runtime.current()
         if st is None or st.engine is None:
             return
         if not st.engine.request_shutdown(timeout=60.0):
@@ -319,8 +269,7 @@ def shutdown() -> None:
             except Exception:  # noqa: BLE001
                 pass
         st.engine = None
-        _state = None
-        _was_shut_down = True
+        runtime.clear()
 
 
 def _shutdown_at_exit() -> None:
@@ -331,54 +280,48 @@ def _shutdown_at_exit() -> None:
 
 
 def is_initialized() -> bool:
-    return _state is not None and _state.engine is not None and not _state.engine.stopped
-
-
-def _live():
-    if _state is None or _state.engine is None:
-        raise ValueError("hvdlite has not been initialized; use hvd.init() first.")
-    return _state
+    return is_running()
 
 
 def size() -> int:
     """Number of ranks in the job."""
-    return _live().world.Get_size()
+    return live().world.Get_size()
 
 
 def rank() -> int:
     """This process's rank in the job (0 .. size()-1)."""
-    return _live().world.Get_rank()
+    return live().world.Get_rank()
 
 
 def local_size() -> int:
     """Number of ranks on this node."""
-    return _live().local_comm.Get_size()
+    return live().local_comm.Get_size()
 
 
 def local_rank() -> int:
     """This process's rank among the ranks on its node."""
-    return _live().local_comm.Get_rank()
+    return live().local_comm.Get_rank()
 
 
 def cross_size() -> int:
     """Number of nodes that have a rank with this process's local rank."""
-    return _live().cross_comm.Get_size()
+    return live().cross_comm.Get_size()
 
 
 def cross_rank() -> int:
     """This node's index among those nodes."""
-    return _live().cross_comm.Get_rank()
+    return live().cross_comm.Get_rank()
 
 
 def is_homogeneous() -> bool:
     """True when every node runs the same number of ranks."""
-    return _live().homogeneous
+    return live().homogeneous
 
 
 def mpi_threads_supported() -> bool:
     from mpi4py import MPI
 
-    return _live().thread_level >= MPI.THREAD_MULTIPLE
+    return live().thread_level >= MPI.THREAD_MULTIPLE
 
 
 def mpi_enabled() -> bool:
@@ -399,14 +342,10 @@ def gloo_built() -> bool:
 
 def nccl_built() -> int:
     """The NCCL version usable through CuPy (e.g. 21803), or 0. Never imports CUDA on CPU hosts."""
-    from .devices import nccl_version
-
     return nccl_version()
 
 
 def cuda_built() -> bool:
-    from .devices import cuda_available
-
     return cuda_available()
 
 
@@ -427,7 +366,6 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     st = state()
     if st.world.Get_rank() != 0:
         return
-    from .timeline import Timeline
 
     if st.timeline is not None:
         st.timeline.close()
@@ -441,49 +379,3 @@ def stop_timeline() -> None:
         st.engine.timeline = None
         st.timeline.close()
         st.timeline = None
-
-
-def add_process_set(process_set) -> ProcessSet:
-    """Register a new process set on every rank (collective: all ranks call it, same ranks)."""
-    from .collectives import _submit_control
-    from .messages import Kind
-
-    st = state()
-    if not st.dynamic:
-        raise ValueError(
-            "add_process_set() needs dynamic process sets: call hvd.init(process_sets="
-            "'dynamic') or set HVDLITE_DYNAMIC_PROCESS_SETS=1."
-        )
-    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    if ps.process_set_id is not None:
-        raise ValueError(f"{ps} is already registered.")
-    ranks = st.sets.validate_ranks(ps.ranks or [])
-    existing = st.sets.find_ranks(ranks)
-    if existing is not None:
-        raise ValueError(f"A process set with ranks {ranks} is already registered "
-                         f"(id {existing.process_set_id}); reuse it instead of adding it again.")
-    n = st.counters.get("add_process_set", 0)
-    st.counters["add_process_set"] = n + 1
-    return _submit_control(Kind.ADD_PROCESS_SET, f"__add_process_set__.{n}", tuple(ranks),
-                           payload=ps).result()
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister *process_set* on every rank (collective). Returns True when removed."""
-    from .collectives import _submit_control
-    from .messages import Kind
-
-    st = state()
-    if not st.dynamic:
-        raise ValueError(
-            "remove_process_set() needs dynamic process sets: call hvd.init(process_sets="
-            "'dynamic') or set HVDLITE_DYNAMIC_PROCESS_SETS=1."
-        )
-    if process_set is global_process_set or process_set.process_set_id in (None, 0):
-        raise ValueError("Only a registered process set other than the global one can be "
-                         "removed.")
-    n = st.counters.get("remove_process_set", 0)
-    st.counters["remove_process_set"] = n + 1
-    _submit_control(Kind.REMOVE_PROCESS_SET, f"__remove_process_set__.{n}",
-                    (process_set.process_set_id,)).result()
-    return True

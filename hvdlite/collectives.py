@@ -18,27 +18,30 @@ import threading
 
 import numpy as np
 
-from .basics import state
+from .runtime import state
 from .dtypes import check_dtype
-from .engine import Entry
 from .handles import Handle, synchronize
-from .messages import Kind, Params
+from .messages import JOIN_PARAMS, Kind, Params
 from .ops import Adasum, Average, ReduceOp, resolve_op
 from .process_sets import ProcessSet, global_process_set
+from .submissions import Entry
 
 __all__ = [
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
     "broadcast", "broadcast_async", "alltoall", "alltoall_async", "reducescatter",
     "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
-    "barrier", "join",
+    "barrier", "join", "submit_control",
 ]
 
 
 # ------------------------------------------------------------------ helpers
+_ALLREDUCE = int(Kind.ALLREDUCE)
+
+
 def _members(st, process_set: ProcessSet, what: str) -> tuple[int, list[int]]:
     if process_set is global_process_set:  # the common case: every rank is a member
-        return 0, process_set.ranks
+        return 0, st.sets.ranks[0]
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"{what}: process_set must be a hvd.ProcessSet, got "
                          f"{type(process_set).__name__}.")
@@ -50,7 +53,7 @@ def _members(st, process_set: ProcessSet, what: str) -> tuple[int, list[int]]:
     if st.world.Get_rank() not in st.sets.members[set_id]:
         raise ValueError(f"{what}: rank {st.world.Get_rank()} is not a member of {ps} "
                          f"(ranks {ps.ranks}); only its members may call collectives on it.")
-    return set_id, ps.ranks
+    return set_id, st.sets.ranks[set_id]
 
 
 def _name(st, op: str, name: str | None, set_id: int = 0) -> str:
@@ -115,9 +118,10 @@ def _submit(st, params: Params, inputs, outputs, grouped=False, splits=None, pay
     return st.engine.submit(entry, not _calling.sync)
 
 
-def _submit_control(kind: Kind, name: str, extra: tuple, payload=None) -> Handle:
+def submit_control(kind: Kind, name: str, extra: tuple, payload=None) -> Handle:
+    """Submit a control message of the global set (every rank, same *name*)."""
     st = state()
-    params = Params(0, name, int(kind), (), (), 0, -1, 1.0, 1.0, extra, "cpu")
+    params = Params(set_id=0, name=name, kind=int(kind), extra=extra)
     return _submit(st, params, [], [], payload=payload)
 
 
@@ -161,8 +165,9 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     outs = [_output(o, a, what) for o, a in zip(outputs, arrays)]
     dtypes = tuple(check_dtype(a, what, rop) for a in arrays)
     name = _name(st, "allreduce", name, set_id)
-    params = Params(set_id, name, int(Kind.ALLREDUCE), dtypes,
-                    tuple(a.shape for a in arrays), int(rop), -1, pre, post, (), "cpu")
+    params = Params(set_id=set_id, name=name, kind=_ALLREDUCE, dtypes=dtypes,
+                    shapes=tuple(a.shape for a in arrays), op=int(rop), prescale=pre,
+                    postscale=post)
     return _submit(st, params, arrays, outs, grouped=True, keepalive=(arrays, outs))
 
 
@@ -181,8 +186,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     out = _output(output, array, "allreduce")
     dtype = check_dtype(array, "allreduce", rop)
     name = _name(st, "allreduce", name, set_id)
-    params = Params(set_id, name, int(Kind.ALLREDUCE), (dtype,),
-                    (array.shape,), int(rop), -1, pre, post, (), "cpu")
+    params = Params(set_id=set_id, name=name, kind=_ALLREDUCE, dtypes=(dtype,),
+                    shapes=(array.shape,), op=int(rop), prescale=pre, postscale=post)
     # Tuples of arrays: the garbage collector stops tracking them (lists it would not).
     return _submit(st, params, (array,), (out,))
 
@@ -215,8 +220,8 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
                              "concatenated along dim 0); use x.reshape(1).")
     dtypes = tuple(check_dtype(a, "allgather") for a in arrays)
     name = _name(st, "allgather", name, set_id)
-    params = Params(set_id, name, int(Kind.ALLGATHER), dtypes,
-                    tuple(a.shape[1:] for a in arrays), 0, -1, 1.0, 1.0, (), "cpu")
+    params = Params(set_id=set_id, name=name, kind=int(Kind.ALLGATHER), dtypes=dtypes,
+                    shapes=tuple(a.shape[1:] for a in arrays))
     return _submit(st, params, arrays, None, grouped=True, keepalive=arrays)
 
 
@@ -229,8 +234,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
                          "concatenated along dim 0); use x.reshape(1).")
     dtype = check_dtype(array, "allgather")
     name = _name(st, "allgather", name, set_id)
-    params = Params(set_id, name, int(Kind.ALLGATHER), (dtype,),
-                    (array.shape[1:],), 0, -1, 1.0, 1.0, (), "cpu")
+    params = Params(set_id=set_id, name=name, kind=int(Kind.ALLGATHER), dtypes=(dtype,),
+                    shapes=(array.shape[1:],))
     return _submit(st, params, [array], None, keepalive=array)
 
 
@@ -262,8 +267,8 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     out = _output(output, array, "broadcast")
     dtype = check_dtype(array, "broadcast")
     name = _name(st, "broadcast", name, set_id)
-    params = Params(set_id, name, int(Kind.BROADCAST), (dtype,),
-                    (array.shape,), 0, root, 1.0, 1.0, (), "cpu")
+    params = Params(set_id=set_id, name=name, kind=int(Kind.BROADCAST), dtypes=(dtype,),
+                    shapes=(array.shape,), root=root)
     return _submit(st, params, [array], [out], keepalive=(array, out))
 
 
@@ -296,8 +301,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
                              f"({array.shape[0]}), got {list(split_arr)}.")
     dtype = check_dtype(array, "alltoall")
     name = _name(st, "alltoall", name, set_id)
-    params = Params(set_id, name, int(Kind.ALLTOALL), (dtype,),
-                    (array.shape[1:],), 0, -1, 1.0, 1.0, (), "cpu")
+    params = Params(set_id=set_id, name=name, kind=int(Kind.ALLTOALL), dtypes=(dtype,),
+                    shapes=(array.shape[1:],))
     return _submit(st, params, [array], None, splits=split_arr, keepalive=array)
 
 
@@ -334,8 +339,9 @@ def _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor, p
             raise ValueError("reducescatter: the array needs at least one dimension.")
     dtypes = tuple(check_dtype(a, "reducescatter", rop) for a in arrays)
     name = _name(st, "reducescatter", name, set_id)
-    params = Params(set_id, name, int(Kind.REDUCESCATTER), dtypes,
-                    tuple(a.shape for a in arrays), int(rop), -1, pre, post, (), "cpu")
+    params = Params(set_id=set_id, name=name, kind=int(Kind.REDUCESCATTER), dtypes=dtypes,
+                    shapes=tuple(a.shape for a in arrays), op=int(rop), prescale=pre,
+                    postscale=post)
     return _submit(st, params, arrays, None, grouped=grouped, keepalive=arrays)
 
 
@@ -364,8 +370,7 @@ def barrier(process_set=global_process_set) -> None:
     st = state()
     set_id, _ = _members(st, process_set, "barrier")
     name = _name(st, "barrier", None, set_id)
-    params = Params(set_id, name, int(Kind.BARRIER), (), (), 0, -1,
-                    1.0, 1.0, (), "cpu")
+    params = Params(set_id=set_id, name=name, kind=int(Kind.BARRIER))
     synchronize(_submit(st, params, [], []))
 
 
@@ -377,5 +382,4 @@ def join(device: int = -1) -> int:
     size).  Returns the rank that joined last, the same on every rank.
     """
     st = state()
-    params = Params(0, "__join__", int(Kind.JOIN), (), (), 0, -1, 1.0, 1.0, (), "cpu")
-    return synchronize(_submit(st, params, [], []))
+    return synchronize(_submit(st, JOIN_PARAMS, [], []))

@@ -13,13 +13,15 @@ executed by every rank in order.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 
 from .messages import (
-    JOINABLE, RESPONSE_ERROR, RESPONSE_OK, Kind, Params, Response, describe, field_label,
+    JOIN_KEY, JOIN_PARAMS, JOINABLE, RESPONSE_ERROR, RESPONSE_OK, Kind, Params, Response,
+    describe, field_label,
 )
 
-__all__ = ["Coordinator", "check_agreement"]
+__all__ = ["Coordinator", "StallClock", "check_agreement"]
 
 _CHECKED_FIELDS = ("kind", "device", "dtypes", "shapes", "op", "root", "prescale", "postscale",
                    "extra")
@@ -86,7 +88,7 @@ class Coordinator:
         if len(self.joined) == self.world_size:
             last = self.joined[-1]
             self.joined = []
-            responses.append(Response(RESPONSE_OK, _join_params(), (0, "__join__"), value=last))
+            responses.append(Response(RESPONSE_OK, JOIN_PARAMS, JOIN_KEY, value=last))
         return responses
 
     def _decide(self, key, per_rank: dict[int, Params], joined: frozenset) -> Response | None:
@@ -171,5 +173,26 @@ class Coordinator:
         return "\n".join(lines), errors
 
 
-def _join_params() -> Params:
-    return Params(0, "__join__", int(Kind.JOIN), (), (), 0, -1, 1.0, 1.0, (), "cpu")
+
+class StallClock:
+    """When a rank should ask for a stall check: it has work pending for longer than
+    the warning time, looked at no more often than every few seconds."""
+
+    def __init__(self, warn_seconds: float, fail_seconds: float, enabled: bool,
+                 clock: Callable[[], float] = time.monotonic):
+        self.warn_seconds = warn_seconds
+        self.fail_seconds = fail_seconds
+        self.enabled = enabled
+        self._clock = clock
+        self._next_look = clock() + min(warn_seconds, 5.0)
+
+    def due(self, pending: Mapping) -> bool:
+        """*pending*: this rank's entries by key (each with a ``submitted`` time)."""
+        if not self.enabled or not pending:
+            return False
+        now = self._clock()
+        if now < self._next_look:
+            return False
+        self._next_look = now + max(1.0, min(self.warn_seconds, 10.0) / 2)
+        oldest = min(entry.submitted for entry in pending.values())
+        return now - oldest >= self.warn_seconds

@@ -17,7 +17,7 @@ import numpy as np
 from .dtypes import reduce_dtype
 from .messages import RESPONSE_OK, Kind, Response
 
-__all__ = ["plan_batches", "BufferPool", "nbytes_of"]
+__all__ = ["plan_batches", "BufferPool", "nbytes_of", "Reduction"]
 
 _FUSABLE = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.REDUCESCATTER)
 
@@ -72,6 +72,51 @@ def plan_batches(responses: Sequence[Response], threshold: int) -> list[list[Res
         open_batch[key] = batch
         open_bytes[key] = size
     return batches
+
+
+class Reduction:
+    """The tensors of one reduction batch, as parallel lists (one position per tensor).
+
+    ``entries[i]`` is the local entry (None on a rank that joined), ``inputs[i]`` /
+    ``outputs[i]`` its arrays (None when joined), ``counts[i]`` its element count,
+    ``prescales[i]`` / ``postscales[i]`` the factors applied on the way in and out
+    (an Average's division by the set size is folded into the postscale).  A batch
+    holds hundreds of tensors, so lists per field cost far less than a record per
+    tensor.
+    """
+
+    __slots__ = ("entries", "inputs", "outputs", "counts", "prescales", "postscales")
+
+    def __init__(self):
+        self.entries: list = []
+        self.inputs: list = []
+        self.outputs: list = []
+        self.counts: list[int] = []
+        self.prescales: list[float] = []
+        self.postscales: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def add(self, entry, inp, out, count: int, prescale: float, postscale: float) -> None:
+        self.entries.append(entry)
+        self.inputs.append(inp)
+        self.outputs.append(out)
+        self.counts.append(count)
+        self.prescales.append(prescale)
+        self.postscales.append(postscale)
+
+    def subset(self, indices) -> Reduction:
+        """The tensors at *indices*, in that order."""
+        part = Reduction()
+        for i in indices:
+            part.add(self.entries[i], self.inputs[i], self.outputs[i], self.counts[i],
+                     self.prescales[i], self.postscales[i])
+        return part
+
+    def total(self) -> int:
+        """Elements over every tensor."""
+        return sum(self.counts)
 
 
 class BufferPool:

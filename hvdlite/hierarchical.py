@@ -39,6 +39,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .fusion import BufferPool
+from .splits import even_split, offsets
 
 __all__ = ["Hierarchical"]
 
@@ -47,13 +48,8 @@ log = logging.getLogger("hvdlite")
 
 def _even_split(count: int, parts: int) -> tuple[list[int], list[int]]:
     """Counts and offsets cutting *count* elements into *parts* near-equal shards."""
-    base, extra = divmod(count, parts)
-    counts = [base + (1 if i < extra else 0) for i in range(parts)]
-    offsets, acc = [], 0
-    for c in counts:
-        offsets.append(acc)
-        acc += c
-    return counts, offsets
+    counts = even_split(count, parts)
+    return counts, offsets(counts)
 
 
 class Hierarchical:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
-__all__ = ["Kind", "Params", "Response", "RESPONSE_OK", "RESPONSE_ERROR", "describe"]
+__all__ = ["Kind", "Params", "Response", "RESPONSE_OK", "RESPONSE_ERROR", "describe",
+           "JOIN_NAME", "JOIN_PARAMS", "JOIN_KEY", "CACHEABLE", "JOINABLE"]
 
 
 class Kind(enum.IntEnum):
@@ -40,23 +41,33 @@ JOINABLE = frozenset({Kind.ALLREDUCE, Kind.ALLGATHER, Kind.REDUCESCATTER})
 
 
 class Params(NamedTuple):
-    """One request: everything about a collective that every rank must agree on."""
+    """One request: everything about a collective that every rank must agree on.
+
+    Build it by keyword; the fields after ``kind`` default to what a collective
+    without tensors (barrier, join, control messages) sends.
+    """
 
     set_id: int
     name: str
     kind: int
-    dtypes: tuple  # numpy dtype strings, one per tensor of the (possibly grouped) entry
-    shapes: tuple  # one shape per tensor; dim 0 dropped for allgather/alltoall
-    op: int
-    root: int  # global rank for broadcast, else -1
-    prescale: float
-    postscale: float
-    extra: tuple  # kind-specific agreed data (e.g. the ranks of a new process set)
-    device: str  # "cpu" or "cuda"
+    dtypes: tuple = ()  # numpy dtype strings, one per tensor of the (possibly grouped) entry
+    shapes: tuple = ()  # one shape per tensor; dim 0 dropped for allgather/alltoall
+    op: int = 0  # a ReduceOp for reductions, else 0
+    root: int = -1  # global rank for broadcast, else -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    extra: tuple = ()  # kind-specific agreed data (e.g. the ranks of a new process set)
+    device: str = "cpu"  # "cpu" or "cuda"
 
     @property
     def key(self) -> tuple:
         return (self.set_id, self.name)
+
+
+#: The name every rank's join() is negotiated under (in the global set).
+JOIN_NAME = "__join__"
+JOIN_PARAMS = Params(set_id=0, name=JOIN_NAME, kind=int(Kind.JOIN))
+JOIN_KEY = JOIN_PARAMS.key
 
 
 RESPONSE_OK = 0

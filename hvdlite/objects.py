@@ -11,7 +11,7 @@ import pickle
 
 import numpy as np
 
-from .basics import state
+from .runtime import state
 from .collectives import _name, allgather, broadcast
 from .process_sets import global_process_set
 

@@ -51,17 +51,14 @@ import numpy as np
 from mpi4py import MPI
 
 from .ops import ReduceOp
+from .transport import SHM_MAX_RANKS, SHM_MIN_BYTES
 
 __all__ = ["SharedMemoryAllreduce", "MAX_RANKS", "SHM_MIN_BYTES", "SLOT_BYTES"]
 
 log = logging.getLogger("hvdlite")
 
-#: Largest process set reduced through shared memory.
-MAX_RANKS = 4
-#: Smallest batch (in wire bytes) worth this path: below it, one MPI allreduce's
-#: latency beats the two barriers here (measured with 2 ranks: a 4 KB tensor took
-#: 83 us here and 60 us through MPI; at 256 KB this path was ahead).
-SHM_MIN_BYTES = 64 << 10
+# The size limits of this path live with the transport decision that applies them.
+MAX_RANKS = SHM_MAX_RANKS
 #: A rank reduces its portion in blocks of this size and hands each block to its
 #: outputs at once, while the block is still in the core's cache.
 BLOCK_BYTES = 256 << 10
@@ -131,9 +128,9 @@ class SharedMemoryAllreduce:
         self._comm.Free()
 
     # ----------------------------------------------------------------- allreduce
-    def allreduce(self, items, wire: np.dtype, op: ReduceOp, layout_key=None) -> None:
-        """Reduce *items* (``(entry, input, output, count, prescale, postscale)``,
-        input/output None on a joined rank) element-wise across the set.
+    def allreduce(self, tensors, wire: np.dtype, op: ReduceOp, layout_key=None) -> None:
+        """Reduce *tensors* (a :class:`~hvdlite.fusion.Reduction`; inputs and outputs
+        are None on a joined rank) element-wise across the set.
 
         *layout_key*: an object standing for the batch's agreed sizes, dtypes and
         scale factors (the engine passes its batch, which it reuses while the
@@ -142,10 +139,10 @@ class SharedMemoryAllreduce:
         """
         layout = self._layout_key is layout_key and self._layout
         if not layout:
-            layout = _Layout(items, wire, SLOT_BYTES // wire.itemsize, self._size)
+            layout = _Layout(tensors, wire, SLOT_BYTES // wire.itemsize, self._size)
             if layout_key is not None:
                 self._layout_key, self._layout = layout_key, layout
-        step = _Step(items, layout, wire, _UFUNCS[op])
+        step = _Step(tensors, layout, wire, _UFUNCS[op])
         for fill, bounds, portions in layout.chunks:
             self._run_chunk(step, fill, bounds, portions)
 
@@ -176,18 +173,18 @@ class SharedMemoryAllreduce:
 
 class _Layout:
     """What every rank derives alike from a batch's agreed facts: its chunks, each
-    chunk's portion bounds and the pieces of items in each portion, plus per item
+    chunk's portion bounds and the pieces of tensors in each portion, plus per tensor
     its element count, scale factors, and whether its input is already in the wire
-    dtype.  A piece is ``(item index, offset in the item, offset in the chunk, count)``."""
+    dtype.  A piece is ``(tensor index, offset in the tensor, offset in the chunk, count)``."""
 
     __slots__ = ("chunks", "counts", "pre", "post", "wire_typed")
 
-    def __init__(self, items, wire: np.dtype, capacity: int, size: int):
-        self.counts = [item[3] for item in items]
-        self.pre = [item[4] for item in items]
-        self.post = [item[5] for item in items]
+    def __init__(self, tensors, wire: np.dtype, capacity: int, size: int):
+        self.counts = tensors.counts
+        self.pre = tensors.prescales
+        self.post = tensors.postscales
         # Unknown on a joined rank (no arrays): False only costs the general path.
-        self.wire_typed = [item[1] is not None and item[1].dtype == wire for item in items]
+        self.wire_typed = [x is not None and x.dtype == wire for x in tensors.inputs]
         self.chunks = []
         chunk, fill = [], 0
         for index, count in enumerate(self.counts):
@@ -216,9 +213,9 @@ class _Step:
 
     __slots__ = ("ins", "outs", "direct", "plain", "layout", "wire", "ufunc", "block")
 
-    def __init__(self, items, layout: _Layout, wire: np.dtype, ufunc):
-        self.ins = [x if x is None or x.ndim == 1 else x.reshape(-1) for _, x, *_ in items]
-        self.outs = [x if x is None or x.ndim == 1 else x.reshape(-1) for _, _, x, *_ in items]
+    def __init__(self, tensors, layout: _Layout, wire: np.dtype, ufunc):
+        self.ins = [x if x is None or x.ndim == 1 else x.reshape(-1) for x in tensors.inputs]
+        self.outs = [x if x is None or x.ndim == 1 else x.reshape(-1) for x in tensors.outputs]
         self.direct = [typed and pre == 1.0 and x is not None
                        for typed, pre, x in zip(layout.wire_typed, layout.pre, self.ins)]
         self.plain = [d and post == 1.0 for d, post in zip(self.direct, layout.post)]

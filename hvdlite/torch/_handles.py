@@ -2,8 +2,9 @@
 
 The engine moves numpy arrays; this module turns CPU tensors into zero-copy
 numpy views (bfloat16 as its int16 bits) after checking them, and attaches to
-each engine :class:`hvdlite.Handle` the function that turns its result into
-torch output, which :func:`synchronize` applies.
+each engine :class:`hvdlite.handles.Handle` the conversion that turns its
+result into torch output (:meth:`~hvdlite.handles.Handle.add_conversion`),
+which :func:`synchronize` applies.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import numpy as np
 import torch
 
-import hvdlite as _engine
+from hvdlite import handles as _handles
 
 __all__ = ["poll", "synchronize"]
 
@@ -80,12 +81,9 @@ def _tensor(array, dtype: torch.dtype) -> torch.Tensor:
     return out.view(torch.bfloat16) if dtype == torch.bfloat16 else out
 
 
-def _attach(handle: Future, convert: Callable) -> Future:
-    """Make ``synchronize(handle)`` return ``convert(result)``: chained after the
-    engine's own post-processing (the Handle's ``_convert`` hook)."""
-    inner = getattr(handle, "_convert", None)
-    handle._convert = convert if inner is None else (lambda result: convert(inner(result)))
-    return handle
+def _attach(handle: _handles.Handle, convert: Callable) -> _handles.Handle:
+    """Make ``synchronize(handle)`` return ``convert(result)``."""
+    return handle.add_conversion(convert)
 
 
 def _named(op: str, name):
@@ -110,16 +108,15 @@ def synchronize(handle):
     """
     if callable(handle) and not isinstance(handle, Future):
         return handle()  # Horovod's sparse handles were plain callables
-    return _engine.synchronize(handle)
+    return _handles.synchronize(handle)
 
 
-class _AllOf(Future):
+class _AllOf(_handles.Handle):
     """Finishes when every part has; waiting on it waits on each part, so a
     caller-driven engine is driven by the wait as for a plain Handle."""
 
     def __init__(self, parts: Sequence[Future]):
-        super().__init__()
-        self.set_running_or_notify_cancel()
+        super().__init__("all_of")
         self._parts = list(parts)
         self._remaining = len(self._parts)
         self._lock = threading.Lock()
@@ -150,6 +147,6 @@ class _AllOf(Future):
                               else max(0.0, deadline - time.monotonic()))
 
 
-def _all_of(handles: Sequence[Future], convert: Callable[[], object]) -> Future:
+def _all_of(handles: Sequence[Future], convert: Callable[[], object]) -> _handles.Handle:
     """A handle that finishes when every one of *handles* has; converts via *convert*."""
     return _attach(_AllOf(handles), lambda _result: convert())

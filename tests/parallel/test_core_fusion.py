@@ -118,7 +118,7 @@ def test_grouped_allreduce_larger_than_the_threshold():
 
 
 def test_tiny_cache_evicts_and_stays_consistent():
-    cache = ENGINE.cache
+    cache = ENGINE.bits.cache
     names = [f"evict.{i}" for i in range(6)]
     for round_ in range(5):
         order = names if (RANK + round_) % 2 == 0 else names[::-1]
@@ -138,7 +138,7 @@ def test_tiny_cache_evicts_and_stays_consistent():
 
 def test_cache_bits_agree_across_ranks():
     # Every rank applied the same puts and evictions: the same names own the same bits.
-    table = sorted((bit, key) for key, bit in ENGINE.cache._bit_of.items())
+    table = sorted((bit, key) for key, bit in ENGINE.bits.cache._bit_of.items())
     gathered = hvd.allgather_object(table)
     assert all(t == gathered[0] for t in gathered)
 

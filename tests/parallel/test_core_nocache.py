@@ -59,7 +59,7 @@ def test_repeated_names_without_cache():
         out = hvd.allgather(np.full((1, 2), RANK), name="nc.ag")
         assert_same(out, np.repeat(np.arange(SIZE), 2).reshape(SIZE, 2))
         hvd.barrier()
-    assert len(ENGINE.cache) == 0
+    assert len(ENGINE.bits.cache) == 0
 
 
 def test_bursts_run_unfused():

@@ -170,7 +170,7 @@ def test_repeated_names_hit_the_cache():
     for i in range(4):
         out = hvd.allreduce(np.full(8, i + RANK, np.float32), op=hvd.Sum, name="ar.repeat")
         assert_same(out, np.full(8, sum(i + r for r in RANKS), np.float32))
-    assert len(state().engine.cache) > 0
+    assert len(state().engine.bits.cache) > 0
 
 
 def test_more_cached_names_than_one_status_word():

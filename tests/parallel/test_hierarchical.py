@@ -96,8 +96,8 @@ def test_simulated_nodes(helper):
     assert hvdlite.is_homogeneous() == (SIZE == 4)
     assert helper is not None and helper.allgather_enabled
     assert helper.nodes == ([(0, 1), (2, 3)] if SIZE == 4 else [(0, 1), (2,)])
-    assert helper.applies(state().sets.get(0).comm)
-    assert helper.applies(state().sets.get(0).comm, "allgather")
+    assert helper.applies(state().sets.comm_of(0))
+    assert helper.applies(state().sets.comm_of(0), "allgather")
 
 
 def test_other_communicators_run_flat(helper):

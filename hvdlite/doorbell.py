@@ -1,0 +1,69 @@
+"""The doorbell: how a rank with new work wakes peers that stopped cycling.
+
+After a cycle that needs no follow-up, every rank stops cycling and waits.
+The first rank with new work sends one byte to every other rank (it *rings*);
+a waiting rank that receives it resumes cycling.  The next status vector says
+how many ranks rang, so each rank receives exactly the doorbells sent before
+that cycle and none is left over for a later wait.
+
+Cross-rank contract: each rank rings at most once per wait; the engine's
+private communicator carries doorbells under their own tag.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["Doorbell"]
+
+_TAG = 77
+
+
+class Doorbell:
+    """A posted receive for peers' rings, and this rank's own ring."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        rank = comm.Get_rank()
+        self.peers = [r for r in range(comm.Get_size()) if r != rank]
+        self._inbox = np.zeros(1, dtype=np.uint8)
+        self._outbox = np.ones(1, dtype=np.uint8)  # what a ring sends (never written)
+        self.rang = False  # this rank rang since the last drain
+        self._received = 0  # rings received since the last drain
+        self._request = self._post()
+
+    def _post(self):
+        return self.comm.Irecv(self._inbox, MPI.ANY_SOURCE, _TAG)
+
+    def ring(self) -> None:
+        """Wake every peer (once per wait)."""
+        if self.peers:
+            MPI.Request.Waitall([self.comm.Isend(self._outbox, dest=r, tag=_TAG)
+                                 for r in self.peers])
+        self.rang = True
+
+    def heard(self) -> bool:
+        """Did a peer ring? (Never blocks.)"""
+        if self._request.Test():
+            self._received += 1
+            self._request = self._post()
+            return True
+        return False
+
+    def drain(self, ringers: int) -> None:
+        """Receive exactly the rings of *ringers* ranks (this one included, if it rang)."""
+        expected = ringers - (1 if self.rang else 0)
+        while self._received < expected:
+            self._request.Wait()
+            self._received += 1
+            self._request = self._post()
+        self._received = 0
+        self.rang = False
+
+    def close(self) -> None:
+        try:
+            self._request.Cancel()
+            self._request.Wait()
+        except MPI.Exception:
+            pass

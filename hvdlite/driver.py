@@ -1,0 +1,200 @@
+"""Who advances the engine, and when: its thread, or a caller that waits.
+
+The engine advances in *steps*: one cycle, or, while it waits for work, one
+look for it.  A :class:`Driver` takes steps on the engine's background thread
+and lets a caller blocked on a handle take them itself (it holds the step
+lock while no other thread does), which saves two thread hand-offs per
+collective.  The loop it drives is any object with the :class:`Loop` methods;
+the driver knows nothing about MPI, so it is unit-tested with a scripted loop.
+
+Its life is one explicit :class:`State`: RUNNING; DRAINING once a stop was
+asked for here (cycles go on until every rank agreed to stop); STOPPED when
+they agreed, so collective clean-up is safe; FAILED when a step raised.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+import traceback
+from typing import Protocol
+
+from .backoff import Backoff
+
+__all__ = ["Driver", "Loop", "State"]
+
+log = logging.getLogger("hvdlite")
+
+#: While a caller drives, the engine thread looks this often whether it left.
+_CALLER_CHECK = 0.002
+#: How often the engine thread looks for a peer's doorbell while waiting: from
+#: the cycle time, doubling the time waited, up to 20 ms (it wakes at once for
+#: this rank's own submissions; see Engine).
+_THREAD_CAP = 0.02
+#: A caller blocked on a handle has nothing else to do: it looks again after
+#: 50 us, growing with the time already waited (10 %), up to 5 ms.
+_CALLER_POLL = Backoff(floor=0.00005, cap=0.005, ratio=0.1)
+
+
+class State(enum.Enum):
+    RUNNING = "running"
+    DRAINING = "draining"  # a stop was asked for on this rank
+    STOPPED = "stopped"  # every rank agreed to stop
+    FAILED = "failed"  # a step raised; peers may still wait on this rank
+
+
+class Loop(Protocol):
+    """What the driver needs from the engine."""
+
+    def cycle(self, after_wait: bool) -> tuple[bool, bool]:
+        """Run one cycle; (progress: another cycle is due, stop: every rank stops)."""
+
+    def work_arrived(self) -> bool:
+        """While waiting: is there local work, or did a peer ring?"""
+
+    def oldest_queued(self) -> float | None:
+        """Submission time (monotonic) of the oldest queued entry, None if none."""
+
+    def busy(self) -> bool:
+        """Anything queued or pending on this rank."""
+
+    def fail(self, exc: BaseException) -> None:
+        """A step raised *exc*: fail every handle and end the job if peers would hang."""
+
+    def teardown(self, orderly: bool) -> None:
+        """Release what the loop holds (collectively when *orderly*)."""
+
+
+class Driver:
+    """Takes the engine's steps, on its thread or on a waiting caller's."""
+
+    def __init__(self, loop: Loop, cycle_time: float, start_delay: float,
+                 name: str = "hvdlite-engine"):
+        self.loop = loop
+        self.state = State.RUNNING
+        self.event = threading.Event()  # rouses the engine thread
+        self._thread_poll = Backoff(floor=min(cycle_time, _THREAD_CAP), cap=_THREAD_CAP)
+        # How long the thread lets queued work gather before it starts it itself
+        # (a caller that waits on a handle starts at once).
+        self._start_delay = start_delay
+        self._step_lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._callers = 0  # threads inside drive()
+        self._owner: int | None = None  # thread taking a step right now
+        self.waiting = False
+        self._after_wait = False
+        self._wait_start = time.monotonic()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (State.STOPPED, State.FAILED)
+
+    def is_engine_thread(self) -> bool:
+        return threading.get_ident() == self._thread.ident
+
+    def wake(self) -> None:
+        if not self.event.is_set():
+            self.event.set()
+
+    def request_stop(self, timeout: float | None) -> bool:
+        """Ask for a stop on every rank; wait for this rank's. True if it stopped in time."""
+        if self.state is State.RUNNING:
+            self.state = State.DRAINING
+        self.event.set()
+        if self._thread.ident is None:  # never started: nothing runs to stop
+            return False
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # ------------------------------------------------------------- the thread
+    def _main(self) -> None:
+        loop = self.loop
+        while not self.finished:
+            if self._callers:
+                # A caller is driving; stay out of its way until it leaves.
+                self.event.wait(_CALLER_CHECK)
+                self.event.clear()
+                continue
+            if self.waiting:
+                oldest = loop.oldest_queued()
+                if oldest is not None:
+                    # Local work is queued: give the framework time to submit the rest
+                    # of its burst, so it is negotiated and fused as one batch.
+                    left = oldest + self._start_delay - time.monotonic()
+                    if left > 0:
+                        time.sleep(left)
+                    if self._callers:
+                        continue
+            with self._step_lock:
+                if not self.finished:
+                    self._step()
+            if self.waiting and not self.finished:
+                self.event.wait(self._thread_poll.delay(time.monotonic() - self._wait_start))
+        with self._step_lock:
+            loop.teardown(orderly=self.state is State.STOPPED)
+
+    # ------------------------------------------------------------ a caller
+    def drive(self, handle, timeout: float | None = None) -> None:
+        """Take steps in the calling thread until *handle* is done (or *timeout*)."""
+        if self._owner == threading.get_ident():
+            raise RuntimeError(
+                "hvdlite: a handle was waited on inside a done-callback of another handle; "
+                "that would deadlock the engine. Wait on it after the callback returns."
+            )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._count_lock:
+            self._callers += 1
+        try:
+            while not handle.done() and not self.finished:
+                with self._step_lock:
+                    if self.finished:
+                        break
+                    self._step()
+                if handle.done() or not self.waiting:
+                    continue
+                pause = _CALLER_POLL.delay(time.monotonic() - self._wait_start)
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    pause = min(pause, left)
+                handle.wait(pause)
+        finally:
+            with self._count_lock:
+                self._callers -= 1
+            # Hand the engine back to its thread if other work is still there.
+            if self.finished or self.loop.busy():
+                self.event.set()
+
+    # ---------------------------------------------------------------- a step
+    def _step(self) -> None:
+        """One cycle, or one look for work while waiting (under the step lock)."""
+        self._owner = threading.get_ident()
+        try:
+            self.event.clear()
+            if self.waiting:
+                if not self.loop.work_arrived():
+                    return
+                self.waiting = False
+                self._after_wait = True
+            after_wait, self._after_wait = self._after_wait, False
+            progress, stop = self.loop.cycle(after_wait)
+            if stop:
+                self.state = State.STOPPED
+                self.event.set()
+            elif not progress:
+                self.waiting = True
+                self._wait_start = time.monotonic()
+        except BaseException as exc:  # noqa: BLE001 - the engine must never die silently
+            log.error("hvdlite engine failed:\n%s", "".join(traceback.format_exception(exc)))
+            self.state = State.FAILED
+            self.event.set()
+            self.loop.fail(exc)
+        finally:
+            self._owner = None

@@ -1,0 +1,111 @@
+"""The status vector: what every rank tells every other rank once per cycle.
+
+Each cycle every rank contributes one vector to a bitwise-AND allreduce, so
+the encoding stores what must be OR-ed across ranks inverted (the AND of
+inverted bits is the inverted OR).  Layout, as little-endian 64-bit words:
+
+====================  =================================================
+``~flags``            one word: :class:`Flag` bits (OR over ranks)
+``hit_and``           cache bits this rank is ready for (AND over ranks)
+``~hit_or``           the same bits, to learn whether *any* rank is ready
+``~invalid``          cache bits some rank saw with changed parameters
+``~ringers``          after a wait only: which ranks rang the doorbell
+====================  =================================================
+
+The three cache-bit fields are ``bit_words`` words each (enough for every bit
+the response cache has used); the ringer field is there only when every rank
+agreed to include it (they all waited), so every rank's vector has the same
+length.  Pure Python and numpy, no MPI: :func:`combine` is what the allreduce
+computes, for tests.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["Flag", "Layout", "Status", "encode", "decode", "combine"]
+
+_WORD = 64
+_ALL_ONES = (1 << _WORD) - 1
+
+
+class Flag(enum.IntFlag):
+    """Facts that are true when at least one rank says so."""
+
+    NEW = 1  # a rank drained new entries this cycle
+    UNCACHED = 2  # a rank has requests for the coordinator
+    SHUTDOWN = 4  # a rank asked to shut down
+    JOINED = 8  # a rank has joined: everything goes through the coordinator
+    STALL = 16  # a rank wants a stall check
+    INVALID = 32  # a rank saw changed parameters under a cached name
+
+
+class Layout(NamedTuple):
+    """How long each field is, in 64-bit words (the same on every rank)."""
+
+    bit_words: int
+    ringer_words: int
+
+    @classmethod
+    def of(cls, num_bits: int, world_size: int, after_wait: bool) -> Layout:
+        ringers = (world_size + _WORD - 1) // _WORD if after_wait else 0
+        return cls((num_bits + _WORD - 1) // _WORD, ringers)
+
+    @property
+    def nbytes(self) -> int:
+        return 8 * (1 + 3 * self.bit_words + self.ringer_words)
+
+
+class Status(NamedTuple):
+    """The combined vector, decoded: what all ranks said together."""
+
+    flags: int
+    all_hit: int  # bits every rank is ready for (or does not take part in)
+    any_hit: int  # bits at least one rank is ready for
+    invalid: int  # bits some rank saw with changed parameters
+    ringers: int  # how many ranks rang the doorbell (0 without the ringer field)
+
+
+def encode(layout: Layout, flags: int, hit_and: int, hit_or: int, invalid: int,
+           ringer_rank: int | None = None) -> np.ndarray:
+    """This rank's vector (a fresh uint64 array to allreduce in place).
+
+    *hit_and* may have bits set beyond this rank's hits (bits of process sets it
+    is not in), so that the AND runs over the members only; *ringer_rank* is
+    this rank when it rang the doorbell before the cycle.
+    """
+    width = layout.bit_words * _WORD
+    full = (1 << width) - 1
+    value = (~int(flags) & _ALL_ONES) | (hit_and << _WORD) \
+        | ((~hit_or & full) << (_WORD + width)) \
+        | ((~invalid & full) << (_WORD + 2 * width))
+    if layout.ringer_words:
+        ringer_full = (1 << (layout.ringer_words * _WORD)) - 1
+        mine = 0 if ringer_rank is None else 1 << ringer_rank
+        value |= (~mine & ringer_full) << (_WORD + 3 * width)
+    return np.frombuffer(bytearray(value.to_bytes(layout.nbytes, "little")), dtype="<u8")
+
+
+def decode(layout: Layout, vector: np.ndarray) -> Status:
+    """The combined vector (after the AND-allreduce), as a :class:`Status`."""
+    value = int.from_bytes(vector.tobytes(), "little")
+    flags = ~value & _ALL_ONES
+    width = layout.bit_words * _WORD
+    full = (1 << width) - 1
+    all_hit = any_hit = invalid = ringers = 0
+    if width:
+        all_hit = (value >> _WORD) & full
+        any_hit = ~(value >> (_WORD + width)) & full
+        invalid = ~(value >> (_WORD + 2 * width)) & full
+    if layout.ringer_words:
+        ringer_full = (1 << (layout.ringer_words * _WORD)) - 1
+        ringers = bin(~(value >> (_WORD + 3 * width)) & ringer_full).count("1")
+    return Status(flags, all_hit, any_hit, invalid, ringers)
+
+
+def combine(vectors) -> np.ndarray:
+    """What the bitwise-AND allreduce makes of the ranks' *vectors*."""
+    return np.bitwise_and.reduce(np.stack(list(vectors)), axis=0)

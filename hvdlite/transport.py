@@ -1,0 +1,91 @@
+"""Which path a process set's collectives take: shared memory, hierarchical, MPI.
+
+One :class:`Planner` per process (made at ``init``) decides a
+:class:`TransportPlan` per process set from facts that every member of the set
+shares: the knobs, the set's ranks, the job's size and which ranks share this
+node.  So every member decides alike without communicating.  The executor
+follows the plan; framework adapters ask it (:func:`plan_for`) to shape their
+submissions, instead of deciding again.  A device path (NCCL) plugs in here as
+one more :class:`Transport`.
+
+A plan may still meet a fallback at first use (a /dev/shm too small for the
+shared window makes every member reduce through MPI): that costs speed, never
+correctness, and every member falls back together.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+from . import runtime
+
+__all__ = ["Transport", "TransportPlan", "Planner", "plan_for", "SHM_MIN_BYTES",
+           "SHM_MAX_RANKS"]
+
+#: Smallest batch (in wire bytes) worth the shared-memory path: below it, one MPI
+#: allreduce's latency beats that path's two barriers (``bench_core`` shows both).
+SHM_MIN_BYTES = 64 << 10
+#: The shared-memory reduce-scatter serves sets of at most this many ranks.
+SHM_MAX_RANKS = 4
+
+
+class Transport(enum.Enum):
+    MPI = "mpi"
+    SHARED_MEMORY = "shared memory"
+    HIERARCHICAL = "hierarchical"
+
+
+class TransportPlan(NamedTuple):
+    """The paths of one process set."""
+
+    allreduce: Transport
+    allgather: Transport
+
+    def allreduce_path(self, nbytes: int) -> Transport:
+        """The path of an allreduce batch of *nbytes* (agreed sizes: every member
+        answers alike)."""
+        if self.allreduce is Transport.SHARED_MEMORY and nbytes < SHM_MIN_BYTES:
+            return Transport.MPI
+        return self.allreduce
+
+
+class Planner:
+    """Decides plans from the knobs and the job's layout (no communication)."""
+
+    def __init__(self, world_size: int, node_ranks, shared_memory: bool,
+                 hierarchical_allreduce: bool, hierarchical_allgather: bool):
+        self.world_size = world_size
+        self.node_ranks = frozenset(node_ranks)
+        self.shared_memory = shared_memory
+        self.hierarchical_allreduce = hierarchical_allreduce
+        self.hierarchical_allgather = hierarchical_allgather
+        self._plans: dict[tuple, TransportPlan] = {}
+
+    def plan(self, ranks) -> TransportPlan:
+        """The plan of the set with these global *ranks*."""
+        ranks = tuple(sorted(ranks))
+        plan = self._plans.get(ranks)
+        if plan is None:
+            plan = self._plans[ranks] = self._decide(ranks)
+        return plan
+
+    def _decide(self, ranks: tuple) -> TransportPlan:
+        # The node topology describes the whole job only: hierarchical paths serve
+        # the set that spans it; other sets run flat.
+        whole_job = len(ranks) == self.world_size
+        allreduce = Transport.MPI
+        if self.hierarchical_allreduce and whole_job:
+            allreduce = Transport.HIERARCHICAL
+        elif self.shared_memory and 2 <= len(ranks) <= SHM_MAX_RANKS \
+                and self.node_ranks.issuperset(ranks):
+            allreduce = Transport.SHARED_MEMORY
+        allgather = Transport.HIERARCHICAL if self.hierarchical_allgather and whole_job \
+            else Transport.MPI
+        return TransportPlan(allreduce, allgather)
+
+
+def plan_for(process_set) -> TransportPlan:
+    """The plan of a registered *process_set* in the running job."""
+    st = runtime.live()
+    return st.planner.plan(st.sets.ranks_of(process_set))

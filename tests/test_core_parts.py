@@ -1,0 +1,298 @@
+"""Unit tests of the engine's parts that need no MPI: the status vector, the
+cache bits, the inbox, the back-off, the driver's states, the transport plan,
+and the import graph of the package."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from hvdlite.backoff import Backoff
+from hvdlite.cache_bits import CacheBits
+from hvdlite.coordinator import StallClock
+from hvdlite.driver import Driver, State
+from hvdlite.exceptions import HorovodInternalError
+from hvdlite.handles import Handle
+from hvdlite.messages import RESPONSE_OK, Kind, Params, Response
+from hvdlite.response_cache import ResponseCache
+from hvdlite.status import Flag, Layout, combine, decode, encode
+from hvdlite.submissions import Entry, Inbox
+from hvdlite.transport import SHM_MIN_BYTES, Planner, Transport
+
+pytestmark = pytest.mark.timeout(60)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ------------------------------------------------------------------ status vector
+def test_the_combined_status_is_the_or_of_flags_and_the_and_of_hits():
+    rng = random.Random(7)
+    for world, nbits in ((1, 0), (2, 5), (3, 130), (70, 64)):
+        layout = Layout.of(nbits, world, after_wait=True)
+        full = (1 << (layout.bit_words * 64)) - 1
+        ranks = []
+        for rank in range(world):
+            hits = rng.getrandbits(nbits) if nbits else 0
+            ranks.append((rng.choice([0, Flag.NEW, Flag.STALL | Flag.JOINED]), hits,
+                          rng.getrandbits(nbits) if nbits and rng.random() < 0.3 else 0,
+                          rank if rng.random() < 0.5 else None))
+        vectors = [encode(layout, flags, hits, hits, invalid, ringer)
+                   for flags, hits, invalid, ringer in ranks]
+        status = decode(layout, combine(vectors))
+        expect_flags = expect_any = expect_invalid = 0
+        expect_all = full
+        for flags, hits, invalid, _ in ranks:
+            expect_flags |= flags
+            expect_all &= hits
+            expect_any |= hits
+            expect_invalid |= invalid
+        assert status.flags == expect_flags
+        assert status.all_hit == expect_all & full
+        assert status.any_hit == expect_any
+        assert status.invalid == expect_invalid
+        assert status.ringers == sum(ringer is not None for *_, ringer in ranks)
+
+
+def test_a_status_without_a_wait_has_no_ringer_field():
+    layout = Layout.of(10, 4, after_wait=False)
+    assert layout.ringer_words == 0 and layout.nbytes == 8 * 4
+    status = decode(layout, encode(layout, Flag.SHUTDOWN, 0b101, 0b101, 0))
+    assert status.flags == Flag.SHUTDOWN and status.all_hit == 0b101 and status.ringers == 0
+
+
+# --------------------------------------------------------------------- cache bits
+def _response(name, set_id=0):
+    params = Params(set_id=set_id, name=name, kind=int(Kind.ALLREDUCE), dtypes=("<f4",),
+                    shapes=((4,),))
+    return Response(RESPONSE_OK, params, params.key)
+
+
+def _entry(response, shape=(4,)):
+    params = response.params._replace(shapes=(shape,))
+    return Entry(params, (), (), Handle(params.name))
+
+
+def test_cache_bits_follow_hits_invalidations_and_foreign_sets():
+    bits = CacheBits(ResponseCache(capacity=2), rank=0)
+    a, b = _response("a"), _response("b", set_id=1)
+    assert bits.put(a, members={0, 1}) is None
+    assert bits.put(b, members={1, 2}) is None  # rank 0 is not a member of set 1
+    assert bits.foreign_mask == 0b10
+    hit = _entry(a)
+    assert bits.admit(hit) and hit.bit == 0 and bits.hit_mask == 0b01
+    assert bits.status_masks(joined=False, full=0b11) == (0b11, 0b01)
+    assert bits.status_masks(joined=True, full=0b11) == (0b11, 0)
+    changed = _entry(a, shape=(5,))
+    assert not bits.admit(changed) and bits.invalid_mask == 0b01
+    assert bits.invalidate(0b01) == [hit] and hit.bit == -1 and bits.invalid_mask == 0
+    assert bits.cache.bit_of(a.key) is None
+    # Eviction returns the entry that waited on the evicted bit.
+    waiting = _entry(b)
+    bits.admit(waiting)
+    assert bits.put(_response("c"), members={0, 1}) is None  # bit 0 was free again
+    assert bits.put(_response("d"), members={0, 1}) is waiting
+
+
+def test_take_ready_marks_bits_used_and_releases_their_entries():
+    bits = CacheBits(ResponseCache(capacity=8), rank=0)
+    entries = []
+    for name in "abc":
+        response = _response(name)
+        bits.put(response, members={0})
+        entries.append(_entry(response))
+        bits.admit(entries[-1])
+    assert bits.take_ready(0b101) == [0, 2]
+    assert bits.hit_mask == 0b010 and entries[0].bit == -1 and entries[1].bit == 1
+    assert bits.unhit_all() == [entries[1]] and bits.hit_mask == 0
+
+
+# -------------------------------------------------------------------------- inbox
+def test_the_inbox_refuses_names_in_flight_and_submissions_after_close():
+    inbox = Inbox()
+    first = _entry(_response("x"))
+    inbox.put(first)
+    with pytest.raises(ValueError, match="already in flight"):
+        inbox.put(_entry(_response("x")))
+    assert inbox.oldest() == first.submitted and inbox.take_all() == [first]
+    with pytest.raises(ValueError):  # taken, but still in flight until released
+        inbox.put(_entry(_response("x")))
+    inbox.release([first.key])
+    inbox.put(_entry(_response("x")))
+    assert len(inbox.close("stopped for a test")) == 1 and inbox.closed
+    with pytest.raises(HorovodInternalError, match="stopped for a test"):
+        inbox.put(_entry(_response("y")))
+
+
+# ------------------------------------------------------------------------ backoff
+def test_backoff_grows_with_the_time_waited_within_its_bounds():
+    policy = Backoff(floor=0.001, cap=0.02, ratio=0.5)
+    assert policy.delay(0.0) == 0.001
+    assert policy.delay(0.01) == 0.005
+    assert policy.delay(10.0) == 0.02
+    with pytest.raises(ValueError):
+        Backoff(floor=0.0, cap=1.0)
+
+
+def test_backoff_spins_then_sleeps_until_the_test_passes():
+    now = [0.0]
+    sleeps, yields = [], []
+    looks = iter([False] * 7 + [True])
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    def yield_core():
+        yields.append(1)
+        now[0] += 0.001
+
+    Backoff(floor=0.002, cap=0.004, ratio=1.0, spin=0.003).wait_for(
+        lambda: next(looks), clock=lambda: now[0], sleep=sleep, yield_core=yield_core)
+    assert len(yields) == 3  # the spin phase: 3 ms of yields
+    assert sleeps == [0.002, 0.002, 0.004]  # then sleeps that grow to the cap
+
+
+# --------------------------------------------------------------------------- stall
+def test_the_stall_clock_asks_only_for_old_work_and_not_too_often():
+    now = [100.0]
+    clock = StallClock(warn_seconds=2.0, fail_seconds=0.0, enabled=True, clock=lambda: now[0])
+    old = _entry(_response("old"))
+    old.submitted = 90.0
+    assert not clock.due({})  # nothing pending
+    assert not clock.due({old.key: old})  # the first look waits min(warn, 5) s
+    now[0] = 103.0
+    assert clock.due({old.key: old})
+    assert not clock.due({old.key: old})  # looked just now
+    assert not StallClock(2.0, 0.0, enabled=False, clock=lambda: 1e9).due({old.key: old})
+
+
+# -------------------------------------------------------------------------- driver
+class _ScriptedLoop:
+    """A loop whose cycles follow a script of (progress, stop) answers."""
+
+    def __init__(self, script, finish=None):
+        self.script = list(script)
+        self.finish = finish
+        self.cycles = 0
+        self.torn_down = None
+        self.failed = None
+        self.queued = None
+
+    def cycle(self, after_wait):
+        self.cycles += 1
+        answer = self.script.pop(0) if self.script else (False, False)
+        if isinstance(answer, BaseException):
+            raise answer
+        if self.finish is not None and self.cycles == 2:
+            self.finish.set_result("done")
+        return answer
+
+    def work_arrived(self):
+        return bool(self.script)
+
+    def oldest_queued(self):
+        return self.queued
+
+    def busy(self):
+        return False
+
+    def fail(self, exc):
+        self.failed = exc
+
+    def teardown(self, orderly):
+        self.torn_down = orderly
+
+
+def test_a_waiting_caller_drives_the_loop_until_its_handle_is_done():
+    handle = Handle("h")
+    loop = _ScriptedLoop([(True, False), (True, False)], finish=handle)
+    driver = Driver(loop, cycle_time=0.001, start_delay=0.001)
+    driver.drive(handle, timeout=10)
+    assert handle.done() and loop.cycles == 2 and driver.state is State.RUNNING
+
+
+def test_agreeing_to_stop_ends_the_thread_with_an_orderly_teardown():
+    loop = _ScriptedLoop([(True, False), (False, True)])
+    driver = Driver(loop, cycle_time=0.001, start_delay=0.001)
+    driver.start()
+    assert driver.request_stop(timeout=10)
+    assert driver.state is State.STOPPED and loop.torn_down is True
+
+
+def test_a_failing_cycle_fails_the_loop_and_tears_down_without_collectives():
+    loop = _ScriptedLoop([RuntimeError("broken cycle")])
+    driver = Driver(loop, cycle_time=0.001, start_delay=0.001)
+    driver.start()
+    driver._thread.join(10)
+    assert driver.state is State.FAILED and loop.torn_down is False
+    assert isinstance(loop.failed, RuntimeError)
+
+
+def test_a_stop_request_is_announced_as_draining():
+    loop = _ScriptedLoop([])
+    driver = Driver(loop, cycle_time=0.001, start_delay=0.001)
+    assert not driver.request_stop(timeout=0)  # its thread never started
+    assert driver.state is State.DRAINING
+
+
+def test_waiting_on_a_handle_inside_a_step_is_refused():
+    handle = Handle("inner")
+    errors = []
+
+    class Reentrant(_ScriptedLoop):
+        def cycle(self, after_wait):
+            try:
+                driver.drive(handle)
+            except RuntimeError as exc:
+                errors.append(exc)
+            return False, True
+
+    driver = Driver(Reentrant([]), cycle_time=0.001, start_delay=0.001)
+    outer = Handle("outer")
+    threading.Timer(0.5, outer.set_result, args=(1,)).start()
+    driver.drive(outer, timeout=5)
+    assert errors and "done-callback" in str(errors[0])
+
+
+# ------------------------------------------------------------------------ transport
+def test_the_plan_names_one_path_per_set_from_shared_facts():
+    planner = Planner(world_size=4, node_ranks=[0, 1], shared_memory=True,
+                      hierarchical_allreduce=False, hierarchical_allgather=True)
+    node_pair = planner.plan([1, 0])
+    assert node_pair.allreduce is Transport.SHARED_MEMORY
+    assert node_pair.allreduce_path(SHM_MIN_BYTES - 1) is Transport.MPI
+    assert node_pair.allreduce_path(SHM_MIN_BYTES) is Transport.SHARED_MEMORY
+    assert planner.plan([0, 2]).allreduce is Transport.MPI  # not all on this node
+    assert planner.plan([0]).allreduce is Transport.MPI  # one rank: nothing to share
+    whole = planner.plan(range(4))
+    assert whole.allreduce is Transport.MPI and whole.allgather is Transport.HIERARCHICAL
+    hier = Planner(4, [0, 1, 2, 3], True, True, False)
+    assert hier.plan(range(4)).allreduce is Transport.HIERARCHICAL
+    assert hier.plan([0, 1]).allreduce is Transport.SHARED_MEMORY  # subsets run flat
+    assert Planner(2, [0, 1], False, False, False).plan([0, 1]).allreduce is Transport.MPI
+
+
+# ----------------------------------------------------------------------- imports
+def test_no_import_cycles_among_hvdlites_modules():
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "import_graph.py")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function(tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import import_graph
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    package = tmp_path / "hvdlite"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from . import b\n")
+    (package / "b.py").write_text("def f():\n    from .a import x\n")
+    (package / "c.py").write_text("import hvdlite.a\n")
+    assert import_graph.cycles(import_graph.graph(tmp_path)) == [["hvdlite.a", "hvdlite.b"]]
