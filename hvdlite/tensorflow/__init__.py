@@ -24,7 +24,7 @@ collectives in the same order with matching dtypes and shapes.
 
 from __future__ import annotations
 
-from hvdlite import HostsUpdatedInterrupt  # noqa: F401
+from hvdlite.exceptions import HostsUpdatedInterrupt  # noqa: F401
 
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables

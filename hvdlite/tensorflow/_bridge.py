@@ -25,7 +25,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-import hvdlite as _engine
+from hvdlite import basics as _basics
+from hvdlite import ops as _ops
+from hvdlite import process_sets as _process_sets
+from hvdlite import runtime as _runtime
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -37,7 +40,6 @@ __all__ = [
     "to_wire",
     "from_wire",
     "process_set_by_id",
-    "remember_process_set",
 ]
 
 #: TensorFlow dtypes the collectives accept.  bfloat16 is an hvdlite extension:
@@ -59,8 +61,8 @@ def check_dtype(dtype: tf.DType, what: str, *, op=None) -> None:
             f"hvdlite {what} does not support tensors of dtype {dtype.name}; "
             f"supported: {names}. Cast the tensor first."
         )
-    if op is not None and dtype == tf.bool and op not in (_engine.Min, _engine.Max,
-                                                         _engine.Product):
+    if op is not None and dtype == tf.bool and op not in (_ops.Min, _ops.Max,
+                                                         _ops.Product):
         raise ValueError(
             f"hvdlite {what}: a bool tensor can only be reduced with op=Min (and), Max (or) "
             "or Product (and); cast it to an integer type to sum or average."
@@ -69,10 +71,9 @@ def check_dtype(dtype: tf.DType, what: str, *, op=None) -> None:
 
 def check_process_set(process_set, what: str) -> None:
     """Fail at call time (not deep inside a graph run) for a set this rank is not in."""
-    remember_process_set(process_set)
     if not process_set.included():
         raise ValueError(
-            f"hvdlite {what}: this rank ({_engine.rank()}) is not a member of "
+            f"hvdlite {what}: this rank ({_basics.rank()}) is not a member of "
             f"process set {process_set.ranks}; only its members may call collectives on it."
         )
 
@@ -119,7 +120,7 @@ _GRAPH_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def to_wire(tensor: tf.Tensor, *, reduce: bool) -> tf.Tensor:
     """bfloat16 and float16 are reduced as float32 (cast by TensorFlow: numpy has no
-    bfloat16, and its float16 casts are 10-400x slower for small values); bfloat16
+    bfloat16, and its float16 casts are far slower for small values); bfloat16
     moves bit-exactly as int16 otherwise."""
     if tensor.dtype == tf.float16:
         return tf.cast(tensor, tf.float32) if reduce else tensor
@@ -206,25 +207,13 @@ def _in_xla_context() -> bool:
 
 # --- process sets by id (for the graph-time size_op / rank_op family) --------
 
-_KNOWN_SETS: dict[int, object] = {}
-
-
-def remember_process_set(process_set) -> None:
-    pid = getattr(process_set, "process_set_id", None)
-    if pid is not None:
-        _KNOWN_SETS[int(pid)] = process_set
-
 
 def process_set_by_id(process_set_id: int):
-    """The registered ProcessSet with this id (ValueError when there is none)."""
+    """The registered ProcessSet with this id, from the running job's registry
+    (ValueError when there is none)."""
     if process_set_id == 0:
-        return _engine.global_process_set
-    found = _KNOWN_SETS.get(int(process_set_id))
-    if found is None:
-        from hvdlite.basics import state  # the engine's registry of process sets
-
-        table = state().sets
-        found = table.get(int(process_set_id)) if table is not None else None
+        return _process_sets.global_process_set
+    found = _runtime.state().sets.get(int(process_set_id))
     if found is None:
         raise ValueError(
             f"hvdlite: no process set with id {process_set_id} is registered; register it "

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-import hvdlite as _engine
+from hvdlite import basics as _basics
+from hvdlite import objects as _objects
 
 from . import _bridge
 from .mpi_ops import _broadcast_group_nograd, _check_root, global_process_set
@@ -42,7 +43,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     name = _bridge.op_name("BroadcastVariables", values, None)
     new = _broadcast_group_nograd(values, root_rank, name, process_set)
     if tf.executing_eagerly():
-        if _engine.rank() != root_rank:
+        if _basics.rank() != root_rank:
             for var, value in zip(variables, new, strict=True):
                 var.assign(value)
         return None
@@ -52,8 +53,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
 def broadcast_object(obj, root_rank=0, session=None, name=None,
                      process_set=global_process_set):
     """Every member gets a copy of ``root_rank``'s picklable ``obj``."""
-    _bridge.remember_process_set(process_set)
-    return _engine.broadcast_object(obj, root_rank=root_rank, name=name,
+    return _objects.broadcast_object(obj, root_rank=root_rank, name=name,
                                     process_set=process_set)
 
 
@@ -68,5 +68,4 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
     """Every member gets ``[obj of member 0, obj of member 1, ...]``."""
-    _bridge.remember_process_set(process_set)
-    return _engine.allgather_object(obj, name=name, process_set=process_set)
+    return _objects.allgather_object(obj, name=name, process_set=process_set)

@@ -31,8 +31,9 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-import hvdlite as _engine
-from hvdlite.basics import allreduce_uses_shared_memory
+from hvdlite import collectives as _collectives
+from hvdlite import handles as _handles
+from hvdlite.transport import Transport, plan_for
 
 from . import _bridge
 from .compression import Compression
@@ -159,7 +160,6 @@ class GradientReducer:
     def __call__(self, grads, variables=None, use_generic_names=False):
         grads = list(grads)
         ps = self.process_set
-        _bridge.remember_process_set(ps)
         if not ps.included() or ps.size() == 1:
             return grads
         if self.sparse_as_dense:
@@ -228,7 +228,7 @@ class GradientReducer:
         copies.  The shared-memory path reads each gradient where it is and writes
         each output directly, so there the pack would be one more pass over the data.
         """
-        if allreduce_uses_shared_memory(self.process_set):
+        if plan_for(self.process_set).allreduce is Transport.SHARED_MEMORY:
             return [("each", members) for members in dense_groups]
         plans = []
         for members in dense_groups:
@@ -281,27 +281,27 @@ class GradientReducer:
                         else:
                             np.copyto(view, part)
                         member_views.append(view.reshape(arrays[m].shape))
-                    handles.append(_engine.allreduce_async(
+                    handles.append(_collectives.allreduce_async(
                         flat, op=Sum, name=name, process_set=ps, output=flat))
                     views.append(member_views)
                 else:
                     outs = [buffer((g, m), arrays[m].shape, arrays[m].dtype) for m in members]
-                    handles.append(_engine.grouped_allreduce_async(
+                    handles.append(_collectives.grouped_allreduce_async(
                         [arrays[m] for m in members], op=op, prescale_factor=pre,
                         postscale_factor=post, process_set=ps, name=name, outputs=outs))
             if n_sparse:
-                handles.append(_engine.grouped_allgather_async(
+                handles.append(_collectives.grouped_allgather_async(
                     list(arrays[n_dense:]), process_set=ps,
                     name=None if base is None else f"{base}.sparse"))
             results = []
             flat_views = iter(views)
             for (kind, _), handle in zip(plans, handles, strict=False):
-                out = _engine.synchronize(handle)
+                out = _handles.synchronize(handle)
                 # A flat group returns its members as views of the one buffer:
                 # TensorFlow copies each output once, no tf.split copies again.
                 results.extend(next(flat_views) if kind == "flat" else out)
             if n_sparse:
-                results.extend(_engine.synchronize(handles[-1]))
+                results.extend(_handles.synchronize(handles[-1]))
             return results
 
         dtypes, shapes = [], []

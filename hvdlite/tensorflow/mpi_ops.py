@@ -30,14 +30,23 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-import hvdlite as _engine
-from hvdlite import (  # noqa: F401  (re-exported basics)
-    Adasum, Average, HorovodInternalError, Max, Min, Product, ProcessSet, Sum,
-    add_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-    global_process_set, gloo_built, gloo_enabled, init, is_homogeneous,
-    is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
-    shutdown, size, start_timeline, stop_timeline,
+from hvdlite import collectives as _collectives
+from hvdlite import handles as _handles
+from hvdlite.basics import (  # noqa: F401  (re-exported basics)
+    ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
+    is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
+    stop_timeline
+)
+from hvdlite.dynamic_sets import (  # noqa: F401  (re-exported basics)
+    add_process_set, remove_process_set
+)
+from hvdlite.exceptions import HorovodInternalError  # noqa: F401  (re-exported basics)
+from hvdlite.ops import (  # noqa: F401  (re-exported basics)
+    Adasum, Average, Max, Min, Product, Sum
+)
+from hvdlite.process_sets import (  # noqa: F401  (re-exported basics)
+    ProcessSet, global_process_set
 )
 
 from . import _bridge
@@ -86,7 +95,7 @@ def _grouped_allreduce_nograd(tensors, name, op, prescale_factor, postscale_fact
         name = _bridge.op_name("GroupedAllreduce", tensors, None)
 
     def fn(*arrays, outputs=None):
-        return _engine.grouped_allreduce(
+        return _collectives.grouped_allreduce(
             list(arrays), name=name, op=op, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, process_set=process_set, outputs=outputs)
 
@@ -157,7 +166,7 @@ def _grouped_allgather_nograd(tensors, name, process_set):
         name = _bridge.op_name("GroupedAllgather", tensors, None)
 
     def fn(*arrays, outputs=None):
-        return _engine.grouped_allgather(list(arrays), name=name, process_set=process_set)
+        return _collectives.grouped_allgather(list(arrays), name=name, process_set=process_set)
 
     shapes = [w.shape if single else tf.TensorShape([None]).concatenate(w.shape[1:])
               for w in wire]
@@ -233,13 +242,13 @@ def _broadcast_group_nograd(tensors, root_rank, name, process_set):
 
     def fn(*arrays, outputs=None):
         handles = [
-            _engine.broadcast_async(a, root_rank,
+            _collectives.broadcast_async(a, root_rank,
                                     name=None if name is None else
                                     (name if len(arrays) == 1 else f"{name}.{i}"),
                                     process_set=process_set,
                                     output=None if outputs is None else outputs[i])
             for i, a in enumerate(arrays)]
-        return [_engine.synchronize(h) for h in handles]
+        return [_handles.synchronize(h) for h in handles]
 
     outs = _bridge.run(fn, wire, [w.dtype for w in wire], [w.shape for w in wire], name,
                        outputs_like_inputs=len(wire))
@@ -325,7 +334,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         wire = _bridge.to_wire(x, reduce=False)
 
         def fn(array, *rest, outputs=None):
-            out, received = _engine.alltoall_async(
+            out, received = _collectives.alltoall_async(
                 array, splits=rest[0] if rest else None, name=name,
                 process_set=process_set).result()
             return [out, np.asarray(received, dtype=np.int32)]
@@ -363,7 +372,7 @@ def _grouped_reducescatter_nograd(tensors, name, op, prescale_factor, postscale_
         name = _bridge.op_name("GroupedReducescatter", tensors, None)
 
     def fn(*arrays, outputs=None):
-        return _engine.grouped_reducescatter(
+        return _collectives.grouped_reducescatter(
             list(arrays), name=name, op=op, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, process_set=process_set)
 
@@ -433,7 +442,7 @@ def join():
     """This rank has no more data: until every rank has joined, it contributes
     zeros to the others' allreduces.  Returns (an int32 scalar) the last rank to
     join, the same on every rank."""
-    return _scalar_op(_engine.join, "HorovodJoin")
+    return _scalar_op(_collectives.join, "HorovodJoin")
 
 
 @_no_autograph
@@ -445,7 +454,7 @@ def barrier(process_set=global_process_set):
     _bridge.check_process_set(process_set, "barrier")
 
     def fn():
-        _engine.barrier(process_set=process_set)
+        _collectives.barrier(process_set=process_set)
         return 0
 
     out = _scalar_op(fn, "HorovodBarrier")

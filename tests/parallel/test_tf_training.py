@@ -118,7 +118,7 @@ def test_tape_training_matches_one_process(mode, case):
 def test_tape_training_with_each_submission_plan(plan, monkeypatch):
     # Where the set reduces through shared memory (here: every set of 2-4 ranks), the
     # gradients go to the engine as they are; elsewhere a group is packed into one
-    # buffer first (simulated by answering False).  2048 hidden units make 80 KB of
+    # buffer first (simulated by a plan that names MPI).  2048 hidden units make 80 KB of
     # gradients, enough for the shared-memory path either way.
     from core_helpers import spy_on_shared_memory
 
@@ -126,8 +126,10 @@ def test_tape_training_with_each_submission_plan(plan, monkeypatch):
 
     batches = spy_on_shared_memory(monkeypatch)
     if plan == "packed":
-        monkeypatch.setattr(gradient_reduction, "allreduce_uses_shared_memory",
-                            lambda process_set: False)
+        from hvdlite.transport import Transport, TransportPlan
+
+        monkeypatch.setattr(gradient_reduction, "plan_for",
+                            lambda process_set: TransportPlan(Transport.MPI, Transport.MPI))
     x, y = global_data(seed=5)
     model = make_model(hidden=2048)
     opt = keras.optimizers.SGD(0.1, momentum=0.9)

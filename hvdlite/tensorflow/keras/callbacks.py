@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import keras
 
-import hvdlite as _engine
+from hvdlite import collectives as _collectives
+from hvdlite import ops as _ops
 
 from ..functions import broadcast_variables
 from ..mpi_ops import global_process_set, rank, size
@@ -80,8 +81,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
         if not keys or self.process_set.size() == 1:
             return
         values = [np.asarray(logs[k], dtype=np.float64).reshape(()) for k in keys]
-        averaged = _engine.grouped_allreduce(
-            [np.ascontiguousarray(v) for v in values], op=_engine.Average,
+        averaged = _collectives.grouped_allreduce(
+            [np.ascontiguousarray(v) for v in values], op=_ops.Average,
             process_set=self.process_set)
         for k, v in zip(keys, averaged, strict=True):
             logs[k] = float(np.asarray(v).reshape(()))
