@@ -17,42 +17,16 @@ engine's own objects, re-exported so ``hvd.init()`` etc. work unchanged.
 Cross-rank contracts are stated on each function.
 """
 
-from hvdlite import (
-    Adasum,
-    Average,
-    HorovodInternalError,
-    HostsUpdatedInterrupt,
-    Max,
-    Min,
-    ProcessSet,
-    Product,
-    Sum,
-    add_process_set,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    global_process_set,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    remove_process_set,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
+from hvdlite.basics import (
+    ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
+    is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
+    stop_timeline
 )
+from hvdlite.dynamic_sets import add_process_set, remove_process_set
+from hvdlite.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from hvdlite.ops import Adasum, Average, Max, Min, Product, Sum
+from hvdlite.process_sets import ProcessSet, global_process_set
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.functions import (
     allgather_object,
@@ -90,6 +64,13 @@ from hvdlite.torch.mpi_ops import (
     synchronize,
 )
 from hvdlite.torch.optimizer import DistributedOptimizer
+from hvdlite.torch.reducers import (
+    AdasumReducer,
+    AllreduceReducer,
+    CompressorReducer,
+    GradientReducer,
+    ReductionContext,
+)
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
 
 from hvdlite.basics import COMMON_NAMES
@@ -103,4 +84,7 @@ __all__ = [
     # training helpers
     "Compression", "DistributedOptimizer", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object", "SyncBatchNorm",
+    # gradient reducers for DistributedOptimizer(reducer=...)
+    "GradientReducer", "ReductionContext", "AllreduceReducer", "CompressorReducer",
+    "AdasumReducer",
 ]

@@ -11,30 +11,36 @@ gradients, and the parameter deltas of all ranks are combined with Adasum::
 
 Gradients are never communicated and each rank's optimizer state (momentum,
 Adam moments) stays its own.  All deltas go in one grouped allreduce with
-``op=Adasum``, which the engine combines tensor by tensor.
+``op=Adasum``, which the engine combines tensor by tensor.  The optimizer
+reaches this through :class:`hvdlite.torch.reducers.AdasumReducer`.
 
 Cross-rank contract: every rank of the process set (a power-of-two number of
 ranks, checked when the optimizer is built) calls ``step()`` the same number of
-times; every rank ends the step with the same parameters.
+times with the same named parameters; every rank ends the step with the same
+parameters.
 """
 
 from __future__ import annotations
 
 import torch
 
-from hvdlite import Adasum
+from hvdlite.ops import Adasum
 from hvdlite.torch.mpi_ops import grouped_allreduce_async_, synchronize
 
 __all__ = ["adasum_delta_step"]
 
 
-def adasum_delta_step(optimizer, base_step, closure=None):
+def adasum_delta_step(named_params, base_step, closure, *, compression, process_set,
+                      start: dict):
     """Run *base_step* (the wrapped optimizer's own step) on this rank's
-    gradients, then set each parameter of *optimizer* to its value before the
-    step plus the Adasum of all ranks' deltas.  Returns what *base_step* did;
-    sets ``optimizer.bytes_sent_last_step``."""
-    params = [p for p in optimizer._parameter_names if p in optimizer._requires_update]
-    start = optimizer._adasum_start  # persistent buffers: no allocation per step
+    gradients, then set each parameter of *named_params* (a list of (name,
+    parameter), in the same order on every rank) to its value before the step
+    plus the Adasum of all ranks' deltas over *process_set*.
+
+    *compression* (none, fp16 or bf16) casts the deltas for the wire; *start*
+    maps each parameter to a buffer kept between steps (filled here).  Returns
+    (what *base_step* returned, payload bytes this rank submitted)."""
+    params = [p for _, p in named_params]
     with torch.no_grad():
         for p in params:
             buf = start.get(p)
@@ -43,14 +49,12 @@ def adasum_delta_step(optimizer, base_step, closure=None):
             buf.copy_(p)
     result = base_step() if closure is None else base_step(closure)
     if not params:
-        return result
-    compression = optimizer._compression  # none, fp16 or bf16: a cast of the deltas
+        return result, 0
     with torch.no_grad():
         wires = [compression.compress(p - start[p]) for p in params]
-        name = f"hvdlite.adasum_delta.{optimizer._parameter_names[params[0]]}"
+        name = f"hvdlite.adasum_delta.{named_params[0][0]}"
         synchronize(grouped_allreduce_async_([w for w, _ in wires], name=name, op=Adasum,
-                                             process_set=optimizer.process_set))
+                                             process_set=process_set))
         for p, (wire, ctx) in zip(params, wires, strict=True):
             p.copy_(start[p].add_(compression.decompress(wire, ctx)))
-    optimizer.bytes_sent_last_step = sum(w.nbytes for w, _ in wires)
-    return result
+    return result, sum(w.nbytes for w, _ in wires)

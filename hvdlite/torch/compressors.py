@@ -30,7 +30,7 @@ import zlib
 
 import torch
 
-from hvdlite import Average, Sum
+from hvdlite.ops import Average, Sum
 from hvdlite.torch.mpi_ops import (
     grouped_allgather_async,
     grouped_allreduce_async_,

@@ -13,8 +13,9 @@ from typing import NamedTuple
 
 import torch
 
-import hvdlite as _engine
-from hvdlite import global_process_set
+from hvdlite import basics as _basics
+from hvdlite import objects as _objects
+from hvdlite.process_sets import global_process_set
 from hvdlite.torch.mpi_ops import broadcast_async_, synchronize
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
@@ -103,10 +104,10 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("broadcast_optimizer_state expects a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    is_root = _engine.rank() == root_rank
+    is_root = _basics.rank() == root_rank
     tensors: list = []
     skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
-    skeleton = _engine.broadcast_object(skeleton, root_rank,
+    skeleton = _objects.broadcast_object(skeleton, root_rank,
                                         name="broadcast_optimizer_state.skeleton",
                                         process_set=process_set)
     if not is_root:
@@ -119,9 +120,9 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None,
 
 def broadcast_object(obj=None, root_rank: int = 0, name=None, process_set=global_process_set):
     """Return the root rank's *obj* (any picklable object) on every rank."""
-    return _engine.broadcast_object(obj, root_rank, name=name, process_set=process_set)
+    return _objects.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set) -> list:
     """Return the list of every rank's *obj*, in rank order, on every rank."""
-    return _engine.allgather_object(obj, name=name, process_set=process_set)
+    return _objects.allgather_object(obj, name=name, process_set=process_set)

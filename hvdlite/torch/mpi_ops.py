@@ -23,8 +23,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-import hvdlite as _engine
-from hvdlite import Average, Sum, global_process_set
+from hvdlite import basics as _basics
+from hvdlite import collectives as _collectives
+from hvdlite.ops import Average, Sum
+from hvdlite.process_sets import global_process_set
 from hvdlite.torch._handles import (
     _all_of,
     _array,
@@ -36,7 +38,7 @@ from hvdlite.torch._handles import (
     poll,
     synchronize,
 )
-from hvdlite.torch.compression import Compression
+from hvdlite.torch.casts import NoneCompressor
 
 __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
@@ -50,7 +52,7 @@ __all__ = [
 
 # --------------------------------------------------------------------- allreduce
 #: Reduced through a float32 copy made by torch: numpy has no bfloat16, and its
-#: float16 <-> float32 casts are 10-400x slower than torch's for small (subnormal)
+#: float16 <-> float32 casts are far slower than torch's for small (subnormal)
 #: values, which gradients often are.  Same precision: the engine sums float16 in
 #: float32 anyway.
 _WIDENED = (torch.bfloat16, torch.float16)
@@ -75,9 +77,9 @@ def _allreduce(sources, outputs, average, name, op, prescale_factor, postscale_f
                   prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   process_set=process_set)
     if grouped:
-        handle = _engine.grouped_allreduce_async(ins, outputs=outs, **kwargs)
+        handle = _collectives.grouped_allreduce_async(ins, outputs=outs, **kwargs)
     else:
-        handle = _engine.allreduce_async(ins[0], output=outs[0], **kwargs)
+        handle = _collectives.allreduce_async(ins[0], output=outs[0], **kwargs)
 
     def convert(_result):
         for out, wide in casts:
@@ -133,7 +135,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Start concatenating every rank's *tensor* along dim 0 (first dims may differ)."""
     src = _source(tensor, "allgather_async")
-    handle = _engine.allgather_async(_array(src), name=_named("allgather", name),
+    handle = _collectives.allgather_async(_array(src), name=_named("allgather", name),
                                      process_set=process_set)
     return _attach(handle, lambda result: _tensor(result, src.dtype))
 
@@ -141,7 +143,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Start allgathering a list of tensors as one unit; the result is a list."""
     srcs = [_source(t, "grouped_allgather_async") for t in tensors]
-    handle = _engine.grouped_allgather_async([_array(s) for s in srcs],
+    handle = _collectives.grouped_allgather_async([_array(s) for s in srcs],
                                              name=_named("allgather", name),
                                              process_set=process_set)
     dtypes = [s.dtype for s in srcs]
@@ -153,7 +155,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     """Start copying *root_rank*'s tensor (a global rank) into a new tensor on every rank."""
     src = _source(tensor, "broadcast_async")
     out = torch.empty_like(src)
-    handle = _engine.broadcast_async(_array(src), root_rank, name=_named("broadcast", name),
+    handle = _collectives.broadcast_async(_array(src), root_rank, name=_named("broadcast", name),
                                      process_set=process_set, output=_array(out))
     return _attach(handle, lambda _result: out)
 
@@ -161,7 +163,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place :func:`broadcast_async`: *tensor* is overwritten on non-root ranks."""
     arr = _array(_target(tensor, "broadcast_async_"))
-    handle = _engine.broadcast_async(arr, root_rank, name=_named("broadcast", name),
+    handle = _collectives.broadcast_async(arr, root_rank, name=_named("broadcast", name),
                                      process_set=process_set, output=arr)
     return _attach(handle, lambda _result: tensor)
 
@@ -184,7 +186,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     returns ``(output, received_splits)``, received_splits an int32 tensor.
     """
     src = _source(tensor, "alltoall_async")
-    handle = _engine.alltoall_async(_array(src), splits=_splits(splits),
+    handle = _collectives.alltoall_async(_array(src), splits=_splits(splits),
                                     name=_named("alltoall", name),
                                     process_set=process_set)
 
@@ -201,9 +203,9 @@ def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_se
     kwargs = dict(name=_named("reducescatter", name), op=op, prescale_factor=prescale_factor,
                   postscale_factor=postscale_factor, process_set=process_set)
     if grouped:
-        handle = _engine.grouped_reducescatter_async([_array(w) for w in wide], **kwargs)
+        handle = _collectives.grouped_reducescatter_async([_array(w) for w in wide], **kwargs)
     else:
-        handle = _engine.reducescatter_async(_array(wide[0]), **kwargs)
+        handle = _collectives.reducescatter_async(_array(wide[0]), **kwargs)
 
     def back(result, src):
         out = torch.from_numpy(np.asarray(result))
@@ -274,12 +276,12 @@ def join(device: int = -1) -> int:
     """This rank has no more data: contribute zeros to other ranks' allreduces
     until every rank has joined.  Returns the last rank to join (same on every
     rank).  ``device`` is accepted for Horovod compatibility and ignored."""
-    return _engine.join()
+    return _collectives.join()
 
 
 def barrier(process_set=global_process_set) -> None:
     """Block until every rank of *process_set* has reached the barrier."""
-    _engine.barrier(process_set=process_set)
+    _collectives.barrier(process_set=process_set)
 
 
 # ------------------------------------------------------ differentiable spellings
@@ -369,7 +371,7 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         reduced = synchronize(allreduce_async(grad, op=Average, process_set=ctx.process_set))
-        if _engine.rank() != ctx.root_rank:
+        if _basics.rank() != ctx.root_rank:
             reduced.zero_()
         return reduced, None, None, None
 
@@ -428,7 +430,7 @@ class _GroupedReducescatter(torch.autograd.Function):
         return (None,) * 5 + tuple(g * ctx.scale for g in gathered)
 
 
-def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+def allreduce(tensor, average=None, name=None, compression=NoneCompressor, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduce *tensor* over the process set (default op Average); returns a new
     tensor.  Differentiable: the gradient is the same allreduce of the gradient.
@@ -447,7 +449,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                                         postscale_factor, process_set))
 
 
-def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none,
+def grouped_allreduce(tensors, average=None, name=None, compression=NoneCompressor,
                       op=None, prescale_factor=1.0, postscale_factor=1.0,
                       process_set=global_process_set):
     """Allreduce a list of tensors as one negotiated, fused unit; differentiable."""
@@ -495,7 +497,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return output if splits is None else (output, received)
 
 
-def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+def reducescatter(tensor, name=None, compression=NoneCompressor, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce *tensor* (Sum or Average) and return this rank's dim-0 shard
     (uneven sizes: the first ranks get one row more).  Differentiable."""
@@ -505,7 +507,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     return compression.decompress(shard, ctx)
 
 
-def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+def grouped_reducescatter(tensors, name=None, compression=NoneCompressor, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     """Reducescatter a list of tensors as one unit; differentiable."""

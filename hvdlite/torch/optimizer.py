@@ -3,34 +3,34 @@
 ``DistributedOptimizer(opt, ...)`` returns an optimizer that is still an
 instance of ``type(opt)`` (a subclass created once per optimizer class, with
 :class:`_DistributedOptimizer` first in its MRO) sharing ``opt``'s parameter
-groups and state.  A hook on every parameter starts that gradient's in-place
-allreduce the moment autograd has accumulated it, so communication overlaps
-the rest of backward; ``step()`` (or ``synchronize()``) waits for them and
-writes the averaged gradients back before the wrapped optimizer's own step.
+groups and state.  A hook on every parameter tells the optimizer when autograd
+has accumulated that gradient; once it is final (``backward_passes_per_step``
+passes, every member of its group) the optimizer hands it to its *reducer*,
+and ``step()`` (or ``synchronize()``) asks the reducer to finish before the
+wrapped optimizer's own step.
+
+The reducer (:mod:`.reducers`) is picked once, when the optimizer is built:
+
+- default (Average/Sum/Min/Max, optionally with a stateless ``compression``
+  cast): :class:`~.reducers.AllreduceReducer`, one allreduce per gradient
+  (or group) started from the hook, so communication overlaps backward;
+- a stateful ``compression`` (``Compression.topk(ratio)``,
+  ``Compression.powersgd(...)``): :class:`~.reducers.CompressorReducer`,
+  the compressor's grouped exchange at ``synchronize()``; its state is part
+  of ``state_dict()``;
+- ``op=Adasum``: :class:`~.reducers.AdasumReducer`, the delta-optimizer
+  scheme (gradients stay local, ``step()`` combines parameter deltas);
+- ``reducer=``: any :class:`~.reducers.GradientReducer` of your own.
 
 Cross-rank contract: every rank of ``process_set`` wraps the same parameters
 under the same names (``named_parameters``; otherwise names follow the order
-of the parameter groups) and calls ``step()``/``synchronize()`` the same
-number of times.  Gradients may become ready in any order on each rank: the
-engine matches them by name.
-
-Three ways to reduce, chosen by the arguments:
-
-- default (Average/Sum/Min/Max, optionally with a stateless ``compression``
-  cast): one allreduce per gradient (or group) started from the hook;
-- a stateful ``compression`` (``Compression.topk(ratio)``,
-  ``Compression.powersgd(...)``): the hooks only count backward passes;
-  ``synchronize()`` hands every gradient to the compressor at once, which
-  runs its own grouped exchange (no overlap with backward: the grouped
-  exchange needs all gradients, and one collective per phase beats one per
-  tensor).  Its state is part of ``state_dict()``;
-- ``op=Adasum``: the delta-optimizer scheme.  Gradients stay local; ``step()``
-  remembers the parameters, runs the wrapped optimizer's step on this rank's
-  gradients, and combines the parameter deltas of all ranks with Adasum
-  (one grouped allreduce), so every rank ends with ``start + adasum(deltas)``.
+of the parameter groups), with the same reducer, and calls
+``step()``/``synchronize()`` the same number of times.  Gradients may become
+ready in any order on each rank: the engine matches them by name.
 
 ``optimizer.bytes_sent_last_step`` is the payload this rank handed to the
-engine in the last step (allreduce inputs, or allgathered values and indices).
+engine in the last step (allreduce inputs, or allgathered values and indices),
+as counted by the reducer.
 """
 
 from __future__ import annotations
@@ -43,22 +43,22 @@ from collections import Counter
 
 import torch
 
-import hvdlite as _engine
-from hvdlite import Adasum, Average, Sum, global_process_set
+from hvdlite import basics as _basics
+from hvdlite.ops import Adasum, Average
+from hvdlite.process_sets import global_process_set
 from hvdlite._subclass import with_mixin
-from hvdlite.torch.adasum_optimizer import adasum_delta_step
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.compressors import STATE_KEY, StatefulCompressor
-from hvdlite.torch.mpi_ops import (
-    allreduce_async_,
-    grouped_allreduce_async_,
-    sparse_allreduce_async,
-    synchronize,
+from hvdlite.torch.reducers import (
+    AdasumReducer,
+    AllreduceReducer,
+    CompressorReducer,
+    GradientReducer,
+    ReductionContext,
+    check_predivide,
 )
 
 __all__ = ["DistributedOptimizer"]
-
-_SPARSE = object()  # ctx marker: the gradient went through sparse_allreduce_async
 
 
 class _DistributedOptimizer:
@@ -66,8 +66,9 @@ class _DistributedOptimizer:
 
     # ---------------------------------------------------------------- setup
 
-    def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op,
+    def _hvd_setup(self, named_parameters, reducer, compression, backward_passes_per_step, op,
                    gradient_predivide_factor, groups, sparse_as_dense, process_set):
+        # Horovod's attributes, kept for code that reads them:
         self._compression = compression
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
@@ -77,21 +78,13 @@ class _DistributedOptimizer:
         self._p_to_group = _parameter_groups(groups, self.param_groups)
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {p: backward_passes_per_step for p in self._parameter_names}
-        self._handles: dict = {}       # parameter or group -> (handle or None, ctx)
+        self._reducer = reducer
+        self._reduction = ReductionContext(self._parameter_names, process_set)
         self._group_ready: dict = {}   # group -> parameters whose gradient is final
-        self._requires_update: set = set()
-        self._keys: list = []          # every parameter or group that gets reduced
-        self._key_ids: set = set()
+        self._backward_pending = False  # a gradient was accumulated since synchronize()
         self._hook_handles: list = []
         self._synchronized = False
         self._should_synchronize = True
-        # topk/powersgd reduce at synchronize(), Adasum combines deltas in step():
-        # either way the hooks only count backward passes.
-        self._stateful = isinstance(compression, StatefulCompressor)
-        self._deferred = self._stateful or op == Adasum
-        self._adasum_start: dict = {}  # Adasum: parameter -> its value before the step
-        self.bytes_sent_last_step = 0
-        self._bytes_pending = 0
         elastic = os.environ.get("HVDLITE_ELASTIC", os.environ.get("HOROVOD_ELASTIC")) == "1"
         self._hooks_on = process_set.included() and (process_set.size() > 1 or elastic)
         if self._hooks_on:
@@ -107,14 +100,8 @@ class _DistributedOptimizer:
 
         for group in self.param_groups:
             for p in group["params"]:
-                if not p.requires_grad or p in self._requires_update:
-                    continue
-                self._requires_update.add(p)
-                self._hook_handles.append(_on_grad_accumulated(p, grad_ready))
-                key = self._p_to_group.get(p, p)
-                if id(key) not in self._key_ids:
-                    self._key_ids.add(id(key))
-                    self._keys.append(key)
+                if p.requires_grad and self._reduction._track(p, self._p_to_group.get(p, p)):
+                    self._hook_handles.append(_on_grad_accumulated(p, grad_ready))
 
     # -------------------------------------------------------- the hook path
 
@@ -129,113 +116,30 @@ class _DistributedOptimizer:
             raise AssertionError("DistributedOptimizer does not support gradients that "
                                  "require grad (backward(create_graph=True))")
         self._allreduce_delay[p] -= 1
-        group = self._p_to_group.get(p)
-        key = p if group is None else group
-        if self._allreduce_delay[p] > 0 or self._deferred:  # mark pending only
-            self._handles.setdefault(key, (None, None))
+        self._backward_pending = True
+        if self._allreduce_delay[p] > 0:
             return
+        group = self._p_to_group.get(p)
         if group is None:
-            self._handles[p] = self._submit(p)
+            self._reducer.gradient_ready(self._reduction, p)
             return
         ready = self._group_ready.setdefault(group, set())
         ready.add(p)
         if len(ready) == len(group):
             del self._group_ready[group]
-            self._handles[group] = self._submit_group(group)
-        else:
-            self._handles.setdefault(group, (None, None))
-
-    def _scale_factors(self) -> tuple[float, float]:
-        if self.op == Average:  # the engine divides by the set's size for Average
-            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        return 1.0, 1.0
-
-    def _wire_tensor(self, p):
-        """The tensor that carries p's gradient: p.grad itself when possible."""
-        if p.grad is None:  # not computed on this rank: contribute zeros
-            p.grad = torch.zeros_like(p)
-        grad = p.grad
-        dense = grad.to_dense() if grad.is_sparse else grad
-        wire, ctx = self._compression.compress(dense)
-        return (wire if wire.is_contiguous() else wire.contiguous()), ctx
-
-    def _submit(self, p):
-        name = self._parameter_names[p]
-        if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
-            grad = p.grad.coalesce()
-            self._bytes_pending += grad.values().nbytes + grad.indices().nbytes
-            return sparse_allreduce_async(grad, name=name, op=self.op,
-                                          process_set=self.process_set), _SPARSE
-        wire, ctx = self._wire_tensor(p)
-        self._bytes_pending += wire.nbytes
-        pre, post = self._scale_factors()
-        handle = allreduce_async_(wire, name=name, op=self.op, prescale_factor=pre,
-                                  postscale_factor=post, process_set=self.process_set)
-        return handle, (wire, ctx)
-
-    def _submit_group(self, group):
-        wires = [self._wire_tensor(p) for p in group]
-        self._bytes_pending += sum(w.nbytes for w, _ in wires)
-        pre, post = self._scale_factors()
-        handle = grouped_allreduce_async_(
-            [w for w, _ in wires], name=self._parameter_names[group[0]], op=self.op,
-            prescale_factor=pre, postscale_factor=post, process_set=self.process_set)
-        return handle, wires
-
-    def _write_back(self, p, ctx) -> None:
-        wire, cctx = ctx
-        grad = p.grad
-        if wire is grad:  # reduced in place
-            return
-        result = self._compression.decompress(wire, cctx)
-        if grad.is_sparse:  # sparse_as_dense: the optimizer expects a sparse gradient
-            p.grad = result.to_sparse()
-        else:
-            grad.copy_(result)
-
-    def _finish_allreduces(self) -> None:
-        """Start what backward did not (unused parameters, incomplete groups),
-        wait for every allreduce and write the results to ``.grad``."""
-        for key in self._keys:
-            if self._handles.get(key, (None, None))[0] is None:
-                self._handles[key] = (self._submit_group(key) if isinstance(key, tuple)
-                                      else self._submit(key))
-        for key, (handle, ctx) in self._handles.items():
-            if ctx is _SPARSE:
-                key.grad = synchronize(handle).coalesce()
-                continue
-            synchronize(handle)
-            if isinstance(key, tuple):
-                for p, member_ctx in zip(key, ctx, strict=True):
-                    self._write_back(p, member_ctx)
-            else:
-                self._write_back(key, ctx)
-
-    # ------------------------------- deferred paths: stateful compression, Adasum
-
-    def _reduce_stateful(self) -> None:
-        """Hand every gradient (zeros where none was computed) to the stateful
-        compressor, in the parameters' order, which is the same on every rank."""
-        grads, sparse = [], []
-        for p, name in self._parameter_names.items():
-            if p not in self._requires_update:
-                continue
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            grad = p.grad
-            if grad.is_sparse:
-                grad = grad.to_dense()
-                sparse.append((p, grad))
-            grads.append((name, grad))
-        self._bytes_pending += self._compression.reduce(grads, self.process_set, self.op)
-        for p, dense in sparse:
-            p.grad = dense.to_sparse()
+            self._reducer.gradient_ready(self._reduction, group)
 
     # ------------------------------------------------------------ public API
 
+    @property
+    def bytes_sent_last_step(self) -> int:
+        """Payload bytes this rank handed to the engine in the last step."""
+        return self._reducer.bytes_sent_last_step
+
     def synchronize(self) -> None:
-        """Wait for every gradient's allreduce (starting those backward did not:
-        unused parameters, incomplete groups) and write the results to ``.grad``.
+        """Have the reducer finish every gradient's reduction and write the
+        results to ``.grad`` (starting those backward did not: unused
+        parameters, incomplete groups).
 
         With a stateful compression this is where the whole exchange runs; with
         op=Adasum it only closes the backward passes (gradients stay local,
@@ -244,16 +148,12 @@ class _DistributedOptimizer:
             self._synchronized = True
             return
         try:
-            if self._stateful:
-                self._reduce_stateful()
-            elif not self._deferred:  # Adasum: nothing to do before step()
-                self._finish_allreduces()
+            self._reducer.synchronize(self._reduction)
         finally:
-            self._handles.clear()
+            self._backward_pending = False
             self._group_ready.clear()
             for p in self._allreduce_delay:
                 self._allreduce_delay[p] = self.backward_passes_per_step
-            self.bytes_sent_last_step, self._bytes_pending = self._bytes_pending, 0
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -281,8 +181,8 @@ class _DistributedOptimizer:
                     "optimizer.synchronize() in your code.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
-        if self.op == Adasum and self._hooks_on:
-            return adasum_delta_step(self, super().step, closure)
+        if self._hooks_on:
+            return self._reducer.step(self._reduction, super().step, closure)
         return super().step() if closure is None else super().step(closure)
 
     # torch wraps a class's step() for its profiler and step hooks unless it is
@@ -290,7 +190,7 @@ class _DistributedOptimizer:
     step.hooked = True
 
     def zero_grad(self, *args, **kwargs):
-        if self._handles:
+        if self._backward_pending:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
@@ -298,22 +198,25 @@ class _DistributedOptimizer:
         return super().zero_grad(*args, **kwargs)
 
     def state_dict(self):
-        """The wrapped optimizer's state dict, plus a stateful compressor's
-        state (residuals, PowerSGD's Q) under ``"hvdlite_compression"`` (a
-        plain optimizer ignores that key when loading)."""
+        """The wrapped optimizer's state dict, plus the reducer's state (a
+        stateful compressor's residuals, PowerSGD's Q) under
+        ``"hvdlite_compression"`` (a plain optimizer ignores that key when
+        loading)."""
         state = super().state_dict()
-        if self._stateful:
-            state[STATE_KEY] = self._compression.state_dict()
+        reducer_state = self._reducer.state_dict()
+        if reducer_state is not None:
+            state[STATE_KEY] = reducer_state
         return state
 
     def load_state_dict(self, state_dict) -> None:
-        compression_state = None
+        reducer_state = None
         if isinstance(state_dict, dict) and STATE_KEY in state_dict:
             state_dict = dict(state_dict)
-            compression_state = state_dict.pop(STATE_KEY)
+            reducer_state = state_dict.pop(STATE_KEY)
         super().load_state_dict(state_dict)
-        if compression_state is not None and self.__dict__.get("_stateful"):
-            self._compression.load_state_dict(compression_state)
+        reducer = self.__dict__.get("_reducer")
+        if reducer_state is not None and reducer is not None:
+            reducer.load_state_dict(reducer_state)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes accumulate locally before an allreduce."""
@@ -418,19 +321,53 @@ def _parameter_groups(groups, param_groups) -> dict:
     return mapping
 
 
-def _check_compression(compression, op) -> None:
+def _check_compression(compression) -> None:
     if compression in (Compression.topk, Compression.powersgd):
         raise ValueError(f"compression=Compression.{compression.__name__} must be called to "
                          f"build a compressor, e.g. Compression.topk(0.01) or "
                          f"Compression.powersgd(rank=4)")
-    if isinstance(compression, StatefulCompressor) and op not in (Average, Sum):
-        raise ValueError(f"{compression!r} reduces gradients by op=Average or op=Sum, got "
-                         f"op={op!r}; use Compression.none/fp16/bf16 with other ops")
 
 
 def _check_passes(passes) -> None:
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
         raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}")
+
+
+def _check_reducer(reducer, compression, op, gradient_predivide_factor,
+                   sparse_as_dense) -> None:
+    """A reducer given by the user decides how gradients are reduced: the
+    arguments that would pick or configure a built-in one must stay default."""
+    if not isinstance(reducer, GradientReducer):
+        raise TypeError(f"reducer must be a hvdlite.torch.GradientReducer (subclass it and "
+                        f"implement synchronize(ctx)), got {type(reducer).__name__}")
+    conflicts = []
+    if compression is not Compression.none:
+        cast = [f"Compression.{n}" for n in ("fp16", "bf16")
+                if getattr(Compression, n) is compression]
+        conflicts.append(f"compression={cast[0] if cast else repr(compression)}")
+    if op != Average:
+        conflicts.append(f"op={getattr(op, 'name', str(op)).title()}")
+    if gradient_predivide_factor != 1.0:
+        conflicts.append(f"gradient_predivide_factor={gradient_predivide_factor}")
+    if sparse_as_dense:
+        conflicts.append("sparse_as_dense=True")
+    if conflicts:
+        raise ValueError(
+            f"reducer={type(reducer).__name__}(...) decides how gradients are reduced and "
+            f"cannot be combined with {', '.join(conflicts)}; pass those to a reducer instead "
+            f"(AllreduceReducer(op=..., compression=..., gradient_predivide_factor=..., "
+            f"sparse_as_dense=...), CompressorReducer(Compression.topk(0.01)), "
+            f"AdasumReducer()) or leave reducer=None")
+
+
+def _default_reducer(compression, op, gradient_predivide_factor,
+                     sparse_as_dense) -> GradientReducer:
+    """The reducer Horovod's arguments describe."""
+    if isinstance(compression, StatefulCompressor):
+        return CompressorReducer(compression, op)
+    if op == Adasum:
+        return AdasumReducer(compression)
+    return AllreduceReducer(op, compression, gradient_predivide_factor, sparse_as_dense)
 
 
 def _distributed_class(base: type) -> type:
@@ -441,7 +378,8 @@ def _distributed_class(base: type) -> type:
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=global_process_set):
+                         sparse_as_dense=False, process_set=global_process_set, *,
+                         reducer: GradientReducer | None = None):
     """Wrap a ``torch.optim.Optimizer`` so that ``step()`` applies gradients
     averaged (``op``) over every rank of ``process_set``.
 
@@ -458,8 +396,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     powersgd, which reduce in float32 or wider); ``groups`` (an int, or
     lists of parameters) reduces parameters in fused groups (``num_groups`` is
     its deprecated spelling); ``sparse_as_dense`` reduces sparse gradients as
-    dense tensors.  The result is still an instance of ``type(optimizer)`` and
-    shares its parameter groups and state.
+    dense tensors.  (+) ``reducer``, a :class:`~.reducers.GradientReducer`,
+    replaces the reduction those arguments pick (``compression``, ``op``,
+    ``gradient_predivide_factor`` and ``sparse_as_dense`` must then stay
+    default; one reducer per optimizer).  The result is still an instance of
+    ``type(optimizer)`` and shares its parameter groups and state.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("hvdlite.torch.DistributedOptimizer wraps a torch.optim.Optimizer, "
@@ -467,18 +408,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the "
                          "original optimizer only once")
-    _engine.size()  # ValueError naming the fix when init() has not been called
+    _basics.size()  # ValueError naming the fix when init() has not been called
     _check_passes(backward_passes_per_step)
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if reducer is not None:
+        _check_reducer(reducer, compression, op, gradient_predivide_factor, sparse_as_dense)
+    check_predivide(op, gradient_predivide_factor)
     set_size = process_set.size()
-    if op == Adasum and set_size and set_size & (set_size - 1):
+    if (op == Adasum or isinstance(reducer, AdasumReducer)) \
+            and set_size and set_size & (set_size - 1):
         raise ValueError(f"op=Adasum needs a power-of-two number of ranks, the process set "
                          f"has {set_size}; use op=Average or run on 2, 4, 8... ranks")
-    if gradient_predivide_factor <= 0:
-        raise ValueError(f"gradient_predivide_factor must be positive, "
-                         f"got {gradient_predivide_factor}")
-    _check_compression(compression, op)
+    if reducer is None:
+        _check_compression(compression)
+        reducer = _default_reducer(compression, op, gradient_predivide_factor,
+                                   sparse_as_dense)
     if num_groups:
         warnings.warn("Parameter `num_groups` has been replaced by `groups`.",
                       DeprecationWarning, stacklevel=2)
@@ -489,6 +432,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     # Share everything but methods an LR scheduler may have bound to the original.
     distributed.__dict__.update(
         {k: v for k, v in optimizer.__dict__.items() if k not in ("step", "zero_grad")})
-    distributed._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
-                           gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    distributed._hvd_setup(named_parameters, reducer, compression, backward_passes_per_step,
+                           op, gradient_predivide_factor, groups, sparse_as_dense, process_set)
     return distributed

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from hvdlite import Sum, global_process_set
+from hvdlite.ops import Sum
+from hvdlite.process_sets import global_process_set
 from hvdlite.torch.mpi_ops import allgather_async, allreduce_async, synchronize
 
 __all__ = ["SyncBatchNorm"]
