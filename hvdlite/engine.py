@@ -51,7 +51,7 @@ from .fusion import plan_batches
 from .messages import CACHEABLE, RESPONSE_ERROR, RESPONSE_OK, Kind, Response
 from .process_sets import ProcessSet
 from .response_cache import ResponseCache
-from .status import Flag, Layout, decode, encode
+from .status import Flag, Layout, alone, decode, encode
 from .submissions import Entry, Inbox
 
 __all__ = ["Engine"]
@@ -257,13 +257,14 @@ class Engine:
         layout = Layout.of(self.bits.cache.num_bits, self.size, after_wait)
         full = (1 << (layout.bit_words * 64)) - 1
         hit_and, hit_or = self.bits.status_masks(self._joined, full)
-        vector = encode(layout, flags, hit_and, hit_or, self.bits.invalid_mask,
+        invalid = self.bits.invalid_mask
+        if self.size == 1:
+            return alone(layout, flags, hit_and, hit_or, invalid, self.doorbell.rang)
+        vector = encode(layout, flags, hit_and, hit_or, invalid,
                         self.rank if self.doorbell.rang else None)
-        if self.size > 1:
-            req = self.comm.Iallreduce(MPI.IN_PLACE, vector, MPI.BAND)
-            wait = _STATUS_WAIT_THREAD if self.driver.is_engine_thread() \
-                else _STATUS_WAIT_CALLER
-            wait.wait_for(req.Test)
+        req = self.comm.Iallreduce(MPI.IN_PLACE, vector, MPI.BAND)
+        wait = _STATUS_WAIT_THREAD if self.driver.is_engine_thread() else _STATUS_WAIT_CALLER
+        wait.wait_for(req.Test)
         return decode(layout, vector)
 
     def _negotiate(self, stall: bool) -> list[Response]:

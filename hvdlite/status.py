@@ -21,19 +21,19 @@ computes, for tests.
 
 from __future__ import annotations
 
-import enum
 from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Flag", "Layout", "Status", "encode", "decode", "combine"]
+__all__ = ["Flag", "Layout", "Status", "encode", "decode", "alone", "combine"]
 
 _WORD = 64
 _ALL_ONES = (1 << _WORD) - 1
 
 
-class Flag(enum.IntFlag):
-    """Facts that are true when at least one rank says so."""
+class Flag:
+    """Facts that are true when at least one rank says so (plain int bits: the
+    cycle tests them several times, and int operations are cheapest)."""
 
     NEW = 1  # a rank drained new entries this cycle
     UNCACHED = 2  # a rank has requests for the coordinator
@@ -79,7 +79,7 @@ def encode(layout: Layout, flags: int, hit_and: int, hit_or: int, invalid: int,
     """
     width = layout.bit_words * _WORD
     full = (1 << width) - 1
-    value = (~int(flags) & _ALL_ONES) | (hit_and << _WORD) \
+    value = (~flags & _ALL_ONES) | (hit_and << _WORD) \
         | ((~hit_or & full) << (_WORD + width)) \
         | ((~invalid & full) << (_WORD + 2 * width))
     if layout.ringer_words:
@@ -91,7 +91,7 @@ def encode(layout: Layout, flags: int, hit_and: int, hit_or: int, invalid: int,
 
 def decode(layout: Layout, vector: np.ndarray) -> Status:
     """The combined vector (after the AND-allreduce), as a :class:`Status`."""
-    value = int.from_bytes(vector.tobytes(), "little")
+    value = int.from_bytes(vector.data, "little")
     flags = ~value & _ALL_ONES
     width = layout.bit_words * _WORD
     full = (1 << width) - 1
@@ -104,6 +104,14 @@ def decode(layout: Layout, vector: np.ndarray) -> Status:
         ringer_full = (1 << (layout.ringer_words * _WORD)) - 1
         ringers = bin(~(value >> (_WORD + 3 * width)) & ringer_full).count("1")
     return Status(flags, all_hit, any_hit, invalid, ringers)
+
+
+def alone(layout: Layout, flags: int, hit_and: int, hit_or: int, invalid: int,
+          rang: bool) -> Status:
+    """What :func:`decode` makes of the vector of a job of one rank, without one."""
+    full = (1 << (layout.bit_words * _WORD)) - 1
+    return Status(flags, hit_and & full, hit_or, invalid,
+                  int(rang) if layout.ringer_words else 0)
 
 
 def combine(vectors) -> np.ndarray:

@@ -20,7 +20,7 @@ from hvdlite.exceptions import HorovodInternalError
 from hvdlite.handles import Handle
 from hvdlite.messages import RESPONSE_OK, Kind, Params, Response
 from hvdlite.response_cache import ResponseCache
-from hvdlite.status import Flag, Layout, combine, decode, encode
+from hvdlite.status import Flag, Layout, alone, combine, decode, encode
 from hvdlite.submissions import Entry, Inbox
 from hvdlite.transport import SHM_MIN_BYTES, Planner, Transport
 
@@ -55,6 +55,14 @@ def test_the_combined_status_is_the_or_of_flags_and_the_and_of_hits():
         assert status.any_hit == expect_any
         assert status.invalid == expect_invalid
         assert status.ringers == sum(ringer is not None for *_, ringer in ranks)
+
+
+def test_a_job_of_one_rank_decodes_its_own_status_without_a_vector():
+    for after_wait in (False, True):
+        layout = Layout.of(70, 1, after_wait)
+        args = (Flag.NEW | Flag.STALL, (1 << 69) | 5, (1 << 69) | 5, 2)
+        assert alone(layout, *args, rang=True) == \
+            decode(layout, combine([encode(layout, *args, ringer_rank=0)]))
 
 
 def test_a_status_without_a_wait_has_no_ringer_field():
