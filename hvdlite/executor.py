@@ -83,6 +83,7 @@ class MPIExecutor:
         self.hierarchical = hierarchical  # the two-level helper, where enabled
         self.pool = BufferPool()
         self._shm: dict[int, object] = {}  # set id -> SharedMemoryAllreduce or None
+        self._plans: dict[int, object] = {}  # set id -> its TransportPlan
 
     # ------------------------------------------------------------------ dispatch
     def run_batch(self, batch: list[Response]) -> None:
@@ -113,7 +114,11 @@ class MPIExecutor:
             raise RuntimeError(f"executor cannot run {Kind(kind).name}")
 
     def _plan(self, set_id: int):
-        return self._planner.plan(self._sets.members[set_id])
+        try:
+            return self._plans[set_id]
+        except KeyError:
+            plan = self._plans[set_id] = self._planner.plan(self._sets.ranks[set_id])
+            return plan
 
     # ----------------------------------------------------------------- allreduce
     def _reduction(self, batch, set_size) -> Reduction:
@@ -235,6 +240,7 @@ class MPIExecutor:
 
     def forget_set(self, set_id: int) -> None:
         """Collective over the set's members: release what was made for it."""
+        self._plans.pop(set_id, None)
         shm = self._shm.pop(set_id, None)
         if shm is not None:
             shm.free()

@@ -70,7 +70,6 @@ class Hierarchical:
         self.homogeneous = len(sizes) == 1
         self.calls = {"allreduce": 0, "allgather": 0}  # for tests and diagnostics
         self._pool = BufferPool()
-        self._matches: dict[int, tuple[object, bool]] = {}
         me = world.Get_rank()
         self.node = next(n for n in nodes if me in n)
 
@@ -104,24 +103,6 @@ class Hierarchical:
                      "(no intra-node reduce-scatter)", sizes)
         else:
             log.info("hierarchical collectives: %d nodes of %d ranks", len(self.nodes), sizes[0])
-
-    # ------------------------------------------------------------------ policy
-    def applies(self, comm, collective: str = "allreduce") -> bool:
-        """True when *collective* is enabled and *comm* spans the job (the global set).
-
-        Other process sets run flat: the node topology describes the whole job only.
-        The comparison is local (no communication) and cached per communicator.
-        """
-        enabled = self.allgather_enabled if collective == "allgather" else self.allreduce_enabled
-        if not enabled:
-            return False
-        hit = self._matches.get(id(comm))
-        if hit is None or hit[0] is not comm:
-            # Keeping a reference pins the id, so it cannot name a different comm later.
-            same = MPI.Comm.Compare(comm, self.world) in (MPI.IDENT, MPI.CONGRUENT)
-            hit = (comm, same)
-            self._matches[id(comm)] = hit
-        return hit[1]
 
     # --------------------------------------------------------------- allreduce
     def allreduce(self, buf: np.ndarray, op, src: np.ndarray | None = None) -> None:

@@ -44,8 +44,8 @@ class ProcessSet:
         registration, or the global set before ``init()``)."""
         if self._ranks is None and self.process_set_id == GLOBAL_SET_ID:
             st = runtime.current()
-            if st is not None and st.world is not None:
-                return list(range(st.world.Get_size()))
+            if st is not None and st.sets is not None and st.sets.ranks:
+                return st.sets.ranks[GLOBAL_SET_ID]
         return self._ranks
 
     # -- Horovod's accessors -------------------------------------------------

@@ -21,6 +21,7 @@ from mpi4py import MPI  # noqa: E402
 import hvdlite  # noqa: E402
 from hvdlite.basics import state  # noqa: E402
 from hvdlite.hierarchical import Hierarchical  # noqa: E402
+from hvdlite.transport import Planner, Transport  # noqa: E402
 
 MPI_SIZES = (3, 4)
 
@@ -96,17 +97,16 @@ def test_simulated_nodes(helper):
     assert hvdlite.is_homogeneous() == (SIZE == 4)
     assert helper is not None and helper.allgather_enabled
     assert helper.nodes == ([(0, 1), (2, 3)] if SIZE == 4 else [(0, 1), (2,)])
-    assert helper.applies(state().sets.comm_of(0))
-    assert helper.applies(state().sets.comm_of(0), "allgather")
+    # The global set takes the two-level paths (the plan that the executor follows).
+    plan = state().planner.plan(range(SIZE))
+    assert plan.allreduce is Transport.HIERARCHICAL
+    assert plan.allgather is Transport.HIERARCHICAL
 
 
-def test_other_communicators_run_flat(helper):
-    pair = WORLD.Split(RANK // 2, RANK)
-    try:
-        assert not helper.applies(pair)
-        assert not helper.applies(pair, "allgather")
-    finally:
-        pair.Free()
+def test_other_sets_run_flat(helper):
+    pair = state().planner.plan([r for r in range(SIZE) if r // 2 == RANK // 2])
+    assert pair.allreduce is not Transport.HIERARCHICAL
+    assert pair.allgather is not Transport.HIERARCHICAL
 
 
 def test_each_collective_has_its_own_switch():
@@ -115,7 +115,11 @@ def test_each_collective_has_its_own_switch():
     fake = SimpleNamespace(world=WORLD, local_comm=st.local_comm, cross_comm=st.cross_comm,
                            homogeneous=st.homogeneous, config=only_gather)
     h = Hierarchical.create(fake)
-    assert h.applies(WORLD, "allgather") and not h.applies(WORLD)
+    assert h.allgather_enabled and not h.allreduce_enabled
+    plan = Planner(SIZE, st.node_ranks, shared_memory=True, hierarchical_allreduce=False,
+                   hierarchical_allgather=True).plan(range(SIZE))
+    assert plan.allgather is Transport.HIERARCHICAL
+    assert plan.allreduce is not Transport.HIERARCHICAL
 
 
 # ------------------------------------------------- the algorithms, called directly
