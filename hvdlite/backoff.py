@@ -35,18 +35,27 @@ class Backoff:
         return min(self.cap, max(self.floor, waited * self.ratio))
 
     def wait_for(self, test: Callable[[], bool], clock=time.perf_counter, sleep=time.sleep,
-                 yield_core=os.sched_yield) -> None:
-        """Return once ``test()`` is true: first look in a loop that yields the core
-        for ``spin`` seconds, then sleep between looks as :meth:`delay` says."""
+                 yield_core=os.sched_yield, timeout: float | None = None) -> bool:
+        """Return True once ``test()`` is true: first look in a loop that yields the
+        core for ``spin`` seconds, then sleep between looks as :meth:`delay` says.
+        With *timeout* (seconds), return False once that much time passed first."""
         if test():
-            return
+            return True
         now = clock()
+        give_up = None if timeout is None else now + timeout
         spin_until = now + self.spin
         while now < spin_until:
             if test():
-                return
+                return True
             yield_core()
             now = clock()
         sleeping_since = now
         while not test():
-            sleep(self.delay(clock() - sleeping_since))
+            now = clock()
+            pause = self.delay(now - sleeping_since)
+            if give_up is not None:
+                if now >= give_up:
+                    return False
+                pause = min(pause, give_up - now)
+            sleep(pause)
+        return True

@@ -18,8 +18,10 @@ import time
 from . import config as _config
 from . import runtime
 from .devices import cuda_available, nccl_version
+from .init_agreement import Preparation, agree
 from .process_sets import ProcessSet, ProcessSetTable
 from .runtime import State, is_running, live, state
+from .thread_affinity import core_for
 from .timeline import Timeline
 from .transport import Planner, Transport, plan_for
 
@@ -50,11 +52,13 @@ _init_lock = threading.Lock()
 _atexit_registered = False
 
 
-def _configure_logging(level: str, rank: int) -> None:
+def _configure_logging(level: str, rank: int, hide_time: bool) -> None:
     log.setLevel(_LEVELS[level])
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(f"[hvdlite rank {rank}] %(levelname)s %(message)s"))
+        when = "" if hide_time else "%(asctime)s "
+        handler.setFormatter(logging.Formatter(
+            f"[hvdlite rank {rank}] {when}%(levelname)s %(message)s"))
         log.addHandler(handler)
         log.propagate = False
 
@@ -101,58 +105,145 @@ def init(comm=None, process_sets=None) -> None:
     ranks call init).  *process_sets*: a list of :class:`ProcessSet` to register
     now, or ``"dynamic"`` to allow add/remove later.  A second call while
     initialized does nothing.  Knobs are read from the environment now.
+
+    Every rank succeeds or every rank raises: what can fail on one rank alone
+    (a bad knob, knobs that differ between ranks, ``process_sets`` that differ,
+    rank 0's timeline file) is agreed on before any collective set-up (see
+    :mod:`hvdlite.init_agreement`); a failure in the set-up itself ends the job.
     """
     global _atexit_registered
     with _init_lock:
         if is_running():
             return
-        cfg = _config.read_config()
+        runtime.refuse_in_forked_child()
+        error = None
+        try:
+            cfg = _config.read_config()
+        except ValueError as exc:
+            cfg, error = _config.Config(), exc
         if not cfg.malloc_tuning_disable:
             _tune_malloc()
         MPI = _import_mpi(cfg)
-        if isinstance(comm, (list, tuple)):
-            ranks = sorted(int(r) for r in comm)
-            group = MPI.COMM_WORLD.Get_group().Incl(ranks)
-            world = MPI.COMM_WORLD.Create_group(group)
-            group.Free()
-        elif comm is None:
-            world = MPI.COMM_WORLD
-        else:
-            world = comm
-        if world == MPI.COMM_NULL:
-            raise ValueError("init(comm=...) was called on a rank that is not in comm.")
-        new = State()
-        new.config = cfg
-        new.world = world
-        new.thread_level = MPI.Query_thread()
-        _configure_logging(cfg.log_level, world.Get_rank())
-        _build_topology(new, MPI, cfg)
-        new.sets = ProcessSetTable(world.Get_size(), world.Get_rank(), world.Dup())
-        new.dynamic = cfg.dynamic_process_sets or process_sets == "dynamic"
-        if process_sets not in (None, "dynamic"):
-            for ps in process_sets:
-                _register_static(new, ps, MPI)
-        new.planner = Planner(world.Get_size(), new.node_ranks,
-                              shared_memory=not cfg.shm_allreduce_disable,
-                              hierarchical_allreduce=cfg.hierarchical_allreduce,
-                              hierarchical_allgather=cfg.hierarchical_allgather)
-        # The engine and the two-level helper import mpi4py.MPI: only once MPI is set up.
-        from .engine import Engine
-        from .hierarchical import Hierarchical
-
-        hierarchical = None
-        if cfg.hierarchical_allreduce or cfg.hierarchical_allgather:
-            hierarchical = Hierarchical.create(new)
-        if cfg.timeline:
-            new.timeline = Timeline(cfg.timeline, cfg.timeline_mark_cycles) \
-                if world.Get_rank() == 0 else None
-        new.engine = Engine(world, cfg, new.sets, new.planner, timeline=new.timeline,
-                            hierarchical=hierarchical, overlap=_overlap(cfg, new))
+        world = _world_of(comm, MPI)
+        set_ranks, timeline = [], None
+        if error is None:
+            try:
+                set_ranks = _resolve_sets(process_sets, world, MPI)
+                if cfg.timeline and world.Get_rank() == 0:
+                    timeline = Timeline(cfg.timeline, cfg.timeline_mark_cycles)
+            except (ValueError, OSError) as exc:
+                error = exc
+        try:
+            agree(world, Preparation(error, cfg, [ranks for _, ranks in set_ranks]))
+        except BaseException:
+            if timeline is not None:
+                timeline.close()
+            if world not in (MPI.COMM_WORLD, MPI.COMM_SELF):
+                world.Free()
+            raise
+        try:
+            new = _start(world, cfg, set_ranks, timeline, process_sets == "dynamic", MPI)
+        except BaseException as exc:
+            _end_job_after_failed_start(world, exc)
+            raise
         runtime.install(new)
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
+            os.register_at_fork(after_in_child=runtime.forget_after_fork)
             _atexit_registered = True
-        _install_excepthook(world.Get_size())
+        _install_excepthooks()
+
+
+def _world_of(comm, MPI):
+    """The job's communicator for *comm* (see :func:`init`)."""
+    if isinstance(comm, (list, tuple)):
+        ranks = sorted(int(r) for r in comm)
+        group = MPI.COMM_WORLD.Get_group().Incl(ranks)
+        world = MPI.COMM_WORLD.Create_group(group)
+        group.Free()
+    elif comm is None:
+        world = MPI.COMM_WORLD
+    else:
+        world = comm
+    if world == MPI.COMM_NULL:
+        raise ValueError("init(comm=...) was called on a rank that is not in comm.")
+    return world
+
+
+def _resolve_sets(process_sets, world, MPI) -> list[tuple[ProcessSet, list[int]]]:
+    """Each ProcessSet of ``init(process_sets=...)`` with its global ranks (local:
+    ValueError for a bad set, before any rank enters a collective)."""
+    if process_sets in (None, "dynamic"):
+        return []
+    resolved = []
+    size = world.Get_size()
+    for ps in process_sets:
+        if not isinstance(ps, ProcessSet):
+            ps = ProcessSet(ps)
+        if ps.mpi_comm is not None:
+            group = ps.mpi_comm.Get_group()
+            ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
+                                              world.Get_group())
+        else:
+            ranks = ps.ranks
+        ranks = sorted(int(r) for r in ranks or ())
+        bad = [r for r in ranks if not 0 <= r < size]
+        if bad or not ranks:
+            raise ValueError(f"init(process_sets=...): {ps} names ranks {bad or 'none'} "
+                             f"outside the world of {size} ranks (valid: 0..{size - 1}).")
+        if ranks == list(range(size)) or any(ranks == other for _, other in resolved):
+            raise ValueError(f"init(process_sets=...) lists ranks {ranks} twice (a set of "
+                             "every rank is hvd.global_process_set, registered already).")
+        resolved.append((ps, ranks))
+    return resolved
+
+
+def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI) -> State:
+    """The collective set-up every rank runs once they agreed: topology, process
+    sets, the engine."""
+    new = State()
+    new.config = cfg
+    new.world = world
+    new.thread_level = MPI.Query_thread()
+    _configure_logging(cfg.log_level, world.Get_rank(), cfg.log_hide_time)
+    _build_topology(new, MPI, cfg)
+    core = core_for(new.local_comm.Get_rank(), new.local_comm.Get_size(),
+                    {"HVDLITE_THREAD_AFFINITY": cfg.thread_affinity})
+    if core is not None and hasattr(os, "sched_getaffinity") \
+            and core not in os.sched_getaffinity(0):
+        raise ValueError(f"HVDLITE_THREAD_AFFINITY names core {core}, which this process may "
+                         f"not use (allowed: {sorted(os.sched_getaffinity(0))}).")
+    new.sets = ProcessSetTable(world.Get_size(), world.Get_rank(), world.Dup())
+    new.dynamic = cfg.dynamic_process_sets or dynamic
+    for ps, ranks in set_ranks:
+        color = 0 if world.Get_rank() in ranks else MPI.UNDEFINED
+        sub = world.Split(color, world.Get_rank())
+        new.sets.register(ps, ranks, None if sub == MPI.COMM_NULL else sub)
+    new.planner = Planner(world.Get_size(), new.node_ranks,
+                          shared_memory=not cfg.shm_allreduce_disable,
+                          hierarchical_allreduce=cfg.hierarchical_allreduce,
+                          hierarchical_allgather=cfg.hierarchical_allgather)
+    # The engine and the two-level helper import mpi4py.MPI: only once MPI is set up.
+    from .engine import Engine
+    from .hierarchical import Hierarchical
+
+    hierarchical = None
+    if cfg.hierarchical_allreduce or cfg.hierarchical_allgather:
+        hierarchical = Hierarchical.create(new)
+    new.timeline = timeline
+    new.engine = Engine(world, cfg, new.sets, new.planner, timeline=new.timeline,
+                        hierarchical=hierarchical, overlap=_overlap(cfg, new), core=core)
+    return new
+
+
+def _end_job_after_failed_start(world, exc: BaseException) -> None:
+    """The collective set-up failed here after every rank agreed to go on: the
+    others may be blocked in it, so a job of several ranks ends now."""
+    if world.Get_size() <= 1:
+        return
+    sys.stderr.write(f"hvdlite.init() failed on rank {world.Get_rank()} during the collective "
+                     f"set-up; ending the job: {exc!r}\n")
+    _abort(1)
 
 
 def _tune_malloc() -> None:
@@ -171,24 +262,6 @@ def _tune_malloc() -> None:
         libc.mallopt(m_trim_threshold, 1 << 30)
     except (OSError, AttributeError):  # not glibc after all: nothing to tune
         pass
-
-
-def _register_static(st: State, ps, MPI) -> None:
-    if not isinstance(ps, ProcessSet):
-        ps = ProcessSet(ps)
-    if ps.mpi_comm is not None:
-        group = ps.mpi_comm.Get_group()
-        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
-                                          st.world.Get_group())
-        ranks = sorted(ranks)
-    else:
-        ranks = ps.ranks
-    ranks = st.sets.validate_ranks(ranks)
-    if st.sets.find_ranks(ranks) is not None:
-        raise ValueError(f"init(process_sets=...) lists ranks {ranks} twice.")
-    color = 0 if st.world.Get_rank() in ranks else MPI.UNDEFINED
-    sub = st.world.Split(color, st.world.Get_rank())
-    st.sets.register(ps, ranks, None if sub == MPI.COMM_NULL else sub)
 
 
 def _build_topology(st: State, MPI, cfg) -> None:
@@ -224,24 +297,48 @@ def _overlap(cfg, st: State) -> bool:
     return cores > st.local_comm.Get_size()
 
 
-def _install_excepthook(world_size: int) -> None:
-    """An uncaught exception on one rank ends the whole job instead of hanging its peers."""
-    if world_size <= 1 or getattr(sys.excepthook, "_hvdlite", False):
-        return
-    previous = sys.excepthook
+def _install_excepthooks() -> None:
+    """An uncaught exception on one rank, in any thread, ends the whole job instead
+    of hanging its peers (in a job of one rank there is nobody to hang)."""
+    if not getattr(sys.excepthook, "_hvdlite", False):
+        previous = sys.excepthook
 
-    def hook(exc_type, exc, tb):
-        previous(exc_type, exc, tb)
-        if is_running():
-            sys.stdout.flush()
-            sys.stderr.flush()
-            time.sleep(0.2)  # let mpiexec forward the traceback before the job is torn down
-            from mpi4py import MPI
+        def hook(exc_type, exc, tb):
+            previous(exc_type, exc, tb)
+            if _peers_would_hang():
+                _abort(1)
 
-            MPI.COMM_WORLD.Abort(1)
+        hook._hvdlite = True
+        sys.excepthook = hook
+    if not getattr(threading.excepthook, "_hvdlite", False):
+        previous_thread_hook = threading.excepthook
 
-    hook._hvdlite = True
-    sys.excepthook = hook
+        def thread_hook(args):
+            previous_thread_hook(args)
+            if args.exc_type is not SystemExit and _peers_would_hang():
+                _abort(1)
+
+        thread_hook._hvdlite = True
+        threading.excepthook = thread_hook
+
+
+def _peers_would_hang() -> bool:
+    """A job of several ranks whose engine still runs here, or stopped mid-cycle
+    (an interrupt): the peers cannot finish without this rank."""
+    st = runtime.current()
+    if st is None or st.engine is None or st.world.Get_size() <= 1:
+        return False
+    return not st.engine.stopped or st.engine.interrupted is not None
+
+
+def _abort(code: int) -> None:
+    """End every rank of the job, after letting mpiexec forward this rank's output."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(0.2)
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Abort(code)
 
 
 def shutdown() -> None:
@@ -250,6 +347,7 @@ def shutdown() -> None:
         st = runtime.current()
         if st is None or st.engine is None:
             return
+        _end_job_after_interrupt(st)  # the other ranks could never meet this one again
         if not st.engine.request_shutdown(timeout=60.0):
             log.warning("hvdlite engine did not stop within 60 s (a peer rank is unresponsive)")
             return
@@ -272,7 +370,18 @@ def shutdown() -> None:
         runtime.clear()
 
 
+def _end_job_after_interrupt(st) -> None:
+    """A Ctrl-C or sys.exit() broke a cycle here and peers wait inside it: end the
+    job (with the SystemExit's code, else 1).  Nothing to do alone."""
+    if st is None or st.engine is None or st.engine.interrupted is None \
+            or st.world.Get_size() <= 1:
+        return
+    code = getattr(st.engine.interrupted, "code", None)
+    _abort(code if isinstance(code, int) and code else 1)
+
+
 def _shutdown_at_exit() -> None:
+    _end_job_after_interrupt(runtime.current())
     try:
         shutdown()
     except Exception:  # noqa: BLE001 - never turn a clean exit into a traceback

@@ -60,16 +60,14 @@ def _name(st, op: str, name: str | None, set_id: int = 0) -> str:
     """*name*, or the next automatic name of *op* in process set *set_id*.
 
     Counting per process set keeps automatic names in step across the members of
-    a set even when some of them also call unnamed collectives on other sets.
+    a set even when some of them also call unnamed collectives on other sets;
+    counting per thread (:mod:`hvdlite.auto_names`) keeps threads apart.
     """
     if name is not None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"{op}: name must be a non-empty string, got {name!r}.")
         return name
-    key = op if set_id == 0 else (op, set_id)
-    n = st.counters.get(key, 0)
-    st.counters[key] = n + 1
-    return f"{op}.noname.{n}"
+    return f"{op}.noname.{st.names.suffix(op if set_id == 0 else (op, set_id))}"
 
 
 def _array(x, what: str) -> np.ndarray:

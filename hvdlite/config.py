@@ -5,20 +5,25 @@ name is accepted too so existing job scripts keep working, and the ``HVDLITE_``
 spelling wins when both are set.  ``hvdrun`` exposes every knob as a flag that
 sets the variable (see :data:`KNOBS`, the single table both sides read).
 
-Cross-rank contract: knobs are per process.  Values that must agree across
-ranks (fusion threshold, cache capacity, cycle time) are what ``hvdrun``
-forwards to every rank; a rank started with a different value still works, only
-less efficiently, because every decision that must agree is made by the
-coordinator and broadcast.
+Cross-rank contract: knobs are read per process, and some of them change what
+ranks do together (how tensors are fused, what a response-cache bit means,
+which transport a process set uses).  Those are marked ``agree=True``:
+``init()`` compares every rank's values with rank 0's and fails on every rank,
+naming the knob, the ranks and their values, when they differ.  The others
+(cycle time, overlap, logging, timeline, stall and timeout seconds, malloc
+tuning, the MPI thread level, thread affinity) only change this rank's timing or output and may
+differ between ranks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 
-__all__ = ["Knob", "KNOBS", "Config", "read_config", "env_value"]
+__all__ = ["Knob", "KNOBS", "Config", "read_config", "env_value", "agreed_values",
+           "disagreements"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +35,7 @@ class Knob:
     kind: type
     default: object
     help: str
+    agree: bool = False  # every rank must run with the same value (checked by init())
 
     @property
     def horovod_env(self) -> str:
@@ -38,7 +44,8 @@ class Knob:
 
 KNOBS: tuple[Knob, ...] = (
     Knob("fusion_threshold", "HVDLITE_FUSION_THRESHOLD", int, 64 * 1024 * 1024,
-         "bytes: ready tensors are packed into one buffer up to this size (0 disables fusion)"),
+         "bytes: ready tensors are packed into one buffer up to this size (0 disables fusion)",
+         agree=True),
     Knob("cycle_time_ms", "HVDLITE_CYCLE_TIME", float, 1.0,
          "milliseconds the engine waits after the first asynchronous submission of a burst "
          "before negotiating, so the rest of the burst is fused into the same cycle"),
@@ -49,11 +56,12 @@ KNOBS: tuple[Knob, ...] = (
          "this process may use more cores than there are ranks on its node, since "
          "otherwise the engine thread can only take the core from the compute"),
     Knob("cache_capacity", "HVDLITE_CACHE_CAPACITY", int, 1024,
-         "entries in the response cache (0 disables it: every name goes to the coordinator)"),
+         "entries in the response cache (0 disables it: every name goes to the coordinator)",
+         agree=True),
     Knob("hierarchical_allreduce", "HVDLITE_HIERARCHICAL_ALLREDUCE", bool, False,
-         "reduce inside each node, then across nodes, then broadcast inside the node"),
+         "reduce inside each node, then across nodes, then broadcast inside the node", agree=True),
     Knob("hierarchical_allgather", "HVDLITE_HIERARCHICAL_ALLGATHER", bool, False,
-         "gather inside each node, then across nodes"),
+         "gather inside each node, then across nodes", agree=True),
     Knob("timeline", "HVDLITE_TIMELINE", str, "",
          "path of a Chrome-trace timeline written by rank 0 (empty: off)"),
     Knob("timeline_mark_cycles", "HVDLITE_TIMELINE_MARK_CYCLES", bool, False,
@@ -63,9 +71,20 @@ KNOBS: tuple[Knob, ...] = (
     Knob("stall_check_time_seconds", "HVDLITE_STALL_CHECK_TIME_SECONDS", float, 60.0,
          "seconds a name may wait for other ranks before the coordinator warns"),
     Knob("stall_shutdown_time_seconds", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", float, 0.0,
-         "seconds after which stalled collectives fail with an error (0: never)"),
+         "seconds after which stalled collectives fail with an error on every rank "
+         "(0: never; the stall inspector only warns)"),
+    Knob("collective_timeout", "HVDLITE_COLLECTIVE_TIMEOUT", float, 0.0,
+         "seconds any wait of this rank on the others may last (the engine's status "
+         "exchange, a doorbell, a shared-memory barrier, a collective this rank submitted "
+         "that others have not) before the whole job ends with an error naming the wait "
+         "(0: wait forever)"),
     Knob("log_level", "HVDLITE_LOG_LEVEL", str, "WARNING",
          "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL"),
+    Knob("log_hide_time", "HVDLITE_LOG_HIDE_TIME", bool, False,
+         "leave the time stamp out of hvdlite's log lines"),
+    Knob("thread_affinity", "HVDLITE_THREAD_AFFINITY", str, "",
+         "core ids, one per local rank (e.g. 0,8): local rank i pins its engine thread to "
+         "the i-th (empty: no pinning)"),
     Knob("mpi_threads_disable", "HVDLITE_MPI_THREADS_DISABLE", bool, False,
          "initialize MPI with MPI_THREAD_SERIALIZED instead of MPI_THREAD_MULTIPLE"),
     Knob("malloc_tuning_disable", "HVDLITE_MALLOC_TUNING_DISABLE", bool, False,
@@ -74,11 +93,12 @@ KNOBS: tuple[Knob, ...] = (
          "buffers do not page-fault every step)"),
     Knob("shm_allreduce_disable", "HVDLITE_SHM_ALLREDUCE_DISABLE", bool, False,
          "reduce through MPI even where a process set's ranks share one node (by default "
-         "sets of 2-4 ranks on one node reduce through a shared-memory window)"),
+         "sets of 2-4 ranks on one node reduce through a shared-memory window)", agree=True),
     Knob("dynamic_process_sets", "HVDLITE_DYNAMIC_PROCESS_SETS", bool, False,
-         "allow add_process_set()/remove_process_set() after init()"),
+         "allow add_process_set()/remove_process_set() after init()", agree=True),
     Knob("test_node_size", "HVDLITE_TEST_NODE_SIZE", int, 0,
-         "tests and benchmarks only: group consecutive ranks into simulated nodes of this size"),
+         "tests and benchmarks only: group consecutive ranks into simulated nodes of this size",
+         agree=True),
 )
 
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
@@ -97,6 +117,8 @@ def env_value(knob: Knob, environ: Mapping[str, str] | None = None) -> str | Non
 def _parse(knob: Knob, raw: str):
     name = knob.env
     text = raw.strip()
+    want = {bool: "0 or 1", int: "an integer", float: "a finite number"}.get(knob.kind,
+                                                                           "a string")
     try:
         if knob.kind is bool:
             low = text.lower()
@@ -105,13 +127,15 @@ def _parse(knob: Knob, raw: str):
             if low in _FALSE:
                 return False
             raise ValueError(raw)
-        if knob.kind is int:
-            return int(float(text)) if text else knob.default
-        if knob.kind is float:
-            return float(text) if text else knob.default
+        if knob.kind in (int, float):
+            if not text:
+                return knob.default
+            number = float(text)
+            if not math.isfinite(number):
+                raise ValueError(raw)
+            return int(number) if knob.kind is int else number
         return text
-    except ValueError:
-        want = {bool: "0 or 1", int: "an integer", float: "a number"}.get(knob.kind, "a string")
+    except (ValueError, OverflowError):
         raise ValueError(
             f"{name}={raw!r} is not valid: it must be {want} ({knob.help})."
         ) from None
@@ -138,6 +162,9 @@ class Config:
     shm_allreduce_disable: bool = False
     dynamic_process_sets: bool = False
     test_node_size: int = 0
+    collective_timeout: float = 0.0
+    log_hide_time: bool = False
+    thread_affinity: str = ""
 
 
 def read_config(environ: Mapping[str, str] | None = None) -> Config:
@@ -150,12 +177,22 @@ def read_config(environ: Mapping[str, str] | None = None) -> Config:
     cfg = Config(**values)
     if cfg.fusion_threshold < 0:
         raise ValueError("HVDLITE_FUSION_THRESHOLD must be >= 0 bytes (0 disables fusion).")
-    if cfg.cycle_time_ms <= 0:
-        raise ValueError("HVDLITE_CYCLE_TIME must be a positive number of milliseconds.")
+    if not 0 < cfg.cycle_time_ms <= 10_000:
+        raise ValueError("HVDLITE_CYCLE_TIME must be a positive number of milliseconds, "
+                         "at most 10000 (typical: 1 to 5).")
     if cfg.cache_capacity < 0:
         raise ValueError("HVDLITE_CACHE_CAPACITY must be >= 0 (0 disables the response cache).")
     if cfg.test_node_size < 0:
         raise ValueError("HVDLITE_TEST_NODE_SIZE must be >= 0.")
+    for attr, env in (("stall_check_time_seconds", "HVDLITE_STALL_CHECK_TIME_SECONDS"),
+                      ("stall_shutdown_time_seconds", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"),
+                      ("collective_timeout", "HVDLITE_COLLECTIVE_TIMEOUT")):
+        if getattr(cfg, attr) < 0:
+            raise ValueError(f"{env} must be >= 0 seconds (0 turns it off).")
+    cores = [part.strip() for part in cfg.thread_affinity.split(",")]
+    if cfg.thread_affinity.strip() and not all(part.isdigit() for part in cores):
+        raise ValueError(f"HVDLITE_THREAD_AFFINITY={cfg.thread_affinity!r} is not valid: give "
+                         "one core id per local rank, e.g. 0,8 for two ranks per node.")
     overlap = cfg.overlap.strip().lower()
     overlap = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off",
                "no": "off", "": "auto"}.get(overlap, overlap)
@@ -168,3 +205,27 @@ def read_config(environ: Mapping[str, str] | None = None) -> Config:
             f"HVDLITE_LOG_LEVEL={cfg.log_level!r} is not valid: use one of {sorted(levels)}."
         )
     return dataclasses.replace(cfg, log_level=cfg.log_level.upper())
+
+
+def agreed_values(cfg: Config) -> tuple:
+    """The values of the knobs every rank must share, in :data:`KNOBS` order."""
+    return tuple(getattr(cfg, k.attr) for k in KNOBS if k.agree)
+
+
+def disagreements(per_rank: list[tuple]) -> list[str]:
+    """One line per ``agree`` knob whose value differs between ranks.
+
+    *per_rank*: :func:`agreed_values` of every rank, indexed by rank.  Each line
+    names the knob, and which ranks run with which value.
+    """
+    knobs = [k for k in KNOBS if k.agree]
+    lines = []
+    for i, knob in enumerate(knobs):
+        by_value: dict = {}
+        for rank, values in enumerate(per_rank):
+            by_value.setdefault(values[i], []).append(rank)
+        if len(by_value) > 1:
+            parts = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: "
+                              f"{value!r}" for value, r in by_value.items())
+            lines.append(f"{knob.env} differs between ranks ({parts})")
+    return lines

@@ -57,8 +57,9 @@ class Coordinator:
     def __init__(self, world_size: int, members: Callable[[int], frozenset | None]):
         self.world_size = world_size
         self._members = members
+        # Names some member of their set has asked for and others have not yet: a
+        # name leaves when it is decided, cancelled as stalled, or its set is removed.
         self._table: dict[tuple, dict[int, Params]] = {}
-        self._first_seen: dict[tuple, float] = {}
         self.joined: list[int] = []  # ranks in the order they joined
 
     def pending_names(self) -> dict[tuple, list[int]]:

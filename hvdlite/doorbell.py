@@ -15,9 +15,12 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from .backoff import Backoff
+
 __all__ = ["Doorbell"]
 
 _TAG = 77
+_DRAIN_WAIT = Backoff(floor=0.00001, cap=0.001, ratio=0.5, spin=0.001)
 
 
 class Doorbell:
@@ -51,15 +54,23 @@ class Doorbell:
             return True
         return False
 
-    def drain(self, ringers: int) -> None:
-        """Receive exactly the rings of *ringers* ranks (this one included, if it rang)."""
+    def drain(self, ringers: int, timeout: float | None = None) -> bool:
+        """Receive exactly the rings of *ringers* ranks (this one included, if it rang).
+
+        The rings were sent before the status exchange that counted them, so they
+        arrive at once; with *timeout* (seconds) give up after that long: False.
+        """
         expected = ringers - (1 if self.rang else 0)
         while self._received < expected:
-            self._request.Wait()
+            if timeout is None:
+                self._request.Wait()
+            elif not _DRAIN_WAIT.wait_for(self._request.Test, timeout=timeout):
+                return False
             self._received += 1
             self._request = self._post()
         self._received = 0
         self.rang = False
+        return True
 
     def close(self) -> None:
         try:

@@ -10,12 +10,18 @@ the driver knows nothing about MPI, so it is unit-tested with a scripted loop.
 Its life is one explicit :class:`State`: RUNNING; DRAINING once a stop was
 asked for here (cycles go on until every rank agreed to stop); STOPPED when
 they agreed, so collective clean-up is safe; FAILED when a step raised.
+
+Nothing leaves the driver unreported: an exception anywhere in the engine
+thread fails the loop (:meth:`Loop.fail`), and a ``KeyboardInterrupt`` or
+``SystemExit`` that arrives while a caller takes a step stops the loop
+(:meth:`Loop.interrupt`) and goes on to that caller.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import os
 import threading
 import time
 import traceback
@@ -63,6 +69,9 @@ class Loop(Protocol):
     def fail(self, exc: BaseException) -> None:
         """A step raised *exc*: fail every handle and end the job if peers would hang."""
 
+    def interrupt(self, exc: BaseException) -> None:
+        """A KeyboardInterrupt/SystemExit broke a caller's step: fail every handle."""
+
     def teardown(self, orderly: bool) -> None:
         """Release what the loop holds (collectively when *orderly*)."""
 
@@ -71,8 +80,13 @@ class Driver:
     """Takes the engine's steps, on its thread or on a waiting caller's."""
 
     def __init__(self, loop: Loop, cycle_time: float, start_delay: float,
-                 name: str = "hvdlite-engine"):
+                 name: str = "hvdlite-engine", step_limit: float | None = None,
+                 core: int | None = None):
         self.loop = loop
+        self.core = core  # the CPU core the engine thread pins itself to, or None
+        # A caller that waits longer than this for another thread's step to end
+        # takes the step for stuck (HVDLITE_COLLECTIVE_TIMEOUT; None: no limit).
+        self.step_limit = step_limit
         self.state = State.RUNNING
         self.event = threading.Event()  # rouses the engine thread
         self._thread_poll = Backoff(floor=min(cycle_time, _THREAD_CAP), cap=_THREAD_CAP)
@@ -114,6 +128,16 @@ class Driver:
 
     # ------------------------------------------------------------- the thread
     def _main(self) -> None:
+        try:
+            if self.core is not None and hasattr(os, "sched_setaffinity"):
+                os.sched_setaffinity(0, {self.core})  # Linux: this thread only
+            self._run_thread()
+        except BaseException as exc:  # noqa: BLE001 - outside a step: still reported
+            self._failed(exc)
+        with self._step_lock:
+            self.loop.teardown(orderly=self.state is State.STOPPED)
+
+    def _run_thread(self) -> None:
         loop = self.loop
         while not self.finished:
             if self._callers:
@@ -136,8 +160,6 @@ class Driver:
                     self._step()
             if self.waiting and not self.finished:
                 self.event.wait(self._thread_poll.delay(time.monotonic() - self._wait_start))
-        with self._step_lock:
-            loop.teardown(orderly=self.state is State.STOPPED)
 
     # ------------------------------------------------------------ a caller
     def drive(self, handle, timeout: float | None = None) -> None:
@@ -152,10 +174,17 @@ class Driver:
             self._callers += 1
         try:
             while not handle.done() and not self.finished:
-                with self._step_lock:
+                if not self._step_lock.acquire(timeout=self.step_limit or -1):
+                    self._failed(TimeoutError(
+                        f"an engine step has run for more than {self.step_limit:g} s "
+                        "(HVDLITE_COLLECTIVE_TIMEOUT): a peer stopped inside a collective"))
+                    break
+                try:
                     if self.finished:
                         break
                     self._step()
+                finally:
+                    self._step_lock.release()
                 if handle.done() or not self.waiting:
                     continue
                 pause = _CALLER_POLL.delay(time.monotonic() - self._wait_start)
@@ -191,10 +220,22 @@ class Driver:
             elif not progress:
                 self.waiting = True
                 self._wait_start = time.monotonic()
-        except BaseException as exc:  # noqa: BLE001 - the engine must never die silently
-            log.error("hvdlite engine failed:\n%s", "".join(traceback.format_exception(exc)))
+        except (KeyboardInterrupt, SystemExit) as exc:
+            if self.is_engine_thread():  # not a signal: raised by code the engine ran
+                self._failed(exc)
+                return
             self.state = State.FAILED
             self.event.set()
-            self.loop.fail(exc)
+            self.loop.interrupt(exc)
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the engine must never die silently
+            self._failed(exc)
         finally:
             self._owner = None
+
+    def _failed(self, exc: BaseException) -> None:
+        """Report *exc*, stop, and let the loop fail its work (and end the job)."""
+        log.error("hvdlite engine failed:\n%s", "".join(traceback.format_exception(exc)))
+        self.state = State.FAILED
+        self.event.set()
+        self.loop.fail(exc)

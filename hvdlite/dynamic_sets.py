@@ -31,8 +31,7 @@ def add_process_set(process_set) -> ProcessSet:
     if existing is not None:
         raise ValueError(f"A process set with ranks {ranks} is already registered "
                          f"(id {existing.process_set_id}); reuse it instead of adding it again.")
-    n = st.counters.get("add_process_set", 0)
-    st.counters["add_process_set"] = n + 1
+    n = st.names.suffix("add_process_set")
     return submit_control(Kind.ADD_PROCESS_SET, f"__add_process_set__.{n}", tuple(ranks),
                            payload=ps).result()
 
@@ -48,8 +47,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     if process_set is global_process_set or process_set.process_set_id in (None, 0):
         raise ValueError("Only a registered process set other than the global one can be "
                          "removed.")
-    n = st.counters.get("remove_process_set", 0)
-    st.counters["remove_process_set"] = n + 1
+    n = st.names.suffix("remove_process_set")
     submit_control(Kind.REMOVE_PROCESS_SET, f"__remove_process_set__.{n}",
                    (process_set.process_set_id,)).result()
     return True

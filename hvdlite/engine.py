@@ -53,6 +53,7 @@ from .process_sets import ProcessSet
 from .response_cache import ResponseCache
 from .status import Flag, Layout, alone, decode, encode
 from .submissions import Entry, Inbox
+from .wait_limit import WaitLimit
 
 __all__ = ["Engine"]
 
@@ -78,7 +79,7 @@ class Engine:
     """The per-process engine (see the module docstring for the cycle)."""
 
     def __init__(self, world, config, sets, planner, timeline=None, hierarchical=None,
-                 overlap=True):
+                 overlap=True, core=None):
         self.sets = sets
         self.comm = world.Dup()  # control traffic only: status, gather/bcast, doorbells
         self.rank = self.comm.Get_rank()
@@ -86,6 +87,9 @@ class Engine:
         self.timeline = timeline
         self.overlap = overlap
         self.inbox = Inbox()
+        self.interrupted: BaseException | None = None  # a Ctrl-C/exit that broke a cycle
+        # HVDLITE_COLLECTIVE_TIMEOUT: alone, this rank never waits for another.
+        self.limit = WaitLimit(config.collective_timeout if self.size > 1 else None, self.rank)
         self._pending: dict[tuple, Entry] = {}
         self._uncached: list[Entry] = []
         self._joined = False  # this rank is inside join()
@@ -93,10 +97,14 @@ class Engine:
         self.bits = CacheBits(ResponseCache(config.cache_capacity), self.rank)
         self.coordinator = Coordinator(self.size, sets.members.get) if self.rank == 0 else None
         self.executor = MPIExecutor(self._pending.get, self._finish, sets, planner,
-                                    self._finish_keys, hierarchical)
+                                    self._finish_keys, hierarchical,
+                                    self.limit if self.limit.seconds else None)
         self._threshold = config.fusion_threshold
         self._last_plan: tuple = (None, [])  # ((ready bits, cache version), batches)
-        self._stall = StallClock(config.stall_check_time_seconds,
+        warn = config.stall_check_time_seconds
+        if self.limit.seconds:  # warn (naming the missing ranks) before the limit ends the job
+            warn = min(warn, self.limit.seconds / 2)
+        self._stall = StallClock(warn,
                                  config.stall_shutdown_time_seconds,
                                  enabled=not config.stall_check_disable and self.size > 1)
         self._stall_wanted = False
@@ -105,7 +113,8 @@ class Engine:
         self.doorbell = Doorbell(self.comm)
         cycle_time = config.cycle_time_ms / 1000.0
         self.driver = Driver(self, cycle_time,
-                             start_delay=cycle_time if overlap else max(cycle_time, _LAZY_START))
+                             start_delay=cycle_time if overlap else max(cycle_time, _LAZY_START),
+                             step_limit=self.limit.seconds, core=core)
         self.driver.start()
 
     # ============================================================ caller side
@@ -148,6 +157,7 @@ class Engine:
 
     def work_arrived(self) -> bool:
         """While waiting: local work (then ring every peer) or a peer's doorbell?"""
+        self.limit.check_pending(self._pending)
         if self._stall.due(self._pending):
             self._stall_wanted = True
         if self.inbox or self.driver.state is State.DRAINING or self._stall_wanted:
@@ -161,6 +171,24 @@ class Engine:
         if self.size > 1:
             # Peers would wait for this rank forever: end the job instead of hanging it.
             MPI.COMM_WORLD.Abort(1)
+
+    def interrupt(self, exc: BaseException) -> None:
+        """A KeyboardInterrupt or SystemExit broke a cycle in a caller that drove it.
+
+        The cycle cannot be finished, so the engine stops: its handles fail here
+        and the exception goes on to the caller.  Peers may be waiting inside that
+        cycle, so a job of several ranks ends when this process exits
+        (:mod:`hvdlite.basics` aborts it then).
+        """
+        self.interrupted = exc
+        self._stop_reason = (
+            f"hvdlite engine stopped on rank {self.rank}: {type(exc).__name__} arrived in the "
+            "middle of an engine cycle, which cannot be finished. "
+            + ("The other ranks wait inside it, so the job ends when this process exits or "
+               "calls hvd.shutdown()." if self.size > 1
+               else "Call hvd.shutdown() and hvd.init() to start again.")
+        )
+        self._fail_everything(self._stop_reason)
 
     def teardown(self, orderly: bool) -> None:
         self._fail_everything(self.stop_message())
@@ -185,8 +213,8 @@ class Engine:
             self._admit(entry)
         status = self._exchange_status(self._flags(bool(new)), after_wait)
         flags = status.flags
-        if status.ringers:
-            self.doorbell.drain(status.ringers)
+        if status.ringers and not self.doorbell.drain(status.ringers, self.limit.seconds):
+            raise self.limit.error("to receive their doorbells")
         bits = self.bits
         if status.invalid:
             self._uncached += bits.invalidate(status.invalid)
@@ -264,7 +292,8 @@ class Engine:
                         self.rank if self.doorbell.rang else None)
         req = self.comm.Iallreduce(MPI.IN_PLACE, vector, MPI.BAND)
         wait = _STATUS_WAIT_THREAD if self.driver.is_engine_thread() else _STATUS_WAIT_CALLER
-        wait.wait_for(req.Test)
+        if not wait.wait_for(req.Test, timeout=self.limit.seconds):
+            raise self.limit.error("in the engine's status exchange")
         return decode(layout, vector)
 
     def _negotiate(self, stall: bool) -> list[Response]:

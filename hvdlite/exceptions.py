@@ -1,6 +1,7 @@
 """Error classes, named as in Horovod so that ``except hvd.HorovodInternalError`` keeps working."""
 
-__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "HvdliteInternalError"]
+__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "HvdliteInternalError",
+           "CollectiveTimeoutError"]
 
 
 class HorovodInternalError(RuntimeError):
@@ -12,6 +13,14 @@ class HorovodInternalError(RuntimeError):
     another rank).  The engine stays usable after a disagreement; after a
     shutdown it does not.  Elastic training treats this error as "restore the
     last committed state and retry".
+    """
+
+
+class CollectiveTimeoutError(HorovodInternalError):
+    """A wait of this rank on the others outlasted ``HVDLITE_COLLECTIVE_TIMEOUT``.
+
+    Raised inside the engine, which then ends the whole job (the ranks can no
+    longer agree on what ran); its message names the wait and the limit.
     """
 
 

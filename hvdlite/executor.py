@@ -73,7 +73,7 @@ class MPIExecutor:
     """Executes batches of OK responses; knows nothing about negotiation."""
 
     def __init__(self, lookup: Callable, finish: Callable, sets, planner,
-                 finish_keys: Callable, hierarchical=None):
+                 finish_keys: Callable, hierarchical=None, limit=None):
         self._lookup = lookup  # key -> local Entry or None (joined / not a member)
         self._finish = finish  # (entry, value) -> None
         # keys -> None: finish the local entries of these keys with their outputs
@@ -81,6 +81,7 @@ class MPIExecutor:
         self._sets = sets  # the ProcessSetTable: communicators and members
         self._planner = planner  # the set's TransportPlan: which path each batch takes
         self.hierarchical = hierarchical  # the two-level helper, where enabled
+        self._limit = limit  # a WaitLimit for the shared-memory barrier, or None
         self.pool = BufferPool()
         self._shm: dict[int, object] = {}  # set id -> SharedMemoryAllreduce or None
         self._plans: dict[int, object] = {}  # set id -> its TransportPlan
@@ -235,7 +236,7 @@ class MPIExecutor:
         try:
             return self._shm[set_id]
         except KeyError:
-            shm = self._shm[set_id] = SharedMemoryAllreduce.create(comm)
+            shm = self._shm[set_id] = SharedMemoryAllreduce.create(comm, self._limit)
             return shm
 
     def forget_set(self, set_id: int) -> None:

@@ -120,14 +120,23 @@ class Reduction:
 
 
 class BufferPool:
-    """Persistent flat buffers, one per dtype, grown on demand and reused every cycle.
+    """Persistent flat buffers, one per dtype and slot, grown on demand and reused.
 
     Reusing the same memory avoids a page fault per step for every freshly
-    allocated fusion buffer (a measurable cost on small machines).
+    allocated fusion buffer (a measurable cost on small machines).  A buffer
+    does not keep the size of a past peak forever: every :data:`WINDOW` calls,
+    one larger than :data:`KEEP_BYTES` that is over twice the largest request
+    of the window shrinks to that request, and one the window did not use is
+    freed.
     """
+
+    WINDOW = 1000
+    KEEP_BYTES = 1 << 20
 
     def __init__(self):
         self._buffers: dict[tuple[str, int], np.ndarray] = {}
+        self._peaks: dict[tuple[str, int], int] = {}  # largest request in this window
+        self._calls = 0
 
     def get(self, dtype, count: int, slot: int = 0) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -138,7 +147,28 @@ class BufferPool:
             size = max(count, int(buf.size * 1.5) if buf is not None else 0)
             buf = np.empty(size, dtype=dtype)
             self._buffers[key] = buf
+        if count > self._peaks.get(key, -1):
+            self._peaks[key] = count
+        self._calls += 1
+        if self._calls >= self.WINDOW:
+            self._trim()
         return buf[:count]
+
+    def _trim(self) -> None:
+        """End of a window: free what it did not use, shrink what it used little of."""
+        for key, buf in list(self._buffers.items()):
+            peak = self._peaks.get(key)
+            if peak is None:
+                del self._buffers[key]
+            elif buf.nbytes > self.KEEP_BYTES and buf.size > 2 * peak:
+                self._buffers[key] = np.empty(peak, dtype=buf.dtype)
+        self._peaks.clear()
+        self._calls = 0
+
+    def nbytes(self) -> int:
+        """Bytes held now."""
+        return sum(buf.nbytes for buf in self._buffers.values())
 
     def clear(self) -> None:
         self._buffers.clear()
+        self._peaks.clear()

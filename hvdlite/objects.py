@@ -2,6 +2,8 @@
 
 Objects travel as pickled uint8 arrays; never use these on the data path.
 Cross-rank contract: as for the array collectives (same names, same order).
+Every rank unpickles what the others send, and unpickling runs code the sender
+chose: the ranks of a job must trust each other, as in any MPI job.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ def _dumps(obj) -> np.ndarray:
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None,
                      process_set=global_process_set):
-    """Return *obj* from *root_rank* on every rank of the set (other ranks' obj is ignored)."""
+    """Return *obj* from *root_rank* on every rank of the set (other ranks' obj is ignored).
+
+    Unpickles what other ranks send: the ranks must trust each other, as in any MPI job.
+    """
     st = state()
     name = _name(st, "broadcast_object", name, _set_id(process_set))
     is_root = st.world.Get_rank() == int(root_rank)
@@ -44,7 +49,10 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None,
 
 
 def allgather_object(obj, name: str | None = None, process_set=global_process_set) -> list:
-    """Return the list of every rank's *obj*, ordered by rank within the set."""
+    """Return the list of every rank's *obj*, ordered by rank within the set.
+
+    Unpickles what other ranks send: the ranks must trust each other, as in any MPI job.
+    """
     st = state()
     name = _name(st, "allgather_object", name, _set_id(process_set))
     payload = _dumps(obj)

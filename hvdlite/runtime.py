@@ -5,16 +5,24 @@ the engine) and installs it here; ``shutdown()`` clears it.  Every other
 module reads it through :func:`state` (for collectives: it must be running)
 or :func:`live` (for queries: it must have been initialized), so none of them
 imports :mod:`hvdlite.basics`, and this module imports nothing of hvdlite but
-its exceptions.
+its exceptions and automatic names.
 """
 
 from __future__ import annotations
 
+from .auto_names import AutoNames
 from .exceptions import HorovodInternalError
 
-__all__ = ["State", "state", "live", "current", "install", "clear"]
+__all__ = ["State", "state", "live", "current", "install", "clear", "forget_after_fork",
+           "refuse_in_forked_child"]
 
 _NOT_INITIALIZED = "hvdlite has not been initialized; use hvd.init() first."
+_FORKED = (
+    "hvdlite was initialized in the parent of this process, which was created by fork(); "
+    "MPI and the engine thread do not survive a fork, so this process cannot use hvdlite. "
+    "Call hvdlite only in the parent (e.g. collect results from worker processes there), "
+    "or start workers with multiprocessing's 'spawn' method and init() in each."
+)
 
 
 class State:
@@ -33,11 +41,12 @@ class State:
         self.thread_level = 0
         self.timeline = None
         self.dynamic = False
-        self.counters: dict = {}
+        self.names = AutoNames()  # automatic names, counted per thread
 
 
 _state: State | None = None
 _was_shut_down = False  # shutdown() ran and init() was not called again
+_forked = False  # this process was forked from one that had initialized hvdlite
 
 
 def current() -> State | None:
@@ -53,6 +62,7 @@ def state() -> State:
     """
     st = _state
     if st is None or st.engine is None:
+        refuse_in_forked_child()
         if _was_shut_down:
             raise HorovodInternalError(
                 "hvdlite has been shut down; call hvd.init() again before the next collective."
@@ -67,6 +77,7 @@ def live() -> State:
     """The state for queries (rank, size, ...): initialized, stopped or not."""
     st = _state
     if st is None or st.engine is None:
+        refuse_in_forked_child()
         raise ValueError(_NOT_INITIALIZED)
     return st
 
@@ -87,3 +98,18 @@ def clear() -> None:
     global _state, _was_shut_down
     _state = None
     _was_shut_down = True
+
+
+def forget_after_fork() -> None:
+    """In a child created by fork(): drop the parent's state, so nothing here (calls,
+    exit hooks) touches the parent's MPI; every call then says why."""
+    global _state, _forked
+    if _state is not None:
+        _state = None
+        _forked = True
+
+
+def refuse_in_forked_child() -> None:
+    """RuntimeError naming the fix, in a process forked from an initialized one."""
+    if _forked:
+        raise RuntimeError(_FORKED)

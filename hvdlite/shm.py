@@ -50,6 +50,7 @@ import os
 import numpy as np
 from mpi4py import MPI
 
+from .backoff import Backoff
 from .ops import ReduceOp
 from .transport import SHM_MAX_RANKS, SHM_MIN_BYTES
 
@@ -65,6 +66,8 @@ BLOCK_BYTES = 256 << 10
 #: Bytes of one area (each rank has a contribution and a result area): a batch is
 #: reduced in chunks of at most this size.
 SLOT_BYTES = 16 << 20
+#: The barrier under a wait limit: peers arrive within microseconds when in step.
+_BARRIER_WAIT = Backoff(floor=0.00001, cap=0.001, ratio=0.5, spin=0.01)
 
 _UFUNCS = {
     ReduceOp.AVERAGE: np.add,
@@ -79,8 +82,9 @@ class SharedMemoryAllreduce:
     """A contribution and a result area per rank in one shared window, over the
     set's node communicator."""
 
-    def __init__(self, comm, window, areas: list[np.ndarray]):
+    def __init__(self, comm, window, areas: list[np.ndarray], limit=None):
         self._comm = comm
+        self._limit = limit  # a WaitLimit bounding the barrier, or None
         self._win = window
         self._size = comm.Get_size()
         self._rank = comm.Get_rank()
@@ -90,9 +94,10 @@ class SharedMemoryAllreduce:
         self._layout_key = self._layout = None  # the last batch's layout, kept for reuse
 
     @classmethod
-    def create(cls, comm) -> SharedMemoryAllreduce | None:
+    def create(cls, comm, limit=None) -> SharedMemoryAllreduce | None:
         """Collective over *comm*: the reducer, or None on every rank when the ranks
-        do not all share one node (or are too few or too many for this path)."""
+        do not all share one node (or are too few or too many for this path).
+        *limit*: a :class:`~hvdlite.wait_limit.WaitLimit` for the barrier, or None."""
         size = comm.Get_size()
         if not 2 <= size <= MAX_RANKS:
             return None
@@ -118,7 +123,7 @@ class SharedMemoryAllreduce:
         for r in range(size):
             buf, _ = window.Shared_query(r)
             areas.append(np.frombuffer(buf, dtype=np.uint8, count=2 * SLOT_BYTES))
-        return cls(node, window, areas)
+        return cls(node, window, areas, limit)
 
     def free(self) -> None:
         """Collective: release the window and the node communicator."""
@@ -148,7 +153,12 @@ class SharedMemoryAllreduce:
 
     def _sync(self) -> None:
         self._win.Sync()
-        self._comm.Barrier()
+        if self._limit is None:
+            self._comm.Barrier()
+        else:
+            request = self._comm.Ibarrier()
+            if not _BARRIER_WAIT.wait_for(request.Test, timeout=self._limit.seconds):
+                raise self._limit.error("at the shared-memory allreduce's barrier")
         self._win.Sync()
 
     def _run_chunk(self, step: _Step, fill: int, bounds: list[int], portions) -> None:

@@ -52,7 +52,10 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
 
 def broadcast_object(obj, root_rank=0, session=None, name=None,
                      process_set=global_process_set):
-    """Every member gets a copy of ``root_rank``'s picklable ``obj``."""
+    """Every member gets a copy of ``root_rank``'s picklable ``obj``.
+
+    Unpickles what other ranks send: the ranks must trust each other, as in any MPI job.
+    """
     return _objects.broadcast_object(obj, root_rank=root_rank, name=name,
                                     process_set=process_set)
 
@@ -67,5 +70,8 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
-    """Every member gets ``[obj of member 0, obj of member 1, ...]``."""
+    """Every member gets ``[obj of member 0, obj of member 1, ...]``.
+
+    Unpickles what other ranks send: the ranks must trust each other, as in any MPI job.
+    """
     return _objects.allgather_object(obj, name=name, process_set=process_set)

@@ -99,7 +99,8 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None,
     ``load_state_dict``.  Works for any optimizer, including ones whose state
     is still empty before their first step (every rank then ends with empty
     state and the root's hyperparameters) and L-BFGS.  ``model`` is accepted
-    for Horovod compatibility and not needed.
+    for Horovod compatibility and not needed.  The skeleton is unpickled on
+    every rank: the ranks must trust each other, as in any MPI job.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("broadcast_optimizer_state expects a torch.optim.Optimizer, got "
@@ -119,10 +120,16 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None,
 
 
 def broadcast_object(obj=None, root_rank: int = 0, name=None, process_set=global_process_set):
-    """Return the root rank's *obj* (any picklable object) on every rank."""
+    """Return the root rank's *obj* (any picklable object) on every rank.
+
+    Unpickles what other ranks send: the ranks must trust each other, as in any MPI job.
+    """
     return _objects.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set) -> list:
-    """Return the list of every rank's *obj*, in rank order, on every rank."""
+    """Return the list of every rank's *obj*, in rank order, on every rank.
+
+    Unpickles what other ranks send: the ranks must trust each other, as in any MPI job.
+    """
     return _objects.allgather_object(obj, name=name, process_set=process_set)
