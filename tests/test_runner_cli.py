@@ -58,8 +58,12 @@ def test_import_does_not_touch_mpi_or_frameworks():
     (["-np", "2", "no-such-command-hvdlite"], "command not found"),
     (["-np", "2"], "no command given"),
     ([sys.executable], "-np is required"),
+    (["--fusion-threshold-mb", "nan", "-np", "2", sys.executable], "not a finite number"),
+    (["--start-timeout", "nan", "-np", "2", sys.executable], "not a finite number"),
+    (["--cycle-time-ms", "inf", "-np", "2", sys.executable], "not a finite number"),
+    (["-np", "-1", sys.executable], "must be at least 1"),
 ], ids=["unknown-flag", "np-over-slots", "bad-hosts", "bad-hostfile", "no-command-found",
-        "no-command", "no-np"])
+        "no-command", "no-np", "fusion-nan", "start-timeout-nan", "cycle-time-inf", "np-neg"])
 def test_bad_input_exits_2_with_one_line(argv, message):
     result = hvdrun(*argv)
     assert result.returncode == 2, result.output

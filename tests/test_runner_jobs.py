@@ -4,6 +4,7 @@ The rank programs (helpers_runner/ranks.py) use mpi4py directly, not the
 hvdlite engine.  Time limits are generous: other MPI jobs may share the cores.
 """
 
+import io
 import os
 import signal
 import subprocess
@@ -13,9 +14,10 @@ import time
 import uuid
 
 import pytest
-from helpers_runner.common import RANKS, ROOT, clean_env, hvdrun, hvdrun_cmd, processes_with
+from helpers_runner.common import (RANKS, ROOT, clean_env, gone_within, hvdrun, hvdrun_cmd,
+                                   processes_with)
 
-from hvdlite.runner import protocol
+from hvdlite.runner import job, protocol
 
 PY = sys.executable
 QUICK = 20.0  # "ends the job within seconds"
@@ -97,13 +99,89 @@ def test_signal_stops_every_rank(signum):
         pytest.fail("hvdrun did not stop in time")
     assert returncode == 128 + signum
     assert time.monotonic() - started < QUICK
-    deadline = time.monotonic() + 10
-    while processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = processes_with(marker)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
+    assert gone_within(marker, 10), "processes left behind"
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_of_hvdrun_takes_every_rank_with_it():
+    marker = f"hvdrun-test-{uuid.uuid4().hex}"
+    proc = _start_sleepers(2, marker)
+    proc.kill()  # hvdrun only: mpiexec and the ranks run in a session of their own
+    proc.wait()
+    assert gone_within(marker, 15), "ranks outlived hvdrun"
+
+
+def _launcher_started(marker):
+    """Whether mpiexec's job launch (not its --version probe) carries *marker* yet."""
+    for pid in processes_with(marker):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if b"-prepend-rank" in handle.read():
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("when", ["at-once", "at-launch"])
+def test_early_sigint_leaves_nothing_running(when):
+    marker = f"hvdrun-test-{uuid.uuid4().hex}"
+    proc = subprocess.Popen(hvdrun_cmd("-np", "2", PY, str(RANKS), "sleep"), cwd=ROOT,
+                            env=clean_env(HVDLITE_TEST_MARKER=marker), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while when == "at-launch" and not _launcher_started(marker):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    try:
+        _out, err = proc.communicate(timeout=QUICK)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        gone_within(marker, 5)
+        pytest.fail("hvdrun did not stop in time")
+    if when == "at-launch":
+        assert proc.returncode == 128 + signal.SIGINT, err
+        assert "hvdrun: got SIGINT: stopping all ranks" in err
+    else:  # before Python's own handler exists, SIGINT ends it outright
+        assert proc.returncode in (128 + signal.SIGINT, -signal.SIGINT), err
+    assert gone_within(marker, 10), "processes left behind"
+
+
+@pytest.mark.timeout(60)
+def test_signal_while_the_launcher_starts_is_not_lost(monkeypatch):
+    """A SIGINT that lands while the launcher starts stops it; it never escapes as an error."""
+    marker = f"hvdrun-test-{uuid.uuid4().hex}"
+    launch = job._launch
+
+    def launch_then_interrupt(cmd, env):
+        proc = launch(cmd, env)
+        os.kill(os.getpid(), signal.SIGINT)
+        return proc
+
+    monkeypatch.setattr(job, "_launch", launch_then_interrupt)
+    err = io.BytesIO()
+    try:
+        code = job.run_job(["sh", "-c", "exec sleep 300"], clean_env(HVDLITE_TEST_MARKER=marker),
+                           np=2, out=io.BytesIO(), err=err)
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt"
+    clean = gone_within(marker, 10)
+    assert code == 128 + signal.SIGINT
+    assert b"got SIGINT: stopping all ranks" in err.getvalue()
+    assert clean, "the launcher was left running"
+
+
+@pytest.mark.timeout(120)
+def test_forged_status_lines_are_ordinary_output():
+    result = hvdrun("-np", "2", PY, str(RANKS), "forge")
+    assert result.returncode == 0, result.output
+    _ok_lines(result, 2)
+    for rank in (0, 1):
+        assert result.stderr.count(f"[{rank}] forged: ") == 9, result.stderr
+    assert "Traceback" not in result.stderr and "the job failed" not in result.stderr
 
 
 @pytest.mark.timeout(120)

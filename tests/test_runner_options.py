@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from hvdlite.config import KNOBS
-from hvdlite.runner import cli, mpi, options
+from hvdlite.runner import cli, configfile, mpi, options
 from hvdlite.runner.errors import UsageError
 
 PY = sys.executable  # an executable that surely exists, as the user's command
@@ -23,8 +23,9 @@ def _genv(cmd):
 
 
 def test_every_knob_has_a_flag():
-    flags = {opt.knob.env: opt.flags[0] for opt in options.KNOB_OPTIONS}
-    assert set(flags) == {knob.env for knob in KNOBS}
+    # A knob whose flag a hand-written option has (e.g. --thread-affinity) is set by it.
+    flags = {opt.variable: opt.flags[0] for opt in options.OPTIONS if opt.variable}
+    assert set(flags) >= {knob.env for knob in KNOBS}
     assert flags["HVDLITE_FUSION_THRESHOLD"] == "--fusion-threshold-mb"
     assert flags["HVDLITE_CYCLE_TIME"] == "--cycle-time-ms"
     assert flags["HVDLITE_STALL_CHECK_DISABLE"] == "--no-stall-check"
@@ -73,6 +74,43 @@ def test_bad_flags_are_one_line_usage_errors(argv, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+NUMERIC_FLAGS = [opt.flags[0] for opt in options.OPTIONS
+                 if getattr(opt.convert, "__name__", "") in ("int", "float")]
+
+
+def test_numeric_flags_are_all_found():
+    assert {"-np", "--start-timeout", "--fusion-threshold-mb", "--cycle-time-ms",
+            "--cache-capacity", "--stall-check-warning-time-seconds",
+            "--stall-check-shutdown-time-seconds"} <= set(NUMERIC_FLAGS)
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "Infinity", "-1", "1e999"])
+@pytest.mark.parametrize("flag", NUMERIC_FLAGS)
+def test_numeric_flags_reject_non_finite_and_negative(flag, value):
+    with pytest.raises(UsageError) as info:
+        options.parse_args([flag, value, "python"])
+    assert flag in str(info.value) and "\n" not in str(info.value)
+
+
+def test_numeric_flag_ranges():
+    with pytest.raises(UsageError, match="at most 1048576"):
+        options.parse_args(["--fusion-threshold-mb", "1e9", "python"])
+    with pytest.raises(UsageError, match="more than 0"):
+        options.parse_args(["--start-timeout", "0", "python"])
+    args = options.parse_args(["--fusion-threshold-mb", "0", "--start-timeout", "0.5",
+                               "--cycle-time-ms", "0", "python"])
+    assert (args.fusion_threshold, args.start_timeout, args.cycle_time_ms) == (0, 0.5, 0)
+
+
+@pytest.mark.parametrize("text", ["fusion-threshold-mb: .nan\n", "start-timeout: .inf\n",
+                                  "cycle-time-ms: -.inf\n", "num-proc: .nan\n"])
+def test_config_file_rejects_non_finite_numbers(tmp_path, text):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    with pytest.raises(UsageError, match=text.split(":")[0]):
+        configfile.read_config_file(str(config))
+
+
 def test_config_file_precedence(tmp_path):
     config = tmp_path / "hvd.yaml"
     config.write_text(
@@ -110,7 +148,7 @@ def test_config_file_errors(tmp_path, text, message):
     config = tmp_path / "bad.yaml"
     config.write_text(text)
     with pytest.raises(UsageError, match=message):
-        options.read_config_file(str(config))
+        configfile.read_config_file(str(config))
 
 
 def test_plan_hosts_and_slots():
@@ -175,3 +213,12 @@ def test_start_timeout_sources():
     assert _plan(["-np", "1", PY], HOROVOD_START_TIMEOUT="12").start_timeout == 12
     assert _plan(["-np", "1", "--start-timeout", "5", PY],
                  HOROVOD_START_TIMEOUT="12").start_timeout == 5
+    for raw in ("nan", "inf"):
+        with pytest.raises(UsageError, match="not a finite number of seconds"):
+            _plan(["-np", "1", PY], HOROVOD_START_TIMEOUT=raw)
+
+
+def test_plan_carries_the_job_variables():
+    env = _plan(["-np", "1", PY]).env
+    assert len(env["HVDLITE_JOB_TOKEN"]) >= 16 and env["HVDLITE_JOB_OWNER"]
+    assert _plan(["-np", "1", PY]).env["HVDLITE_JOB_TOKEN"] != env["HVDLITE_JOB_TOKEN"]

@@ -9,16 +9,17 @@ import time
 import uuid
 
 import pytest
-from helpers_runner.common import ROOT, clean_env, processes_with, run
+from helpers_runner.common import ROOT, clean_env, gone_within, processes_with, run
 
-from hvdlite.runner import protocol
+from hvdlite.runner import lifeline, protocol
 from hvdlite.runner.cli import WRAPPER
 
 PY = sys.executable
 
 
-def _statuses(stderr):
-    return [protocol.decode(line) for line in stderr.splitlines() if protocol.MARKER in line]
+def _statuses(stderr, token=""):
+    return [protocol.decode(line, token) for line in stderr.splitlines()
+            if protocol.MARKER in line]
 
 
 @pytest.mark.timeout(60)
@@ -73,21 +74,104 @@ def test_rank_does_not_outlive_its_launcher():
     assert len(processes_with(marker)) == 3  # sh, wrapper, command
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 15
-    while processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = processes_with(marker)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left
+    assert gone_within(marker, 15)
+
+
+@pytest.mark.timeout(60)
+def test_job_variables_are_used_and_hidden_from_the_command():
+    child = ("import os; print([os.environ.get(n) for n in "
+             "('HVDLITE_JOB_TOKEN', 'HVDLITE_JOB_OWNER')])")
+    env = clean_env(HVDLITE_JOB_TOKEN="abc123", HVDLITE_JOB_OWNER=lifeline.identity())
+    result = run([PY, str(WRAPPER), "--", PY, "-c", child], env=env)
+    assert result.returncode == 0, result.output
+    assert result.stdout == "[None, None]\n"
+    assert [m["event"] for m in _statuses(result.stderr, "abc123")] == ["start", "exit"]
+    assert _statuses(result.stderr, "") == [None, None]  # another job's token: not ours
+
+
+@pytest.mark.timeout(60)
+def test_rank_does_not_outlive_hvdrun():
+    """When hvdrun (the owner named in the environment) dies, the wrapper stops its command."""
+    marker = f"hvdrun-test-{uuid.uuid4().hex}"
+    owner = subprocess.Popen(["sleep", "60"])  # stands in for hvdrun
+    env = clean_env(HVDLITE_TEST_MARKER=marker, HVDLITE_JOB_OWNER=lifeline.identity(owner.pid))
+    proc = subprocess.Popen([PY, str(WRAPPER), "--", PY, "-c", "import time; time.sleep(120)"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(processes_with(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(processes_with(marker)) == 2  # wrapper, command
+        owner.kill()
+        owner.wait()
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        owner.kill()
+        clean = gone_within(marker, 10)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert _statuses(err)[-1]["stopped"] is True
+    assert clean
+
+
+@pytest.mark.timeout(60)
+def test_owner_on_another_host_is_left_alone():
+    other = f"not-this-boot:{os.getpid()}:1"
+    result = run([PY, str(WRAPPER), "--", PY, "-c", "import time; time.sleep(1.5)"],
+                 env=clean_env(HVDLITE_JOB_OWNER=other))
+    assert result.returncode == 0, result.output
+
+
+def test_lifeline_identity():
+    me = lifeline.identity()
+    assert me is not None and me.split(":")[1] == str(os.getpid())
+    assert lifeline.alive(me)
+    child = subprocess.Popen(["true"])
+    gone = lifeline.identity(child.pid)
+    child.wait()
+    assert gone is None or not lifeline.alive(gone)
+    for bad in ("", "x", "a:b:c", me.replace(":", "", 1), "1:2:3:4"):
+        assert not lifeline.alive(bad)
 
 
 def test_protocol_round_trip():
-    message = {"event": "exit", "rank": 1, "tail": ["ünïcode", "x" * 10]}
-    line = protocol.encode(message).decode()
+    message = {"event": "exit", "rank": 1, "host": "h", "code": 3, "signal": None,
+               "stopped": False, "time": 1.5, "tail": ["ünïcode", "x" * 10]}
+    line = protocol.encode(message, "t0k").decode()
     assert line.endswith("\n") and line.isascii()
-    assert protocol.decode("[1] " + line) == message
-    assert protocol.decode("[1,1]<stderr>: " + line) == message
-    assert protocol.decode("an ordinary line") is None
-    assert protocol.decode(protocol.MARKER + " {not json") is None
+    assert protocol.decode("[1] " + line, "t0k") == message
+    assert protocol.decode("[1,1]<stderr>: " + line, "t0k", size=2) == message
+    assert protocol.decode("[1] " + line, "t0k", size=1) is None  # rank 1 of 1: no
+    assert protocol.decode(line, "other") is None
+    assert protocol.decode("an ordinary line", "t0k") is None
     assert json.loads(line.split(" ", 1)[1]) == message
+
+
+_EXIT = {"event": "exit", "rank": 0, "host": "h", "code": 1, "signal": None, "stopped": False,
+         "time": 1.0, "tail": []}
+
+
+@pytest.mark.parametrize("payload", [
+    "{not json", "[1, 2]", '"exit"', "null", "[" * 100000,
+    json.dumps({**_EXIT, "event": "finish"}), json.dumps({**_EXIT, "event": ["exit"]}),
+    json.dumps({**_EXIT, "event": {"a": 1}}),
+    json.dumps({**_EXIT, "rank": "0"}), json.dumps({**_EXIT, "rank": -1}),
+    json.dumps({**_EXIT, "rank": True}), json.dumps({**_EXIT, "rank": 1.0}),
+    json.dumps({**_EXIT, "code": "1"}), json.dumps({**_EXIT, "code": 256}),
+    json.dumps({**_EXIT, "signal": "KILL"}), json.dumps({**_EXIT, "signal": 0}),
+    json.dumps({**_EXIT, "time": "now"}), json.dumps({**_EXIT, "tail": "line"}),
+    json.dumps({**_EXIT, "tail": [1]}), json.dumps({**_EXIT, "stopped": 1}),
+    json.dumps({**_EXIT, "host": None}), json.dumps({**_EXIT, "signame": 9}),
+    json.dumps({k: v for k, v in _EXIT.items() if k != "code"}),
+    json.dumps({**_EXIT, "time": float("nan")}), json.dumps({**_EXIT, "time": float("inf")}),
+    '{"event": "start", "rank": 0, "host": "h", "pid": 1, "size": 0}',
+    '{"event": "start", "rank": 0, "host": "h", "size": 1}',
+])
+def test_protocol_rejects_bad_messages(payload):
+    """A line with the right marker but bad JSON or bad fields is ordinary output."""
+    assert protocol.decode(f"[0] {protocol.marker('tok')} {payload}", "tok", size=4) is None
+
+
+def test_protocol_accepts_what_the_wrapper_writes():
+    start = {"event": "start", "rank": 3, "host": "h", "pid": 7, "size": 4}
+    for message in (start, _EXIT, {**_EXIT, "signal": 9, "signame": "SIGKILL", "code": 137}):
+        assert protocol.decode(protocol.encode(message, "tok").decode(), "tok", 4) == message

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import shlex
 import shutil
@@ -18,15 +19,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import slurm
-from .command import LaunchSpec, forwarded_names, mpiexec_command, srun_command, srun_mpi_plugin
+from . import lifeline, protocol, slurm
+from .command import (LaunchSpec, forwarded_names, launcher_environment, mpiexec_command,
+                      srun_command, srun_mpi_plugin)
 from .errors import USAGE_EXIT, UsageError
 from .hosts import (Host, all_local, format_hosts, parse_hosts, read_hostfile, total_slots,
                     used_hosts)
 from .mpi import NO_MPI_HINT, MpiInfo, detect, find_mpiexec
-from .options import knob_environment, merge, parse_args, read_config_file
+from .configfile import read_config_file
+from .options import check_available, knob_environment, merge, parse_args
 
-__all__ = ["main", "plan"]
+__all__ = ["main", "plan", "describe", "Plan"]
 
 WRAPPER = Path(__file__).resolve().with_name("task_wrapper.py")
 DEFAULT_START_TIMEOUT = 30.0
@@ -38,9 +41,11 @@ class Plan:
     """Everything decided before launch.
 
     ``cmd`` is the launcher's argument list, ``env`` the launcher's whole
-    environment (inherited + knob variables), ``extra_env`` the variables a
-    shell line must show in front of ``cmd`` (srun: knobs travel in the
-    environment); ``hosts`` is None when the job stays on this machine.
+    environment (inherited + knob variables + the job's status-line token and
+    owner, see :mod:`.job`), ``extra_env`` the variables a shell line must show
+    in front of ``cmd`` (srun: knobs travel in the environment); ``hosts`` is
+    None when the job stays on this machine.  ``notes`` are lines hvdrun prints
+    before it starts (options given that change nothing here).
     """
 
     cmd: list[str]
@@ -52,6 +57,7 @@ class Plan:
     launcher: str
     mpi: MpiInfo | None
     verbose: bool
+    notes: tuple[str, ...] = ()
 
     def shell_line(self) -> str:
         """The command as one copy-pastable shell line (knob variables in front for srun)."""
@@ -106,31 +112,76 @@ def _start_timeout(values: Mapping[str, object], environ: Mapping[str, str]) -> 
                 value = float(raw)
             except ValueError:
                 raise UsageError(f"{name}={raw!r} is not a number of seconds") from None
+            if not math.isfinite(value):
+                raise UsageError(f"{name}={raw!r} is not a finite number of seconds")
             if value > 0:
                 return value
     return DEFAULT_START_TIMEOUT
 
 
-def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None
+def _ssh_args(values: Mapping[str, object]) -> list[str]:
+    """``-p PORT -i FILE`` for ssh to the other hosts, the identity file checked."""
+    args = []
+    if values.get("ssh_port") is not None:
+        args += ["-p", str(values["ssh_port"])]
+    if values.get("ssh_identity_file"):
+        given = str(values["ssh_identity_file"])
+        path = os.path.abspath(os.path.expanduser(given))
+        if not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            raise UsageError(f"--ssh-identity-file {given!r}: cannot read it")
+        if any(char.isspace() for char in path):
+            raise UsageError(f"--ssh-identity-file {path!r}: the path must not contain white "
+                             "space (MPI launchers split their ssh arguments at spaces)")
+        args += ["-i", path]
+    return args
+
+
+def _notes(values: Mapping[str, object], mpi: MpiInfo | None, nics: Sequence[str]
+           ) -> tuple[str, ...]:
+    notes = []
+    streams = values.get("num_nccl_streams")
+    if streams is not None and streams != 1:
+        notes.append(f"--num-nccl-streams {streams}: hvdlite runs each process set's NCCL "
+                     "collectives on one stream; the value is only passed on (as "
+                     "HVDLITE_NUM_NCCL_STREAMS)")
+    if len(nics) > 1 and mpi is not None and mpi.flavour in ("mpich", "intel"):
+        notes.append(f"--network-interfaces {','.join(nics)}: {mpi.label}'s mpiexec takes one "
+                     f"interface (-iface {nics[0]}); NCCL gets them all")
+    return tuple(notes)
+
+
+def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None,
+         rank_env: Mapping[str, str] | None = None
          ) -> tuple[argparse.Namespace, Plan | None]:
     """Parse *argv* and decide the launch without starting anything.
 
     Returns ``(args, plan)``; ``plan`` is None for ``--check-build``.  Raises
-    UsageError for every kind of bad input.
+    UsageError for every kind of bad input.  *rank_env*: more variables to set
+    on every rank (the knob flags win over them).
     """
     environ = dict(os.environ if environ is None else environ)
     args = parse_args(list(argv))
     file_values = read_config_file(args.config_file) if args.config_file else {}
     values = merge(args, file_values)
+    check_available(values)
     if args.check_build:
         return args, None
     _check_command(args.command, environ)
     np, hosts, _source = _resolve_hosts(values, environ)
-    knob_env = knob_environment(values)
-    env = {**environ, **knob_env}
+    nics = tuple(values.get("network_interfaces") or ())
+    knob_env = {**(rank_env or {}), **knob_environment(values)}
+    if nics:
+        knob_env["NCCL_SOCKET_IFNAME"] = ",".join(nics)
+    ssh_args = _ssh_args(values)
+    binding = shlex.split(str(values["binding_args"])) if values.get("binding_args") else None
+    # The job's variables are in the plan so that Open MPI's -x forwards them too.
+    env = {**environ, **knob_env, protocol.TOKEN_VARIABLE: protocol.new_token(),
+           lifeline.OWNER_VARIABLE: lifeline.identity() or ""}
     launcher = values.get("launcher") or "mpiexec"
     mpi_args = shlex.split(str(values.get("mpi_args") or ""))
     program = [sys.executable, str(WRAPPER), "--tail", str(REPORT_TAIL_LINES)]
+    if values.get("prefix_output_with_timestamp"):
+        program.append("--timestamp")
     if values.get("output_filename"):
         program += ["--output-dir", os.path.abspath(str(values["output_filename"]))]
     program += ["--", *args.command]
@@ -140,6 +191,10 @@ def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None
         if srun is None:
             raise UsageError("--launcher srun: srun is not on PATH (run inside SLURM, or "
                              "use the default mpiexec launcher)")
+        if ssh_args or nics:
+            raise UsageError("--launcher srun starts ranks through SLURM, not ssh, and has no "
+                             "interface choice: drop -p/-i/--network-interface, or use the "
+                             "default mpiexec launcher")
         try:
             path = find_mpiexec(environ)
             mpi = detect(path) if path else None
@@ -148,7 +203,7 @@ def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None
         from_allocation = slurm.in_allocation(environ) and not (
             values.get("hosts") or values.get("hostfile"))
         spec = LaunchSpec(np=np, program=program, mpi_args=mpi_args,
-                          hosts=None if from_allocation else hosts)
+                          hosts=None if from_allocation else hosts, binding=binding)
         cmd, extra_env = srun_command(spec, srun_mpi_plugin(mpi), srun=srun), knob_env
     else:
         path = find_mpiexec(environ)
@@ -156,17 +211,22 @@ def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None
             raise UsageError(NO_MPI_HINT.format(python=Path(sys.executable).parent))
         mpi = detect(path)
         spec = LaunchSpec(np=np, program=program, hosts=None if local else hosts, env=knob_env,
-                          mpi_args=mpi_args, forward=forwarded_names(env, exclude=knob_env))
-        cmd, extra_env = mpiexec_command(mpi, spec), {}
+                          mpi_args=mpi_args, forward=forwarded_names(env, exclude=knob_env),
+                          binding=binding, nics=nics, ssh_args=ssh_args)
+        cmd, extra_env = mpiexec_command(mpi, spec), launcher_environment(mpi, spec)
+        env.update(extra_env)
     return args, Plan(cmd, env, extra_env, np, None if local else hosts,
                       _start_timeout(values, environ), launcher, mpi,
-                      bool(values.get("verbose")))
+                      bool(values.get("verbose")), _notes(values, mpi, nics))
 
 
-def _describe(p: Plan) -> str:
+def describe(p: Plan) -> str:
+    """What --verbose prints before the launch: hosts, MPI, knob variables, the command."""
     where = format_hosts(p.hosts) if p.hosts else "this machine"
     mpi = f"{p.mpi.label} ({p.mpi.path})" if p.mpi else "unknown MPI"
-    knobs = " ".join(f"{k}={v}" for k, v in p.env.items() if k.startswith("HVDLITE_")) or "none"
+    job_variables = (protocol.TOKEN_VARIABLE, lifeline.OWNER_VARIABLE)
+    knobs = " ".join(f"{k}={v}" for k, v in p.env.items()
+                     if k.startswith("HVDLITE_") and k not in job_variables) or "none"
     return (f"hvdrun: {p.np} rank(s) on {where}, launcher {p.launcher}, {mpi}\n"
             f"hvdrun: knob variables: {knobs}\n"
             f"hvdrun: running: {p.shell_line()}\n")
@@ -189,6 +249,8 @@ def _run(argv: list[str]) -> int:
 
             sys.stdout.write(check_build())
             return 0
+        for note in launch.notes:
+            sys.stderr.write(f"hvdrun: note: {note}\n")
         if args.dry_run:
             sys.stdout.write(launch.shell_line() + "\n")
             return 0
@@ -196,7 +258,7 @@ def _run(argv: list[str]) -> int:
         sys.stderr.write(f"hvdrun: error: {exc}\n")
         return USAGE_EXIT
     if launch.verbose:
-        sys.stderr.write(_describe(launch))
+        sys.stderr.write(describe(launch))
         sys.stderr.flush()
     from .job import run_job
 

@@ -13,6 +13,18 @@ Intel MPI     -prepend-rank   -genv NAME VALUE        I_MPI_PIN=0    -hosts a,b 
 srun          --label         inherited (--export)    --cpu-bind=none --mpi=pmi2|pmix
 ============  ==============  ======================  =============  ==========================
 
+``LaunchSpec.binding`` replaces the "no binding" column.  Network interfaces
+and ssh options (for jobs with other hosts), in each launcher's terms:
+
+============  ================================  ========================================
+flavour       interfaces                        ssh port / identity file
+============  ================================  ========================================
+MPICH/Hydra   -iface NIC (one)                  -launcher ssh, HYDRA_LAUNCHER_EXTRA_ARGS
+Open MPI      --mca btl_tcp_if_include NICS,    --mca plm_rsh_args "-p N -i FILE"
+              --mca oob_tcp_if_include NICS
+Intel MPI     -iface NIC (one)                  -bootstrap ssh -bootstrap-exec-args "..."
+============  ================================  ========================================
+
 MPICH and Intel MPI pass the whole environment to every rank on every host by
 default; Open MPI passes only what ``-x`` names to other hosts, so the Open MPI
 builder also forwards the variables a Python job needs (see
@@ -29,7 +41,7 @@ from .hosts import Host, format_hosts
 from .mpi import MpiInfo
 
 __all__ = ["LaunchSpec", "mpiexec_command", "srun_command", "forwarded_names",
-           "srun_mpi_plugin"]
+           "srun_mpi_plugin", "launcher_environment"]
 
 # Inherited variables Open MPI must be told to forward (names or prefixes).
 _FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CONDA_PREFIX",
@@ -44,7 +56,9 @@ class LaunchSpec:
 
     ``hosts`` is None for "this machine only"; ``env`` holds the variables
     hvdrun sets for every rank (the knobs); ``program`` is the per-rank argv
-    (the task wrapper followed by the user's command).
+    (the task wrapper followed by the user's command).  ``binding``, when not
+    None, replaces the launcher's "no CPU binding" arguments; ``nics`` are the
+    network interfaces to use; ``ssh_args`` go to ssh when there are other hosts.
     """
 
     np: int
@@ -53,6 +67,9 @@ class LaunchSpec:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     mpi_args: Sequence[str] = ()
     forward: Sequence[str] = ()
+    binding: Sequence[str] | None = None
+    nics: Sequence[str] = ()
+    ssh_args: Sequence[str] = ()
 
 
 def forwarded_names(environ: Mapping[str, str], exclude: Sequence[str] = ()) -> list[str]:
@@ -64,18 +81,30 @@ def forwarded_names(environ: Mapping[str, str], exclude: Sequence[str] = ()) -> 
     )
 
 
+def _binding(spec: LaunchSpec, default: Sequence[str]) -> list[str]:
+    return list(default if spec.binding is None else spec.binding)
+
+
 def _mpich(info: MpiInfo, spec: LaunchSpec) -> list[str]:
     cmd = [info.path, "-n", str(spec.np)]
     if spec.hosts:
         cmd += ["-hosts", format_hosts(spec.hosts)]
-    cmd += ["-bind-to", "none", "-prepend-rank"]
+    cmd += _binding(spec, ["-bind-to", "none"]) + ["-prepend-rank"]
+    if spec.nics:
+        cmd += ["-iface", spec.nics[0]]
+    if spec.hosts and spec.ssh_args:  # the arguments travel in HYDRA_LAUNCHER_EXTRA_ARGS
+        cmd += ["-launcher", "ssh"]
     for name, value in spec.env.items():
         cmd += ["-genv", name, value]
     return cmd + list(spec.mpi_args) + list(spec.program)
 
 
 def _intel(info: MpiInfo, spec: LaunchSpec) -> list[str]:
-    common = ["-prepend-rank", "-genv", "I_MPI_PIN", "0"]
+    common = ["-prepend-rank"] + _binding(spec, ["-genv", "I_MPI_PIN", "0"])
+    if spec.nics:
+        common += ["-iface", spec.nics[0]]
+    if spec.hosts and spec.ssh_args:
+        common += ["-bootstrap", "ssh", "-bootstrap-exec-args", " ".join(spec.ssh_args)]
     for name, value in spec.env.items():
         common += ["-genv", name, value]
     common += list(spec.mpi_args)
@@ -106,7 +135,12 @@ def _openmpi(info: MpiInfo, spec: LaunchSpec, as_root: bool) -> list[str]:
         cmd += ["-H", format_hosts(spec.hosts)]
     else:  # this machine only: -np may exceed its cores
         cmd.append("--oversubscribe")
-    cmd += ["--bind-to", "none", "--tag-output"]
+    cmd += _binding(spec, ["--bind-to", "none"]) + ["--tag-output"]
+    if spec.nics:
+        nics = ",".join(spec.nics)
+        cmd += ["--mca", "btl_tcp_if_include", nics, "--mca", "oob_tcp_if_include", nics]
+    if spec.hosts and spec.ssh_args:
+        cmd += ["--mca", "plm_rsh_args", " ".join(spec.ssh_args)]
     for name in spec.forward:
         if name not in spec.env:
             cmd += ["-x", name]
@@ -130,6 +164,14 @@ def mpiexec_command(info: MpiInfo, spec: LaunchSpec, as_root: bool | None = None
     return _mpich(info, spec)
 
 
+def launcher_environment(info: MpiInfo, spec: LaunchSpec) -> dict[str, str]:
+    """Variables the launcher itself needs for *spec* (MPICH's Hydra takes the ssh
+    arguments only from ``HYDRA_LAUNCHER_EXTRA_ARGS``, which it splits at spaces)."""
+    if info.flavour == "mpich" and spec.hosts and spec.ssh_args:
+        return {"HYDRA_LAUNCHER_EXTRA_ARGS": " ".join(spec.ssh_args)}
+    return {}
+
+
 def srun_mpi_plugin(info: MpiInfo | None) -> str:
     """SLURM's PMI plugin for the MPI the ranks use: pmix for Open MPI, else pmi2."""
     return "pmix" if info is not None and info.flavour == "openmpi" else "pmi2"
@@ -140,7 +182,8 @@ def srun_command(spec: LaunchSpec, plugin: str, srun: str = "srun") -> list[str]
     cmd = [srun]
     if not any(arg.startswith("--mpi") for arg in spec.mpi_args):
         cmd.append(f"--mpi={plugin}")
-    cmd += [f"--ntasks={spec.np}", "--label", "--cpu-bind=none", "--kill-on-bad-exit=1"]
+    cmd += [f"--ntasks={spec.np}", "--label", *_binding(spec, ["--cpu-bind=none"]),
+            "--kill-on-bad-exit=1"]
     if spec.hosts:
         cmd += [f"--nodes={len(spec.hosts)}",
                 "--nodelist=" + ",".join(host.name for host in spec.hosts)]

@@ -7,9 +7,17 @@ Contract of :func:`run_job`:
   passes it to every rank; each task wrapper gives its command
   ``task_wrapper.GRACE_SECONDS`` before SIGKILL), then, ``STOP_GRACE_SECONDS``
   later, SIGKILL to the launcher's process group (its proxies take their ranks
-  with them).  A second Ctrl-C skips the wait;
+  with them).  A second Ctrl-C skips the wait.  The handlers for SIGINT,
+  SIGTERM and SIGHUP are in place before the launcher starts, so a signal that
+  arrives while it starts stops the job the same way;
+- should hvdrun die without a chance to stop the job (SIGKILL), the ranks die
+  too: the launcher gets SIGTERM from the kernel, and the task wrappers on this
+  machine see hvdrun gone (see :mod:`lifeline`);
 - the ranks' output is passed through (stdout to stdout, stderr to stderr),
-  minus the wrappers' status lines, which hvdrun reads instead;
+  minus the wrappers' status lines, which hvdrun reads instead: lines with this
+  job's token (``$HVDLITE_JOB_TOKEN``, made up here unless *env* has one) and
+  valid fields (see :mod:`protocol`).  A line without a newline is passed on in
+  pieces of at most ``MAX_PENDING_BYTES``, so its length never costs memory;
 - the first rank that ends with a non-zero status stops the job the same way,
   and hvdrun prints a report of that rank (host, exit code or signal, last
   lines) and returns its exit code;
@@ -32,26 +40,69 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
-from . import protocol
+from . import lifeline, protocol
 from .report import (Failure, exit_code_of, first_failure, format_failure,
                      format_launcher_failure)
 
-__all__ = ["run_job", "STOP_GRACE_SECONDS"]
+__all__ = ["run_job", "STOP_GRACE_SECONDS", "MAX_PENDING_BYTES"]
 
 STOP_GRACE_SECONDS = 8.0
+MAX_PENDING_BYTES = 64 * 1024  # more than any status line
 _EOF_WAIT_SECONDS = 3.0
 _TAIL_LINES = 200  # the fallback report picks one rank's lines out of these
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _LineBuffer:
+    """Cuts one output stream into the pieces hvdrun passes on, holding at most *limit* bytes.
+
+    :meth:`feed` returns ``(piece, whole_line)`` pairs: whole lines (which may be
+    status lines), the progress-bar part of a line (up to its last ``\\r``), and,
+    once a line without a newline outgrows *limit*, that line so far -- except
+    for a status line that may still be arriving at its end.
+    """
+
+    def __init__(self, marker: bytes, limit: int = MAX_PENDING_BYTES) -> None:
+        self.marker, self.limit = marker, limit
+        self.pending = b""
+
+    def _held_from(self, data: bytes) -> int:
+        """Where the part of an over-long *data* that may be a status line begins."""
+        at = data.rfind(self.marker)
+        if at > 0 and len(data) - at <= self.limit:
+            return at
+        for size in range(min(len(self.marker) - 1, len(data)), 0, -1):
+            if self.marker.startswith(data[-size:]):  # the read cut a marker short
+                return len(data) - size
+        return len(data)
+
+    def feed(self, chunk: bytes) -> list[tuple[bytes, bool]]:
+        data = self.pending + chunk
+        cut = data.rfind(b"\n") + 1
+        pieces = [(line + b"\n", True) for line in data[:cut - 1].split(b"\n")] if cut else []
+        rest = data[cut:]
+        bar = rest.rfind(b"\r") + 1  # a progress bar goes through at once
+        if bar and self.marker not in rest:
+            pieces.append((rest[:bar], False))
+            rest = rest[bar:]
+        if len(rest) > self.limit:
+            held = self._held_from(rest)
+            pieces.append((rest[:held], False))
+            rest = rest[held:]
+        self.pending = rest
+        return pieces
 
 
 class _Reader(threading.Thread):
     """Passes one output stream of the launcher through, picking out status lines."""
 
     def __init__(self, name: str, pipe: BinaryIO, sink: BinaryIO, events: queue.Queue,
-                 tail: collections.deque) -> None:
+                 tail: collections.deque, token: str, np: int) -> None:
         super().__init__(daemon=True)
         self._name, self._pipe, self._sink = name, pipe, sink
         self._events, self._tail = events, tail
+        self._token, self._np = token, np
+        self.buffer = _LineBuffer(protocol.marker(token).encode())
         self._sink_ok = True
 
     def _write(self, data: bytes) -> None:
@@ -64,16 +115,16 @@ class _Reader(threading.Thread):
 
     def _line(self, raw: bytes) -> None:
         text = raw.decode("utf-8", "replace")
-        message = protocol.decode(text) if protocol.MARKER in text else None
+        message = protocol.decode(text, self._token, self._np)
         if message is not None:
             self._events.put(("status", message))
             return
         self._write(raw)
         if text.strip():
-            self._tail.append((self._name, text.rstrip("\r\n")))
+            self._tail.append((self._name, text.rstrip("\r\n")[:protocol.MAX_LINE_CHARS]))
 
     def run(self) -> None:
-        fd, pending = self._pipe.fileno(), b""
+        fd = self._pipe.fileno()
         while True:
             try:
                 chunk = os.read(fd, 65536)
@@ -83,24 +134,19 @@ class _Reader(threading.Thread):
                 break
             if not chunk:
                 break
-            pending += chunk
-            lines = pending.split(b"\n")
-            pending = lines.pop()
-            for line in lines:
-                self._line(line + b"\n")
-            # A progress bar ('\r' without '\n') goes through at once.
-            cut = pending.rfind(b"\r") + 1
-            if cut and protocol.MARKER.encode() not in pending:
-                self._write(pending[:cut])
-                pending = pending[cut:]
-        if pending:
-            self._line(pending)
+            for piece, whole_line in self.buffer.feed(chunk):
+                if whole_line:
+                    self._line(piece)
+                else:
+                    self._write(piece)
+        if self.buffer.pending:
+            self._line(self.buffer.pending)
         self._events.put(("eof", None))
 
 
 class _Job:
     def __init__(self, proc: subprocess.Popen, np: int, start_timeout: float,
-                 launcher: str, err: BinaryIO) -> None:
+                 launcher: str, err: BinaryIO, signals: list[int]) -> None:
         self.proc, self.np, self.start_timeout, self.launcher = proc, np, start_timeout, launcher
         self.err = err
         self.started: set[int] = set()
@@ -109,7 +155,7 @@ class _Job:
         self.signum: int | None = None
         self.stop_at: float | None = None
         self.killed = False
-        self.pending_signals: list[int] = []
+        self.pending_signals = signals  # filled by the signal handlers
 
     def say(self, text: str) -> None:
         try:
@@ -167,32 +213,50 @@ class _Job:
 
 
 def _launch(cmd: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen:
+    """Start the launcher in its own session; it gets SIGTERM should this process die."""
     return subprocess.Popen(
         list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=dict(env), start_new_session=True,
+        preexec_fn=lifeline.parent_death_signal(signal.SIGTERM),
     )
+
+
+def _catch_stop_signals(into: list[int]) -> dict:
+    """Queue SIGINT/SIGTERM/SIGHUP in *into* from now on; the previous handlers by signal."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {signum: signal.signal(signum, lambda s, _frame: into.append(s))
+            for signum in _STOP_SIGNALS}
 
 
 def run_job(cmd: Sequence[str], env: Mapping[str, str], *, np: int,
             start_timeout: float = 30.0, out: BinaryIO | None = None,
             err: BinaryIO | None = None) -> int:
     """Run *cmd* (a launcher command whose ranks run the task wrapper); see the module doc."""
-    out = out if out is not None else sys.stdout.buffer
-    err = err if err is not None else sys.stderr.buffer
+    signals: list[int] = []
+    previous = _catch_stop_signals(signals)  # first: nothing may start unguarded
+    try:
+        return _run(cmd, env, np, start_timeout, out if out is not None else sys.stdout.buffer,
+                    err if err is not None else sys.stderr.buffer, signals)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run(cmd: Sequence[str], env: Mapping[str, str], np: int, start_timeout: float,
+         out: BinaryIO, err: BinaryIO, signals: list[int]) -> int:
+    token = env.get(protocol.TOKEN_VARIABLE) or protocol.new_token()
+    env = {**env, protocol.TOKEN_VARIABLE: token,
+           lifeline.OWNER_VARIABLE: lifeline.identity() or ""}
     events: queue.Queue = queue.Queue()
     tail: collections.deque[tuple[str, str]] = collections.deque(maxlen=_TAIL_LINES)
     started_at, wall_start = time.monotonic(), time.time()
     proc = _launch(cmd, env)
-    job = _Job(proc, np, start_timeout, os.path.basename(cmd[0]), err)
-    readers = [_Reader("stdout", proc.stdout, out, events, tail),
-               _Reader("stderr", proc.stderr, err, events, tail)]
+    job = _Job(proc, np, start_timeout, os.path.basename(cmd[0]), err, signals)
+    readers = [_Reader("stdout", proc.stdout, out, events, tail, token, np),
+               _Reader("stderr", proc.stderr, err, events, tail, token, np)]
     for reader in readers:
         reader.start()
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in _STOP_SIGNALS:
-            previous[signum] = signal.signal(
-                signum, lambda s, _f: job.pending_signals.append(s))
     try:
         eofs, exited_at = 0, None
         while eofs < len(readers):
@@ -208,7 +272,8 @@ def run_job(cmd: Sequence[str], env: Mapping[str, str], *, np: int,
             if proc.poll() is not None:
                 exited_at = exited_at or time.monotonic()
                 if time.monotonic() - exited_at > _EOF_WAIT_SECONDS:
-                    break  # something the launcher left behind holds its pipes open
+                    job.kill()  # what the launcher left behind holds its pipes open
+                    break
         returncode = proc.wait()
         while True:  # statuses that arrived with the last output
             try:
@@ -218,8 +283,6 @@ def run_job(cmd: Sequence[str], env: Mapping[str, str], *, np: int,
             if kind == "status":
                 job.on_status(payload)
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
         if proc.poll() is None:
             job.kill()
             proc.wait()

@@ -1,10 +1,17 @@
-"""hvdrun's options: the argument parser, the YAML config file, and knob variables.
+"""hvdrun's options: the argument parser, knob variables, and horovodrun's other flags.
 
 Every option that may also appear in ``--config-file`` is an :class:`Option`
 in :data:`OPTIONS`; the knob options are generated from
 :data:`hvdlite.config.KNOBS`, so a new knob gets its flag without an edit here.
-Precedence, per option: the command line, then the config file, then (for
-knobs) whatever the environment already says (``HVDLITE_*`` or ``HOROVOD_*``).
+Precedence, per option: the command line, then the config file (see
+:mod:`.configfile`), then (for knobs) whatever the environment already says
+(``HVDLITE_*`` or ``HOROVOD_*``).
+
+Every flag of ``horovodrun`` 0.28 parses.  Those naming machinery hvdlite does
+not have (Gloo, jsrun, elastic training, autotune, torus allreduce) end hvdrun
+with exit 2 and a line that says what to use instead (:data:`UNAVAILABLE`,
+:func:`check_available`); every on/off option also has its opposite
+(``--no-hierarchical-allreduce``, ``--stall-check``).
 
 The parser never exits on bad input: it raises
 :class:`~hvdlite.runner.errors.UsageError` with a one-line message.
@@ -14,29 +21,39 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shlex
+import math
+import re
 from collections.abc import Callable, Mapping
 
 from ..config import KNOBS, Knob
 from ..version import __version__
 from .errors import UsageError
 
-__all__ = ["Option", "OPTIONS", "build_parser", "parse_args", "read_config_file",
-           "merge", "knob_environment"]
+__all__ = ["Option", "OPTIONS", "UNAVAILABLE", "AFTER_MERGE", "build_parser", "parse_args", "merge",
+           "check_available", "knob_environment"]
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 MIB = 1024 * 1024
+MAX_FUSION_MB = 1024 * 1024  # 1 TiB
+_INTERFACE = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
 
 
-def _number(kind: type, minimum: float, strict: bool = False) -> Callable[[str], object]:
+def _number(kind: type, minimum: float, strict: bool = False,
+            maximum: float | None = None) -> Callable[[str], object]:
+    """A converter for a numeric flag: a finite *kind* from *minimum* (excluded when
+    *strict*) up to *maximum*; anything else is an ArgumentTypeError naming the range."""
     def convert(text: str):
         try:
             value = kind(text)
         except (TypeError, ValueError):
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
         if value < minimum or (strict and value == minimum):
             bound = f"more than {minimum}" if strict else f"at least {minimum}"
             raise argparse.ArgumentTypeError(f"{text!r} must be {bound}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at most {maximum}")
         return value
 
     convert.__name__ = kind.__name__
@@ -47,6 +64,32 @@ def _log_level(text: str) -> str:
     if text.upper() not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(LOG_LEVELS)}")
     return text.upper()
+
+
+def _interfaces(text: str) -> tuple[str, ...]:
+    """``eth0`` or ``eth0,eth1`` -> the interface names, each checked."""
+    names = tuple(part.strip() for part in str(text).split(","))
+    for name in names:
+        if not _INTERFACE.match(name):
+            raise argparse.ArgumentTypeError(f"{name!r} is not a network interface name")
+    return names
+
+
+def _core_list(text: str) -> str:
+    """``3`` or ``0,8,16``: one core id per local rank (Horovod's HOROVOD_THREAD_AFFINITY)."""
+    parts = [part.strip() for part in str(text).split(",")]
+    if not all(part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a core id or a comma-separated list of core ids")
+    return ",".join(str(int(part)) for part in parts)
+
+
+def _ssh_identity(text: str) -> str:
+    if not text.strip() or any(char.isspace() for char in text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the path must be non-empty and without white space (MPI launchers "
+            "split their ssh arguments at spaces)")
+    return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,11 +103,19 @@ class Option:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     knob: Knob | None = None
-    to_env: Callable[[object], str] = str
+    to_env: Callable[[object], str | None] = str  # None: set nothing for this value
+    env: str | None = None  # the variable a non-knob option sets on every rank
+    negations: tuple[str, ...] = ()  # flags that turn an on/off option off
+    repeat: bool = False  # the flag may repeat; each value is a comma-separated list
 
     @property
     def is_flag(self) -> bool:
         return self.convert is None
+
+    @property
+    def variable(self) -> str | None:
+        """The variable this option sets on every rank, if any."""
+        return self.knob.env if self.knob is not None else self.env
 
     @property
     def key(self) -> str:
@@ -87,15 +138,25 @@ _KNOB_FLAGS = {
     "stall_shutdown_time_seconds": "--stall-check-shutdown-time-seconds",
     "log_level": "--log-level",
     "mpi_threads_disable": "--mpi-threads-disable",
+    "log_hide_time": "--log-without-timestamp",
 }
 
 
+def _opposite(flag: str) -> str:
+    """``--x`` <-> ``--no-x``: the flag that turns an on/off option the other way."""
+    return "--" + flag[5:] if flag.startswith("--no-") else "--no-" + flag[2:]
+
+
+def _on_off(on: object) -> str:
+    return "1" if on else "0"
+
+
 def _knob_option(knob: Knob) -> Option:
-    flag = _KNOB_FLAGS.get(knob.attr, "--" + knob.attr.replace("_", "-"))
+    flag = _knob_flag(knob)
     help_text = f"{knob.help} [sets {knob.env}]"
     if knob.attr == "fusion_threshold":
         return Option(knob.attr, (flag,), "megabytes: " + help_text.split(": ", 1)[-1],
-                      _number(float, 0), "MB", knob=knob,
+                      _number(float, 0, maximum=MAX_FUSION_MB), "MB", knob=knob,
                       to_env=lambda mb: str(int(round(float(mb) * MIB))))
     if knob.attr == "log_level":
         return Option(knob.attr, (flag,), help_text, _log_level, "LEVEL", knob=knob)
@@ -103,12 +164,16 @@ def _knob_option(knob: Knob) -> Option:
         return Option(knob.attr, (flag,), help_text, str, None, knob=knob,
                       choices=("auto", "on", "off"))
     if knob.kind is bool:
-        return Option(knob.attr, (flag,), help_text, None, knob=knob,
-                      to_env=lambda on: "1" if on else "0")
+        return Option(knob.attr, (flag,), help_text, None, knob=knob, to_env=_on_off,
+                      negations=(_opposite(flag),))
     if knob.kind in (int, float):
         return Option(knob.attr, (flag,), help_text, _number(knob.kind, 0),
                       "N", knob=knob, to_env=lambda v: str(v))
     return Option(knob.attr, (flag,), help_text, str, "VALUE", knob=knob)
+
+
+def _knob_flag(knob: Knob) -> str:
+    return _KNOB_FLAGS.get(knob.attr, "--" + knob.attr.replace("_", "-"))
 
 
 LAUNCH_OPTIONS: tuple[Option, ...] = (
@@ -116,20 +181,102 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
            "(default inside SLURM: the allocation's task count)", _number(int, 1), "N"),
     Option("hosts", ("-H", "--hosts"), "hosts and their slots, e.g. node1:2,node2:2 "
            "(default inside SLURM: the allocation; else this machine)", str, "HOST:SLOTS,..."),
-    Option("hostfile", ("--hostfile",), "file of 'host slots=N' lines", str, "FILE"),
+    Option("hostfile", ("-hostfile", "--hostfile"), "file of 'host slots=N' lines", str,
+           "FILE"),
     Option("launcher", ("--launcher",), "start ranks with mpiexec (default) or with "
            "SLURM's srun", str, None, choices=("mpiexec", "srun")),
     Option("mpi_args", ("--mpi-args",), "extra arguments for mpiexec/srun, "
-           "e.g. \"-genv FOO 1\"", str, "ARGS"),
+           "e.g. --mpi-args=\"-genv FOO 1\"", str, "ARGS"),
     Option("start_timeout", ("--start-timeout",), "seconds for every rank to start before "
            "hvdrun gives up (default 30, or $HOROVOD_START_TIMEOUT)", _number(float, 0, True),
            "SECONDS"),
     Option("output_filename", ("--output-filename",), "also write each rank's output to "
            "DIR/rank.N/stdout and DIR/rank.N/stderr", str, "DIR"),
+    Option("prefix_output_with_timestamp", ("-prefix-timestamp",
+                                            "--prefix-output-with-timestamp"),
+           "start every output line of every rank with the time it was printed"),
     Option("verbose", ("--verbose",), "print the hosts, the MPI and the command before running"),
+    Option("use_mpi", ("--mpi",), "run on MPI (accepted for horovodrun scripts: hvdlite "
+           "always runs on MPI)"),
+    Option("disable_cache", ("--disable-cache",), "accepted for horovodrun scripts: hvdrun "
+           "keeps no cache of its start-up checks, it runs them every time"),
 )
-KNOB_OPTIONS: tuple[Option, ...] = tuple(_knob_option(knob) for knob in KNOBS)
-OPTIONS: tuple[Option, ...] = LAUNCH_OPTIONS + KNOB_OPTIONS
+
+NETWORK_OPTIONS: tuple[Option, ...] = (
+    Option("ssh_port", ("-p", "--ssh-port"), "ssh port of the other hosts (MPICH: "
+           "HYDRA_LAUNCHER_EXTRA_ARGS, Intel MPI: -bootstrap-exec-args, Open MPI: "
+           "--mca plm_rsh_args)", _number(int, 1, maximum=65535), "PORT"),
+    Option("ssh_identity_file", ("-i", "--ssh-identity-file"), "private key file ssh uses "
+           "to reach the other hosts", _ssh_identity, "FILE"),
+    Option("network_interfaces", ("--network-interfaces", "--network-interface"),
+           "network interface(s) for the job's traffic, comma-separated or repeated "
+           "(MPICH/Intel MPI: -iface, Open MPI: btl_tcp_if_include and oob_tcp_if_include; "
+           "NCCL: NCCL_SOCKET_IFNAME)", _interfaces, "NIC[,NIC...]", repeat=True),
+    Option("binding_args", ("--binding-args",), "CPU binding arguments for the launcher, "
+           "instead of its 'no binding' default, e.g. --binding-args=\"-bind-to core\"",
+           str, "ARGS"),
+    Option("tcp", ("--tcp",), "keep NCCL off InfiniBand: TCP only (sets NCCL_IB_DISABLE=1, "
+           "as horovodrun does)", env="NCCL_IB_DISABLE", to_env=lambda on: "1" if on else None),
+)
+
+LIBRARY_OPTIONS: tuple[Option, ...] = (
+    Option("thread_affinity", ("--thread-affinity",), "pin each rank's engine thread to a "
+           "core: one id, or one per local rank (sets HVDLITE_THREAD_AFFINITY)", _core_list,
+           "CORE[,CORE...]", env="HVDLITE_THREAD_AFFINITY"),
+    Option("num_nccl_streams", ("--num-nccl-streams",), "NCCL streams per device (sets "
+           "HVDLITE_NUM_NCCL_STREAMS; hvdlite uses one stream per process set)",
+           _number(int, 1), "N", env="HVDLITE_NUM_NCCL_STREAMS"),
+    Option("log_with_timestamp", ("--log-with-timestamp", "--no-log-hide-timestamp"),
+           "time-stamp hvdlite's log lines (--log-without-timestamp: do not; sets "
+           "HVDLITE_LOG_HIDE_TIME)", env="HVDLITE_LOG_HIDE_TIME",
+           to_env=lambda on: "0" if on else "1",
+           negations=("--log-without-timestamp", "--log-hide-timestamp")),
+    Option("torus_allreduce", ("--torus-allreduce",), "not available in hvdlite (an error "
+           "that names --hierarchical-allreduce); --no-torus-allreduce is accepted",
+           negations=("--no-torus-allreduce",)),
+    Option("autotune", ("--autotune",), "not available yet (an error); --no-autotune is "
+           "accepted", negations=("--no-autotune",)),
+)
+
+_OWN_FLAGS = {flag for opt in LAUNCH_OPTIONS + NETWORK_OPTIONS + LIBRARY_OPTIONS
+              for flag in opt.flags + opt.negations}
+# A knob whose flag a hand-written option already has is set through that option.
+KNOB_OPTIONS: tuple[Option, ...] = tuple(_knob_option(knob) for knob in KNOBS
+                                         if _knob_flag(knob) not in _OWN_FLAGS)
+OPTIONS: tuple[Option, ...] = LAUNCH_OPTIONS + NETWORK_OPTIONS + LIBRARY_OPTIONS + KNOB_OPTIONS
+
+_AUTOTUNE = ("autotune is not available yet: set the knobs by hand (--fusion-threshold-mb, "
+             "--cycle-time-ms, --cache-capacity, --hierarchical-allreduce)")
+_ELASTIC = ("elastic training is not available yet: start a fixed-size job with -np and "
+            "-H/--hostfile")
+# horovodrun flags for machinery hvdlite does not have: (flags, values taken, message).
+UNAVAILABLE: tuple[tuple[tuple[str, ...], int, str], ...] = (
+    (("--autotune-log-file",), 1, _AUTOTUNE),
+    (("--autotune-warmup-samples",), 1, _AUTOTUNE),
+    (("--autotune-steps-per-sample",), 1, _AUTOTUNE),
+    (("--autotune-bayes-opt-max-samples",), 1, _AUTOTUNE),
+    (("--autotune-gaussian-process-noise",), 1, _AUTOTUNE),
+    (("--min-np", "--min-num-proc"), 1, _ELASTIC),
+    (("--max-np", "--max-num-proc"), 1, _ELASTIC),
+    (("--slots-per-host",), 1, _ELASTIC),
+    (("--elastic-timeout",), 1, _ELASTIC),
+    (("--reset-limit",), 1, _ELASTIC),
+    (("--blacklist-cooldown-range",), 2, _ELASTIC),
+    (("--host-discovery-script",), 1, _ELASTIC),
+    (("--gloo",), 0, "hvdlite has no Gloo controller: it always runs on MPI; drop --gloo "
+                     "(or say --mpi)"),
+    (("--gloo-timeout-seconds",), 1, "hvdlite has no Gloo controller; for a time limit on "
+                                     "every wait between ranks use --collective-timeout "
+                                     "SECONDS"),
+    (("--jsrun",), 0, "hvdrun does not launch with LSF's jsrun: use its default mpiexec "
+                      "launcher with -H/--hostfile (or --launcher srun under SLURM)"),
+)
+AFTER_MERGE = {
+    "autotune": ("--autotune", _AUTOTUNE),
+    "torus_allreduce": ("--torus-allreduce", "hvdlite has no torus allreduce: use "
+                                             "--hierarchical-allreduce (reduce inside each "
+                                             "node, then across nodes)"),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -137,10 +284,36 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see hvdrun --help)")
 
 
+class _Unavailable(argparse.Action):
+    """A horovodrun flag hvdlite cannot honour: using it is an error that says why."""
+
+    def __init__(self, option_strings, dest, message: str = "", **kwargs) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, default=argparse.SUPPRESS,
+                         **kwargs)
+        self.message = message
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise UsageError(f"{option_string}: {self.message}")
+
+
+class _CommaList(argparse.Action):
+    """A repeatable flag whose value is a comma-separated list; the values accumulate."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        so_far = getattr(namespace, self.dest, None) or ()
+        setattr(namespace, self.dest, so_far + tuple(v for v in values if v not in so_far))
+
+
 def _add(group, opt: Option) -> None:
-    if opt.is_flag:
+    if opt.repeat:
+        group.add_argument(*opt.flags, dest=opt.dest, action=_CommaList, type=opt.convert,
+                           default=None, metavar=opt.metavar, help=opt.help)
+    elif opt.is_flag:
         group.add_argument(*opt.flags, dest=opt.dest, action="store_const", const=True,
                            default=None, help=opt.help)
+        if opt.negations:
+            group.add_argument(*opt.negations, dest=opt.dest, action="store_const",
+                               const=False, default=None, help=argparse.SUPPRESS)
     else:
         group.add_argument(*opt.flags, dest=opt.dest, type=opt.convert, default=None,
                            metavar=opt.metavar, choices=opt.choices, help=opt.help)
@@ -153,24 +326,42 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start a data-parallel training job: one rank per slot, under MPI "
                     "(mpiexec of MPICH, Open MPI or Intel MPI) or SLURM's srun.",
         epilog="Every knob flag sets an HVDLITE_* environment variable on every rank. "
+               "Every on/off flag has an opposite: --no-X for --X (--stall-check for "
+               "--no-stall-check, --log-without-timestamp for --log-with-timestamp). "
                "--config-file takes a YAML mapping with the same keys as the flags "
-               "(e.g. 'fusion-threshold-mb: 32'); flags on the command line win over it, "
+               "(e.g. 'fusion-threshold-mb: 32') or horovodrun's nested layout "
+               "('params:', 'timeline:', ...); flags on the command line win over it, "
                "and it wins over the environment.",
     )
-    parser.add_argument("--version", action="version", version=f"hvdrun (hvdlite) {__version__}")
+    parser.add_argument("-v", "--version", action="version",
+                        version=f"hvdrun (hvdlite) {__version__}")
     launch = parser.add_argument_group("launch")
     for opt in LAUNCH_OPTIONS:
         _add(launch, opt)
     launch.add_argument("--config-file", dest="config_file", metavar="FILE",
-                        help="YAML file of option values (keys as the long flags)")
+                        help="YAML file of option values (keys as the long flags, or "
+                             "horovodrun's sections)")
+    network = parser.add_argument_group("hosts, ssh and network")
+    for opt in NETWORK_OPTIONS:
+        _add(network, opt)
     checks = parser.add_argument_group("diagnostics")
-    checks.add_argument("--check-build", action="store_true",
+    checks.add_argument("-cb", "--check-build", action="store_true",
                         help="print what is available (MPI, frameworks, GPU support) and exit")
     checks.add_argument("--dry-run", action="store_true",
                         help="print the command hvdrun would run, then exit")
+    library = parser.add_argument_group("library (each sets a variable on every rank)")
+    for opt in LIBRARY_OPTIONS:
+        _add(library, opt)
     knobs = parser.add_argument_group("knobs (each sets an environment variable on every rank)")
     for opt in KNOB_OPTIONS:
         _add(knobs, opt)
+    missing = parser.add_argument_group(
+        "horovodrun flags for what hvdlite does not have (each is an error saying what to "
+        "use instead)")
+    for flags, nargs, message in UNAVAILABLE:
+        metavar = {0: None, 1: "VALUE", 2: ("MIN", "MAX")}[nargs]
+        missing.add_argument(*flags, action=_Unavailable, nargs=nargs, metavar=metavar,
+                             message=message, help=message.split(":")[0])
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program every rank runs, with its arguments")
     return parser
@@ -184,63 +375,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _file_value(opt: Option, value: object, where: str) -> object:
-    if opt.is_flag:
-        if isinstance(value, bool) or value in (0, 1):
-            return bool(value)
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off"):
-            return value.lower() in ("true", "yes", "on")
-        raise UsageError(f"{where}: {opt.key} must be true or false, not {value!r}")
-    if isinstance(value, (list, tuple)) and opt.dest == "mpi_args":
-        value = shlex.join(str(item) for item in value)
-    if value is None or isinstance(value, (dict, list, tuple)):
-        raise UsageError(f"{where}: {opt.key} needs a single value, not {value!r}")
-    text = str(value)
-    try:
-        converted = opt.convert(text)
-    except (argparse.ArgumentTypeError, ValueError) as exc:
-        raise UsageError(f"{where}: {opt.key}: {exc}") from None
-    if opt.choices and converted not in opt.choices:
-        raise UsageError(f"{where}: {opt.key} must be one of {', '.join(opt.choices)}")
-    return converted
-
-
-def read_config_file(path: str) -> dict[str, object]:
-    """Option values from a YAML config file, keyed by ``Option.dest``."""
-    try:
-        import yaml
-    except ImportError:
-        raise UsageError("--config-file needs PyYAML: pip install pyyaml") from None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
-    except OSError as exc:
-        raise UsageError(f"--config-file {path!r}: cannot read it ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" at line {where.line + 1}" if where is not None else ""
-        raise UsageError(f"--config-file {path!r}: not valid YAML{line}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UsageError(f"--config-file {path!r}: expected a mapping of option: value")
-    by_name: dict[str, Option] = {}
-    for opt in OPTIONS:
-        by_name[opt.dest.replace("_", "-")] = opt
-        for flag in opt.flags:
-            if flag.startswith("--") or flag == "-np":
-                by_name[flag.lstrip("-")] = opt
-    values: dict[str, object] = {}
-    for key, value in data.items():
-        name = str(key).strip().lstrip("-").replace("_", "-")
-        opt = by_name.get(name)
-        if opt is None:
-            raise UsageError(f"--config-file {path!r}: unknown key {key!r} "
-                             "(keys are hvdrun's long flags, e.g. fusion-threshold-mb)")
-        values[opt.dest] = _file_value(opt, value, f"--config-file {path!r}")
-    return values
-
-
 def merge(args: argparse.Namespace, file_values: Mapping[str, object]) -> dict[str, object]:
     """Each option's value: the command line's, else the config file's, else None."""
     merged = {}
@@ -250,11 +384,20 @@ def merge(args: argparse.Namespace, file_values: Mapping[str, object]) -> dict[s
     return merged
 
 
+def check_available(values: Mapping[str, object]) -> None:
+    """UsageError when the merged *values* turn on something hvdlite does not have."""
+    for dest, (flag, message) in AFTER_MERGE.items():
+        if values.get(dest):
+            raise UsageError(f"{flag}: {message}")
+
+
 def knob_environment(values: Mapping[str, object]) -> dict[str, str]:
-    """The ``HVDLITE_*`` variables to set on every rank for the knobs that were given."""
+    """The variables to set on every rank for the knob (and library) options given."""
     env = {}
-    for opt in KNOB_OPTIONS:
+    for opt in OPTIONS:
         value = values.get(opt.dest)
-        if value is not None:
-            env[opt.knob.env] = opt.to_env(value)
+        if value is not None and opt.variable is not None:
+            text = opt.to_env(value)
+            if text is not None:
+                env[opt.variable] = text
     return env

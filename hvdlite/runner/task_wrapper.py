@@ -7,15 +7,20 @@ Contract, for each rank:
   descriptor kept (PMI passes its socket as ``PMI_FD``);
 - copies the child's stdout and stderr to its own, whole lines at a time (the
   MPI launcher adds the rank prefix), optionally also to
-  ``<output-dir>/rank.<N>/stdout|stderr``, and keeps the last lines;
+  ``<output-dir>/rank.<N>/stdout|stderr``, and keeps the last lines; with
+  ``--timestamp`` every line it passes on starts with the time it was read
+  (``Mon Jan 20 12:00:01 2020``, as horovodrun's ``--prefix-output-with-timestamp``);
 - forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the child's
   process group; after a stop signal the child gets ``GRACE_SECONDS`` to exit,
-  then SIGKILL.  If the launcher above it disappears, that counts as SIGTERM,
-  and the child is set to receive SIGKILL should the wrapper itself be killed:
-  no rank outlives its job;
-- writes a status line (see :mod:`protocol`) to stderr when the child starts and
-  when it ends (rank, host, exit code or signal, whether it was told to stop,
-  the last lines) and exits with the child's code (128+N for signal N).
+  then SIGKILL.  If the launcher above it disappears, or hvdrun itself (named
+  by ``$HVDLITE_JOB_OWNER`` and running on this machine, see :mod:`lifeline`),
+  that counts as SIGTERM, and the child is set to receive SIGKILL should the
+  wrapper itself be killed: no rank outlives its job;
+- writes a status line (see :mod:`protocol`; the job's token comes from
+  ``$HVDLITE_JOB_TOKEN``) to stderr when the child starts and when it ends
+  (rank, host, exit code or signal, whether it was told to stop, the last
+  lines) and exits with the child's code (128+N for signal N).  The child's
+  environment has neither ``HVDLITE_JOB_*`` variable.
 
 It is run as a plain file, not as ``-m hvdlite.runner.task_wrapper``, so that it
 imports nothing but the standard library and its sibling modules: importing the
@@ -36,8 +41,9 @@ import threading
 import time
 
 try:
-    from . import protocol, rankenv
+    from . import lifeline, protocol, rankenv
 except ImportError:  # run as a plain file: siblings are on sys.path[0]
+    import lifeline  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
     import rankenv  # type: ignore[no-redef]
 
@@ -83,17 +89,26 @@ class _Tail:
 class _Pump(threading.Thread):
     """Copies one pipe to *out_fd* (and a log file) in whole lines."""
 
-    def __init__(self, pipe, out_fd: int, tail: _Tail, log_path: str | None) -> None:
+    def __init__(self, pipe, out_fd: int, tail: _Tail, log_path: str | None,
+                 timestamp: bool = False) -> None:
         super().__init__(daemon=True)
         self._pipe, self._out_fd, self._tail = pipe, out_fd, tail
         self._log = open(log_path, "wb") if log_path else None  # noqa: SIM115
         self._alive = True
+        self._timestamp = timestamp
+
+    def _stamped(self, block: bytes) -> bytes:
+        if not self._timestamp:
+            return block
+        stamp = time.strftime("%a %b %d %H:%M:%S %Y ").encode()
+        return b"".join(stamp + line for line in block.splitlines(keepends=True))
 
     def _emit(self, block: bytes) -> None:
+        out = self._stamped(block)
         if self._alive:
-            self._alive = _write_all(self._out_fd, block)
+            self._alive = _write_all(self._out_fd, out)
         if self._log is not None:
-            self._log.write(block)
+            self._log.write(out)
             self._log.flush()
         for line in block.replace(b"\r", b"\n").split(b"\n")[-self._tail.size:]:
             if line.strip():
@@ -129,27 +144,20 @@ class _Pump(threading.Thread):
 def _child_setup():
     """What the child runs between fork and exec: its own process group (so signals
     reach everything it starts) and, on Linux, SIGKILL when the wrapper dies."""
-    prctl = None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux: the stop path still covers it
-        pass
+    on_wrapper_death = lifeline.parent_death_signal(signal.SIGKILL)
 
     def setup() -> None:
         os.setpgid(0, 0)
-        if prctl is not None:
-            prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        on_wrapper_death()
 
     return setup
 
 
 class _Supervisor:
-    """Owns the child: forwards signals, escalates to SIGKILL, watches the launcher."""
+    """Owns the child: forwards signals, escalates to SIGKILL, watches launcher and hvdrun."""
 
-    def __init__(self, child: subprocess.Popen) -> None:
-        self.child = child
+    def __init__(self, child: subprocess.Popen, owner: str | None) -> None:
+        self.child, self._owner = child, owner
         self.stopped = False
         self._parent = os.getppid()
         self._lock = threading.Lock()
@@ -179,9 +187,10 @@ class _Supervisor:
         else:
             self.signal_child(signum)
 
-    def watch_parent(self) -> None:
+    def watch(self) -> None:
+        """Stop the child once the launcher (our parent) or hvdrun (the owner) is gone."""
         while self.child.poll() is None:
-            if os.getppid() != self._parent:  # the launcher died: we were reparented
+            if os.getppid() != self._parent or (self._owner and not lifeline.alive(self._owner)):
                 self.stop(signal.SIGTERM)
                 return
             time.sleep(0.5)
@@ -191,6 +200,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="task_wrapper", allow_abbrev=False)
     parser.add_argument("--tail", type=int, default=10)
     parser.add_argument("--output-dir", default=None)
+    parser.add_argument("--timestamp", action="store_true")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
@@ -208,8 +218,9 @@ def _log_paths(output_dir: str | None, rank: int, size: int) -> tuple[str | None
     return os.path.join(rank_dir, "stdout"), os.path.join(rank_dir, "stderr")
 
 
-def _status(event: str, rank: int, host: str, **fields) -> None:
-    _write_all(2, protocol.encode({"event": event, "rank": rank, "host": host, **fields}))
+def _status(token: str, event: str, rank: int, host: str, **fields) -> None:
+    message = {"event": event, "rank": rank, "host": host, **fields}
+    _write_all(2, protocol.encode(message, token))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,8 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     host = socket.gethostname()
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    token = env.pop(protocol.TOKEN_VARIABLE, "")
+    owner = env.pop(lifeline.OWNER_VARIABLE, "")
+    owner = owner if owner and lifeline.alive(owner) else None  # None: hvdrun on another host
     out_log, err_log = _log_paths(args.output_dir, rank, size)
-    _status("start", rank, host, pid=os.getpid(), size=size)
+    _status(token, "start", rank, host, pid=os.getpid(), size=size)
     try:
         child = subprocess.Popen(
             args.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
@@ -231,24 +245,25 @@ def main(argv: list[str] | None = None) -> int:
         code = 127 if isinstance(exc, FileNotFoundError) else 126
         line = f"hvdrun: rank {rank} on {host} cannot run {args.command[0]!r}: {exc.strerror}"
         _write_all(2, (line + "\n").encode())
-        _status("exit", rank, host, code=code, signal=None, stopped=False,
+        _status(token, "exit", rank, host, code=code, signal=None, stopped=False,
                 time=time.time(), tail=[line])
         return code
-    supervisor = _Supervisor(child)
+    supervisor = _Supervisor(child, owner)
     for signum in FORWARD_SIGNALS:
         signal.signal(signum, supervisor.on_signal)
     tail = _Tail(args.tail)
-    pumps = [_Pump(child.stdout, 1, tail, out_log), _Pump(child.stderr, 2, tail, err_log)]
+    pumps = [_Pump(child.stdout, 1, tail, out_log, args.timestamp),
+             _Pump(child.stderr, 2, tail, err_log, args.timestamp)]
     for pump in pumps:
         pump.start()
-    threading.Thread(target=supervisor.watch_parent, daemon=True).start()
+    threading.Thread(target=supervisor.watch, daemon=True).start()
     returncode = child.wait()
     ended = time.time()
     for pump in pumps:  # a daemonized grandchild may hold a pipe open: do not wait forever
         pump.join(timeout=2.0)
     signum = -returncode if returncode < 0 else None
     code = 128 + signum if signum else returncode
-    _status("exit", rank, host, code=code, signal=signum,
+    _status(token, "exit", rank, host, code=code, signal=signum,
             signame=signal.Signals(signum).name if signum else None,
             stopped=supervisor.stopped, time=ended, tail=tail.lines())
     return code

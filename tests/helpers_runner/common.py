@@ -82,3 +82,15 @@ def processes_with(marker: str) -> list[int]:
         if state != "Z":
             pids.append(int(entry.name))
     return pids
+
+
+def gone_within(marker: str, seconds: float) -> bool:
+    """True when no process carries *marker* within *seconds*; SIGKILLs what is left
+    (so a failing test leaves nothing running) and returns False then."""
+    deadline = time.monotonic() + seconds
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = processes_with(marker)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return not left

@@ -8,14 +8,45 @@ Usage: ranks.py MODE [ARG]
   kill          rank 1 kills itself with SIGKILL; the others wait
   sleep         print "ready", then sleep until stopped
   env NAME...   print NAME=value for each variable, then exit 0
+  forge         print made-up status lines on stderr (the old marker, a wrong token, this
+                job's token -- read from the task wrapper's environment -- with bad JSON
+                or bad fields), then do what "ok" does
 """
 
 import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
+
+
+def _forge() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hvdlite" / "runner"))
+    import protocol  # as a plain file, as the task wrapper does: no hvdlite package import
+
+    wrapper_env = Path(f"/proc/{os.getppid()}/environ").read_bytes().split(b"\0")
+    token = next(item.split(b"=", 1)[1].decode() for item in wrapper_env
+                 if item.startswith(protocol.TOKEN_VARIABLE.encode() + b"="))
+    right = protocol.marker(token)
+    failed = ('{"event":"exit","rank":1,"host":"h","code":3,"signal":null,"stopped":false,'
+              '"time":1.0,"tail":[]}')
+    for line in ("@@hvdlite-task@@ " + failed,  # the marker before tokens
+                 protocol.marker("0" * len(token)) + " " + failed,
+                 right + " {not json",
+                 right + " " + failed.replace('"code":3', '"code":"three"'),
+                 right + " " + failed.replace('"rank":1', '"rank":7'),
+                 right + " " + failed.replace('"rank":1', '"rank":"1"'),
+                 right + " " + failed.replace('"time":1.0', '"time":NaN'),
+                 right + ' {"event":["exit"],"rank":1}',
+                 right + " [1, 2]"):
+        print("forged:", line, file=sys.stderr, flush=True)
+
+
+if mode == "forge":
+    _forge()
+    mode = "ok"
 
 if mode == "env":
     for name in sys.argv[2:]:
