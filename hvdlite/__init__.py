@@ -40,6 +40,10 @@ def __getattr__(name):
     # (which hvdrun does too) stays light.
     import importlib
 
+    if name == "run":  # horovod.run: a function on every rank of a new job (imports no MPI)
+        from .runner import run
+
+        return run
     for module_name in ("hvdlite.collectives", "hvdlite.objects", "hvdlite.dynamic_sets"):
         module = importlib.import_module(module_name)
         if name in module.__all__:
@@ -65,5 +69,5 @@ __all__ = [
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
     "broadcast", "broadcast_async", "alltoall", "alltoall_async", "reducescatter",
     "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
-    "barrier", "join", "broadcast_object", "allgather_object", "DistributedOptimizer",
+    "barrier", "join", "broadcast_object", "allgather_object", "DistributedOptimizer", "run",
 ]

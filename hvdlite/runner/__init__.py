@@ -3,14 +3,18 @@
 Layers, from the outside in:
 
 - :mod:`.cli` -- the entry point: options in, exit status out;
-- :mod:`.options` (flags, ``--config-file``, knob variables), :mod:`.hosts`
+- :mod:`.options` (flags, knob variables), :mod:`.configfile`
+  (``--config-file``, flat or horovodrun's layout), :mod:`.hosts`
   (``-H``/``--hostfile``), :mod:`.slurm` (allocation variables),
   :mod:`.mpi` (which MPI), :mod:`.command` (the launcher's argument list);
 - :mod:`.job` -- runs the launcher, passes output through, stops the job on
   the first failure or a signal, and :mod:`.report` says what failed;
+- :mod:`.runfunc` -- :func:`run` (``hvdlite.run``): a Python function on every
+  rank through the same machinery, each rank running :mod:`.run_task`;
 - :mod:`.task_wrapper` -- runs on every rank around the user's command and
   reports its start and exit through :mod:`.protocol` status lines;
-  :mod:`.rankenv` tells a process its rank from the launcher's variables.
+  :mod:`.rankenv` tells a process its rank from the launcher's variables, and
+  :mod:`.lifeline` ends every rank when hvdrun dies, even by SIGKILL.
 
 Importing this package imports neither mpi4py nor a framework: the launcher
 process never initializes MPI (``--check-build`` probes in child processes).
@@ -18,7 +22,7 @@ process never initializes MPI (``--check-build`` probes in child processes).
 
 from __future__ import annotations
 
-__all__ = ["main"]
+__all__ = ["main", "run", "RankFailedError"]
 
 
 def main(argv=None) -> int:
@@ -26,3 +30,12 @@ def main(argv=None) -> int:
     from .cli import main as _main
 
     return _main(argv)
+
+
+def __getattr__(name):
+    # run() is loaded on first use, so that importing the package stays cheap.
+    if name in ("run", "RankFailedError"):
+        from . import runfunc
+
+        return getattr(runfunc, name)
+    raise AttributeError(f"module 'hvdlite.runner' has no attribute {name!r}")

@@ -76,12 +76,14 @@ def reducescatter(value, name=None, op=Average):
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,
-               compression=Compression.none):
+               compression=Compression.none, legacy_opts=False):
     """Load a saved Keras model and make its optimizer a DistributedOptimizer.
 
     The optimizer keeps its loaded state (it is converted in place).
     ``custom_optimizers``: optimizer classes the file may name;
-    ``custom_objects``: as for ``keras.models.load_model``.
+    ``custom_objects``: as for ``keras.models.load_model``.  ``legacy_opts``
+    (Horovod: load into ``tf.keras.optimizers.legacy`` classes) is accepted and
+    changes nothing: Keras 3 has one family of optimizers.
     """
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or []:

@@ -26,27 +26,38 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     At the start of training it broadcasts the model's variables (and the
     optimizer's, when already built); after the first batch it broadcasts
     whatever did not exist yet (Keras builds lazily, on the first step).
+    ``local_variables``: variables each rank keeps as they are (not
+    broadcast), as in Horovod; every rank must leave out the same ones.
     ``device`` is accepted for Horovod compatibility and ignored.
     """
 
-    def __init__(self, root_rank, device="", process_set=global_process_set):
+    def __init__(self, root_rank, device="", local_variables=None,
+                 process_set=global_process_set):
         super().__init__()
         self.root_rank = root_rank
         self.device = device
+        if local_variables is not None and not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        self.local_variables = list(local_variables or [])
         self.process_set = process_set
         self.broadcast_done = False
         self._model_done = False
         self._optimizer_done = False
 
+    def _shared(self, variables):
+        local = {id(v) for v in self.local_variables}
+        return [v for v in variables if id(v) not in local]
+
     def _broadcast_what_exists(self):
         model = self.model
         if not self._model_done and model.built and model.variables:
-            broadcast_variables(model.variables, self.root_rank, process_set=self.process_set)
+            broadcast_variables(self._shared(model.variables), self.root_rank,
+                                process_set=self.process_set)
             self._model_done = True
         optimizer = getattr(model, "optimizer", None)
         if (not self._optimizer_done and optimizer is not None
                 and getattr(optimizer, "built", False)):
-            broadcast_variables(optimizer.variables, self.root_rank,
+            broadcast_variables(self._shared(optimizer.variables), self.root_rank,
                                 process_set=self.process_set)
             self._optimizer_done = True
 
@@ -202,22 +213,25 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """Keep the best model so far (by ``monitor``), written by rank 0 only.
 
     Horovod's estimator sets ``filepath`` itself; here pass it (+) or assign
-    ``callback.filepath`` before training.  It must end in ``.keras`` or ``.h5``.
+    ``callback.filepath`` before training.  It must end in ``.keras`` or ``.h5``,
+    or with ``save_weights_only=True`` in ``.weights.h5`` (Keras 3's rule).
     Every rank tracks the best value (identical after
     ``MetricAverageCallback``); only rank 0 writes.
     """
 
-    def __init__(self, monitor="val_loss", verbose=0, mode="auto", save_freq="epoch",
-                 filepath=None):
-        super().__init__(filepath=filepath or "unset.keras", monitor=monitor,
+    def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto",
+                 save_freq="epoch", filepath=None):
+        placeholder = "unset.weights.h5" if save_weights_only else "unset.keras"
+        super().__init__(filepath=filepath or placeholder, monitor=monitor,
                          verbose=verbose if rank() == 0 else 0, save_best_only=True,
-                         save_weights_only=False, mode=mode, save_freq=save_freq)
+                         save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
         self.filepath = filepath
 
     def on_train_begin(self, logs=None):
         if not self.filepath:
-            raise ValueError("BestModelCheckpoint needs a filepath (ending in .keras): pass "
-                             "filepath=... or set callback.filepath before fit().")
+            ending = ".weights.h5" if self.save_weights_only else ".keras"
+            raise ValueError(f"BestModelCheckpoint needs a filepath (ending in {ending}): "
+                             "pass filepath=... or set callback.filepath before fit().")
         super().on_train_begin(logs)
 
     def _save_model(self, epoch, batch, logs):
