@@ -78,11 +78,13 @@ def test_a_peer_that_does_not_take_part_ends_the_job_after_the_limit(n, mode, wo
 
 
 @pytest.mark.timeout(120)
-def test_the_shared_memory_barrier_gives_up_after_the_limit():
-    rc, out, elapsed = run(2, "shm-barrier")
-    mine = " ".join(lines_of(out, 0))
-    assert "CollectiveTimeoutError after 3." in mine, out[-4000:]
-    assert "shared-memory allreduce's barrier" in mine
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_shared_memory_barrier_gives_up_after_the_limit(n):
+    rc, out, elapsed = run(n, "shm-barrier")
+    for rank in range(n - 1):  # every rank but the last waits at the barrier
+        mine = " ".join(lines_of(out, rank))
+        assert "CollectiveTimeoutError after 3." in mine, out[-4000:]
+        assert "shared-memory allreduce's barrier" in mine
 
 
 # ------------------------------------------------------ errors that end the job
@@ -108,8 +110,9 @@ def test_ctrl_c_inside_a_cycle_reaches_the_caller_then_ends_the_job(n):
 
 
 @pytest.mark.timeout(120)
-def test_sys_exit_inside_a_cycle_runs_finally_blocks_and_keeps_its_code():
-    rc, out, elapsed = run(2, "interrupt-exit")
+@pytest.mark.parametrize("n", [2, 3])
+def test_sys_exit_inside_a_cycle_runs_finally_blocks_and_keeps_its_code(n):
+    rc, out, elapsed = run(n, "interrupt-exit")
     assert rc == 3 and elapsed < ENDS_WITHIN, (rc, out[-4000:])
     assert "finally ran" in " ".join(lines_of(out, 0))
 
