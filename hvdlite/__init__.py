@@ -28,7 +28,10 @@ from .basics import (
     mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
     shutdown, size, start_timeline, stop_timeline,
 )
-from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, HvdliteInternalError
+from .exceptions import (
+    ArgumentError, CollectiveTimeoutError, HorovodInternalError, HostsUpdatedInterrupt,
+    HvdliteInternalError,
+)
 from .handles import Handle, poll, synchronize
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .process_sets import ProcessSet, global_process_set
@@ -63,6 +66,7 @@ __all__ = [
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
     "ddl_built", "ccl_built", "start_timeline", "stop_timeline", "add_process_set",
     "remove_process_set", "ProcessSet", "global_process_set", "HorovodInternalError",
+    "ArgumentError", "CollectiveTimeoutError",
     "HostsUpdatedInterrupt", "HvdliteInternalError", "Handle", "poll", "synchronize",
     "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "__version__",
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",

@@ -85,7 +85,13 @@ def prepare_mpi_import(cfg=None) -> None:
 
 
 def _import_mpi(cfg):
-    """Import mpi4py's MPI, asking for the thread level the knobs select."""
+    """Import mpi4py's MPI, asking for the thread level the knobs select.
+
+    MPI that the program initialized itself is used as it is.  A program that
+    told mpi4py not to initialize MPI (``mpi4py.rc.initialize = False``) and
+    did not do it either gets MPI initialized here, as Horovod does, and
+    finalized at exit after hvdlite has shut down.
+    """
     try:
         prepare_mpi_import(cfg)
         from mpi4py import MPI
@@ -95,7 +101,20 @@ def _import_mpi(cfg):
             f"({exc}). Install one: `pip install mpich` (or `pip install hvdlite[mpich]`), "
             "or a system MPI (Open MPI, Intel MPI) and rebuild mpi4py against it."
         ) from exc
+    if MPI.Is_finalized():
+        raise RuntimeError("hvdlite.init(): MPI has already been finalized in this process; "
+                           "it cannot be started again. Call init() before MPI.Finalize().")
+    if not MPI.Is_initialized():
+        MPI.Init_thread(MPI.THREAD_SERIALIZED if cfg.mpi_threads_disable
+                        else MPI.THREAD_MULTIPLE)
+        atexit.register(_finalize_mpi, MPI)  # runs after the shutdown registered later
     return MPI
+
+
+def _finalize_mpi(MPI) -> None:
+    """At exit, for MPI that init() initialized: finalize it, as mpi4py would have."""
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
 
 
 def init(comm=None, process_sets=None) -> None:

@@ -25,6 +25,7 @@ from .messages import JOIN_PARAMS, Kind, Params
 from .ops import Adasum, Average, ReduceOp, resolve_op
 from .process_sets import ProcessSet, global_process_set
 from .submissions import Entry
+from .exceptions import ArgumentError
 
 __all__ = [
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
@@ -43,15 +44,15 @@ def _members(st, process_set: ProcessSet, what: str) -> tuple[int, list[int]]:
     if process_set is global_process_set:  # the common case: every rank is a member
         return 0, st.sets.ranks[0]
     if not isinstance(process_set, ProcessSet):
-        raise ValueError(f"{what}: process_set must be a hvd.ProcessSet, got "
+        raise ArgumentError(f"{what}: process_set must be a hvd.ProcessSet, got "
                          f"{type(process_set).__name__}.")
     set_id = process_set.process_set_id
     ps = st.sets.get(set_id) if set_id is not None else None
     if ps is None:
-        raise ValueError(f"{what}: {process_set} is not registered; pass it to "
+        raise ArgumentError(f"{what}: {process_set} is not registered; pass it to "
                          "hvd.init(process_sets=[...]) or hvd.add_process_set() first.")
     if st.world.Get_rank() not in st.sets.members[set_id]:
-        raise ValueError(f"{what}: rank {st.world.Get_rank()} is not a member of {ps} "
+        raise ArgumentError(f"{what}: rank {st.world.Get_rank()} is not a member of {ps} "
                          f"(ranks {ps.ranks}); only its members may call collectives on it.")
     return set_id, st.sets.ranks[set_id]
 
@@ -65,7 +66,7 @@ def _name(st, op: str, name: str | None, set_id: int = 0) -> str:
     """
     if name is not None:
         if not isinstance(name, str) or not name:
-            raise ValueError(f"{op}: name must be a non-empty string, got {name!r}.")
+            raise ArgumentError(f"{op}: name must be a non-empty string, got {name!r}.")
         return name
     return f"{op}.noname.{st.names.suffix(op if set_id == 0 else (op, set_id))}"
 
@@ -74,7 +75,7 @@ def _array(x, what: str) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)
     if not x.flags.c_contiguous:
-        raise ValueError(f"{what}: the array is not C-contiguous; pass "
+        raise ArgumentError(f"{what}: the array is not C-contiguous; pass "
                          "np.ascontiguousarray(x) (hvdlite never copies silently).")
     return x
 
@@ -84,7 +85,7 @@ def _output(out, like: np.ndarray, what: str) -> np.ndarray:
         return np.empty_like(like)
     if not isinstance(out, np.ndarray) or out.shape != like.shape or out.dtype != like.dtype \
             or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError(f"{what}: output must be a writeable C-contiguous array with the "
+        raise ArgumentError(f"{what}: output must be a writeable C-contiguous array with the "
                          f"input's shape {like.shape} and dtype {like.dtype}.")
     return out
 
@@ -126,7 +127,7 @@ def submit_control(kind: Kind, name: str, extra: tuple, payload=None) -> Handle:
 def _reduction_op(op, average, what: str, set_size: int) -> ReduceOp:
     rop = resolve_op(op, average)
     if rop == Adasum and set_size & (set_size - 1):
-        raise ValueError(f"{what}: op=Adasum needs a power-of-two number of ranks, the "
+        raise ArgumentError(f"{what}: op=Adasum needs a power-of-two number of ranks, the "
                          f"process set has {set_size}; use op=Average or run on 2, 4, 8... "
                          "ranks.")
     return rop
@@ -136,7 +137,7 @@ def _scales(prescale_factor, postscale_factor) -> tuple[float, float]:
     try:
         return float(prescale_factor), float(postscale_factor)
     except (TypeError, ValueError):
-        raise ValueError("prescale_factor and postscale_factor must be numbers.") from None
+        raise ArgumentError("prescale_factor and postscale_factor must be numbers.") from None
 
 
 # ----------------------------------------------------------------- allreduce
@@ -155,11 +156,11 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     pre, post = _scales(prescale_factor, postscale_factor)
     arrays = [_array(t, what) for t in tensors]
     if not arrays:
-        raise ValueError(f"{what}: needs at least one array.")
+        raise ArgumentError(f"{what}: needs at least one array.")
     if outputs is None:
         outputs = [None] * len(arrays)
     if len(outputs) != len(arrays):
-        raise ValueError(f"{what}: got {len(arrays)} arrays but {len(outputs)} outputs.")
+        raise ArgumentError(f"{what}: got {len(arrays)} arrays but {len(outputs)} outputs.")
     outs = [_output(o, a, what) for o, a in zip(outputs, arrays)]
     dtypes = tuple(check_dtype(a, what, rop) for a in arrays)
     name = _name(st, "allreduce", name, set_id)
@@ -211,10 +212,10 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
     set_id, _ = _members(st, process_set, "allgather")
     arrays = [_array(t, "allgather") for t in tensors]
     if not arrays:
-        raise ValueError("grouped_allgather: needs at least one array.")
+        raise ArgumentError("grouped_allgather: needs at least one array.")
     for a in arrays:
         if a.ndim == 0:
-            raise ValueError("allgather: the array needs at least one dimension (it is "
+            raise ArgumentError("allgather: the array needs at least one dimension (it is "
                              "concatenated along dim 0); use x.reshape(1).")
     dtypes = tuple(check_dtype(a, "allgather") for a in arrays)
     name = _name(st, "allgather", name, set_id)
@@ -228,7 +229,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
     set_id, _ = _members(st, process_set, "allgather")
     array = _array(tensor, "allgather")
     if array.ndim == 0:
-        raise ValueError("allgather: the array needs at least one dimension (it is "
+        raise ArgumentError("allgather: the array needs at least one dimension (it is "
                          "concatenated along dim 0); use x.reshape(1).")
     dtype = check_dtype(array, "allgather")
     name = _name(st, "allgather", name, set_id)
@@ -257,9 +258,9 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     try:
         root = int(root_rank)
     except (TypeError, ValueError):
-        raise ValueError(f"broadcast: root_rank must be an int, got {root_rank!r}.") from None
+        raise ArgumentError(f"broadcast: root_rank must be an int, got {root_rank!r}.") from None
     if root not in ranks:
-        raise ValueError(f"broadcast: root_rank {root} is not a rank of the process set "
+        raise ArgumentError(f"broadcast: root_rank {root} is not a rank of the process set "
                          f"(ranks {ranks}); pass the global rank of a member.")
     array = _array(tensor, "broadcast")
     out = _output(output, array, "broadcast")
@@ -285,17 +286,17 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     set_id, ranks = _members(st, process_set, "alltoall")
     array = _array(tensor, "alltoall")
     if array.ndim == 0:
-        raise ValueError("alltoall: the array needs at least one dimension.")
+        raise ArgumentError("alltoall: the array needs at least one dimension.")
     n = len(ranks)
     if splits is None:
         if array.shape[0] % n:
-            raise ValueError(f"alltoall: dim 0 ({array.shape[0]}) is not divisible by the "
+            raise ArgumentError(f"alltoall: dim 0 ({array.shape[0]}) is not divisible by the "
                              f"{n} ranks; pass splits= to say how many rows each rank gets.")
         split_arr = np.full(n, array.shape[0] // n, dtype=np.int64)
     else:
         split_arr = np.asarray(splits, dtype=np.int64).reshape(-1)
         if split_arr.size != n or (split_arr < 0).any() or split_arr.sum() != array.shape[0]:
-            raise ValueError(f"alltoall: splits must be {n} non-negative ints summing to dim 0 "
+            raise ArgumentError(f"alltoall: splits must be {n} non-negative ints summing to dim 0 "
                              f"({array.shape[0]}), got {list(split_arr)}.")
     dtype = check_dtype(array, "alltoall")
     name = _name(st, "alltoall", name, set_id)
@@ -327,14 +328,14 @@ def _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor, p
     set_id, _ = _members(st, process_set, "reducescatter")
     rop = resolve_op(op, None)
     if rop == Adasum:
-        raise ValueError("reducescatter: op=Adasum is not supported; use Average or Sum.")
+        raise ArgumentError("reducescatter: op=Adasum is not supported; use Average or Sum.")
     pre, post = _scales(prescale_factor, postscale_factor)
     arrays = [_array(t, "reducescatter") for t in tensors]
     if not arrays:
-        raise ValueError("grouped_reducescatter: needs at least one array.")
+        raise ArgumentError("grouped_reducescatter: needs at least one array.")
     for a in arrays:
         if a.ndim == 0:
-            raise ValueError("reducescatter: the array needs at least one dimension.")
+            raise ArgumentError("reducescatter: the array needs at least one dimension.")
     dtypes = tuple(check_dtype(a, "reducescatter", rop) for a in arrays)
     name = _name(st, "reducescatter", name, set_id)
     params = Params(set_id=set_id, name=name, kind=int(Kind.REDUCESCATTER), dtypes=dtypes,

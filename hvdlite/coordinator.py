@@ -112,8 +112,8 @@ class Coordinator:
         if joined_members and kind not in JOINABLE:
             return Response(RESPONSE_ERROR, None, key,
                             f"{Kind(kind).name.lower()} {name!r} cannot run while ranks "
-                            f"{sorted(joined_members)} have called join(); only allreduce, "
-                            "allgather and reducescatter continue after a rank joined.")
+                            f"{sorted(joined_members)} have called join(); only allreduce "
+                            "(Adasum included) runs while a rank has joined, as in Horovod.")
         if not (members - joined) <= submitted:
             return None
         if not submitted:

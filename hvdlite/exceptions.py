@@ -1,7 +1,7 @@
 """Error classes, named as in Horovod so that ``except hvd.HorovodInternalError`` keeps working."""
 
 __all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "HvdliteInternalError",
-           "CollectiveTimeoutError"]
+           "CollectiveTimeoutError", "ArgumentError"]
 
 
 class HorovodInternalError(RuntimeError):
@@ -13,6 +13,17 @@ class HorovodInternalError(RuntimeError):
     another rank).  The engine stays usable after a disagreement; after a
     shutdown it does not.  Elastic training treats this error as "restore the
     last committed state and retry".
+    """
+
+
+class ArgumentError(ValueError, HorovodInternalError):
+    """A collective's arguments are invalid (dtype, op, root, splits, process set...).
+
+    Raised on the calling rank when the collective is submitted, so nothing is
+    sent and no other rank waits for it.  Horovod reports such errors as
+    collective failures (``HorovodInternalError``, a ``RuntimeError``); hvdlite
+    has always raised ``ValueError``: this class is both, so either ``except``
+    catches it.
     """
 
 

@@ -37,7 +37,10 @@ class Kind(enum.IntEnum):
 CACHEABLE = frozenset({Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.ALLTOALL,
                        Kind.REDUCESCATTER, Kind.BARRIER})
 #: Kinds a joined rank takes part in by contributing nothing (zeros or no rows).
-JOINABLE = frozenset({Kind.ALLREDUCE, Kind.ALLGATHER, Kind.REDUCESCATTER})
+#: What may run while some rank of the set is inside join() (Horovod: allreduce,
+#: Adasum included; the joined ranks contribute zeros).  Every other kind fails
+#: on the ranks that call it.
+JOINABLE = frozenset({Kind.ALLREDUCE})
 
 
 class Params(NamedTuple):

@@ -2,6 +2,8 @@
 
 import enum
 
+from .exceptions import ArgumentError
+
 __all__ = ["ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "resolve_op"]
 
 
@@ -25,7 +27,7 @@ Product = ReduceOp.PRODUCT
 def resolve_op(op, average, default=Average) -> ReduceOp:
     """Horovod's rule: ``average=`` is the deprecated spelling of ``op=``; both is an error."""
     if op is not None and average is not None:
-        raise ValueError(
+        raise ArgumentError(
             "allreduce got both op= and the deprecated average=; pass only op= "
             "(op=hvd.Average or op=hvd.Sum)."
         )
@@ -38,7 +40,7 @@ def resolve_op(op, average, default=Average) -> ReduceOp:
     try:
         return ReduceOp(int(op))
     except (ValueError, TypeError):
-        raise ValueError(
+        raise ArgumentError(
             f"op={op!r} is not a reduction op: use hvd.Average, hvd.Sum, hvd.Adasum, "
             "hvd.Min, hvd.Max or hvd.Product."
         ) from None

@@ -65,6 +65,18 @@ def test_core_join_while_others_repeat_cached_names():
     assert rc == 0 and out.count(": OK") == 2, out[-4000:]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("mode", ["uninitialized", "caller"])
+def test_a_program_that_manages_mpi_itself(n, mode):
+    """mpi4py.rc.initialize = False: init() initializes MPI (thread level included)
+    and finalizes it at exit; MPI the program initialized is used as it is."""
+    rc, out = run_mpi(n, [sys.executable, str(SCRIPTS / "core_mpi_init.py"), mode], timeout=90)
+    assert rc == 0, out[-4000:]
+    for rank in range(n):
+        assert f"rank {rank}: OK {mode} sum={n} threads=True" in out, out[-4000:]
+
+
 @pytest.mark.timeout(60)
 def test_core_import_is_light_and_queries_before_init_name_init():
     env = dict(os.environ, PYTHONPATH=str(ROOT))

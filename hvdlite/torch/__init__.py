@@ -24,7 +24,8 @@ from hvdlite.basics import (
     stop_timeline
 )
 from hvdlite.dynamic_sets import add_process_set, remove_process_set
-from hvdlite.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from hvdlite.exceptions import (ArgumentError, CollectiveTimeoutError, HorovodInternalError,
+                                HostsUpdatedInterrupt)
 from hvdlite.ops import Adasum, Average, Max, Min, Product, Sum
 from hvdlite.process_sets import ProcessSet, global_process_set
 from hvdlite.torch.compression import Compression
@@ -78,7 +79,7 @@ from hvdlite.torch.mpi_ops import __all__ as _mpi_ops_all
 
 __all__ = [
     *COMMON_NAMES,
-    "HorovodInternalError", "HostsUpdatedInterrupt",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "ArgumentError", "CollectiveTimeoutError",
     # collectives
     *_mpi_ops_all,
     # training helpers

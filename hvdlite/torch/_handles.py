@@ -19,15 +19,17 @@ import numpy as np
 import torch
 
 from hvdlite import handles as _handles
+from hvdlite.exceptions import ArgumentError
 
 __all__ = ["poll", "synchronize"]
 
 # dtypes whose .numpy() view the engine takes as is; bfloat16 is handled here.
 _NUMPY_DTYPES = frozenset({
-    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.uint8, torch.int8, torch.uint16, torch.int16, torch.int32, torch.int64,
     torch.float16, torch.float32, torch.float64, torch.bool,
 })
-_SUPPORTED = "uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, bool"
+_SUPPORTED = ("uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, "
+              "bool")
 
 
 # --------------------------------------------------------------------------- checks
@@ -38,15 +40,15 @@ def _check(tensor, what: str) -> None:
         raise TypeError(f"hvdlite.torch.{what}: expected a torch.Tensor, "
                         f"got {type(tensor).__name__}")
     if tensor.device.type != "cpu":
-        raise ValueError(
+        raise ArgumentError(
             f"hvdlite.torch.{what}: the tensor is on device '{tensor.device}', but this "
             f"hvdlite build moves CPU tensors only (no device path in the engine yet); "
             f"move it with tensor.cpu() first")
     if tensor.layout != torch.strided:
-        raise ValueError(f"hvdlite.torch.{what}: {tensor.layout} tensors are not supported; "
+        raise ArgumentError(f"hvdlite.torch.{what}: {tensor.layout} tensors are not supported; "
                          f"use sparse_allreduce_async for sparse COO tensors")
     if tensor.dtype not in _NUMPY_DTYPES and tensor.dtype != torch.bfloat16:
-        raise ValueError(f"hvdlite.torch.{what}: unsupported dtype {tensor.dtype}; "
+        raise ArgumentError(f"hvdlite.torch.{what}: unsupported dtype {tensor.dtype}; "
                          f"supported: {_SUPPORTED}")
 
 
@@ -61,7 +63,7 @@ def _target(tensor, what: str) -> torch.Tensor:
     """A detached view of *tensor* for in-place ops, which need it contiguous."""
     _check(tensor, what)
     if not tensor.is_contiguous():
-        raise ValueError(f"hvdlite.torch.{what}: in-place ops need a contiguous tensor "
+        raise ArgumentError(f"hvdlite.torch.{what}: in-place ops need a contiguous tensor "
                          f"(got strides {tuple(tensor.stride())} for shape "
                          f"{tuple(tensor.shape)}); use the out-of-place spelling or "
                          f"call .contiguous() first")
@@ -145,6 +147,11 @@ class _AllOf(_handles.Handle):
                 break
         return super().result(None if deadline is None
                               else max(0.0, deadline - time.monotonic()))
+
+    def __call__(self):
+        """Wait and return the converted result: Horovod's sparse handles are called
+        (``handle()``) rather than synchronized."""
+        return self.converted_result()
 
 
 def _all_of(handles: Sequence[Future], convert: Callable[[], object]) -> _handles.Handle:

@@ -96,15 +96,20 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None,
 
     The root's ``state_dict()`` travels as a small pickled skeleton plus one
     in-place broadcast per state tensor, and non-root ranks load it with
-    ``load_state_dict``.  Works for any optimizer, including ones whose state
-    is still empty before their first step (every rank then ends with empty
-    state and the root's hyperparameters) and L-BFGS.  ``model`` is accepted
-    for Horovod compatibility and not needed.  The skeleton is unpickled on
-    every rank: the ranks must trust each other, as in any MPI job.
+    ``load_state_dict``.  As in Horovod, an optimizer whose state is still empty
+    (before its first step) first takes one local step of the wrapped optimizer
+    with a zero ``.grad`` on every parameter that requires grad, so that its
+    state exists and is broadcast; those ``.grad`` stay zero tensors afterwards
+    (frozen parameters keep ``None``).  L-BFGS, whose step needs a closure, is
+    broadcast as it is.  ``model`` is accepted for Horovod compatibility and not
+    needed.  The skeleton is unpickled on every rank: the ranks must trust each
+    other, as in any MPI job.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("broadcast_optimizer_state expects a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    if not optimizer.state_dict()["state"] and not isinstance(optimizer, torch.optim.LBFGS):
+        _initialize_state(optimizer)
     is_root = _basics.rank() == root_rank
     tensors: list = []
     skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
@@ -117,6 +122,25 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None,
     _broadcast_tensors_(tensors, root_rank, names, process_set)
     if not is_root:
         optimizer.load_state_dict(state_dict)
+
+
+def _initialize_state(optimizer) -> None:
+    """One local step with zero gradients, so that an empty state gets its tensors.
+
+    The step is the wrapped framework optimizer's own (found past hvdlite's
+    classes in the MPI-free part of the class hierarchy): a distributed step
+    would start collectives that other ranks do not run here.
+    """
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    local = next(cls for cls in type(optimizer).__mro__
+                 if issubclass(cls, torch.optim.Optimizer)
+                 and not cls.__module__.startswith("hvdlite."))
+    local.step(optimizer)
 
 
 def broadcast_object(obj=None, root_rank: int = 0, name=None, process_set=global_process_set):

@@ -39,6 +39,7 @@ from hvdlite.torch._handles import (
     synchronize,
 )
 from hvdlite.torch.casts import NoneCompressor
+from hvdlite.exceptions import ArgumentError
 
 __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
@@ -245,9 +246,9 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     divides the values by the process set's size.
     """
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
-        raise ValueError("hvdlite.torch.sparse_allreduce_async: expected a sparse COO tensor")
+        raise ArgumentError("hvdlite.torch.sparse_allreduce_async: expected a sparse COO tensor")
     if op not in (Average, Sum, None):
-        raise ValueError(f"hvdlite.torch.sparse_allreduce_async: op must be Average or Sum, "
+        raise ArgumentError(f"hvdlite.torch.sparse_allreduce_async: op must be Average or Sum, "
                          f"got {op!r}")
     sparse = tensor.coalesce()
     # allgather concatenates dim 0, so gather indices as (nnz, ndim) rows.
@@ -393,12 +394,15 @@ class _Alltoall(torch.autograd.Function):
 
 
 def _reducescatter_grad_scale(op, prescale_factor, postscale_factor, process_set) -> float:
+    """Horovod's factor on the gathered output gradient: the scale factors, times
+    the set's size for Sum; an Average is not divided (Horovod's convention)."""
     scale = prescale_factor * postscale_factor
-    return scale / process_set.size() if op in (Average, None) else scale
+    return scale * process_set.size() if op == Sum else scale
 
 
 class _Reducescatter(torch.autograd.Function):
-    """Gradient: every rank's output gradient, gathered and scaled like the forward."""
+    """Gradient, as Horovod defines it: every rank's output gradient, gathered, times
+    the scale factors (and the set's size for Sum)."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):

@@ -15,7 +15,7 @@ import pytest
 import hvdlite as hvd
 
 #: Every dtype the engine accepts, in the order the tests use them.
-INT_DTYPES = (np.uint8, np.int8, np.int16, np.int32, np.int64)
+INT_DTYPES = (np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64)
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 NUMERIC_DTYPES = INT_DTYPES + FLOAT_DTYPES
 ALL_DTYPES = NUMERIC_DTYPES + (np.bool_,)

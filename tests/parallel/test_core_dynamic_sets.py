@@ -101,3 +101,48 @@ def test_removing_a_set_fails_its_pending_collectives():
         with pytest.raises(hvd.HorovodInternalError, match="removed"):
             pending.result(timeout=WAIT)
     check_engine_works("after.dyn3")
+
+
+def registry_everywhere():
+    """(id, ranks) of every registered set, the same on every rank when consistent."""
+    from hvdlite import runtime
+
+    table = runtime.state().sets
+    return sorted((ps.process_set_id, tuple(ps.ranks)) for ps in table.all())
+
+
+@needs_two
+def test_a_failed_collective_or_an_exception_leaves_the_registry_consistent():
+    before = registry_everywhere()
+    ps = hvd.add_process_set(EVEN)
+    try:
+        if RANK in EVEN and len(EVEN) > 1:
+            shape = (3,) if RANK == EVEN[-1] else (2,)  # a mismatch inside the set
+            with pytest.raises(hvd.HorovodInternalError, match="Mismatched"):
+                hvd.allreduce(np.ones(shape), name="dyn4.mismatch", process_set=ps)
+        raise KeyError("the program fails between add and remove")
+    except KeyError:
+        pass
+    finally:
+        hvd.remove_process_set(ps)
+    assert registry_everywhere() == before
+    assert all(r == before for r in hvd.allgather_object(registry_everywhere()))
+    again = hvd.add_process_set(EVEN)  # the ranks are free again, with one id everywhere
+    assert len(set(hvd.allgather_object(again.process_set_id))) == 1
+    if RANK in EVEN:
+        out = hvd.allreduce(np.ones(2), op=hvd.Sum, name="dyn4.after", process_set=again)
+        assert_same(out, np.full(2, float(len(EVEN))))
+    hvd.remove_process_set(again)
+    check_engine_works("after.dyn4")
+
+
+@needs_two
+def test_refused_adds_change_nothing_anywhere():
+    before = registry_everywhere()
+    for bad in ([SIZE], [], list(range(SIZE))):
+        with pytest.raises(ValueError):
+            hvd.add_process_set(bad)
+    assert registry_everywhere() == before
+    ps = hvd.add_process_set(EVEN)
+    assert len(set(hvd.allgather_object(ps.process_set_id))) == 1
+    hvd.remove_process_set(ps)

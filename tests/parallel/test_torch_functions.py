@@ -106,13 +106,42 @@ def assert_same_optimizer_state(a, b):
             assert sa[k] == sb[k], k
 
 
+def zero_grad_step(model, opt):
+    """What Horovod does to an optimizer whose state is empty: a zero .grad on every
+    parameter that requires grad, and one local step."""
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+
+
 @pytest.mark.parametrize("kind", ["sgd", "adam", "lbfgs", "rprop"])
 @pytest.mark.parametrize("root_steps,other_steps", [(2, 1), (0, 0), (0, 2), (2, 0)])
 def test_broadcast_optimizer_state(kind, root_steps, other_steps):
     _, opt = trained_optimizer(kind, R, root_steps if R == ROOT else other_steps)
-    _, expected = trained_optimizer(kind, ROOT, root_steps)
+    model, expected = trained_optimizer(kind, ROOT, root_steps)
+    if root_steps == 0 and kind != "lbfgs":  # L-BFGS steps only with a closure
+        zero_grad_step(model, expected)
     hvd.broadcast_optimizer_state(opt, root_rank=ROOT)
     assert_same_optimizer_state(opt.state_dict(), expected.state_dict())
+
+
+def test_broadcast_optimizer_state_on_empty_state_leaves_zero_grads():
+    model = model_on(R)
+    frozen = nn.Linear(2, 2)
+    frozen.weight.requires_grad_(False)
+    frozen.bias.requires_grad_(False)
+    params = list(model.parameters())
+    opt = torch.optim.Adam([{"params": params}, {"params": frozen.parameters()}], lr=0.01)
+    named = list(model.named_parameters()) + [(f"frozen.{n}", p)
+                                              for n, p in frozen.named_parameters()]
+    dist = hvd.DistributedOptimizer(opt, named_parameters=named)
+    hvd.broadcast_optimizer_state(dist, root_rank=ROOT)
+    for p in params:
+        assert p.grad is not None and not p.grad.any()
+        assert dist.state[p]["step"] == 1  # the state exists on every rank
+    assert frozen.weight.grad is None and frozen.bias.grad is None
+    for p in params:  # the gradients can now be broadcast as Horovod users do
+        hvd.broadcast_(p.grad, root_rank=ROOT)
 
 
 def test_broadcast_optimizer_state_of_distributed_optimizer_then_train():

@@ -277,14 +277,19 @@ def test_reducescatter_uneven(dtype):
     close(outs[0], shard.to(dtype), dtype)
 
 
-def test_reducescatter_is_differentiable():
+def test_reducescatter_gradient_is_horovods():
+    # Horovod: the gathered output gradient, times the scale factors, times the set's
+    # size for Sum; an Average's gradient is not divided by the size.
     x = data(R, shape=(N, 2), seed=26).requires_grad_()
     (hvd.reducescatter(x) * (R + 1)).sum().backward()
-    expected = torch.arange(1, N + 1, dtype=torch.float32).view(N, 1).expand(N, 2) / N
+    expected = torch.arange(1, N + 1, dtype=torch.float32).view(N, 1).expand(N, 2)
     close(x.grad, expected, torch.float32)
     y = data(R, shape=(N, 2), seed=27).requires_grad_()
     (hvd.grouped_reducescatter([y], op=hvd.Sum)[0] * 2).sum().backward()
-    close(y.grad, torch.full((N, 2), 2.0), torch.float32)
+    close(y.grad, torch.full((N, 2), 2.0 * N), torch.float32)
+    z = data(R, shape=(N, 2), seed=28).requires_grad_()
+    hvd.reducescatter(z, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0).sum().backward()
+    close(z.grad, torch.full((N, 2), 1.5 * N), torch.float32)
 
 
 # ------------------------------------------------------------ sparse, control
@@ -302,6 +307,9 @@ def test_sparse_allreduce():
         expected[r] += (r + 1.0) / N
     expected[5] = 1.0
     close(out.to_dense(), expected, torch.float32)
+    called = hvd.sparse_allreduce_async(dense.to_sparse(), name="sparse.called", op=hvd.Average)
+    close(called().to_dense(), expected, torch.float32)  # Horovod: the handle is called
+    assert hvd.poll(called)  # and still a Future-like handle
     out = hvd.synchronize(hvd.sparse_allreduce_async(dense.to_sparse(), "sparse", hvd.Sum))
     close(out.to_dense(), expected * N, torch.float32)
 
