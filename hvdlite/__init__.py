@@ -30,7 +30,7 @@ from .basics import (
 )
 from .exceptions import (
     ArgumentError, CollectiveTimeoutError, HorovodInternalError, HostsUpdatedInterrupt,
-    HvdliteInternalError,
+    HvdliteInternalError, MismatchError,
 )
 from .handles import Handle, poll, synchronize
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
@@ -66,7 +66,7 @@ __all__ = [
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
     "ddl_built", "ccl_built", "start_timeline", "stop_timeline", "add_process_set",
     "remove_process_set", "ProcessSet", "global_process_set", "HorovodInternalError",
-    "ArgumentError", "CollectiveTimeoutError",
+    "ArgumentError", "CollectiveTimeoutError", "MismatchError",
     "HostsUpdatedInterrupt", "HvdliteInternalError", "Handle", "poll", "synchronize",
     "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "__version__",
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",

@@ -13,7 +13,6 @@ import logging
 import os
 import sys
 import threading
-import time
 
 from . import config as _config
 from . import runtime
@@ -351,13 +350,7 @@ def _peers_would_hang() -> bool:
 
 
 def _abort(code: int) -> None:
-    """End every rank of the job, after letting mpiexec forward this rank's output."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    time.sleep(0.2)
-    from mpi4py import MPI
-
-    MPI.COMM_WORLD.Abort(code)
+    runtime.abort_job(code)
 
 
 def shutdown() -> None:

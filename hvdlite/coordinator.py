@@ -4,7 +4,8 @@ Ranks send requests for names the response cache cannot settle.  The
 coordinator records which ranks asked for which name; when every rank of the
 name's process set has asked (joined ranks excepted, for the kinds they can
 take part in), it checks that the requests agree and emits one response: run
-it, or an error naming the field that differed and each rank's value.
+it, or an error naming the field that differed and each rank's value (marked
+``MISMATCH``, which the ranks raise as :class:`~hvdlite.exceptions.MismatchError`).
 
 This module is pure logic (no MPI), so it is unit-tested directly.  Cross-rank
 contract: only rank 0 holds a Coordinator; its response list is broadcast and
@@ -17,7 +18,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from .messages import (
-    JOIN_KEY, JOIN_PARAMS, JOINABLE, RESPONSE_ERROR, RESPONSE_OK, Kind, Params, Response,
+    JOIN_KEY, JOIN_PARAMS, JOINABLE, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind, Params,
+    Response,
     describe, field_label,
 )
 
@@ -113,18 +115,20 @@ class Coordinator:
             return Response(RESPONSE_ERROR, None, key,
                             f"{Kind(kind).name.lower()} {name!r} cannot run while ranks "
                             f"{sorted(joined_members)} have called join(); only allreduce "
-                            "(Adasum included) runs while a rank has joined, as in Horovod.")
+                            "(Adasum included) runs while a rank has joined, as in Horovod.",
+                            MISMATCH)
         if not (members - joined) <= submitted:
             return None
         if not submitted:
             return None
         error = check_agreement(name, per_rank)
         if error is not None:
-            return Response(RESPONSE_ERROR, None, key, error)
+            return Response(RESPONSE_ERROR, None, key, error, MISMATCH)
         params = per_rank[min(per_rank)]
         if params.kind == Kind.BROADCAST and params.root in joined:
             return Response(RESPONSE_ERROR, None, key,
-                            f"broadcast {name!r}: root rank {params.root} has joined.")
+                            f"broadcast {name!r}: root rank {params.root} has joined.",
+                            MISMATCH)
         return Response(RESPONSE_OK, params, key)
 
     def stall_report(self, pending: Mapping[int, list[tuple[tuple, float]]],

@@ -45,14 +45,15 @@ from .cache_bits import CacheBits
 from .coordinator import Coordinator, StallClock
 from .doorbell import Doorbell
 from .driver import Driver, State
-from .exceptions import HorovodInternalError
+from .exceptions import HorovodInternalError, MismatchError
 from .executor import MPIExecutor
 from .fusion import plan_batches
-from .messages import CACHEABLE, RESPONSE_ERROR, RESPONSE_OK, Kind, Response
+from .messages import CACHEABLE, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind, Response
 from .process_sets import ProcessSet
 from .response_cache import ResponseCache
 from .status import Flag, Layout, alone, decode, encode
 from .submissions import Entry, Inbox
+from .runtime import abort_job
 from .wait_limit import WaitLimit
 
 __all__ = ["Engine"]
@@ -170,7 +171,7 @@ class Engine:
         self._fail_everything(self._stop_reason)
         if self.size > 1:
             # Peers would wait for this rank forever: end the job instead of hanging it.
-            MPI.COMM_WORLD.Abort(1)
+            abort_job(1)
 
     def interrupt(self, exc: BaseException) -> None:
         """A KeyboardInterrupt or SystemExit broke a cycle in a caller that drove it.
@@ -340,7 +341,8 @@ class Engine:
             if first.status == RESPONSE_ERROR:
                 entry = self._pending.get(first.key)
                 if entry is not None:
-                    self._fail(entry, first.error)
+                    self._fail(entry, first.error,
+                               MismatchError if first.value == MISMATCH else HorovodInternalError)
                 continue
             kind = first.params.kind
             if kind == _JOIN:
@@ -415,10 +417,10 @@ class Engine:
         for entry in entries:
             entry.handle.set_result(entry.result(None))
 
-    def _fail(self, entry: Entry, message: str) -> None:
+    def _fail(self, entry: Entry, message: str, error=HorovodInternalError) -> None:
         self._pending.pop(entry.key, None)
         self.inbox.release((entry.key,))
         self.bits.forget(entry)
         if entry in self._uncached:
             self._uncached.remove(entry)
-        entry.handle.set_exception(HorovodInternalError(message))
+        entry.handle.set_exception(error(message))

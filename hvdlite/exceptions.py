@@ -1,7 +1,7 @@
 """Error classes, named as in Horovod so that ``except hvd.HorovodInternalError`` keeps working."""
 
 __all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "HvdliteInternalError",
-           "CollectiveTimeoutError", "ArgumentError"]
+           "CollectiveTimeoutError", "ArgumentError", "MismatchError"]
 
 
 class HorovodInternalError(RuntimeError):
@@ -13,6 +13,16 @@ class HorovodInternalError(RuntimeError):
     another rank).  The engine stays usable after a disagreement; after a
     shutdown it does not.  Elastic training treats this error as "restore the
     last committed state and retry".
+    """
+
+
+class MismatchError(HorovodInternalError):
+    """Ranks disagreed about a collective: shape, dtype, op, root, scale factors,
+    splits, or a rank's join() in the way of a kind that cannot run beside it.
+
+    Raised on every rank that submitted the collective; the engine keeps
+    working.  (The TensorFlow adapter raises it as a failed precondition, as
+    Horovod's TF ops do.)
     """
 
 

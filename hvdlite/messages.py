@@ -18,7 +18,7 @@ import enum
 from typing import NamedTuple
 
 __all__ = ["Kind", "Params", "Response", "RESPONSE_OK", "RESPONSE_ERROR", "describe",
-           "JOIN_NAME", "JOIN_PARAMS", "JOIN_KEY", "CACHEABLE", "JOINABLE"]
+           "JOIN_NAME", "JOIN_PARAMS", "JOIN_KEY", "CACHEABLE", "JOINABLE", "MISMATCH"]
 
 
 class Kind(enum.IntEnum):
@@ -84,7 +84,13 @@ class Response(NamedTuple):
     params: Params | None
     key: tuple
     error: str = ""
-    value: object = None  # kind-specific result decided by the coordinator (join: last rank)
+    # kind-specific result decided by the coordinator (join: the last rank); for an
+    # error, MISMATCH when ranks disagreed (arguments, or a join in the way)
+    value: object = None
+
+
+#: Response.value of an error that means the ranks disagreed about a collective.
+MISMATCH = "mismatch"
 
 
 _FIELD_NAMES = {

@@ -14,7 +14,7 @@ from .auto_names import AutoNames
 from .exceptions import HorovodInternalError
 
 __all__ = ["State", "state", "live", "current", "install", "clear", "forget_after_fork",
-           "refuse_in_forked_child"]
+           "refuse_in_forked_child", "abort_job"]
 
 _NOT_INITIALIZED = "hvdlite has not been initialized; use hvd.init() first."
 _FORKED = (
@@ -113,3 +113,17 @@ def refuse_in_forked_child() -> None:
     """RuntimeError naming the fix, in a process forked from an initialized one."""
     if _forked:
         raise RuntimeError(_FORKED)
+
+
+def abort_job(code: int) -> None:
+    """End every rank of the job (MPI_Abort), after flushing this rank's output and
+    giving mpiexec a moment to forward it: the reason must reach the user."""
+    import sys
+    import time
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(0.2)
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Abort(code)

@@ -25,7 +25,7 @@ from hvdlite.basics import (
 )
 from hvdlite.dynamic_sets import add_process_set, remove_process_set
 from hvdlite.exceptions import (ArgumentError, CollectiveTimeoutError, HorovodInternalError,
-                                HostsUpdatedInterrupt)
+                                HostsUpdatedInterrupt, MismatchError)
 from hvdlite.ops import Adasum, Average, Max, Min, Product, Sum
 from hvdlite.process_sets import ProcessSet, global_process_set
 from hvdlite.torch.compression import Compression
@@ -80,6 +80,7 @@ from hvdlite.torch.mpi_ops import __all__ as _mpi_ops_all
 __all__ = [
     *COMMON_NAMES,
     "HorovodInternalError", "HostsUpdatedInterrupt", "ArgumentError", "CollectiveTimeoutError",
+    "MismatchError",
     # collectives
     *_mpi_ops_all,
     # training helpers

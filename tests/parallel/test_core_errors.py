@@ -340,3 +340,11 @@ def test_argument_errors_are_caught_as_horovod_errors_and_as_value_errors():
             with pytest.raises(caught):
                 call()
     check_engine_works("arg.after")
+
+
+@needs_two
+def test_mismatches_and_join_conflicts_raise_mismatch_error():
+    shape = (5,) if ODD else (4,)
+    with pytest.raises(hvd.MismatchError, match="Mismatched shape"):
+        hvd.allreduce(np.ones(shape), name="mm.class")
+    check_engine_works("mm.class.after")

@@ -370,3 +370,20 @@ def test_mismatched_shapes_fail_on_every_rank():
     # the job is still usable afterwards
     assert hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [N, N]
 
+
+
+def test_uint16_in_every_collective():
+    # Horovod's dtypes include uint16; torch has it since 2.3 (few ops, enough here).
+    mine = torch.full((N, 2), R + 1, dtype=torch.int32).to(torch.uint16)
+    total = sum(r + 1 for r in range(N))
+    out = hvd.allreduce(mine, op=hvd.Sum, name="u16.ar")
+    assert out.dtype == torch.uint16 and torch.equal(out.to(torch.int32),
+                                                     torch.full((N, 2), total, dtype=torch.int32))
+    gathered = hvd.allgather(mine[:1], name="u16.ag")
+    assert gathered.dtype == torch.uint16
+    assert gathered.to(torch.int32)[:, 0].tolist() == [r + 1 for r in range(N)]
+    assert hvd.broadcast(mine, 0, name="u16.bc").to(torch.int32).unique().tolist() == [1]
+    shard = hvd.reducescatter(mine, op=hvd.Sum, name="u16.rs")
+    assert shard.dtype == torch.uint16 and shard.to(torch.int32).unique().tolist() == [total]
+    swapped = hvd.alltoall(mine, name="u16.a2a")
+    assert swapped.to(torch.int32)[:, 0].tolist() == [r + 1 for r in range(N)]
