@@ -32,11 +32,21 @@ def _is_keras_optimizer(obj) -> bool:
                for m in _class_modules(obj))
 
 
+def _is_tf1_optimizer(obj) -> bool:
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return False
+    base = getattr(getattr(getattr(tf, "compat", None), "v1", None), "train", None)
+    base = getattr(base, "Optimizer", None)
+    return base is not None and isinstance(obj, base)
+
+
 def DistributedOptimizer(optimizer, *args, **kwargs):
     """Wrap *optimizer* with the data-parallel optimizer of its framework.
 
     A ``torch.optim.Optimizer`` goes to :func:`hvdlite.torch.DistributedOptimizer`,
-    a Keras optimizer to :func:`hvdlite.tensorflow.keras.DistributedOptimizer`;
+    a Keras optimizer to :func:`hvdlite.tensorflow.keras.DistributedOptimizer`, a
+    ``tf.compat.v1.train.Optimizer`` to :func:`hvdlite.tensorflow.DistributedOptimizer`;
     the remaining arguments are passed through unchanged.
     """
     if _is_torch_optimizer(optimizer):
@@ -47,8 +57,13 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
         from hvdlite.tensorflow.keras import DistributedOptimizer as keras_distributed
 
         return keras_distributed(optimizer, *args, **kwargs)
+    if _is_tf1_optimizer(optimizer):
+        from hvdlite.tensorflow import DistributedOptimizer as tf_distributed
+
+        return tf_distributed(optimizer, *args, **kwargs)
     raise TypeError(
         f"hvdlite.DistributedOptimizer: unsupported optimizer type "
         f"{type(optimizer).__module__}.{type(optimizer).__qualname__}; supported are "
-        f"torch.optim.Optimizer (hvdlite.torch.DistributedOptimizer) and Keras "
-        f"optimizers (hvdlite.tensorflow.keras.DistributedOptimizer)")
+        f"torch.optim.Optimizer (hvdlite.torch.DistributedOptimizer), Keras "
+        f"optimizers (hvdlite.tensorflow.keras.DistributedOptimizer) and "
+        f"tf.compat.v1.train.Optimizer (hvdlite.tensorflow.DistributedOptimizer)")

@@ -20,7 +20,8 @@ keras = pytest.importorskip("keras")
 
 import hvdlite.tensorflow as hvd  # noqa: E402
 import hvdlite.tensorflow.keras as hk  # noqa: E402
-from hvdlite.tensorflow import _bridge  # noqa: E402
+from hvdlite.exceptions import ArgumentError, HorovodInternalError, MismatchError  # noqa: E402
+from hvdlite.tensorflow import _bridge, _errors  # noqa: E402
 from hvdlite.tensorflow.gradient_reduction import _split_evenly, normalize_groups  # noqa: E402
 from hvdlite.tensorflow.keras.callbacks import LearningRateScheduleCallback  # noqa: E402
 
@@ -95,6 +96,89 @@ def test_xla_compiled_functions_are_refused_with_the_fix():
         f(tf.constant(1.0))
 
 
+# ------------------------------------------------------ graph order and errors
+
+def _node(x, fn=None, **kw):
+    """One bridge node of ``fn`` (default: identity) on ``x``."""
+    fn = fn or (lambda a, outputs=None: [a])
+    return _bridge.run(fn, [x], [x.dtype], [x.shape], **kw)[0]
+
+
+def _pyfuncs(graph):
+    return [op for op in graph.get_operations() if op.type == "PyFunc"]
+
+
+def test_collectives_of_a_tf1_graph_run_in_creation_order():
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        a, b = v1.placeholder(tf.float32, [2]), v1.placeholder(tf.float32, [2])
+        outs = [_node(a), _node(b), _node(a, ordered=False), _node(b, collective=False),
+                _node(a)]
+        first, second, alone, local, third = _pyfuncs(graph)
+        # a v1 while loop keeps its own chain: nothing crosses its frame
+        v1.disable_control_flow_v2()
+        try:
+            looped = v1.while_loop(lambda i, t: i < 2, lambda i, t: (i + 1, _node(t)),
+                                   [tf.constant(0), a])[1]
+        finally:
+            v1.enable_control_flow_v2()
+        in_loop = _pyfuncs(graph)[-1]
+        after = _node(b)
+        with v1.Session(graph=graph) as sess:
+            got = sess.run(outs + [looped, after], {a: [1.0, 2.0], b: [3.0, 4.0]})
+    assert first.control_inputs == [] and second.control_inputs == [first]
+    assert alone.control_inputs == [] and local.control_inputs == []
+    assert third.control_inputs == [second]
+    assert all(op not in in_loop.control_inputs for op in (first, second, third))
+    assert _pyfuncs(graph)[-1].control_inputs == [third]
+    assert [g.tolist() for g in got] == [[1.0, 2.0], [3.0, 4.0]] * 2 + [[1.0, 2.0]] * 2 \
+        + [[3.0, 4.0]]
+
+
+def _raising(error):
+    def fn(a, outputs=None):
+        raise error
+    return fn
+
+
+@pytest.mark.parametrize("error,eager,graph", [
+    (MismatchError("Mismatched shapes for allreduce 'x': rank 0: [2]; rank 1: [3]."),
+     (tf.errors.FailedPreconditionError, HorovodInternalError, MismatchError),
+     tf.errors.FailedPreconditionError),
+    (ArgumentError("alltoall: splits must be 2 non-negative ints"),
+     (tf.errors.InvalidArgumentError, ArgumentError, ValueError),
+     tf.errors.InvalidArgumentError),
+    (ValueError("alltoall: splits must be 2 non-negative ints"),
+     (tf.errors.InvalidArgumentError, ArgumentError), tf.errors.InvalidArgumentError),
+    (HorovodInternalError("hvdlite was shut down"), (HorovodInternalError,),
+     tf.errors.UnknownError),
+])
+def test_engine_errors_take_horovods_tensorflow_classes(error, eager, graph):
+    x = tf.constant([1.0, 2.0])
+    fn = _raising(error)
+    with pytest.raises(eager[0]) as info:
+        _node(x, fn)
+    assert all(isinstance(info.value, cls) for cls in eager)
+    assert str(error) in str(info.value)
+    with pytest.raises(graph, match=str(error)[:20]):
+        tf.function(lambda t: _node(t, fn))(x)
+    g = tf.Graph()
+    with g.as_default(), tf.compat.v1.Session(graph=g) as sess:
+        out = _node(tf.constant([1.0, 2.0]), fn)
+        with pytest.raises(graph, match=str(error)[:20]):
+            sess.run(out)
+
+
+def test_trace_time_argument_errors_keep_their_class_through_autograph():
+    def build(t):
+        raise _errors.ArgumentError(message="hvdlite reducescatter supports op=Sum")
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="op=Sum") as info:
+        tf.function(build)(tf.constant(1.0))
+    assert isinstance(info.value, ValueError)
+
+
 def test_bfloat16_wire_round_trip_is_exact():
     x = tf.constant([1.0078125, -3.5, 65280.0], dtype=tf.bfloat16)
     moved = _bridge.to_wire(x, reduce=False)
@@ -126,6 +210,8 @@ def test_distributed_optimizer_keeps_class_config_and_reloads_plain(tmp_path):
     import hvdlite
     via_top = hvdlite.DistributedOptimizer(keras.optimizers.Adam(0.1))
     assert isinstance(via_top, keras.optimizers.Adam) and hasattr(via_top, "_hvd")
+    tf1 = hvdlite.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    assert isinstance(tf1, tf.compat.v1.train.Optimizer)  # Horovod's TF1 wrapper
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer=opt, loss="mse")
     path = str(tmp_path / "m.keras")
@@ -188,6 +274,18 @@ ONE_PROCESS = textwrap.dedent("""
         hk.callbacks.BroadcastGlobalVariablesCallback(0), hk.callbacks.MetricAverageCallback(),
         hk.callbacks.LearningRateWarmupCallback(0.1, warmup_epochs=1)])
     assert len(hist.history["loss"]) == 2 and hist.history["lr"][-1] == np.float32(0.1)
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():                        # TF1: optimizer wrapper and broadcast
+        v = v1.Variable([1.0, 2.0])
+        opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(0.5))
+        train = opt.minimize(tf.reduce_sum(v * v))
+        bcast = hvd.broadcast_global_variables(0)
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run([bcast])
+            sess.run(train)
+            assert sess.run(v).tolist() == [0.0, 0.0]
     print("one-process ok")
 """)
 

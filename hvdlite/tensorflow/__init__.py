@@ -5,21 +5,25 @@ Switch with ``import hvdlite.tensorflow as hvd`` in place of
 
 Layering (dependencies point downwards only)::
 
-    keras/ (DistributedOptimizer, callbacks)      gradient_tape, sync_batch_norm
-                 \\                                   /
+    keras/ (DistributedOptimizer,     legacy (TF1 optimizer,    gradient_tape,
+            callbacks)                 global-variable bcast)    sync_batch_norm
+                 \\                            |                    /
                   gradient_reduction (one grouped submission per step)
                                   |
           reductions (compression, IndexedSlices)   functions (objects, variables)
                                   |
                  mpi_ops (collectives + gradients, graph-time basics)
                                   |
-              _bridge (eager call or one tf.numpy_function node)
+     _bridge (eager call or one tf.numpy_function node; graph order)   _errors
                                   |
                      hvdlite engine (numpy arrays, MPI)
 
-Every collective works eagerly and inside ``tf.function``.  Cross-rank
-contract, as in Horovod: every member of a process set calls the same
-collectives in the same order with matching dtypes and shapes.
+Every collective works eagerly, inside ``tf.function`` and in ``tf.compat.v1``
+graphs.  Errors take Horovod's TensorFlow classes: a mismatch across ranks
+raises ``tf.errors.FailedPreconditionError``, a bad argument
+``tf.errors.InvalidArgumentError``.  Cross-rank contract, as in Horovod: every
+member of a process set calls the same collectives in the same order with
+matching dtypes and shapes.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from hvdlite.exceptions import HostsUpdatedInterrupt  # noqa: F401
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from .legacy import BroadcastGlobalVariablesHook, broadcast_global_variables
 from .mpi_ops import (  # noqa: F401  (Horovod exposes the underscored ops too)
     Adasum, Average, HorovodInternalError, Max, Min, Product, ProcessSet, Sum,
     _allreduce, _grouped_allreduce, _grouped_reducescatter, _reducescatter,
@@ -55,6 +60,7 @@ __all__ = [
     "Compression", "broadcast_variables", "broadcast_object", "broadcast_object_fn",
     "allgather_object", "DistributedGradientTape", "PartialDistributedGradientTape",
     "DistributedOptimizer", "SyncBatchNormalization", "broadcast_global_variables",
+    "BroadcastGlobalVariablesHook",
 ]
 
 
@@ -64,12 +70,26 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          gradient_predivide_factor=1.0, average_aggregated_gradients=False,
                          num_groups=0, groups=None, process_set=global_process_set,
                          scale_local_gradients=True):
-    """Horovod's ``hvd.DistributedOptimizer`` for TensorFlow: a Keras 3 optimizer is
-    wrapped by :func:`hvdlite.tensorflow.keras.DistributedOptimizer` (same arguments).
+    """Horovod's ``hvd.DistributedOptimizer`` for TensorFlow.
 
-    TF1 ``tf.compat.v1.train.Optimizer`` graph-mode optimizers are not supported;
-    use a Keras optimizer or :func:`DistributedGradientTape`.
+    A ``tf.compat.v1.train.Optimizer`` (TF1 graphs, ``minimize`` /
+    ``compute_gradients`` / ``apply_gradients``) is wrapped by
+    :class:`~hvdlite.tensorflow.legacy.DistributedLegacyOptimizer`; a Keras 3
+    optimizer by :func:`hvdlite.tensorflow.keras.DistributedOptimizer` (same
+    arguments).  Anything else raises ValueError.
     """
+    import tensorflow as tf
+
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        from .gradient_reduction import normalize_groups
+        from .legacy import make_legacy_distributed
+
+        return make_legacy_distributed(
+            optimizer, name=name, use_locking=use_locking, compression=compression,
+            sparse_as_dense=sparse_as_dense, backward_passes_per_step=backward_passes_per_step,
+            op=op, gradient_predivide_factor=gradient_predivide_factor,
+            average_aggregated_gradients=average_aggregated_gradients,
+            groups=normalize_groups(num_groups, groups), process_set=process_set)
     import keras
 
     if isinstance(optimizer, keras.optimizers.Optimizer):
@@ -85,16 +105,10 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
             num_groups=num_groups, groups=groups, process_set=process_set,
             scale_local_gradients=scale_local_gradients)
     raise ValueError(
-        f"Provided optimizer doesn't inherit from a Keras optimizer: {type(optimizer).__name__}. "
-        "hvdlite supports Keras 3 optimizers (keras.optimizers.*); for custom training "
-        "loops use hvdlite.tensorflow.DistributedGradientTape.")
-
-
-def broadcast_global_variables(root_rank):
-    """TF1-only in Horovod; with TensorFlow 2 use :func:`broadcast_variables`."""
-    raise RuntimeError(
-        "hvd.broadcast_global_variables() does not support eager execution. "
-        "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead.")
+        "Provided optimizer doesn't inherit from either legacy TensorFlow or Keras optimizer: "
+        f"{type(optimizer).__name__}. hvdlite supports tf.compat.v1.train.Optimizer and "
+        "Keras 3 optimizers (keras.optimizers.*); for custom training loops use "
+        "hvdlite.tensorflow.DistributedGradientTape.")
 
 
 def __getattr__(name):

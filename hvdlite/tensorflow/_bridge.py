@@ -4,10 +4,28 @@ Every TensorFlow collective in this package is a numpy function run twice over:
 
 * eagerly, it is called at once on zero-copy numpy views of the tensors and the
   engine's arrays are turned back into tensors;
-* inside a ``tf.function`` (including Keras' ``model.fit`` train step), it
-  becomes one stateful ``tf.numpy_function`` node whose outputs get the static
-  shapes known at trace time.  ``tf.function`` chains stateful nodes in program
-  order, so every rank runs its collectives in the order the code wrote them.
+* inside a graph (a ``tf.function``, Keras' ``model.fit`` train step, or a
+  ``tf.compat.v1`` graph run by a ``Session``), it becomes one stateful
+  ``tf.numpy_function`` node whose outputs get the static shapes known at trace
+  time.
+
+Order in a graph.  Each node blocks its TensorFlow thread until the
+collective is done, so two ranks that run two independent collectives in
+opposite orders would wait for each other forever.  The collectives of one
+graph are therefore chained, in creation order, by control dependencies (see
+:func:`chain_link`): every rank builds the same graph, so every rank runs them in
+the same order.  ``tf.function`` orders stateful nodes in program order
+anyway; in a ``tf.compat.v1`` graph the chain is what orders them, and running
+a collective there also runs the collectives created before it in the same
+graph (the helpers meant to be run on their own, such as
+``broadcast_global_variables``, stay out of the chain).  Code that builds
+collectives inside a ``tf.cond`` makes the cond one link of the chain with
+:func:`chain_link`.
+
+Errors.  Eagerly the engine's errors come out under Horovod's TensorFlow
+classes (see :mod:`hvdlite.tensorflow._errors`); in a graph a mismatch leaves
+the node as an extra output and fails the run with FailedPreconditionError
+before any output is used.
 
 Cross-rank contract: the engine pairs collectives across ranks by name.  Eagerly,
 an unnamed op takes the engine's per-op counter (ranks must call in the same
@@ -18,6 +36,7 @@ names its collectives identically however often the graph runs.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import weakref
 from collections.abc import Callable, Sequence
@@ -29,6 +48,9 @@ from hvdlite import basics as _basics
 from hvdlite import ops as _ops
 from hvdlite import process_sets as _process_sets
 from hvdlite import runtime as _runtime
+from hvdlite.exceptions import HorovodInternalError
+
+from . import _errors
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -37,6 +59,7 @@ __all__ = [
     "op_name",
     "normalize_name",
     "run",
+    "chain_link",
     "to_wire",
     "from_wire",
     "process_set_by_id",
@@ -45,7 +68,7 @@ __all__ = [
 #: TensorFlow dtypes the collectives accept.  bfloat16 is an hvdlite extension:
 #: numpy has no bfloat16, so it is reduced in float32 and moved bit-exactly as int16.
 SUPPORTED_DTYPES = frozenset({
-    tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64,
+    tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64,
     tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.bool,
 })
 
@@ -70,9 +93,10 @@ def check_dtype(dtype: tf.DType, what: str, *, op=None) -> None:
 
 
 def check_process_set(process_set, what: str) -> None:
-    """Fail at call time (not deep inside a graph run) for a set this rank is not in."""
+    """Fail at call time (not deep inside a graph run) for a set this rank is not in:
+    InvalidArgumentError, as Horovod's ops (also a ValueError)."""
     if not process_set.included():
-        raise ValueError(
+        raise _errors.ArgumentError(message=
             f"hvdlite {what}: this rank ({_basics.rank()}) is not a member of "
             f"process set {process_set.ranks}; only its members may call collectives on it."
         )
@@ -145,14 +169,25 @@ def _as_array(value) -> np.ndarray:
 
 def run(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
         out_dtypes: Sequence[tf.DType], out_shapes: Sequence, name: str | None = None,
-        *, outputs_like_inputs: int = 0) -> list[tf.Tensor]:
+        *, outputs_like_inputs: int = 0, collective: bool = True,
+        ordered: bool = True) -> list[tf.Tensor]:
     """Run ``fn(*arrays, outputs=...) -> arrays`` on tensors, eagerly or as one graph node.
 
     ``fn`` receives C-contiguous numpy arrays and must return arrays of exactly
     ``out_dtypes``.  In a graph the outputs get ``out_shapes`` (None entries
-    for unknown dimensions).  Exceptions raised by ``fn`` propagate unchanged
-    eagerly; in a graph TensorFlow re-raises them as ``tf.errors.OpError``
-    carrying the original message.
+    for unknown dimensions).
+
+    Errors (``collective``, the default): eagerly, a mismatch across ranks
+    raises :class:`~hvdlite.tensorflow._errors.MismatchError` (a
+    FailedPreconditionError) and a ValueError raises
+    :class:`~hvdlite.tensorflow._errors.ArgumentError` (an
+    InvalidArgumentError); in a graph the run fails with the same TensorFlow
+    classes.  Other exceptions propagate unchanged eagerly and as
+    ``tf.errors.UnknownError`` in a graph.
+
+    ``ordered`` (graph only): chain this node after the collectives created
+    before it in the graph (see the module docstring).  Only helpers whose
+    node is meant to run on its own turn it off.
 
     ``outputs_like_inputs=k`` says the first k outputs have the shapes and
     dtypes of the first k inputs.  In a graph, ``fn`` then gets
@@ -163,7 +198,8 @@ def run(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
     """
     inputs = list(inputs)
     if tf.executing_eagerly():
-        outs = fn(*[_as_array(x) for x in inputs], outputs=None)
+        with _errors.translated() if collective else contextlib.nullcontext():
+            outs = fn(*[_as_array(x) for x in inputs], outputs=None)
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes, strict=True)]
 
     if _in_xla_context():
@@ -172,6 +208,7 @@ def run(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
             "they call into Python.  Use jit_compile=False, e.g. "
             "model.compile(..., jit_compile=False) or tf.function(jit_compile=False).")
     reused: list[np.ndarray] = []
+    np_dtypes = [d.as_numpy_dtype for d in out_dtypes]
 
     def graph_fn(*arrays):
         arrays = [_as_array(a) for a in arrays]
@@ -183,18 +220,62 @@ def run(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
                     for b, a in zip(reused, like, strict=True)):
                 reused[:] = [np.empty_like(a) for a in like]
             outputs = list(reused)
-        outs = fn(*arrays, outputs=outputs)
-        return [np.asarray(o, dtype=d.as_numpy_dtype)
-                for o, d in zip(outs, out_dtypes, strict=True)]
+        try:
+            outs = fn(*arrays, outputs=outputs)
+        except HorovodInternalError as e:
+            if not (collective and _errors.is_mismatch(e)):
+                raise
+            # Placeholders: the gate fails the run before anything reads them.
+            return [np.empty((0,), d) for d in np_dtypes] + [str(e).encode()]
+        outs = [np.asarray(o, dtype=d) for o, d in zip(outs, np_dtypes, strict=True)]
+        return outs + [b""] if collective else outs
 
     op = None if name is None else normalize_name(name.rsplit("/", 1)[-1])[:120] or None
-    outs = tf.numpy_function(graph_fn, inputs, list(out_dtypes), stateful=True, name=op)
-    if not isinstance(outs, (list, tuple)):
-        outs = [outs]
-    outs = list(outs)
+    dtypes = list(out_dtypes) + ([tf.string] if collective else [])
+    graph = tf.compat.v1.get_default_graph()
+    with chain_link(graph) if collective and ordered else contextlib.nullcontext([]) as created:
+        outs = tf.numpy_function(graph_fn, inputs, dtypes, stateful=True, name=op)
+        if not isinstance(outs, (list, tuple)):
+            outs = [outs]
+        outs = list(outs)
+        created.append(outs[0].op)
+    if collective:
+        failure = outs.pop()
+        failure.set_shape([])
     for out, shape in zip(outs, out_shapes, strict=True):
         out.set_shape(shape)
-    return outs
+    return _errors.gate(outs, failure) if collective else outs
+
+
+# graph -> {control-flow context: the last collective node created in it}
+_CHAINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def chain_link(graph=None):
+    """Create the next link of ``graph``'s chain of collectives after the previous one.
+
+    Yields a list; the caller appends the op it created (a collective node, or
+    a ``tf.cond`` whose branches hold collectives), which becomes the next
+    link's predecessor.  The chain is kept per control-flow context of a
+    ``tf.compat.v1`` graph (a node inside a while loop cannot depend on one
+    outside it, nor the other way round); TF2 control flow builds separate
+    graphs, each with its own chain.
+    """
+    graph = tf.compat.v1.get_default_graph() if graph is None else graph
+    context = graph._get_control_flow_context()  # None outside a v1 cond / while loop
+    chain = _CHAINS.get(graph)
+    if chain is None:
+        chain = _CHAINS[graph] = {}
+    previous = chain.get(context)
+    created: list = []
+    if previous is None:
+        yield created
+    else:
+        with graph.control_dependencies([previous]):
+            yield created
+    if created:
+        chain[context] = created[-1]
 
 
 def _in_xla_context() -> bool:

@@ -29,9 +29,12 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     """Assign ``root_rank``'s values to ``variables`` on every member of the set.
 
     One submission for all variables (TF or Keras variables, any supported
-    dtype).  Eagerly the assignments are done on return; inside a
-    ``tf.function`` the returned op groups them.  ``inplace`` is accepted for
-    Horovod compatibility: the assignment is always in place.
+    dtype).  Eagerly the assignments are done on return; in a graph
+    (``tf.function`` or ``tf.compat.v1``) the returned op groups them.  In a
+    ``tf.compat.v1`` graph the broadcast node stays out of the chain of
+    collectives (see :mod:`hvdlite.tensorflow._bridge`): it is meant to be run
+    on its own.  ``inplace`` is accepted for Horovod compatibility: the
+    assignment is always in place.
     """
     variables = list(variables)
     if not variables:
@@ -41,7 +44,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
         _bridge.check_dtype(v.dtype, "broadcast_variables")
     _check_root(root_rank, process_set, "broadcast_variables")
     name = _bridge.op_name("BroadcastVariables", values, None)
-    new = _broadcast_group_nograd(values, root_rank, name, process_set)
+    new = _broadcast_group_nograd(values, root_rank, name, process_set, ordered=False)
     if tf.executing_eagerly():
         if _basics.rank() != root_rank:
             for var, value in zip(variables, new, strict=True):

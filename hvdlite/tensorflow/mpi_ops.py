@@ -14,15 +14,18 @@ allreduce (Product)         Sum-allreduce of the upstream gradient * y / x (+)
 allgather                   this rank's rows of an Average-allreduce
 broadcast                   Average-allreduce on the root, zeros elsewhere
 alltoall                    alltoall back with the received splits
-reducescatter               allgather (times the set size for Sum)
+reducescatter               allgather, times the set size for Sum (not divided
+                            for Average) and times the pre/postscale factors
 ==========================  ==================================================
 
 Cross-rank contract: every member of ``process_set`` must call the same
 collectives in the same order with matching dtypes and shapes (first
 dimension excepted for allgather/alltoall); gradients are collectives too, so
 every member must also differentiate through them.  Each rank gets the result
-the op's docstring states; mismatches raise ``HorovodInternalError`` eagerly
-and a ``tf.errors.OpError`` carrying the same message inside a graph.
+the op's docstring states.  As Horovod's ops, a mismatch across ranks raises
+``tf.errors.FailedPreconditionError`` (eagerly also a ``HorovodInternalError``)
+and a bad argument ``tf.errors.InvalidArgumentError`` (also a ``ValueError``),
+eagerly and in graphs; see :mod:`hvdlite.tensorflow._errors`.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from hvdlite.process_sets import (  # noqa: F401  (re-exported basics)
 )
 
 from . import _bridge
+from ._errors import ArgumentError
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
@@ -188,8 +192,8 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
     for t in tensors:
         _bridge.check_dtype(t.dtype, "allgather")
         if t.shape.rank == 0:
-            raise ValueError("hvdlite allgather needs tensors of rank >= 1; "
-                             "reshape a scalar to [1] first.")
+            raise ArgumentError(message="hvdlite allgather needs tensors of rank >= 1; "
+                                        "reshape a scalar to [1] first.")
     _bridge.check_process_set(process_set, "allgather")
     name = _bridge.op_name("GroupedAllgather" if len(tensors) > 1 else "Allgather",
                            tensors, name, ignore_name_scope)
@@ -233,7 +237,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
 
 # --- broadcast ---------------------------------------------------------------
 
-def _broadcast_group_nograd(tensors, root_rank, name, process_set):
+def _broadcast_group_nograd(tensors, root_rank, name, process_set, ordered=True):
     """Broadcast many tensors from ``root_rank`` as one graph node / one wait."""
     dtypes = [t.dtype for t in tensors]
     wire = [_bridge.to_wire(t, reduce=False) for t in tensors]
@@ -251,15 +255,15 @@ def _broadcast_group_nograd(tensors, root_rank, name, process_set):
         return [_handles.synchronize(h) for h in handles]
 
     outs = _bridge.run(fn, wire, [w.dtype for w in wire], [w.shape for w in wire], name,
-                       outputs_like_inputs=len(wire))
+                       outputs_like_inputs=len(wire), ordered=ordered)
     return [_bridge.from_wire(o, d, reduce=False) for o, d in zip(outs, dtypes, strict=True)]
 
 
 def _check_root(root_rank, process_set, what):
     _bridge.check_process_set(process_set, what)
     if root_rank not in process_set.ranks:
-        raise ValueError(f"hvdlite {what}: root_rank {root_rank} is not a member of "
-                         f"process set {process_set.ranks}.")
+        raise ArgumentError(message=f"hvdlite {what}: root_rank {root_rank} is not a "
+                                    f"member of process set {process_set.ranks}.")
 
 
 @_no_autograph
@@ -293,7 +297,9 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast: assign ``root_rank``'s values to ``variables`` on every rank.
 
     One submission for all variables.  Returns the updated values, one per
-    variable (a list when given a list).
+    variable (a list when given a list); in a graph they are read after the
+    assignments.  In a ``tf.compat.v1`` graph the node stays out of the chain
+    of collectives (it is meant to be run on its own, to initialise).
     """
     single = not isinstance(variables, (list, tuple))
     variables = [variables] if single else list(variables)
@@ -304,12 +310,22 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
         _bridge.check_dtype(v.dtype, "broadcast_")
     _check_root(root_rank, process_set, "broadcast_")
     name = _bridge.op_name("BroadcastInplace", values, name)
-    new = _broadcast_group_nograd(values, root_rank, name, process_set)
-    out = []
-    for var, value in zip(variables, new, strict=True):
-        var.assign(value)
-        out.append(tf.convert_to_tensor(var))
+    new = _broadcast_group_nograd(values, root_rank, name, process_set, ordered=False)
+    if tf.executing_eagerly():
+        for var, value in zip(variables, new, strict=True):
+            var.assign(value)
+        out = [tf.convert_to_tensor(var) for var in variables]
+    else:
+        assigns = [var.assign(value) for var, value in zip(variables, new, strict=True)]
+        with tf.control_dependencies(assigns):
+            out = [_read(var) for var in variables]
     return out[0] if single else out
+
+
+def _read(var):
+    """The variable's value, read where it is called (after the current control deps)."""
+    reader = getattr(var, "read_value", None)
+    return reader() if reader is not None else tf.identity(tf.convert_to_tensor(var))
 
 
 # --- alltoall ----------------------------------------------------------------
@@ -394,11 +410,12 @@ def _grouped_reducescatter(tensors, name=None, op=Sum, ignore_name_scope=False,
     if not tensors:
         return []
     if op not in (Sum, Average):
-        raise ValueError("hvdlite reducescatter supports op=Sum and op=Average only.")
+        raise ArgumentError(
+            message="hvdlite reducescatter supports op=Sum and op=Average only.")
     for t in tensors:
         _bridge.check_dtype(t.dtype, "reducescatter", op=op)
         if t.shape.rank == 0:
-            raise ValueError("hvdlite reducescatter needs tensors of rank >= 1.")
+            raise ArgumentError(message="hvdlite reducescatter needs tensors of rank >= 1.")
     _bridge.check_process_set(process_set, "reducescatter")
     name = _bridge.op_name("GroupedReducescatter" if len(tensors) > 1 else "Reducescatter",
                            tensors, name, ignore_name_scope)
@@ -409,9 +426,14 @@ def _grouped_reducescatter(tensors, name=None, op=Sum, ignore_name_scope=False,
                                            postscale_factor, process_set)
 
         def grad(*dys):
+            # Horovod's rule, not the per-rank derivative: Sum multiplies by the
+            # set size, Average does not divide; the scale factors multiply.
             dys = _zeros_if_none(dys, ys)
+            scale = float(prescale_factor) * float(postscale_factor)
             if op == Sum:
-                dys = [d * tf.cast(process_set.size(), d.dtype) for d in dys]
+                scale *= process_set.size()
+            if scale != 1.0:
+                dys = [d * tf.cast(scale, d.dtype) for d in dys]
             return _grouped_allgather_nograd(dys, None, process_set)
         return ys, grad
 
@@ -430,11 +452,11 @@ def _reducescatter(tensor, name=None, op=Sum, ignore_name_scope=False,
 
 # --- join, barrier, graph-time basics ----------------------------------------
 
-def _scalar_op(fn, name, dtype=tf.int32):
-    if tf.executing_eagerly():
+def _scalar_op(fn, name, dtype=tf.int32, collective=False):
+    if tf.executing_eagerly() and not collective:
         return tf.constant(fn(), dtype=dtype)
     return _bridge.run(lambda outputs=None: [np.asarray(fn(), dtype=dtype.as_numpy_dtype)], [],
-                       [dtype], [tf.TensorShape([])], name)[0]
+                       [dtype], [tf.TensorShape([])], name, collective=collective)[0]
 
 
 @_no_autograph
@@ -442,7 +464,7 @@ def join():
     """This rank has no more data: until every rank has joined, it contributes
     zeros to the others' allreduces.  Returns (an int32 scalar) the last rank to
     join, the same on every rank."""
-    return _scalar_op(_collectives.join, "HorovodJoin")
+    return _scalar_op(_collectives.join, "HorovodJoin", collective=True)
 
 
 @_no_autograph
@@ -457,7 +479,7 @@ def barrier(process_set=global_process_set):
         _collectives.barrier(process_set=process_set)
         return 0
 
-    out = _scalar_op(fn, "HorovodBarrier")
+    out = _scalar_op(fn, "HorovodBarrier", collective=True)
     return None if tf.executing_eagerly() else out
 
 

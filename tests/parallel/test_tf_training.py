@@ -396,6 +396,21 @@ def test_keras_value_collectives():
         [[float(N), float(N)]]
 
 
+def test_keras_value_collectives_take_uint16():
+    mine = np.array([R, 2 * R], np.uint16)
+    outs = [hk.allreduce(mine, op=hk.Sum), hk.allreduce(mine, op=hk.Max),
+            hk.allgather(mine), hk.broadcast(mine, N - 1),
+            hk.reducescatter(np.tile(mine, (N, 1)), op=hk.Sum)]
+    assert all(o.dtype == tf.uint16 for o in outs)
+    total = N * (N - 1) // 2
+    np.testing.assert_array_equal(outs[0].numpy(), [total, 2 * total])
+    np.testing.assert_array_equal(outs[1].numpy(), [N - 1, 2 * (N - 1)])
+    np.testing.assert_array_equal(outs[2].numpy(), np.stack([[r, 2 * r] for r in range(N)])
+                                  .ravel())
+    np.testing.assert_array_equal(outs[3].numpy(), [N - 1, 2 * (N - 1)])
+    np.testing.assert_array_equal(outs[4].numpy(), [[total, 2 * total]])
+
+
 def test_misuse_errors():
     sgd = keras.optimizers.SGD(0.1)
     wrapped = hk.DistributedOptimizer(sgd)
