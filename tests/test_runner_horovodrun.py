@@ -10,7 +10,8 @@ import sys
 
 import pytest
 from helpers_runner.common import clean_env, hvdrun
-from test_runner_options import _genv, _plan
+from helpers_runner.common import cli_plan as _plan
+from helpers_runner.common import genv as _genv
 
 from hvdlite.runner import cli, configfile, mpi, options
 from hvdlite.runner.command import LaunchSpec, launcher_environment, mpiexec_command

@@ -5,21 +5,15 @@ import sys
 import pytest
 
 from hvdlite.config import KNOBS
+from helpers_runner.common import cli_plan as _plan
+from helpers_runner.common import genv as _genv
+
 from hvdlite.runner import cli, configfile, mpi, options
 from hvdlite.runner.errors import UsageError
 
 PY = sys.executable  # an executable that surely exists, as the user's command
 
 
-def _plan(argv, **env):
-    environ = {"PATH": "/usr/bin:/bin", **env}
-    _args, plan = cli.plan(argv, environ)
-    return plan
-
-
-def _genv(cmd):
-    """The -genv NAME VALUE pairs of an MPICH command line."""
-    return {cmd[i + 1]: cmd[i + 2] for i, arg in enumerate(cmd) if arg == "-genv"}
 
 
 def test_every_knob_has_a_flag():

@@ -7,6 +7,8 @@ Layers, from the outside in:
   (``--config-file``, flat or horovodrun's layout), :mod:`.hosts`
   (``-H``/``--hostfile``), :mod:`.slurm` (allocation variables),
   :mod:`.mpi` (which MPI), :mod:`.command` (the launcher's argument list);
+- :mod:`.sshcheck` -- before a job with other hosts, checks that ssh can log in
+  to each (as horovodrun does);
 - :mod:`.job` -- runs the launcher, passes output through, stops the job on
   the first failure or a signal, and :mod:`.report` says what failed;
 - :mod:`.runfunc` -- :func:`run` (``hvdlite.run``): a Python function on every

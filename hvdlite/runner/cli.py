@@ -19,12 +19,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import lifeline, protocol, slurm
+from . import lifeline, protocol, slurm, sshcheck
 from .command import (LaunchSpec, forwarded_names, launcher_environment, mpiexec_command,
                       srun_command, srun_mpi_plugin)
 from .errors import USAGE_EXIT, UsageError
-from .hosts import (Host, all_local, format_hosts, parse_hosts, read_hostfile, total_slots,
-                    used_hosts)
+from .hosts import (Host, all_local, format_hosts, is_local_host, parse_hosts, read_hostfile,
+                    total_slots, used_hosts)
 from .mpi import NO_MPI_HINT, MpiInfo, detect, find_mpiexec
 from .configfile import read_config_file
 from .options import check_available, knob_environment, merge, parse_args
@@ -33,6 +33,7 @@ __all__ = ["main", "plan", "describe", "Plan"]
 
 WRAPPER = Path(__file__).resolve().with_name("task_wrapper.py")
 DEFAULT_START_TIMEOUT = 30.0
+HOST_CHECK_EXIT = 1  # ssh cannot reach a host: nothing was started (horovodrun's RuntimeError)
 REPORT_TAIL_LINES = 10
 
 
@@ -45,7 +46,9 @@ class Plan:
     owner, see :mod:`.job`), ``extra_env`` the variables a shell line must show
     in front of ``cmd`` (srun: knobs travel in the environment); ``hosts`` is
     None when the job stays on this machine.  ``notes`` are lines hvdrun prints
-    before it starts (options given that change nothing here).
+    before it starts (options given that change nothing here).  ``ssh_hosts``
+    are the other hosts the launcher reaches through ssh (with ``ssh_args``):
+    hvdrun checks that it can log in to each before it starts anything.
     """
 
     cmd: list[str]
@@ -58,6 +61,8 @@ class Plan:
     mpi: MpiInfo | None
     verbose: bool
     notes: tuple[str, ...] = ()
+    ssh_hosts: tuple[str, ...] = ()
+    ssh_args: tuple[str, ...] = ()
 
     def shell_line(self) -> str:
         """The command as one copy-pastable shell line (knob variables in front for srun)."""
@@ -136,6 +141,46 @@ def _ssh_args(values: Mapping[str, object]) -> list[str]:
     return args
 
 
+def _mpich_environment(mpi: MpiInfo | None, nics: Sequence[str], other_hosts: bool,
+                       environ: Mapping[str, str]) -> dict[str, str]:
+    """Variables an MPICH job needs for its traffic between hosts.
+
+    - An MPICH built with both the UCX and the libfabric (OFI) network module
+      (``pip install mpich``) uses UCX by default, and its UCX module loses
+      messages received with ``MPI_ANY_SOURCE`` (seen with MPICH 5.0.2: the
+      message stays unmatched, the receive never completes).  A job with other
+      hosts therefore runs on OFI (``MPIR_CVAR_CH4_NETMOD=ofi``).
+    - Hydra's ``-iface`` moves only its own connections; the network modules
+      choose their interfaces themselves: libfabric's tcp and sockets providers
+      from ``FI_TCP_IFACE``/``FI_SOCKETS_IFACE``, UCX from ``UCX_NET_DEVICES``
+      (otherwise it spreads messages over every interface it finds).
+
+    A variable already in the environment is left alone.
+    """
+    if mpi is None or mpi.flavour != "mpich":
+        return {}
+    wanted = {}
+    if other_hosts and {"ucx", "ofi"} <= set(mpi.netmods):
+        wanted["MPIR_CVAR_CH4_NETMOD"] = "ofi"
+    if nics:
+        wanted.update(FI_TCP_IFACE=nics[0], FI_SOCKETS_IFACE=nics[0],
+                      UCX_NET_DEVICES=",".join(nics))
+    return {name: value for name, value in wanted.items() if name not in environ}
+
+
+def _ssh_hosts(hosts: Sequence[Host] | None, mpi: MpiInfo, from_allocation: bool,
+               ssh_args: Sequence[str], mpi_args: Sequence[str],
+               environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The hosts the launcher will reach through ssh (see :mod:`.sshcheck`)."""
+    if not hosts or not sshcheck.uses_ssh(mpi_args, environ):
+        return ()
+    # Inside an allocation the MPI starts its daemons through SLURM, unless -p/-i
+    # made hvdrun ask MPICH or Intel MPI for ssh.
+    if from_allocation and not (ssh_args and mpi.flavour in ("mpich", "intel")):
+        return ()
+    return tuple(host.name for host in hosts if not is_local_host(host.name))
+
+
 def _notes(values: Mapping[str, object], mpi: MpiInfo | None, nics: Sequence[str]
            ) -> tuple[str, ...]:
     notes = []
@@ -186,6 +231,9 @@ def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None,
         program += ["--output-dir", os.path.abspath(str(values["output_filename"]))]
     program += ["--", *args.command]
     local = hosts is None or all_local(hosts)
+    from_allocation = slurm.in_allocation(environ) and not (
+        values.get("hosts") or values.get("hostfile"))
+    ssh_hosts: tuple[str, ...] = ()
     if launcher == "srun":
         srun = shutil.which("srun", path=environ.get("PATH"))
         if srun is None:
@@ -200,8 +248,9 @@ def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None,
             mpi = detect(path) if path else None
         except UsageError:
             mpi = None
-        from_allocation = slurm.in_allocation(environ) and not (
-            values.get("hosts") or values.get("hostfile"))
+        mpich_env = _mpich_environment(mpi, (), not local, environ)
+        knob_env.update(mpich_env)
+        env.update(mpich_env)
         spec = LaunchSpec(np=np, program=program, mpi_args=mpi_args,
                           hosts=None if from_allocation else hosts, binding=binding)
         cmd, extra_env = srun_command(spec, srun_mpi_plugin(mpi), srun=srun), knob_env
@@ -210,6 +259,11 @@ def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None,
         if path is None:
             raise UsageError(NO_MPI_HINT.format(python=Path(sys.executable).parent))
         mpi = detect(path)
+        mpich_env = _mpich_environment(mpi, nics, not local, environ)
+        knob_env.update(mpich_env)
+        env.update(mpich_env)
+        if not local:
+            ssh_hosts = _ssh_hosts(hosts, mpi, from_allocation, ssh_args, mpi_args, environ)
         spec = LaunchSpec(np=np, program=program, hosts=None if local else hosts, env=knob_env,
                           mpi_args=mpi_args, forward=forwarded_names(env, exclude=knob_env),
                           binding=binding, nics=nics, ssh_args=ssh_args)
@@ -217,7 +271,8 @@ def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None,
         env.update(extra_env)
     return args, Plan(cmd, env, extra_env, np, None if local else hosts,
                       _start_timeout(values, environ), launcher, mpi,
-                      bool(values.get("verbose")), _notes(values, mpi, nics))
+                      bool(values.get("verbose")), _notes(values, mpi, nics), ssh_hosts,
+                      tuple(ssh_args))
 
 
 def describe(p: Plan) -> str:
@@ -227,8 +282,10 @@ def describe(p: Plan) -> str:
     job_variables = (protocol.TOKEN_VARIABLE, lifeline.OWNER_VARIABLE)
     knobs = " ".join(f"{k}={v}" for k, v in p.env.items()
                      if k.startswith("HVDLITE_") and k not in job_variables) or "none"
+    ssh = (f"hvdrun: checking ssh login to {', '.join(p.ssh_hosts)} first\n"
+           if p.ssh_hosts else "")
     return (f"hvdrun: {p.np} rank(s) on {where}, launcher {p.launcher}, {mpi}\n"
-            f"hvdrun: knob variables: {knobs}\n"
+            f"hvdrun: knob variables: {knobs}\n{ssh}"
             f"hvdrun: running: {p.shell_line()}\n")
 
 
@@ -260,6 +317,11 @@ def _run(argv: list[str]) -> int:
     if launch.verbose:
         sys.stderr.write(describe(launch))
         sys.stderr.flush()
+    try:
+        sshcheck.check_hosts(launch.ssh_hosts, launch.ssh_args, launch.env)
+    except sshcheck.HostCheckError as exc:
+        sys.stderr.write(f"hvdrun: error: {exc}\n")
+        return HOST_CHECK_EXIT
     from .job import run_job
 
     return run_job(launch.cmd, launch.env, np=launch.np, start_timeout=launch.start_timeout)

@@ -12,6 +12,9 @@ flavour       what its ``--version`` prints
 ``openmpi``   ``mpiexec (Open MPI) 5.0.x`` / ``mpirun (OpenRTE) 4.1.x``
 ``intel``     ``Intel(R) MPI Library for Linux* OS, Version 2021.x``
 ============  =============================================================
+
+For MPICH the network modules it was built with come from the ``--with-device=ch4:ucx,ofi``
+of its configure line (``MpiInfo.netmods``; empty when not shown).
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from pathlib import Path
 
 from .errors import UsageError
 
-__all__ = ["MpiInfo", "FLAVOURS", "find_mpiexec", "parse_version_text", "detect",
-           "NO_MPI_HINT"]
+__all__ = ["MpiInfo", "FLAVOURS", "find_mpiexec", "parse_version_text", "parse_netmods",
+           "detect", "NO_MPI_HINT"]
 
 FLAVOURS = ("mpich", "openmpi", "intel")
 NO_MPI_HINT = (
@@ -40,11 +43,12 @@ NO_MPI_HINT = (
 
 @dataclasses.dataclass(frozen=True)
 class MpiInfo:
-    """An MPI launcher: its executable, implementation and version."""
+    """An MPI launcher: its executable, implementation, version and (MPICH) network modules."""
 
     path: str
     flavour: str  # one of FLAVOURS
     version: str = ""
+    netmods: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -90,6 +94,12 @@ def parse_version_text(text: str) -> tuple[str, str] | None:
     return None
 
 
+def parse_netmods(text: str) -> tuple[str, ...]:
+    """MPICH's ch4 network modules from its configure line (``--with-device=ch4:ucx,ofi``)."""
+    match = re.search(r"--with-device=ch4:([\w,]+)", text)
+    return tuple(match.group(1).split(",")) if match else ()
+
+
 def detect(path: str, timeout: float = 20.0) -> MpiInfo:
     """Ask *path* for its version; UsageError when it does not answer like a known MPI."""
     try:
@@ -107,4 +117,5 @@ def detect(path: str, timeout: float = 20.0) -> MpiInfo:
             f"{path} is not an MPI launcher hvdrun knows (MPICH, Open MPI, Intel MPI); "
             f"its --version said: {first}"
         )
-    return MpiInfo(path, *found)
+    netmods = parse_netmods(output) if found[0] == "mpich" else ()
+    return MpiInfo(path, *found, netmods=netmods)

@@ -34,7 +34,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import cli
+from . import cli, sshcheck
 from .errors import UsageError
 from .job import run_job
 from .options import UNAVAILABLE
@@ -261,6 +261,10 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
             sys.stderr.write(f"hvdrun: note: {note}\n")
         if launch.verbose:
             sys.stderr.write(cli.describe(launch))
+        try:
+            sshcheck.check_hosts(launch.ssh_hosts, launch.ssh_args, launch.env)
+        except sshcheck.HostCheckError as exc:
+            raise RuntimeError(f"hvdlite.run: {exc}") from None
         code = run_job(launch.cmd, launch.env, np=launch.np,
                        start_timeout=launch.start_timeout, out=_sink(sys.stdout),
                        err=_sink(sys.stderr))

@@ -94,3 +94,16 @@ def gone_within(marker: str, seconds: float) -> bool:
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     return not left
+
+
+def cli_plan(argv, **env):
+    """hvdrun's plan for *argv* in a minimal environment plus *env* (nothing runs)."""
+    from hvdlite.runner import cli
+
+    _args, plan = cli.plan(argv, {"PATH": "/usr/bin:/bin", **env})
+    return plan
+
+
+def genv(cmd):
+    """The -genv NAME VALUE pairs of an MPICH command line."""
+    return {cmd[i + 1]: cmd[i + 2] for i, arg in enumerate(cmd) if arg == "-genv"}

@@ -91,6 +91,25 @@ class OneNodeCluster:
         self.job_ids: list[str] = []
 
     # -- setup ---------------------------------------------------------------
+    def client(self, argv: list[str]) -> list[str]:
+        """*argv* (a SLURM client command) as run where the controller can be reached."""
+        return argv
+
+    def _site_lines(self) -> list[str]:
+        """Controller, ports, daemon files and nodes: what differs between test clusters."""
+        d = self.workdir
+        return [
+            f"SlurmctldHost={self.host}(127.0.0.1)",
+            f"SlurmctldPort={_free_port()}",
+            f"SlurmdPort={_free_port()}",
+            f"SlurmdSpoolDir={d / 'spool'}",
+            f"SlurmdPidFile={d / 'slurmd.pid'}",
+            f"SlurmdLogFile={d / 'log' / 'slurmd.log'}",
+            f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={self.cpus} Boards=1 "
+            f"SocketsPerBoard=1 CoresPerSocket={self.cpus} ThreadsPerCore=1 "
+            "RealMemory=1000 State=UNKNOWN",
+        ]
+
     def _write_conf(self) -> None:
         d = self.workdir
         for sub in ("state", "spool", "log"):
@@ -101,9 +120,7 @@ class OneNodeCluster:
             # after the PMI job id ("<job>.<step>" under srun), and a segment left by a
             # killed job of an earlier run must never be mistaken for a new job's.
             f"FirstJobId={random.randint(10**6, 6 * 10**7)}",
-            f"SlurmctldHost={self.host}(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            *self._site_lines(),
             "SlurmUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
@@ -121,17 +138,11 @@ class OneNodeCluster:
             "MailProg=/bin/true",
             "SlurmdParameters=config_overrides",
             f"StateSaveLocation={d / 'state'}",
-            f"SlurmdSpoolDir={d / 'spool'}",
             f"SlurmctldPidFile={d / 'slurmctld.pid'}",
-            f"SlurmdPidFile={d / 'slurmd.pid'}",
             f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
-            f"SlurmdLogFile={d / 'log' / 'slurmd.log'}",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
             "MinJobAge=600",
-            f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={self.cpus} Boards=1 "
-            f"SocketsPerBoard=1 CoresPerSocket={self.cpus} ThreadsPerCore=1 "
-            "RealMemory=1000 State=UNKNOWN",
             "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP "
             "OverSubscribe=YES",
         ]
@@ -174,31 +185,37 @@ class OneNodeCluster:
         raise RuntimeError(f"{what} within {seconds:.0f} s\n" + self.logs())
 
     def _node_idle(self) -> bool:
-        proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=self.env,
+        """True when every node is idle."""
+        proc = subprocess.run(self.client(["sinfo", "-h", "-N", "-o", "%T"]), env=self.env,
                               capture_output=True, text=True, timeout=20, check=False)
-        return proc.returncode == 0 and proc.stdout.strip().startswith("idle")
+        states = proc.stdout.split()
+        return proc.returncode == 0 and bool(states) and all(s == "idle" for s in states)
+
+    def _daemon(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        log = self.workdir / "log" / f"{name}.out"
+        self.procs[name] = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=open(log, "wb"),  # noqa: SIM115
+            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _start_daemons(self) -> None:
+        self._daemon("slurmctld", [_sbin("slurmctld"), "-D", "-i", "-f", str(self.conf)],
+                     self.env)
+        self._daemon("slurmd", [_sbin("slurmd"), "-D", "-f", str(self.conf)],
+                     dict(self.env, PMIX_MCA_psec="native"))
 
     def start(self) -> OneNodeCluster:
         self._write_conf()
         self._start_munge()
-        log = self.workdir / "log"
-        self.procs["slurmctld"] = subprocess.Popen(
-            [_sbin("slurmctld"), "-D", "-i", "-f", str(self.conf)], env=self.env,
-            stdin=subprocess.DEVNULL, stdout=open(log / "slurmctld.out", "wb"),  # noqa: SIM115
-            stderr=subprocess.STDOUT, start_new_session=True)
-        slurmd_env = dict(self.env, PMIX_MCA_psec="native")
-        self.procs["slurmd"] = subprocess.Popen(
-            [_sbin("slurmd"), "-D", "-f", str(self.conf)], env=slurmd_env,
-            stdin=subprocess.DEVNULL, stdout=open(log / "slurmd.out", "wb"),  # noqa: SIM115
-            stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait(self._node_idle, 30, "the SLURM node did not become idle")
+        self._start_daemons()
+        self._wait(self._node_idle, 30, "the SLURM nodes did not become idle")
         return self
 
     # -- use -----------------------------------------------------------------
     def sbatch(self, args: list[str], env: dict[str, str] | None = None) -> str:
         """Submit; returns the job id."""
-        proc = subprocess.run(["sbatch", "--parsable", *args], env=env or self.env,
-                              capture_output=True, text=True, timeout=60, check=False)
+        proc = subprocess.run(self.client(["sbatch", "--parsable", *args]),
+                              env=env or self.env, capture_output=True, text=True, timeout=60,
+                              check=False)
         if proc.returncode:
             raise RuntimeError(f"sbatch {args} failed: {proc.stderr.strip()}")
         job_id = proc.stdout.strip().split(";")[0]
@@ -206,8 +223,9 @@ class OneNodeCluster:
         return job_id
 
     def job_state(self, job_id: str) -> dict[str, str]:
-        proc = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=self.env,
-                              capture_output=True, text=True, timeout=20, check=False)
+        proc = subprocess.run(self.client(["scontrol", "-o", "show", "job", job_id]),
+                              env=self.env, capture_output=True, text=True, timeout=20,
+                              check=False)
         fields = {}
         for token in proc.stdout.split():
             key, eq, value = token.partition("=")
@@ -224,7 +242,8 @@ class OneNodeCluster:
                                           "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"):
                 return fields
             time.sleep(0.5)
-        subprocess.run(["scancel", job_id], env=self.env, capture_output=True, check=False)
+        subprocess.run(self.client(["scancel", job_id]), env=self.env, capture_output=True,
+                       check=False)
         raise TimeoutError(f"job {job_id} still {self.job_state(job_id).get('JobState')} "
                            f"after {timeout:.0f} s\n" + self.logs())
 
@@ -253,16 +272,16 @@ class OneNodeCluster:
     def stop(self) -> None:
         """Cancel every job, stop the daemons we started, then kill any job process left."""
         if self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
-            subprocess.run(["scancel", "--full", "--partition=debug"], env=self.env,
-                           capture_output=True, timeout=20, check=False)
+            subprocess.run(self.client(["scancel", "--full", "--partition=debug"]),
+                           env=self.env, capture_output=True, timeout=20, check=False)
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
-                queue = subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env,
+                queue = subprocess.run(self.client(["squeue", "-h", "-o", "%i"]), env=self.env,
                                        capture_output=True, text=True, timeout=20, check=False)
                 if queue.returncode or not queue.stdout.strip():
                     break
                 time.sleep(0.3)
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in [n for n in self.procs if n.startswith("slurmd")] + ["slurmctld", "munged"]:
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:
                 continue
