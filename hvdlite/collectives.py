@@ -14,6 +14,7 @@ agree, else every rank gets HorovodInternalError naming the difference.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -32,7 +33,8 @@ __all__ = [
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
     "broadcast", "broadcast_async", "alltoall", "alltoall_async", "reducescatter",
     "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
-    "barrier", "join", "submit_control",
+    "barrier", "join", "submit_control", "call_and_wait",
+    "waiting_caller",
 ]
 
 
@@ -99,14 +101,23 @@ class _Calling(threading.local):
 _calling = _Calling()
 
 
-def _sync(async_fn, *args, **kwargs):
-    """Run *async_fn* and wait for it; the waiting caller drives the engine itself,
-    so the engine thread is not woken for it (one thread hand-off less)."""
+@contextlib.contextmanager
+def waiting_caller():
+    """Submissions made inside are waited on by this thread right after (it
+    drives the engine itself), so they do not rouse the engine thread: one
+    thread hand-off less per collective."""
     _calling.sync = True
     try:
-        handle = async_fn(*args, **kwargs)
+        yield
     finally:
         _calling.sync = False
+
+
+def call_and_wait(async_fn, *args, **kwargs):
+    """Run *async_fn* (any function that submits and returns a handle, a
+    framework adapter's too) and wait for it, as a :func:`waiting_caller`."""
+    with waiting_caller():
+        handle = async_fn(*args, **kwargs)
     return synchronize(handle)
 
 
@@ -194,13 +205,13 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set, *, output=None):
     """Reduce *tensor* over the ranks of *process_set* (default op: Average)."""
-    return _sync(allreduce_async, tensor, average, name, op, prescale_factor,
+    return call_and_wait(allreduce_async, tensor, average, name, op, prescale_factor,
                                        postscale_factor, process_set, output=output)
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=global_process_set, *, outputs=None):
-    return _sync(grouped_allreduce_async, tensors, average, name, op, prescale_factor,
+    return call_and_wait(grouped_allreduce_async, tensors, average, name, op, prescale_factor,
                                                postscale_factor, process_set,
                                                outputs=outputs)
 
@@ -239,11 +250,11 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
 
 
 def allgather(tensor, name=None, process_set=global_process_set) -> np.ndarray:
-    return _sync(allgather_async, tensor, name, process_set)
+    return call_and_wait(allgather_async, tensor, name, process_set)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
-    return _sync(grouped_allgather_async, list(tensors), name, process_set)
+    return call_and_wait(grouped_allgather_async, list(tensors), name, process_set)
 
 
 # ----------------------------------------------------------------- broadcast
@@ -272,7 +283,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set, *, output=None):
-    return _sync(broadcast_async, tensor, root_rank, name, process_set, output=output)
+    return call_and_wait(broadcast_async, tensor, root_rank, name, process_set, output=output)
 
 
 # ------------------------------------------------------------------ alltoall
@@ -307,7 +318,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Returns ``output`` if *splits* is None, else ``(output, received_splits)``."""
-    output, received = _sync(alltoall_async, tensor, splits, name, process_set)
+    output, received = call_and_wait(alltoall_async, tensor, splits, name, process_set)
     return output if splits is None else (output, received)
 
 
@@ -353,13 +364,13 @@ def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0,
 
 def reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
                   process_set=global_process_set):
-    return _sync(reducescatter_async, tensor, name, op, prescale_factor,
+    return call_and_wait(reducescatter_async, tensor, name, op, prescale_factor,
                                            postscale_factor, process_set)
 
 
 def grouped_reducescatter(tensors, name=None, op=Average, prescale_factor=1.0,
                           postscale_factor=1.0, process_set=global_process_set):
-    return _sync(grouped_reducescatter_async, tensors, name, op, prescale_factor,
+    return call_and_wait(grouped_reducescatter_async, tensors, name, op, prescale_factor,
                                                    postscale_factor, process_set)
 
 

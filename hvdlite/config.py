@@ -96,6 +96,12 @@ KNOBS: tuple[Knob, ...] = (
          "sets of 2-4 ranks on one node reduce through a shared-memory window)", agree=True),
     Knob("dynamic_process_sets", "HVDLITE_DYNAMIC_PROCESS_SETS", bool, False,
          "allow add_process_set()/remove_process_set() after init()", agree=True),
+    Knob("bucket_cap_mb", "HVDLITE_BUCKET_CAP_MB", float, 25.0,
+         "MB of gradients the torch DistributedOptimizer reduces as one grouped allreduce "
+         "(a bucket; the last layers' first bucket is at most 1 MB); 0: one allreduce per "
+         "gradient, as Horovod does (the optimizer's bucket_cap_mb= argument wins; the "
+         "TensorFlow optimizers already reduce a step's gradients in one submission)",
+         agree=True),
     Knob("test_node_size", "HVDLITE_TEST_NODE_SIZE", int, 0,
          "tests and benchmarks only: group consecutive ranks into simulated nodes of this size",
          agree=True),
@@ -165,6 +171,7 @@ class Config:
     collective_timeout: float = 0.0
     log_hide_time: bool = False
     thread_affinity: str = ""
+    bucket_cap_mb: float = 25.0
 
 
 def read_config(environ: Mapping[str, str] | None = None) -> Config:
@@ -184,6 +191,9 @@ def read_config(environ: Mapping[str, str] | None = None) -> Config:
         raise ValueError("HVDLITE_CACHE_CAPACITY must be >= 0 (0 disables the response cache).")
     if cfg.test_node_size < 0:
         raise ValueError("HVDLITE_TEST_NODE_SIZE must be >= 0.")
+    if cfg.bucket_cap_mb < 0:
+        raise ValueError("HVDLITE_BUCKET_CAP_MB must be >= 0 MB (0: one allreduce per "
+                         "gradient).")
     for attr, env in (("stall_check_time_seconds", "HVDLITE_STALL_CHECK_TIME_SECONDS"),
                       ("stall_shutdown_time_seconds", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"),
                       ("collective_timeout", "HVDLITE_COLLECTIVE_TIMEOUT")):

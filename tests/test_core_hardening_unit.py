@@ -61,7 +61,7 @@ def test_knobs_that_must_agree_are_the_ones_that_change_collective_behaviour():
     agreed = {k.attr for k in config.KNOBS if k.agree}
     assert agreed == {"fusion_threshold", "cache_capacity", "hierarchical_allreduce",
                       "hierarchical_allgather", "shm_allreduce_disable",
-                      "dynamic_process_sets", "test_node_size"}
+                      "dynamic_process_sets", "test_node_size", "bucket_cap_mb"}
 
 
 def test_disagreements_name_the_knob_the_ranks_and_the_values():

@@ -137,3 +137,37 @@ def test_torch_import_does_not_pull_in_tensorflow():
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=str(root))
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=root, env=env)
+
+
+def test_buckets_cut_last_layer_first_with_a_small_first_bucket():
+    from hvdlite.torch.buckets import FIRST_BUCKET_BYTES, build_buckets
+
+    big = torch.nn.Linear(512, 512)  # 1 MB weight: more than the first bucket holds
+    small = [torch.nn.Linear(8, 8) for _ in range(3)]
+    params = list(big.parameters()) + [p for m in small for p in m.parameters()]
+    got = build_buckets(params, cap=4 << 20)
+    # the first bucket (1 MB at most) takes the small layers and the big bias; the
+    # big weight fills the next one alone, so it is reduced on its own (not listed)
+    assert params[0].numel() * 4 == FIRST_BUCKET_BYTES
+    assert got == [tuple(reversed(params[1:]))]
+    extra = torch.nn.Parameter(torch.zeros(10))
+    assert build_buckets([extra] + params, cap=4 << 20) == [tuple(reversed(params[1:])),
+                                                            (params[0], extra)]
+    assert build_buckets(params, cap=0) == []
+    # a smaller cap cuts sooner: the small layers, then the big bias and weight alone
+    assert build_buckets(params, cap=1 << 10) == [tuple(reversed(params[2:]))]
+
+
+def test_bucket_cap_from_argument_or_the_knob():
+    from hvdlite import config
+    from hvdlite.torch.buckets import bucket_cap_bytes
+
+    assert config.read_config({}).bucket_cap_mb == 25.0
+    assert config.read_config({"HOROVOD_BUCKET_CAP_MB": "2.5"}).bucket_cap_mb == 2.5
+    with pytest.raises(ValueError, match="HVDLITE_BUCKET_CAP_MB must be >= 0 MB"):
+        config.read_config({"HVDLITE_BUCKET_CAP_MB": "-3"})
+    assert bucket_cap_bytes(0) == 0
+    assert bucket_cap_bytes(0.5) == 1 << 19
+    for bad in (-1, float("nan"), float("inf"), "25", True):
+        with pytest.raises(ValueError, match="bucket_cap_mb must be a finite number"):
+            bucket_cap_bytes(bad)

@@ -105,4 +105,4 @@ def gate(outputs: list[tf.Tensor], failure: tf.Tensor) -> list[tf.Tensor]:
     check = tf.cond(tf.equal(failure, ""), lambda: tf.constant(True),
                     lambda: _fail_with_precondition(failure))
     with tf.control_dependencies([check]):
-        return [tf.identity(o) for o in outputs]
+        return list(tf.identity_n(outputs)) if outputs else []  # one node for all

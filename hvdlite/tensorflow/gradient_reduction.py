@@ -264,6 +264,20 @@ class GradientReducer:
             return buf
 
         def fn(*arrays, outputs=None):
+            with _collectives.waiting_caller():  # waited on below, by this thread
+                handles, views = submit(arrays)
+            results = []
+            flat_views = iter(views)
+            for (kind, _), handle in zip(plans, handles, strict=False):
+                out = _handles.synchronize(handle)
+                # A flat group returns its members as views of the one buffer:
+                # TensorFlow copies each output once, no tf.split copies again.
+                results.extend(next(flat_views) if kind == "flat" else out)
+            if n_sparse:
+                results.extend(_handles.synchronize(handles[-1]))
+            return results
+
+        def submit(arrays):
             handles = []
             views = []  # per flat group: its members' slices of the flat buffer
             for g, (kind, members) in enumerate(plans):
@@ -293,16 +307,7 @@ class GradientReducer:
                 handles.append(_collectives.grouped_allgather_async(
                     list(arrays[n_dense:]), process_set=ps,
                     name=None if base is None else f"{base}.sparse"))
-            results = []
-            flat_views = iter(views)
-            for (kind, _), handle in zip(plans, handles, strict=False):
-                out = _handles.synchronize(handle)
-                # A flat group returns its members as views of the one buffer:
-                # TensorFlow copies each output once, no tf.split copies again.
-                results.extend(next(flat_views) if kind == "flat" else out)
-            if n_sparse:
-                results.extend(_handles.synchronize(handles[-1]))
-            return results
+            return handles, views
 
         dtypes, shapes = [], []
         for _, members in plans:

@@ -28,6 +28,7 @@ _NUMPY_DTYPES = frozenset({
     torch.uint8, torch.int8, torch.uint16, torch.int16, torch.int32, torch.int64,
     torch.float16, torch.float32, torch.float64, torch.bool,
 })
+_ACCEPTED = _NUMPY_DTYPES | {torch.bfloat16}
 _SUPPORTED = ("uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, "
               "bool")
 
@@ -36,6 +37,9 @@ _SUPPORTED = ("uint8, int8, uint16, int16, int32, int64, float16, bfloat16, floa
 
 
 def _check(tensor, what: str) -> None:
+    if tensor.__class__ is torch.Tensor and tensor.is_cpu and tensor.layout is torch.strided \
+            and tensor.dtype in _ACCEPTED:
+        return  # the common case, in a few attribute reads
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"hvdlite.torch.{what}: expected a torch.Tensor, "
                         f"got {type(tensor).__name__}")
@@ -55,7 +59,8 @@ def _check(tensor, what: str) -> None:
 def _source(tensor, what: str) -> torch.Tensor:
     """A detached, contiguous tensor sharing *tensor*'s memory when it can."""
     _check(tensor, what)
-    tensor = tensor.detach()
+    if tensor.requires_grad:
+        tensor = tensor.detach()
     return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
@@ -67,7 +72,7 @@ def _target(tensor, what: str) -> torch.Tensor:
                          f"(got strides {tuple(tensor.stride())} for shape "
                          f"{tuple(tensor.shape)}); use the out-of-place spelling or "
                          f"call .contiguous() first")
-    return tensor.detach()
+    return tensor.detach() if tensor.requires_grad else tensor
 
 
 def _array(tensor: torch.Tensor) -> np.ndarray:

@@ -41,6 +41,9 @@ from hvdlite.torch._handles import (
 from hvdlite.torch.casts import NoneCompressor
 from hvdlite.exceptions import ArgumentError
 
+#: Submit and wait at once, driving the engine on this thread (no hand-off).
+_now = _collectives.call_and_wait
+
 __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
@@ -63,6 +66,13 @@ def _allreduce(sources, outputs, average, name, op, prescale_factor, postscale_f
                process_set, grouped: bool, returned):
     """Submit one (grouped) allreduce of *sources* into *outputs*; synchronize
     returns *returned* (the user's tensor(s) for in-place ops)."""
+    if not grouped and sources[0].dtype not in _WIDENED:  # the lean, common case
+        src, out = sources[0], outputs[0]
+        arr = _array(src)
+        handle = _collectives.allreduce_async(
+            arr, average, _named("allreduce", name), op, prescale_factor, postscale_factor,
+            process_set, output=arr if out is src else _array(out))
+        return _attach(handle, lambda _result: returned)
     ins, outs, casts = [], [], []
     for src, out in zip(sources, outputs, strict=True):
         if src.dtype in _WIDENED:  # reduce a float32 copy in place, cast back later
@@ -295,13 +305,13 @@ class _Allreduce(torch.autograd.Function):
     def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor,
                 process_set):
         ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
-        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
-                                           postscale_factor, process_set))
+        return _now(allreduce_async, tensor, average, name, op, prescale_factor,
+                    postscale_factor, process_set)
 
     @staticmethod
     def backward(ctx, grad):
         average, op, pre, post, process_set = ctx.args
-        reduced = synchronize(allreduce_async(grad, average, None, op, pre, post, process_set))
+        reduced = _now(allreduce_async, grad, average, None, op, pre, post, process_set)
         return (reduced,) + (None,) * 6
 
 
@@ -310,14 +320,14 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set,
                 *tensors):
         ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
-        return tuple(synchronize(grouped_allreduce_async(
-            list(tensors), average, name, op, prescale_factor, postscale_factor, process_set)))
+        return tuple(_now(grouped_allreduce_async, list(tensors), average, name, op,
+                          prescale_factor, postscale_factor, process_set))
 
     @staticmethod
     def backward(ctx, *grads):
         average, op, pre, post, process_set = ctx.args
-        reduced = synchronize(grouped_allreduce_async(list(grads), average, None, op, pre,
-                                                      post, process_set))
+        reduced = _now(grouped_allreduce_async, list(grads), average, None, op, pre, post,
+                       process_set)
         return (None,) * 6 + tuple(reduced)
 
 
@@ -325,12 +335,11 @@ def _own_rows(grads, first_dims: list[int], process_set) -> list[torch.Tensor]:
     """This rank's dim-0 slices of allgathered gradients, averaged over ranks
     (Horovod's convention for the gradient of allgather)."""
     if len(grads) == 1:
-        reduced = [synchronize(allreduce_async(grads[0], op=Average, process_set=process_set))]
+        reduced = [_now(allreduce_async, grads[0], op=Average, process_set=process_set)]
     else:
-        reduced = synchronize(grouped_allreduce_async(grads, op=Average,
-                                                      process_set=process_set))
-    counts = synchronize(allgather_async(torch.tensor([first_dims], dtype=torch.int64),
-                                         process_set=process_set))
+        reduced = _now(grouped_allreduce_async, grads, op=Average, process_set=process_set)
+    counts = _now(allgather_async, torch.tensor([first_dims], dtype=torch.int64),
+                  process_set=process_set)
     offsets = counts[: process_set.rank()].sum(dim=0).tolist()
     return [r.narrow(0, int(o), d) for r, o, d in zip(reduced, offsets, first_dims, strict=True)]
 
@@ -367,11 +376,11 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        return _now(broadcast_async, tensor, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = synchronize(allreduce_async(grad, op=Average, process_set=ctx.process_set))
+        reduced = _now(allreduce_async, grad, op=Average, process_set=ctx.process_set)
         if _basics.rank() != ctx.root_rank:
             reduced.zero_()
         return reduced, None, None, None
@@ -382,14 +391,14 @@ class _Alltoall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        output, received = _now(alltoall_async, tensor, splits, name, process_set)
         ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx, grad, _grad_received):
-        back, _ = synchronize(alltoall_async(grad, ctx.received, process_set=ctx.process_set))
+        back, _ = _now(alltoall_async, grad, ctx.received, process_set=ctx.process_set)
         return back, None, None, None
 
 
@@ -409,12 +418,12 @@ class _Reducescatter(torch.autograd.Function):
         ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor,
                                               process_set)
         ctx.process_set = process_set
-        return synchronize(reducescatter_async(tensor, name, op, process_set,
-                                               prescale_factor, postscale_factor))
+        return _now(reducescatter_async, tensor, name, op, process_set,
+                                               prescale_factor, postscale_factor)
 
     @staticmethod
     def backward(ctx, grad):
-        gathered = synchronize(allgather_async(grad, process_set=ctx.process_set))
+        gathered = _now(allgather_async, grad, process_set=ctx.process_set)
         return gathered * ctx.scale, None, None, None, None, None
 
 
@@ -424,13 +433,12 @@ class _GroupedReducescatter(torch.autograd.Function):
         ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor,
                                               process_set)
         ctx.process_set = process_set
-        return tuple(synchronize(grouped_reducescatter_async(
-            list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
+        return tuple(_now(grouped_reducescatter_async, list(tensors), name, op, process_set,
+                          prescale_factor, postscale_factor))
 
     @staticmethod
     def backward(ctx, *grads):
-        gathered = synchronize(grouped_allgather_async(list(grads),
-                                                       process_set=ctx.process_set))
+        gathered = _now(grouped_allgather_async, list(grads), process_set=ctx.process_set)
         return (None,) * 5 + tuple(g * ctx.scale for g in gathered)
 
 
@@ -441,16 +449,20 @@ def allreduce(tensor, average=None, name=None, compression=NoneCompressor, op=No
     ``compression`` casts the tensor for the wire and back (e.g. Compression.fp16).
     """
     compressed, ctx = compression.compress(tensor)
-    reduced = _Allreduce.apply(compressed, average, name, op, prescale_factor,
-                               postscale_factor, process_set)
+    if torch.is_grad_enabled() and compressed.requires_grad:
+        reduced = _Allreduce.apply(compressed, average, name, op, prescale_factor,
+                                   postscale_factor, process_set)
+    else:  # nothing to differentiate: skip autograd's bookkeeping
+        reduced = _now(allreduce_async, compressed, average, name, op, prescale_factor,
+                       postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place :func:`allreduce` (not differentiable); returns *tensor*."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    return _now(allreduce_async_, tensor, average, name, op, prescale_factor,
+                postscale_factor, process_set)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=NoneCompressor,
@@ -466,8 +478,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=NoneCompress
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
     """In-place :func:`grouped_allreduce`; returns *tensors*."""
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    return _now(grouped_allreduce_async_, tensors, average, name, op, prescale_factor,
+                postscale_factor, process_set)
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -488,7 +500,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place :func:`broadcast` (not differentiable); returns *tensor*."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return _now(broadcast_async_, tensor, root_rank, name, process_set)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):

@@ -12,8 +12,10 @@ wrapped optimizer's own step.
 The reducer (:mod:`.reducers`) is picked once, when the optimizer is built:
 
 - default (Average/Sum/Min/Max, optionally with a stateless ``compression``
-  cast): :class:`~.reducers.AllreduceReducer`, one allreduce per gradient
-  (or group) started from the hook, so communication overlaps backward;
+  cast): :class:`~.reducers.AllreduceReducer`, one grouped allreduce per
+  gradient bucket (:mod:`.buckets`; or per ``groups`` group, or per gradient
+  with ``bucket_cap_mb=0``) started from the hook once the bucket's last
+  gradient is final, so communication overlaps backward;
 - a stateful ``compression`` (``Compression.topk(ratio)``,
   ``Compression.powersgd(...)``): :class:`~.reducers.CompressorReducer`,
   the compressor's grouped exchange at ``synchronize()``; its state is part
@@ -47,6 +49,7 @@ from hvdlite import basics as _basics
 from hvdlite.ops import Adasum, Average
 from hvdlite.process_sets import global_process_set
 from hvdlite._subclass import with_mixin
+from hvdlite.torch.buckets import bucket_cap_bytes, build_buckets
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.compressors import STATE_KEY, StatefulCompressor
 from hvdlite.torch.reducers import (
@@ -67,7 +70,8 @@ class _DistributedOptimizer:
     # ---------------------------------------------------------------- setup
 
     def _hvd_setup(self, named_parameters, reducer, compression, backward_passes_per_step, op,
-                   gradient_predivide_factor, groups, sparse_as_dense, process_set):
+                   gradient_predivide_factor, groups, sparse_as_dense, process_set,
+                   bucket_cap: int):
         # Horovod's attributes, kept for code that reads them:
         self._compression = compression
         self.op = op
@@ -76,6 +80,8 @@ class _DistributedOptimizer:
         self.process_set = process_set
         self._parameter_names = _name_parameters(self.param_groups, named_parameters)
         self._p_to_group = _parameter_groups(groups, self.param_groups)
+        if groups is None and isinstance(reducer, AllreduceReducer):
+            self._p_to_group = _bucket_groups(self.param_groups, bucket_cap)
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {p: backward_passes_per_step for p in self._parameter_names}
         self._reducer = reducer
@@ -321,6 +327,12 @@ def _parameter_groups(groups, param_groups) -> dict:
     return mapping
 
 
+def _bucket_groups(param_groups, cap: int) -> dict:
+    """Map each parameter in a gradient bucket of 2+ to that bucket (a tuple)."""
+    params = [p for g in param_groups for p in g["params"] if p.requires_grad]
+    return {p: bucket for bucket in build_buckets(params, cap) for p in bucket}
+
+
 def _check_compression(compression) -> None:
     if compression in (Compression.topk, Compression.powersgd):
         raise ValueError(f"compression=Compression.{compression.__name__} must be called to "
@@ -379,7 +391,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, op=Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=global_process_set, *,
-                         reducer: GradientReducer | None = None):
+                         reducer: GradientReducer | None = None,
+                         bucket_cap_mb: float | None = None):
     """Wrap a ``torch.optim.Optimizer`` so that ``step()`` applies gradients
     averaged (``op``) over every rank of ``process_set``.
 
@@ -396,10 +409,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     powersgd, which reduce in float32 or wider); ``groups`` (an int, or
     lists of parameters) reduces parameters in fused groups (``num_groups`` is
     its deprecated spelling); ``sparse_as_dense`` reduces sparse gradients as
-    dense tensors.  (+) ``reducer``, a :class:`~.reducers.GradientReducer`,
-    replaces the reduction those arguments pick (``compression``, ``op``,
-    ``gradient_predivide_factor`` and ``sparse_as_dense`` must then stay
-    default; one reducer per optimizer).  The result is still an instance of
+    dense tensors.  (+) ``bucket_cap_mb``: unless ``groups`` is given,
+    gradients are reduced in buckets of about this many MB, one grouped
+    allreduce each, last layers first (:mod:`.buckets`; default
+    ``HVDLITE_BUCKET_CAP_MB`` or 25; 0 reduces each gradient on its own, as
+    Horovod does; the results are the same).  (+) ``reducer``, a
+    :class:`~.reducers.GradientReducer`, replaces the reduction those
+    arguments pick (``compression``, ``op``, ``gradient_predivide_factor``
+    and ``sparse_as_dense`` must then stay default; one reducer per
+    optimizer).  The result is still an instance of
     ``type(optimizer)`` and shares its parameter groups and state.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -410,6 +428,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          "original optimizer only once")
     _basics.size()  # ValueError naming the fix when init() has not been called
     _check_passes(backward_passes_per_step)
+    bucket_cap = bucket_cap_bytes(bucket_cap_mb)
     if reducer is not None:
         _check_reducer(reducer, compression, op, gradient_predivide_factor, sparse_as_dense)
     check_predivide(op, gradient_predivide_factor)
@@ -433,5 +452,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     distributed.__dict__.update(
         {k: v for k, v in optimizer.__dict__.items() if k not in ("step", "zero_grad")})
     distributed._hvd_setup(named_parameters, reducer, compression, backward_passes_per_step,
-                           op, gradient_predivide_factor, groups, sparse_as_dense, process_set)
+                           op, gradient_predivide_factor, groups, sparse_as_dense, process_set,
+                           bucket_cap)
     return distributed

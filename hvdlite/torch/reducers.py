@@ -8,7 +8,8 @@ communication hook.  Three come with hvdlite, chosen from Horovod's arguments:
 
 - :class:`AllreduceReducer` (the default; ``op``, a stateless ``compression``
   cast, ``gradient_predivide_factor``, ``sparse_as_dense``): one allreduce per
-  gradient or group, started from the hook while backward still runs;
+  key (a gradient, or a bucket or group of them; sparse gradients keep their
+  own exchange), started from the hook while backward still runs;
 - :class:`CompressorReducer` (``compression=Compression.topk(...)`` or
   ``Compression.powersgd(...)``): the whole exchange at ``synchronize()``;
 - :class:`AdasumReducer` (``op=Adasum``): gradients stay local, ``step()``
@@ -219,6 +220,19 @@ class _SparseAllreduce:
         self.param.grad = synchronize(self.handle).coalesce()
 
 
+class _Several:
+    """The in-flight reductions of one group whose members travel apart."""
+
+    __slots__ = ("records",)
+
+    def __init__(self, records: list):
+        self.records = records
+
+    def finish(self, compression) -> None:
+        for record in self.records:
+            record.finish(compression)
+
+
 class AllreduceReducer(GradientReducer):
     """Horovod's default: one allreduce (``op``) per gradient, or one grouped
     allreduce per group, started the moment it is final so communication
@@ -269,26 +283,42 @@ class AllreduceReducer(GradientReducer):
         wire, cctx = self.compression.compress(dense)
         return (wire if wire.is_contiguous() else wire.contiguous()), cctx
 
+    def _sparse(self, p) -> bool:
+        return p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense
+
     def _start(self, ctx, key):
-        pre, post = self._scale_factors()
         if isinstance(key, tuple):
-            members = [(p, *self._wire(p)) for p in key]
-            self._bytes_pending += sum(wire.nbytes for _, wire, _ in members)
-            handle = grouped_allreduce_async_(
-                [wire for _, wire, _ in members], name=ctx.names[key[0]], op=self.op,
-                prescale_factor=pre, postscale_factor=post, process_set=ctx.process_set)
-            return _DenseAllreduce(handle, members)
+            # Sparse gradients in a group (or bucket) keep their own exchange.
+            sparse = [p for p in key if self._sparse(p)]
+            dense = [p for p in key if not self._sparse(p)] if sparse else key
+            records = [self._start(ctx, p) for p in sparse]
+            if len(dense) == 1:
+                records.append(self._start(ctx, dense[0]))
+            elif dense:
+                records.append(self._start_group(ctx, dense))
+            return records[0] if len(records) == 1 else _Several(records)
         p, name = key, ctx.names[key]
-        if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
+        if self._sparse(p):
             grad = p.grad.coalesce()
             self._bytes_pending += grad.values().nbytes + grad.indices().nbytes
             return _SparseAllreduce(sparse_allreduce_async(grad, name=name, op=self.op,
                                                            process_set=ctx.process_set), p)
+        pre, post = self._scale_factors()
         wire, cctx = self._wire(p)
         self._bytes_pending += wire.nbytes
         handle = allreduce_async_(wire, name=name, op=self.op, prescale_factor=pre,
                                   postscale_factor=post, process_set=ctx.process_set)
         return _DenseAllreduce(handle, [(p, wire, cctx)])
+
+    def _start_group(self, ctx, params):
+        """One grouped allreduce of *params*' dense gradients, named after the first."""
+        pre, post = self._scale_factors()
+        members = [(p, *self._wire(p)) for p in params]
+        self._bytes_pending += sum(wire.nbytes for _, wire, _ in members)
+        handle = grouped_allreduce_async_(
+            [wire for _, wire, _ in members], name=ctx.names[params[0]], op=self.op,
+            prescale_factor=pre, postscale_factor=post, process_set=ctx.process_set)
+        return _DenseAllreduce(handle, members)
 
 
 # ---------------------------------------------------------- stateful compressor

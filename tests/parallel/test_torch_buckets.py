@@ -1,0 +1,108 @@
+"""Gradient buckets: the default DistributedOptimizer reduces buckets of
+gradients, one grouped allreduce each, with the same results as one allreduce
+per gradient (Horovod's way, ``bucket_cap_mb=0``)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torch_helpers import N, PAIR, R
+
+import hvdlite.collectives
+import hvdlite.torch as hvd
+from hvdlite.torch import buckets
+
+MPI_SIZES = (2, 3)
+SPARSE = 2  # engine submissions of one sparse allreduce (values and indices gathered)
+
+
+def model_with_embedding():
+    torch.manual_seed(3)
+    return nn.ModuleDict({
+        "emb": nn.Embedding(20, 6, sparse=True),
+        "body": nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                              nn.Linear(32, 4)),
+        "unused": nn.Linear(4, 4),  # never in the graph: its gradient stays None
+    })
+
+
+def run(steps=3, **kw):
+    """Train on this rank's rows; return the weights and the engine submissions per step."""
+    model = model_with_embedding()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(), **kw)
+    submissions = []
+    real_submit = hvdlite.collectives._submit
+
+    def counting_submit(*args, **kwargs):
+        submissions[-1] += 1
+        return real_submit(*args, **kwargs)
+
+    hvdlite.collectives._submit = counting_submit
+    try:
+        for step in range(steps):
+            g = torch.Generator().manual_seed(step)
+            ids = torch.randint(0, 20, (N, 5), generator=g)
+            y = torch.randn(N, 5, 4, generator=g)
+            submissions.append(0)
+            opt.zero_grad()
+            out = model["body"](model["emb"](ids[R]))
+            F.mse_loss(out, y[R]).backward()
+            opt.step()
+    finally:
+        hvdlite.collectives._submit = real_submit
+    return [p.detach().clone() for p in model.parameters()], submissions
+
+
+@pytest.mark.parametrize("compression", [hvd.Compression.none, hvd.Compression.fp16])
+def test_buckets_give_the_results_of_one_allreduce_per_gradient(compression):
+    per_tensor, per_tensor_calls = run(bucket_cap_mb=0, compression=compression)
+    bucketed, bucketed_calls = run(compression=compression)
+    for a, b in zip(per_tensor, bucketed, strict=True):
+        assert torch.equal(a, b)
+    # 9 gradients: the embedding's sparse one keeps its own exchange (SPARSE
+    # submissions), the 8 dense ones (the unused layer's zeros too) go in one bucket
+    assert per_tensor_calls == [SPARSE + 8] * 3
+    assert bucketed_calls == [SPARSE + 1] * 3
+
+
+def test_small_cap_cuts_several_buckets_last_layer_first():
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64))
+    cap = 64 * 65 * 4 + 1  # one layer's weight and bias fit, two do not
+    got = buckets.build_buckets(list(model.parameters()), cap)
+    params = list(model.parameters())
+    assert got == [(params[5], params[4]), (params[3], params[2]), (params[1], params[0])]
+    weights, calls = run(bucket_cap_mb=cap / (1 << 20))
+    ref, _ = run(bucket_cap_mb=0)
+    for a, b in zip(weights, ref, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_groups_argument_keeps_its_meaning():
+    _, calls = run(groups=2)
+    assert calls == [SPARSE + 2] * 3  # the sparse one alone, the dense rest of 2 groups
+
+
+def test_bad_bucket_cap_is_a_clear_error():
+    model = nn.Linear(2, 2)
+    for bad in (-1, float("nan"), "25", True):
+        with pytest.raises(ValueError, match="bucket_cap_mb must be a finite number"):
+            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     bucket_cap_mb=bad)
+
+
+def restart():
+    hvd.shutdown()
+    hvd.init(process_sets=[PAIR] if N > 2 else None)  # as torch_helpers does
+
+
+def test_the_knob_sets_the_default_cap(monkeypatch):
+    monkeypatch.setenv("HVDLITE_BUCKET_CAP_MB", "0")
+    restart()
+    try:
+        _, calls = run()
+        assert calls == [SPARSE + 8] * 3
+    finally:
+        monkeypatch.delenv("HVDLITE_BUCKET_CAP_MB")
+        restart()
