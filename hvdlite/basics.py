@@ -143,24 +143,31 @@ def init(comm=None, process_sets=None) -> None:
             _tune_malloc()
         MPI = _import_mpi(cfg)
         world = _world_of(comm, MPI)
-        set_ranks, timeline = [], None
+        set_ranks, timeline, sample_log = [], None, None
         if error is None:
             try:
                 set_ranks = _resolve_sets(process_sets, world, MPI)
                 if cfg.timeline and world.Get_rank() == 0:
                     timeline = Timeline(cfg.timeline, cfg.timeline_mark_cycles)
-            except (ValueError, OSError) as exc:
+                if cfg.autotune:  # scikit-learn present, rank 0's CSV log writable
+                    from . import autotune  # numpy: only once a job asks for it
+
+                    sample_log = autotune.prepare(cfg, world.Get_rank())
+            except (ValueError, OSError, ImportError) as exc:
                 error = exc
         try:
             agree(world, Preparation(error, cfg, [ranks for _, ranks in set_ranks]))
         except BaseException:
             if timeline is not None:
                 timeline.close()
+            if sample_log is not None:
+                sample_log.close()
             if world not in (MPI.COMM_WORLD, MPI.COMM_SELF):
                 world.Free()
             raise
         try:
-            new = _start(world, cfg, set_ranks, timeline, process_sets == "dynamic", MPI)
+            new = _start(world, cfg, set_ranks, timeline, process_sets == "dynamic", MPI,
+                         sample_log)
         except BaseException as exc:
             _end_job_after_failed_start(world, exc)
             raise
@@ -216,7 +223,7 @@ def _resolve_sets(process_sets, world, MPI) -> list[tuple[ProcessSet, list[int]]
     return resolved
 
 
-def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI) -> State:
+def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None) -> State:
     """The collective set-up every rank runs once they agreed: topology, process
     sets, the engine."""
     new = State()
@@ -249,8 +256,15 @@ def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI) -> State:
     if cfg.hierarchical_allreduce or cfg.hierarchical_allgather:
         hierarchical = Hierarchical.create(new)
     new.timeline = timeline
+    tuning = None
+    if cfg.autotune:
+        from . import autotune
+
+        tuning = autotune.tuning_for(cfg, world.Get_rank(), world.Get_size(), new.planner,
+                                     hierarchical, sample_log)
     new.engine = Engine(world, cfg, new.sets, new.planner, timeline=new.timeline,
-                        hierarchical=hierarchical, overlap=_overlap(cfg, new), core=core)
+                        hierarchical=hierarchical, overlap=_overlap(cfg, new), core=core,
+                        tuning=tuning)
     return new
 
 
@@ -483,20 +497,27 @@ def ccl_built() -> bool:
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing a Chrome-trace timeline of collectives (rank 0 writes it)."""
+    """Start writing a timeline (Chrome trace, see :mod:`hvdlite.timeline`) to *file_path*.
+
+    Call it on every rank, as Horovod does; rank 0 writes the file (its
+    coordinator sees every rank's reports), the others do nothing.  A timeline
+    already running is ended first.  *mark_cycles*: also draw every engine cycle.
+    Local: no rank waits for another.  ``OSError`` if rank 0 cannot open the file.
+    """
     st = state()
     if st.world.Get_rank() != 0:
         return
-
-    if st.timeline is not None:
-        st.timeline.close()
-    st.timeline = Timeline(file_path, mark_cycles)
-    st.engine.timeline = st.timeline
+    old, st.timeline = st.timeline, Timeline(file_path, mark_cycles)
+    st.engine.timeline = st.timeline  # the engine switches at its next cycle or batch
+    if old is not None:
+        old.close()
 
 
 def stop_timeline() -> None:
+    """End the timeline (every rank may call it; only rank 0 has one): what was
+    recorded is written and the JSON closed."""
     st = state()
-    if st.timeline is not None:
+    old, st.timeline = st.timeline, None
+    if old is not None:
         st.engine.timeline = None
-        st.timeline.close()
-        st.timeline = None
+        old.close()

@@ -11,8 +11,9 @@ which transport a process set uses).  Those are marked ``agree=True``:
 ``init()`` compares every rank's values with rank 0's and fails on every rank,
 naming the knob, the ranks and their values, when they differ.  The others
 (cycle time, overlap, logging, timeline, stall and timeout seconds, malloc
-tuning, the MPI thread level, thread affinity) only change this rank's timing or output and may
-differ between ranks.
+tuning, the MPI thread level, thread affinity, the autotune log) only change this rank's timing
+or output and may differ between ranks.  With autotune on, rank 0's tuned fusion threshold
+and cycle time replace every rank's own (:mod:`hvdlite.autotune`).
 """
 
 from __future__ import annotations
@@ -102,6 +103,24 @@ KNOBS: tuple[Knob, ...] = (
          "gradient, as Horovod does (the optimizer's bucket_cap_mb= argument wins; the "
          "TensorFlow optimizers already reduce a step's gradients in one submission)",
          agree=True),
+    Knob("autotune", "HVDLITE_AUTOTUNE", bool, False,
+         "tune the fusion threshold, cycle time and (where this job can switch them) the "
+         "shared-memory and hierarchical allreduce paths by Bayesian optimisation of the "
+         "measured throughput; rank 0 decides for every rank (needs scikit-learn)",
+         agree=True),
+    Knob("autotune_log", "HVDLITE_AUTOTUNE_LOG", str, "",
+         "path of a CSV file rank 0 writes one row per autotune sample to (empty: none)"),
+    Knob("autotune_warmup_samples", "HVDLITE_AUTOTUNE_WARMUP_SAMPLES", int, 3,
+         "autotune samples measured but not scored at the start (>= 0)", agree=True),
+    Knob("autotune_steps_per_sample", "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE", int, 10,
+         "training steps (rounds of the same collectives) per autotune sample (>= 1)",
+         agree=True),
+    Knob("autotune_bayes_opt_max_samples", "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", int, 20,
+         "scored autotune samples before the best setting is kept for good (>= 1)",
+         agree=True),
+    Knob("autotune_gaussian_process_noise", "HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", float,
+         0.8, "share of the scores' variance autotune's model puts down to noise (> 0; "
+         "higher: trust one sample less)", agree=True),
     Knob("test_node_size", "HVDLITE_TEST_NODE_SIZE", int, 0,
          "tests and benchmarks only: group consecutive ranks into simulated nodes of this size",
          agree=True),
@@ -172,6 +191,12 @@ class Config:
     log_hide_time: bool = False
     thread_affinity: str = ""
     bucket_cap_mb: float = 25.0
+    autotune: bool = False
+    autotune_log: str = ""
+    autotune_warmup_samples: int = 3
+    autotune_steps_per_sample: int = 10
+    autotune_bayes_opt_max_samples: int = 20
+    autotune_gaussian_process_noise: float = 0.8
 
 
 def read_config(environ: Mapping[str, str] | None = None) -> Config:
@@ -199,6 +224,7 @@ def read_config(environ: Mapping[str, str] | None = None) -> Config:
                       ("collective_timeout", "HVDLITE_COLLECTIVE_TIMEOUT")):
         if getattr(cfg, attr) < 0:
             raise ValueError(f"{env} must be >= 0 seconds (0 turns it off).")
+    _check_autotune(cfg)
     cores = [part.strip() for part in cfg.thread_affinity.split(",")]
     if cfg.thread_affinity.strip() and not all(part.isdigit() for part in cores):
         raise ValueError(f"HVDLITE_THREAD_AFFINITY={cfg.thread_affinity!r} is not valid: give "
@@ -215,6 +241,22 @@ def read_config(environ: Mapping[str, str] | None = None) -> Config:
             f"HVDLITE_LOG_LEVEL={cfg.log_level!r} is not valid: use one of {sorted(levels)}."
         )
     return dataclasses.replace(cfg, log_level=cfg.log_level.upper())
+
+
+def _check_autotune(cfg: Config) -> None:
+    for attr, env, low, what in (
+            ("autotune_warmup_samples", "HVDLITE_AUTOTUNE_WARMUP_SAMPLES", 0, ">= 0"),
+            ("autotune_steps_per_sample", "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE", 1, ">= 1"),
+            ("autotune_bayes_opt_max_samples", "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", 1,
+             ">= 1")):
+        if getattr(cfg, attr) < low:
+            raise ValueError(f"{env}={getattr(cfg, attr)} is not valid: it must be {what} "
+                             "(Horovod's defaults: 3 warmup samples, 10 steps per sample, "
+                             "20 samples).")
+    if not cfg.autotune_gaussian_process_noise > 0:
+        raise ValueError(f"HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE="
+                         f"{cfg.autotune_gaussian_process_noise} is not valid: it must be more "
+                         "than 0 (default 0.8; lower trusts each sample more).")
 
 
 def agreed_values(cfg: Config) -> tuple:

@@ -105,6 +105,12 @@ class Driver:
     def start(self) -> None:
         self._thread.start()
 
+    def set_cycle_time(self, cycle_time: float, start_delay: float) -> None:
+        """A new cycle time (autotune, from inside a step): how often the thread looks
+        for a peer's doorbell, and how long it lets a burst gather."""
+        self._thread_poll = Backoff(floor=min(cycle_time, _THREAD_CAP), cap=_THREAD_CAP)
+        self._start_delay = start_delay
+
     @property
     def finished(self) -> bool:
         return self.state in (State.STOPPED, State.FAILED)

@@ -80,7 +80,7 @@ class Engine:
     """The per-process engine (see the module docstring for the cycle)."""
 
     def __init__(self, world, config, sets, planner, timeline=None, hierarchical=None,
-                 overlap=True, core=None):
+                 overlap=True, core=None, tuning=None):
         self.sets = sets
         self.comm = world.Dup()  # control traffic only: status, gather/bcast, doorbells
         self.rank = self.comm.Get_rank()
@@ -101,6 +101,9 @@ class Engine:
                                     self._finish_keys, hierarchical,
                                     self.limit if self.limit.seconds else None)
         self._threshold = config.fusion_threshold
+        # Autotune (a TuningLink, or None): rank 0's setting arrives in the status vector.
+        self.tuning = tuning
+        self._planner = planner
         self._last_plan: tuple = (None, [])  # ((ready bits, cache version), batches)
         warn = config.stall_check_time_seconds
         if self.limit.seconds:  # warn (naming the missing ranks) before the limit ends the job
@@ -193,6 +196,8 @@ class Engine:
 
     def teardown(self, orderly: bool) -> None:
         self._fail_everything(self.stop_message())
+        if self.tuning is not None:
+            self.tuning.close()
         if orderly:
             self.executor.close()
         self.doorbell.close()
@@ -212,7 +217,14 @@ class Engine:
         new = self.inbox.take_all()
         for entry in new:
             self._admit(entry)
+        tl = self.timeline
+        if tl is not None:
+            tl.cycle_began(self.cycles, new)
         status = self._exchange_status(self._flags(bool(new)), after_wait)
+        if self.tuning is not None and status.root:
+            setting = self.tuning.receive(status.root, self.cycles)
+            if setting is not None:
+                self._apply_setting(setting)
         flags = status.flags
         if status.ringers and not self.doorbell.drain(status.ringers, self.limit.seconds):
             raise self.limit.error("to receive their doorbells")
@@ -231,6 +243,8 @@ class Engine:
         responses: list[Response] = []
         if flags & (Flag.UNCACHED | Flag.STALL):
             responses = self._negotiate(bool(flags & Flag.STALL))
+        if tl is not None and (ready or responses):
+            tl.decided()
         if ready:
             ready_bits = bits.take_ready(ready)
             if responses:
@@ -283,14 +297,16 @@ class Engine:
         return flags
 
     def _exchange_status(self, flags: int, after_wait: bool):
-        layout = Layout.of(self.bits.cache.num_bits, self.size, after_wait)
+        tuning = self.tuning
+        root_words, root = (tuning.words, tuning.outgoing()) if tuning is not None else (0, None)
+        layout = Layout.of(self.bits.cache.num_bits, self.size, after_wait, root_words)
         full = (1 << (layout.bit_words * 64)) - 1
         hit_and, hit_or = self.bits.status_masks(self._joined, full)
         invalid = self.bits.invalid_mask
         if self.size == 1:
-            return alone(layout, flags, hit_and, hit_or, invalid, self.doorbell.rang)
+            return alone(layout, flags, hit_and, hit_or, invalid, self.doorbell.rang, root)
         vector = encode(layout, flags, hit_and, hit_or, invalid,
-                        self.rank if self.doorbell.rang else None)
+                        self.rank if self.doorbell.rang else None, root)
         req = self.comm.Iallreduce(MPI.IN_PLACE, vector, MPI.BAND)
         wait = _STATUS_WAIT_THREAD if self.driver.is_engine_thread() else _STATUS_WAIT_CALLER
         if not wait.wait_for(req.Test, timeout=self.limit.seconds):
@@ -308,6 +324,9 @@ class Engine:
         gathered = self.comm.gather((requests, pending), root=0)
         responses = None
         if self.coordinator is not None:
+            tl = self.timeline
+            if tl is not None:
+                tl.reports(gathered)  # the instant each rank's requests reached rank 0
             responses = self.coordinator.process(
                 (rank, item[0]) for rank, item in enumerate(gathered))
             if stall:
@@ -353,12 +372,26 @@ class Engine:
             elif kind == Kind.REMOVE_PROCESS_SET:
                 self._remove_process_set(first)
             else:
-                timeline = self.timeline
-                if timeline is not None:
-                    timeline.start_batch(batch)
-                self.executor.run_batch(batch)
-                if timeline is not None:
-                    timeline.end_batch(batch)
+                tl = self.executor.timeline = self.timeline
+                if tl is None:
+                    self.executor.run_batch(batch)
+                else:
+                    tl.batch_began()
+                    self.executor.run_batch(batch)
+                    tl.batch_ended(batch)
+        if self.tuning is not None:
+            self.tuning.observe(batches)  # rank 0 measures; a no-op elsewhere and once settled
+
+    def _apply_setting(self, setting) -> None:
+        """Autotune: run with *setting* from this cycle on (every rank, same cycle)."""
+        self._threshold = setting.fusion_threshold
+        self._last_plan = (None, [])
+        cycle_time = setting.cycle_time_ms / 1000.0
+        self.driver.set_cycle_time(cycle_time, cycle_time if self.overlap
+                                   else max(cycle_time, _LAZY_START))
+        planner = self._planner.variant(setting.shared_memory_allreduce,
+                                        setting.hierarchical_allreduce)
+        self.executor.use_planner(planner)
 
     # ---------------------------------------------------------- process sets
     def _add_process_set(self, response: Response) -> None:
@@ -397,6 +430,9 @@ class Engine:
 
     # --------------------------------------------------------------- completion
     def _finish(self, entry: Entry, value) -> None:
+        tl = self.timeline
+        if tl is not None:
+            tl.finishing()
         self._pending.pop(entry.key, None)
         self.inbox.release((entry.key,))
         if entry.params.kind == _JOIN:
@@ -411,6 +447,9 @@ class Engine:
     def _finish_keys(self, keys) -> None:
         """Finish the local entries of *keys* with their outputs (a batch that ran):
         what _finish does per entry, with the in-flight names released at once."""
+        tl = self.timeline
+        if tl is not None:
+            tl.finishing()
         pending = self._pending
         entries = [pending.pop(key) for key in keys if key in pending]
         self.inbox.release([entry.key for entry in entries])

@@ -27,6 +27,7 @@ from .messages import Kind, Response
 from .ops import ReduceOp
 from .shm import SharedMemoryAllreduce
 from .splits import even_split, offsets
+from .timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
 from .transport import Transport
 
 __all__ = ["MPIExecutor"]
@@ -85,6 +86,8 @@ class MPIExecutor:
         self.pool = BufferPool()
         self._shm: dict[int, object] = {}  # set id -> SharedMemoryAllreduce or None
         self._plans: dict[int, object] = {}  # set id -> its TransportPlan
+        # The engine's Timeline while one is on (set before each batch), else None.
+        self.timeline = None
 
     # ------------------------------------------------------------------ dispatch
     def run_batch(self, batch: list[Response]) -> None:
@@ -113,6 +116,12 @@ class MPIExecutor:
                 self._finish(entry, None)
         else:  # pragma: no cover - the engine handles control kinds itself
             raise RuntimeError(f"executor cannot run {Kind(kind).name}")
+
+    def use_planner(self, planner) -> None:
+        """Take paths from *planner* from the next batch on (autotune: every rank
+        switches in the same cycle, so every member of a set picks the same path)."""
+        self._planner = planner
+        self._plans.clear()
 
     def _plan(self, set_id: int):
         try:
@@ -156,6 +165,9 @@ class MPIExecutor:
             return
         tensors = self._reduction(batch, comm.Get_size())
         path = self._path(p0.set_id, comm, tensors.total() * wire.itemsize)
+        tl = self.timeline
+        if tl is not None:
+            tl.via(path)
         if path is Transport.SHARED_MEMORY:
             # The batch list stands for its layout: the engine reuses it while the
             # response cache is unchanged, so the cut is computed once.
@@ -176,14 +188,22 @@ class MPIExecutor:
         for i, dtype in enumerate(dtypes):
             nbytes = tensors.counts[i] * wire.itemsize
             if dtype == wire.str and (alone or nbytes >= _ZERO_COPY_BYTES):
+                if tl is not None:
+                    tl.phase(COLLECTIVE)
                 self._reduce_in_place(tensors, i, wire, op, comm, reduce, hierarchical)
             else:
                 fused.append(i)
         if fused:
             part = tensors if len(fused) == len(tensors) else tensors.subset(fused)
+            if tl is not None:
+                tl.phase(COPY_IN)
             buf = self.pool.get(wire, part.total())
             _copy_in(part, buf)
+            if tl is not None:
+                tl.phase(COLLECTIVE)
             reduce(buf)
+            if tl is not None:
+                tl.phase(COPY_OUT)
             _copy_out(part, buf)
         self._finish_batch(batch)
 
@@ -215,18 +235,26 @@ class MPIExecutor:
         set_id = batch[0].params.set_id
         tensors = self._reduction(batch, comm.Get_size())
         wires = [reduce_dtype(d) for r in batch for d in r.params.dtypes]
+        tl = self.timeline
         for wire in dict.fromkeys(wires):
             part = tensors.subset([i for i, w in enumerate(wires) if w == wire])
             path = self._path(set_id, comm, part.total() * wire.itemsize)
+            if tl is not None:
+                tl.via(path)
+                tl.phase(COLLECTIVE if path is Transport.SHARED_MEMORY else COPY_IN)
             if path is Transport.SHARED_MEMORY:
                 self._shm[set_id].allreduce(part, wire, ReduceOp(batch[0].params.op))
                 continue
             buf = self.pool.get(wire, part.total())
             _copy_in(part, buf)
+            if tl is not None:
+                tl.phase(COLLECTIVE)
             if path is Transport.HIERARCHICAL:
                 self.hierarchical.allreduce(buf, op)
             else:
                 comm.Allreduce(MPI.IN_PLACE, buf, op)
+            if tl is not None:
+                tl.phase(COPY_OUT)
             _copy_out(part, buf)
         self._finish_batch(batch)
 
@@ -272,6 +300,9 @@ class MPIExecutor:
 
     # ----------------------------------------------------------------- allgather
     def _allgather(self, batch, comm, path: Transport) -> None:
+        tl = self.timeline
+        if tl is not None:
+            tl.via(path)
         size = comm.Get_size()
         tensors: list[_Gathered] = []
         for response in batch:
@@ -293,6 +324,8 @@ class MPIExecutor:
             counts = [int(d) * row_bytes[0] for d in dims[:, 0]]
             self._allgatherv(comm, path, send, _flat_bytes(outputs[0]), counts)
         else:
+            if tl is not None:
+                tl.phase(COPY_IN)
             per_rank = [int(sum(int(dims[r, j]) * row_bytes[j] for j in range(len(tensors))))
                         for r in range(size)]
             me = comm.Get_rank()
@@ -304,7 +337,11 @@ class MPIExecutor:
                     send[offset:offset + nb] = _flat_bytes(t.input)
                     offset += nb
             recv = self.pool.get(np.uint8, sum(per_rank), slot=1)
+            if tl is not None:
+                tl.phase(COLLECTIVE)
             self._allgatherv(comm, path, send, recv, per_rank)
+            if tl is not None:
+                tl.phase(COPY_OUT)
             _unpack_gathered(recv, per_rank, dims, row_bytes, outputs)
         self._finish_per_entry([t.entry for t in tensors], outputs)
 

@@ -10,13 +10,17 @@ inverted bits is the inverted OR).  Layout, as little-endian 64-bit words:
 ``~hit_or``           the same bits, to learn whether *any* rank is ready
 ``~invalid``          cache bits some rank saw with changed parameters
 ``~ringers``          after a wait only: which ranks rang the doorbell
+``root``              with autotune only: rank 0's words (the others send
+                      all ones, so the AND is rank 0's value)
 ====================  =================================================
 
 The three cache-bit fields are ``bit_words`` words each (enough for every bit
 the response cache has used); the ringer field is there only when every rank
-agreed to include it (they all waited), so every rank's vector has the same
-length.  Pure Python and numpy, no MPI: :func:`combine` is what the allreduce
-computes, for tests.
+agreed to include it (they all waited), and the root field only while every
+rank runs autotune (``HVDLITE_AUTOTUNE`` must agree, and every rank learns in
+the same cycle when it ends), so every rank's vector has the same length.
+Pure Python and numpy, no MPI: :func:`combine` is what the allreduce computes,
+for tests.
 """
 
 from __future__ import annotations
@@ -48,15 +52,21 @@ class Layout(NamedTuple):
 
     bit_words: int
     ringer_words: int
+    root_words: int = 0
 
     @classmethod
-    def of(cls, num_bits: int, world_size: int, after_wait: bool) -> Layout:
+    def of(cls, num_bits: int, world_size: int, after_wait: bool,
+           root_words: int = 0) -> Layout:
         ringers = (world_size + _WORD - 1) // _WORD if after_wait else 0
-        return cls((num_bits + _WORD - 1) // _WORD, ringers)
+        return cls((num_bits + _WORD - 1) // _WORD, ringers, root_words)
 
     @property
     def nbytes(self) -> int:
-        return 8 * (1 + 3 * self.bit_words + self.ringer_words)
+        return 8 * (1 + 3 * self.bit_words + self.ringer_words + self.root_words)
+
+    @property
+    def root_shift(self) -> int:
+        return _WORD * (1 + 3 * self.bit_words + self.ringer_words)
 
 
 class Status(NamedTuple):
@@ -67,15 +77,17 @@ class Status(NamedTuple):
     any_hit: int  # bits at least one rank is ready for
     invalid: int  # bits some rank saw with changed parameters
     ringers: int  # how many ranks rang the doorbell (0 without the ringer field)
+    root: int = 0  # rank 0's words, as one int (0 without the root field)
 
 
 def encode(layout: Layout, flags: int, hit_and: int, hit_or: int, invalid: int,
-           ringer_rank: int | None = None) -> np.ndarray:
+           ringer_rank: int | None = None, root: int | None = None) -> np.ndarray:
     """This rank's vector (a fresh uint64 array to allreduce in place).
 
     *hit_and* may have bits set beyond this rank's hits (bits of process sets it
     is not in), so that the AND runs over the members only; *ringer_rank* is
-    this rank when it rang the doorbell before the cycle.
+    this rank when it rang the doorbell before the cycle; *root* is rank 0's
+    value for the root field (None on every other rank).
     """
     width = layout.bit_words * _WORD
     full = (1 << width) - 1
@@ -86,6 +98,9 @@ def encode(layout: Layout, flags: int, hit_and: int, hit_or: int, invalid: int,
         ringer_full = (1 << (layout.ringer_words * _WORD)) - 1
         mine = 0 if ringer_rank is None else 1 << ringer_rank
         value |= (~mine & ringer_full) << (_WORD + 3 * width)
+    if layout.root_words:
+        root_full = (1 << (layout.root_words * _WORD)) - 1
+        value |= (root_full if root is None else root & root_full) << layout.root_shift
     return np.frombuffer(bytearray(value.to_bytes(layout.nbytes, "little")), dtype="<u8")
 
 
@@ -103,15 +118,21 @@ def decode(layout: Layout, vector: np.ndarray) -> Status:
     if layout.ringer_words:
         ringer_full = (1 << (layout.ringer_words * _WORD)) - 1
         ringers = bin(~(value >> (_WORD + 3 * width)) & ringer_full).count("1")
-    return Status(flags, all_hit, any_hit, invalid, ringers)
+    root = 0
+    if layout.root_words:
+        root = (value >> layout.root_shift) & ((1 << (layout.root_words * _WORD)) - 1)
+    return Status(flags, all_hit, any_hit, invalid, ringers, root)
 
 
 def alone(layout: Layout, flags: int, hit_and: int, hit_or: int, invalid: int,
-          rang: bool) -> Status:
+          rang: bool, root: int | None = None) -> Status:
     """What :func:`decode` makes of the vector of a job of one rank, without one."""
     full = (1 << (layout.bit_words * _WORD)) - 1
+    root_value = 0
+    if layout.root_words and root is not None:
+        root_value = root & ((1 << (layout.root_words * _WORD)) - 1)
     return Status(flags, hit_and & full, hit_or, invalid,
-                  int(rang) if layout.ringer_words else 0)
+                  int(rang) if layout.ringer_words else 0, root_value)
 
 
 def combine(vectors) -> np.ndarray:

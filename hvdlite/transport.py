@@ -70,6 +70,12 @@ class Planner:
             plan = self._plans[ranks] = self._decide(ranks)
         return plan
 
+    def variant(self, shared_memory: bool, hierarchical_allreduce: bool) -> Planner:
+        """A planner for the same job with these two switches (autotune changes them
+        for the executor, on every rank in the same cycle; adapters keep this one)."""
+        return Planner(self.world_size, self.node_ranks, shared_memory,
+                       hierarchical_allreduce, self.hierarchical_allgather)
+
     def _decide(self, ranks: tuple) -> TransportPlan:
         # The node topology describes the whole job only: hierarchical paths serve
         # the set that spans it; other sets run flat.

@@ -61,7 +61,10 @@ def test_knobs_that_must_agree_are_the_ones_that_change_collective_behaviour():
     agreed = {k.attr for k in config.KNOBS if k.agree}
     assert agreed == {"fusion_threshold", "cache_capacity", "hierarchical_allreduce",
                       "hierarchical_allgather", "shm_allreduce_disable",
-                      "dynamic_process_sets", "test_node_size", "bucket_cap_mb"}
+                      "dynamic_process_sets", "test_node_size", "bucket_cap_mb",
+                      # autotune: its status-vector field, and rank 0's sampling for all
+                      "autotune", "autotune_warmup_samples", "autotune_steps_per_sample",
+                      "autotune_bayes_opt_max_samples", "autotune_gaussian_process_noise"}
 
 
 def test_disagreements_name_the_knob_the_ranks_and_the_values():
@@ -248,13 +251,19 @@ def _batch(name):
     return [Response(0, params, (0, name))]
 
 
+def _run_batch(timeline, name):
+    """What the engine calls around one batch."""
+    timeline.batch_began()
+    timeline.finishing()
+    timeline.batch_ended(_batch(name))
+
+
 @pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_timeline_that_cannot_be_written_turns_itself_off_with_one_warning(caplog):
-    timeline = Timeline("/dev/full")
     with caplog.at_level(logging.WARNING, logger="hvdlite"):
+        timeline = Timeline("/dev/full")
         for i in range(2000):  # far more than one write buffer
-            timeline.start_batch(_batch(f"t{i}"))
-            timeline.end_batch(_batch(f"t{i}"))
+            _run_batch(timeline, f"t{i}")
         timeline.close()
     warnings = [r for r in caplog.records if "timeline could not be written" in r.getMessage()]
     assert len(warnings) == 1
@@ -263,12 +272,14 @@ def test_a_timeline_that_cannot_be_written_turns_itself_off_with_one_warning(cap
 def test_timeline_rows_stay_bounded(tmp_path):
     timeline = Timeline(str(tmp_path / "t.json"))
     for i in range(3000):
-        timeline.end_batch(_batch(f"allreduce.noname.{i}"))
-    assert timeline.rows == 1
-    for i in range(MAX_ROWS + 50):
-        timeline.end_batch(_batch(f"grad.{i}"))
-    assert timeline.rows == MAX_ROWS
+        _run_batch(timeline, f"allreduce.noname.{i}")
     timeline.close()
+    assert timeline.rows == 1
+    timeline = Timeline(str(tmp_path / "t2.json"))
+    for i in range(MAX_ROWS + 50):
+        _run_batch(timeline, f"grad.{i}")
+    timeline.close()
+    assert timeline.rows == MAX_ROWS
 
 
 # ---------------------------------------------------------------- buffer pool

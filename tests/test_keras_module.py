@@ -26,13 +26,17 @@ def _params(func, count):
 def test_same_objects_as_tensorflow_keras():
     assert hvd.__all__ == hk.__all__
     for name in hk.__all__:
-        if name != "callbacks":
+        if name not in ("callbacks", "elastic"):
             assert getattr(hvd, name) is getattr(hk, name), name
     import hvdlite.keras.callbacks as callbacks
+    import hvdlite.keras.elastic as elastic
 
-    assert hvd.callbacks is callbacks and callbacks.__name__ == "hvdlite.keras.callbacks"
-    for name in hk.callbacks.__all__:
-        assert getattr(callbacks, name) is getattr(hk.callbacks, name), name
+    # the submodules are this package's own, holding the same objects
+    for mine, theirs, module in ((callbacks, hk.callbacks, "callbacks"),
+                                 (elastic, hk.elastic, "elastic")):
+        assert getattr(hvd, module) is mine and mine.__name__ == f"hvdlite.keras.{module}"
+        for name in theirs.__all__:
+            assert getattr(mine, name) is getattr(theirs, name), name
 
 
 def test_horovod_signatures():

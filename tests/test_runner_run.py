@@ -148,7 +148,7 @@ def test_without_cloudpickle_only_importable_functions_go(tmp_path):
 
 
 def test_bad_arguments_are_refused_before_anything_starts(tmp_path):
-    with pytest.raises(ValueError, match="min_np: elastic training is not available yet"):
+    with pytest.raises(ValueError, match="min_np: hvdlite.run does not run elastic jobs"):
         hvdlite.run(_rank_and_args, args=(1,), np=2, min_np=1)
     with pytest.raises(ValueError, match="use_gloo: hvdlite has no Gloo"):
         hvdlite.run(_rank_and_args, args=(1,), use_gloo=True)

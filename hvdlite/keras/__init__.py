@@ -20,3 +20,4 @@ from hvdlite.tensorflow.keras import __all__  # noqa: F401
 
 # This package's own callbacks module (the star import brought the other one's).
 callbacks = _importlib.import_module(__name__ + ".callbacks")
+elastic = _importlib.import_module(__name__ + ".elastic")

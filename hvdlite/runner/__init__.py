@@ -11,6 +11,10 @@ Layers, from the outside in:
   to each (as horovodrun does);
 - :mod:`.job` -- runs the launcher, passes output through, stops the job on
   the first failure or a signal, and :mod:`.report` says what failed;
+- :mod:`.elastic_driver` -- with an elastic option, the relaunch loop around
+  :mod:`.job`: hosts from :mod:`.discovery` (script, SLURM, fixed) minus
+  :mod:`.blacklist`, ordered by :mod:`.elastic_hosts`, options checked by
+  :mod:`.elastic_settings`; the ranks' side is :mod:`hvdlite.elastic`;
 - :mod:`.runfunc` -- :func:`run` (``hvdlite.run``): a Python function on every
   rank through the same machinery, each rank running :mod:`.run_task`;
 - :mod:`.task_wrapper` -- runs on every rank around the user's command and

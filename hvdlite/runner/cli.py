@@ -4,7 +4,9 @@
 module: options (flags + config file -> values, knob variables), hosts (``-H``,
 ``--hostfile`` or the SLURM allocation -> hosts and slots), command (MPI flavour
 -> argument list) and job (run, watch, report).  All input is checked before
-anything starts; bad input exits 2 with one line on stderr.
+anything starts; bad input exits 2 with one line on stderr.  With an elastic
+option (:mod:`.elastic_settings`) the launch repeats under
+:mod:`.elastic_driver`, each time through :func:`plan` with the hosts it chose.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import lifeline, protocol, slurm, sshcheck
+from . import elastic_settings, lifeline, protocol, slurm, sshcheck
 from .command import (LaunchSpec, forwarded_names, launcher_environment, mpiexec_command,
                       srun_command, srun_mpi_plugin)
 from .errors import USAGE_EXIT, UsageError
@@ -195,24 +197,35 @@ def _notes(values: Mapping[str, object], mpi: MpiInfo | None, nics: Sequence[str
     return tuple(notes)
 
 
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, dict[str, object]]:
+    """The command line and the config file, merged: ``(args, values)``; UsageError."""
+    args = parse_args(list(argv))
+    file_values = read_config_file(args.config_file) if args.config_file else {}
+    values = merge(args, file_values)
+    check_available(values)
+    return args, values
+
+
 def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None,
-         rank_env: Mapping[str, str] | None = None
+         rank_env: Mapping[str, str] | None = None,
+         placement: tuple[int, Sequence[Host]] | None = None
          ) -> tuple[argparse.Namespace, Plan | None]:
     """Parse *argv* and decide the launch without starting anything.
 
     Returns ``(args, plan)``; ``plan`` is None for ``--check-build``.  Raises
     UsageError for every kind of bad input.  *rank_env*: more variables to set
-    on every rank (the knob flags win over them).
+    on every rank (the knob flags win over them).  *placement*: ``(np, hosts)``
+    chosen by the caller (the elastic loop) instead of -np/-H/--hostfile/SLURM.
     """
     environ = dict(os.environ if environ is None else environ)
-    args = parse_args(list(argv))
-    file_values = read_config_file(args.config_file) if args.config_file else {}
-    values = merge(args, file_values)
-    check_available(values)
+    args, values = parse(argv)
     if args.check_build:
         return args, None
     _check_command(args.command, environ)
-    np, hosts, _source = _resolve_hosts(values, environ)
+    if placement is None:
+        np, hosts, _source = _resolve_hosts(values, environ)
+    else:
+        np, hosts = placement[0], list(placement[1])
     nics = tuple(values.get("network_interfaces") or ())
     knob_env = {**(rank_env or {}), **knob_environment(values)}
     if nics:
@@ -252,7 +265,8 @@ def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None,
         knob_env.update(mpich_env)
         env.update(mpich_env)
         spec = LaunchSpec(np=np, program=program, mpi_args=mpi_args,
-                          hosts=None if from_allocation else hosts, binding=binding)
+                          hosts=None if from_allocation and placement is None else hosts,
+                          binding=binding)
         cmd, extra_env = srun_command(spec, srun_mpi_plugin(mpi), srun=srun), knob_env
     else:
         path = find_mpiexec(environ)
@@ -298,8 +312,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _run_elastic(argv: list[str], args: argparse.Namespace, values: Mapping[str, object],
+                 settings: elastic_settings.ElasticSettings) -> int:
+    """The elastic loop (see :mod:`.elastic_driver`), launching through :func:`plan`."""
+    from .discovery import FixedHosts, ScriptDiscovery, SlurmDiscovery
+    from .elastic_driver import run_elastic
+
+    environ = dict(os.environ)
+    _check_command(args.command, environ)
+    if settings.source == "script":
+        source = ScriptDiscovery(settings.discovery_script, settings.slots_per_host)
+    elif settings.source == "slurm":
+        source = SlurmDiscovery(environ)
+    else:
+        np, hosts, where = _resolve_hosts(values, environ)
+        source = FixedHosts(hosts or [Host("localhost", np)], where)
+
+    def make_plan(np: int, hosts: list[Host], rank_env: dict[str, str]) -> Plan:
+        return plan(argv, environ, rank_env=rank_env, placement=(np, hosts))[1]
+
+    for note in make_plan(1, [Host("localhost", 1)], {}).notes:
+        sys.stderr.write(f"hvdrun: note: {note}\n")
+    return run_elastic(settings, source, make_plan, dry_run=bool(args.dry_run),
+                       describe=describe if values.get("verbose") else None)
+
+
 def _run(argv: list[str]) -> int:
     try:
+        args, values = parse(argv)
+        settings = elastic_settings.settings_from(values, os.environ)
+        if settings is not None and not args.check_build:
+            return _run_elastic(argv, args, values, settings)
         args, launch = plan(argv)
         if launch is None:  # --check-build
             from .checkbuild import check_build

@@ -16,13 +16,15 @@ Two layouts, which one file may mix:
       library_options: {mpi_threads_disable, num_nccl_streams, thread_affinity,
                         ccl_bgt_affinity, gloo_timeout_seconds}
       logging:         {level, with_timestamp, hide_timestamp}
-      elastic:         (any key: elastic training is not available yet)
+      elastic:         {min_np, max_np, slots_per_host, host_discovery_script,
+                        elastic_timeout, reset_limit, blacklist_cooldown_range,
+                        max_restarts, elastic_state_dir}   (hvdlite's own section)
 
 An unknown key, a value of the wrong kind, an option set twice, or a setting
-for something hvdlite does not have (the Gloo controller, autotune, elastic
-training, torus allreduce) is a :class:`~hvdlite.runner.errors.UsageError`
-that names the key and the file.  ``autotune``'s other keys count only when it
-is enabled, as in horovodrun, so they are accepted and unused.
+for something hvdlite does not have (the Gloo controller, torus allreduce) is a
+:class:`~hvdlite.runner.errors.UsageError` that names the key and the file.
+``autotune``'s other keys set their knobs whether or not it is enabled; they
+only matter when it is.
 """
 
 from __future__ import annotations
@@ -48,9 +50,11 @@ SECTIONS: dict[str, dict[str, tuple[str, bool] | str | None]] = {
         "torus_allreduce": ("torus_allreduce", False),
     },
     "autotune": {
-        "enabled": ("autotune", False), "log_file": _UNUSED, "warmup_samples": _UNUSED,
-        "steps_per_sample": _UNUSED, "bayes_opt_max_samples": _UNUSED,
-        "gaussian_process_noise": _UNUSED,
+        "enabled": ("autotune", False), "log_file": ("autotune_log", False),
+        "warmup_samples": ("autotune_warmup_samples", False),
+        "steps_per_sample": ("autotune_steps_per_sample", False),
+        "bayes_opt_max_samples": ("autotune_bayes_opt_max_samples", False),
+        "gaussian_process_noise": ("autotune_gaussian_process_noise", False),
     },
     "timeline": {
         "filename": ("timeline", False),
@@ -74,9 +78,21 @@ SECTIONS: dict[str, dict[str, tuple[str, bool] | str | None]] = {
         "with_timestamp": ("log_with_timestamp", False),
         "hide_timestamp": ("log_with_timestamp", True),
     },
-    "elastic": {},  # any key is an error: see _ELASTIC_MESSAGE
+    # hvdlite's own (horovodrun's file has no elastic section): the flags' names, and
+    # the names of horovod.run's arguments.
+    "elastic": {
+        "min_np": ("min_np", False), "max_np": ("max_np", False),
+        "slots_per_host": ("slots_per_host", False), "slots": ("slots_per_host", False),
+        "host_discovery_script": ("host_discovery_script", False),
+        "elastic_timeout": ("elastic_timeout", False), "timeout": ("elastic_timeout", False),
+        "reset_limit": ("reset_limit", False),
+        "blacklist_cooldown_range": ("blacklist_cooldown_range", False),
+        "cooldown_range": ("blacklist_cooldown_range", False),
+        "max_restarts": ("max_restarts", False),
+        "elastic_state_dir": ("elastic_state_dir", False),
+        "state_dir": ("elastic_state_dir", False),
+    },
 }
-_ELASTIC_MESSAGE = next(message for flags, _n, message in UNAVAILABLE if "--min-np" in flags)
 
 
 def _by_dest() -> dict[str, Option]:
@@ -111,6 +127,15 @@ def _file_value(opt: Option, value: object, where: str, label: str, invert: bool
         else:
             raise UsageError(f"{where}: {label} must be true or false, not {value!r}")
         return not on if invert else on
+    if opt.nargs:  # a fixed number of values: a list in the file, or one string
+        items = value.split() if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or len(items) != opt.nargs:
+            raise UsageError(f"{where}: {label} needs {opt.nargs} values, e.g. "
+                             f"[{', '.join(['1'] * opt.nargs)}], not {value!r}")
+        try:
+            return [opt.convert(str(item)) for item in items]
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise UsageError(f"{where}: {label}: {exc}") from None
     if isinstance(value, (list, tuple)) and opt.dest == "mpi_args":
         value = shlex.join(str(item) for item in value)
     if isinstance(value, (list, tuple)) and opt.repeat:
@@ -167,8 +192,6 @@ def _read_section(section: str, body: object, out: _Values) -> None:
     options = _by_dest()
     for key, value in body.items():
         label = f"{section}.{key}"
-        if section == "elastic":
-            raise UsageError(f"{where}: {label}: {_ELASTIC_MESSAGE}")
         if str(key) not in keys:
             known = ", ".join(keys)
             raise UsageError(f"{where}: unknown key {label!r} (horovodrun's keys in "

@@ -24,12 +24,18 @@ Contract of :func:`run_job`:
 - if not every rank has started after ``start_timeout`` seconds, the job is
   stopped and hvdrun returns 1;
 - the return value is 0 when the launcher and all ranks succeeded, 128+N after
-  signal N to hvdrun, otherwise non-zero.
+  signal N to hvdrun, otherwise non-zero;
+- *quiet_codes* (elastic jobs): exit codes with which every rank leaves together
+  on purpose (see :mod:`hvdlite.elastic.layout`); a rank that exits with one of
+  them does not stop the job and is not reported as a failure, but should the
+  other ranks not follow within ``QUIET_GRACE_SECONDS`` the job is stopped.
+  :func:`run_job_outcome` returns what happened in detail (:class:`JobOutcome`).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import queue
 import signal
@@ -44,9 +50,11 @@ from . import lifeline, protocol
 from .report import (Failure, exit_code_of, first_failure, format_failure,
                      format_launcher_failure)
 
-__all__ = ["run_job", "STOP_GRACE_SECONDS", "MAX_PENDING_BYTES"]
+__all__ = ["run_job", "run_job_outcome", "JobOutcome", "STOP_GRACE_SECONDS",
+           "MAX_PENDING_BYTES"]
 
 STOP_GRACE_SECONDS = 8.0
+QUIET_GRACE_SECONDS = 30.0
 MAX_PENDING_BYTES = 64 * 1024  # more than any status line
 _EOF_WAIT_SECONDS = 3.0
 _TAIL_LINES = 200  # the fallback report picks one rank's lines out of these
@@ -146,7 +154,8 @@ class _Reader(threading.Thread):
 
 class _Job:
     def __init__(self, proc: subprocess.Popen, np: int, start_timeout: float,
-                 launcher: str, err: BinaryIO, signals: list[int]) -> None:
+                 launcher: str, err: BinaryIO, signals: list[int],
+                 quiet_codes: Sequence[int] = ()) -> None:
         self.proc, self.np, self.start_timeout, self.launcher = proc, np, start_timeout, launcher
         self.err = err
         self.started: set[int] = set()
@@ -156,6 +165,9 @@ class _Job:
         self.stop_at: float | None = None
         self.killed = False
         self.pending_signals = signals  # filled by the signal handlers
+        self.quiet_codes = frozenset(quiet_codes)
+        self.quiet_exits: dict[int, int] = {}  # rank -> its quiet exit code
+        self.quiet_since: float | None = None
 
     def say(self, text: str) -> None:
         try:
@@ -186,6 +198,10 @@ class _Job:
         rank = message.get("rank")
         if message.get("event") == "start" and isinstance(rank, int):
             self.started.add(rank)
+        elif message.get("event") == "exit" and message.get("code") in self.quiet_codes:
+            self.quiet_exits[rank] = message["code"]
+            if self.quiet_since is None:
+                self.quiet_since = time.monotonic()
         elif message.get("event") == "exit" and message.get("code"):
             self.failures.append(Failure.from_message(message))
             if self.reason is None:
@@ -208,6 +224,9 @@ class _Job:
         if (self.reason is None and len(self.started) < self.np
                 and now - started_at > self.start_timeout):
             self.stop("start-timeout")
+        if (self.reason is None and self.quiet_since is not None
+                and now - self.quiet_since > QUIET_GRACE_SECONDS):
+            self.stop("quiet-timeout")  # some ranks left on purpose, the others hang
         if self.stop_at is not None and now - self.stop_at > STOP_GRACE_SECONDS:
             self.kill()
 
@@ -229,22 +248,46 @@ def _catch_stop_signals(into: list[int]) -> dict:
             for signum in _STOP_SIGNALS}
 
 
+@dataclasses.dataclass(frozen=True)
+class JobOutcome:
+    """How a job ended: ``code`` is what :func:`run_job` returns; ``reason`` is None
+    (the ranks ended by themselves), "failure", "signal", "start-timeout" or
+    "quiet-timeout"; ``failure`` the first failing rank (None when none failed);
+    ``quiet_exits`` rank -> quiet code for the ranks that left with one."""
+
+    code: int
+    reason: str | None
+    failure: Failure | None
+    quiet_exits: dict
+    signum: int | None = None
+
+
 def run_job(cmd: Sequence[str], env: Mapping[str, str], *, np: int,
             start_timeout: float = 30.0, out: BinaryIO | None = None,
             err: BinaryIO | None = None) -> int:
     """Run *cmd* (a launcher command whose ranks run the task wrapper); see the module doc."""
+    return run_job_outcome(cmd, env, np=np, start_timeout=start_timeout, out=out,
+                           err=err).code
+
+
+def run_job_outcome(cmd: Sequence[str], env: Mapping[str, str], *, np: int,
+                    start_timeout: float = 30.0, out: BinaryIO | None = None,
+                    err: BinaryIO | None = None, quiet_codes: Sequence[int] = ()
+                    ) -> JobOutcome:
+    """:func:`run_job`, returning a :class:`JobOutcome` (see the module doc)."""
     signals: list[int] = []
     previous = _catch_stop_signals(signals)  # first: nothing may start unguarded
     try:
         return _run(cmd, env, np, start_timeout, out if out is not None else sys.stdout.buffer,
-                    err if err is not None else sys.stderr.buffer, signals)
+                    err if err is not None else sys.stderr.buffer, signals, quiet_codes)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
 def _run(cmd: Sequence[str], env: Mapping[str, str], np: int, start_timeout: float,
-         out: BinaryIO, err: BinaryIO, signals: list[int]) -> int:
+         out: BinaryIO, err: BinaryIO, signals: list[int],
+         quiet_codes: Sequence[int] = ()) -> JobOutcome:
     token = env.get(protocol.TOKEN_VARIABLE) or protocol.new_token()
     env = {**env, protocol.TOKEN_VARIABLE: token,
            lifeline.OWNER_VARIABLE: lifeline.identity() or ""}
@@ -252,7 +295,7 @@ def _run(cmd: Sequence[str], env: Mapping[str, str], np: int, start_timeout: flo
     tail: collections.deque[tuple[str, str]] = collections.deque(maxlen=_TAIL_LINES)
     started_at, wall_start = time.monotonic(), time.time()
     proc = _launch(cmd, env)
-    job = _Job(proc, np, start_timeout, os.path.basename(cmd[0]), err, signals)
+    job = _Job(proc, np, start_timeout, os.path.basename(cmd[0]), err, signals, quiet_codes)
     readers = [_Reader("stdout", proc.stdout, out, events, tail, token, np),
                _Reader("stderr", proc.stderr, err, events, tail, token, np)]
     for reader in readers:
@@ -286,7 +329,9 @@ def _run(cmd: Sequence[str], env: Mapping[str, str], np: int, start_timeout: flo
         if proc.poll() is None:
             job.kill()
             proc.wait()
-    return _conclude(job, returncode, wall_start, tail)
+    code = _conclude(job, returncode, wall_start, tail)
+    return JobOutcome(code, job.reason, first_failure(job.failures), dict(job.quiet_exits),
+                      job.signum)
 
 
 def _conclude(job: _Job, returncode: int, wall_start: float, tail) -> int:
@@ -300,6 +345,8 @@ def _conclude(job: _Job, returncode: int, wall_start: float, tail) -> int:
             "names, that they are reachable, and the launcher's messages above.\n")
         return 1
     failure = first_failure(job.failures)
+    if failure is None and job.quiet_exits:  # left on purpose: the caller says why
+        return next(iter(job.quiet_exits.values()))
     if failure is not None:
         elapsed = max(failure.time - wall_start, 0.0)
         job.say(format_failure(failure, elapsed, len(job.failures), job.np))

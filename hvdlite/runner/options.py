@@ -7,8 +7,9 @@ Precedence, per option: the command line, then the config file (see
 :mod:`.configfile`), then (for knobs) whatever the environment already says
 (``HVDLITE_*`` or ``HOROVOD_*``).
 
-Every flag of ``horovodrun`` 0.28 parses.  Those naming machinery hvdlite does
-not have (Gloo, jsrun, elastic training, autotune, torus allreduce) end hvdrun
+Every flag of ``horovodrun`` 0.28 parses.  The elastic options
+(:data:`ELASTIC_OPTIONS`) are read by :mod:`.elastic_settings`.  Those naming
+machinery hvdlite does not have (Gloo, jsrun, torus allreduce) end hvdrun
 with exit 2 and a line that says what to use instead (:data:`UNAVAILABLE`,
 :func:`check_available`); every on/off option also has its opposite
 (``--no-hierarchical-allreduce``, ``--stall-check``).
@@ -29,7 +30,8 @@ from ..config import KNOBS, Knob
 from ..version import __version__
 from .errors import UsageError
 
-__all__ = ["Option", "OPTIONS", "UNAVAILABLE", "AFTER_MERGE", "build_parser", "parse_args", "merge",
+__all__ = ["Option", "OPTIONS", "ELASTIC_OPTIONS", "UNAVAILABLE", "AFTER_MERGE",
+           "build_parser", "parse_args", "merge",
            "check_available", "knob_environment"]
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
@@ -107,6 +109,7 @@ class Option:
     env: str | None = None  # the variable a non-knob option sets on every rank
     negations: tuple[str, ...] = ()  # flags that turn an on/off option off
     repeat: bool = False  # the flag may repeat; each value is a comma-separated list
+    nargs: int | None = None  # values the flag takes, when more than one (a list)
 
     @property
     def is_flag(self) -> bool:
@@ -139,6 +142,18 @@ _KNOB_FLAGS = {
     "log_level": "--log-level",
     "mpi_threads_disable": "--mpi-threads-disable",
     "log_hide_time": "--log-without-timestamp",
+    "autotune": "--autotune",
+    "autotune_log": "--autotune-log-file",
+    "autotune_warmup_samples": "--autotune-warmup-samples",
+    "autotune_steps_per_sample": "--autotune-steps-per-sample",
+    "autotune_bayes_opt_max_samples": "--autotune-bayes-opt-max-samples",
+    "autotune_gaussian_process_noise": "--autotune-gaussian-process-noise",
+}
+# The smallest value of a numeric knob flag, where it is not 0: (minimum, excluded).
+_KNOB_MINIMUM = {
+    "autotune_steps_per_sample": (1, False),
+    "autotune_bayes_opt_max_samples": (1, False),
+    "autotune_gaussian_process_noise": (0, True),
 }
 
 
@@ -167,7 +182,8 @@ def _knob_option(knob: Knob) -> Option:
         return Option(knob.attr, (flag,), help_text, None, knob=knob, to_env=_on_off,
                       negations=(_opposite(flag),))
     if knob.kind in (int, float):
-        return Option(knob.attr, (flag,), help_text, _number(knob.kind, 0),
+        minimum, strict = _KNOB_MINIMUM.get(knob.attr, (0, False))
+        return Option(knob.attr, (flag,), help_text, _number(knob.kind, minimum, strict),
                       "N", knob=knob, to_env=lambda v: str(v))
     return Option(knob.attr, (flag,), help_text, str, "VALUE", knob=knob)
 
@@ -234,8 +250,43 @@ LIBRARY_OPTIONS: tuple[Option, ...] = (
     Option("torus_allreduce", ("--torus-allreduce",), "not available in hvdlite (an error "
            "that names --hierarchical-allreduce); --no-torus-allreduce is accepted",
            negations=("--no-torus-allreduce",)),
-    Option("autotune", ("--autotune",), "not available yet (an error); --no-autotune is "
-           "accepted", negations=("--no-autotune",)),
+)
+
+def _directory(text: str) -> str:
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError("the directory name must not be empty")
+    return str(text)
+
+
+ELASTIC_OPTIONS: tuple[Option, ...] = (
+    Option("min_np", ("--min-np", "--min-num-proc"), "elastic: the fewest ranks the job may "
+           "run with (default -np); below it hvdrun waits up to --elastic-timeout for hosts, "
+           "then ends the job", _number(int, 1), "N"),
+    Option("max_np", ("--max-np", "--max-num-proc"), "elastic: the most ranks the job may "
+           "grow to (default -np, or every discovered slot without -np)", _number(int, 1),
+           "N"),
+    Option("slots_per_host", ("--slots-per-host",), "elastic: slots of a discovered host "
+           "whose line has no ':SLOTS' (default 1)", _number(int, 1), "N"),
+    Option("host_discovery_script", ("--host-discovery-script",), "elastic: a program that "
+           "prints the hosts available now, one 'host' or 'host:slots' a line; hvdrun runs "
+           "it before every launch and polls it while the job runs", str, "SCRIPT"),
+    Option("elastic_timeout", ("--elastic-timeout",), "elastic: seconds to wait for "
+           "--min-np slots before a (re)launch (default 600, or $HOROVOD_ELASTIC_TIMEOUT)",
+           _number(float, 0, True), "SECONDS"),
+    Option("reset_limit", ("--reset-limit",), "elastic: the most relaunches, for any reason "
+           "(host changes and failures); default no limit", _number(int, 0), "N"),
+    Option("blacklist_cooldown_range", ("--blacklist-cooldown-range",), "elastic: a host "
+           "where a rank failed is left out for MIN seconds, doubling with each failure up "
+           "to MAX (default: for the rest of the job)", _number(float, 0), ("MIN", "MAX"),
+           nargs=2),
+    Option("max_restarts", ("--max-restarts",), "relaunch the job from its last elastic "
+           "commit after up to N failures (also without host discovery: hvdrun -np 4 "
+           "--max-restarts 3); default 0 for a fixed host list, no limit with discovery",
+           _number(int, 0), "N"),
+    Option("elastic_state_dir", ("--elastic-state-dir",), "elastic: where commits are kept "
+           "(a subdirectory per job); must be shared by hvdrun's host and every rank's host "
+           "(default .hvdlite-elastic in the working directory, or "
+           "$HVDLITE_ELASTIC_STATE_DIR)", _directory, "DIR"),
 )
 
 _OWN_FLAGS = {flag for opt in LAUNCH_OPTIONS + NETWORK_OPTIONS + LIBRARY_OPTIONS
@@ -243,26 +294,11 @@ _OWN_FLAGS = {flag for opt in LAUNCH_OPTIONS + NETWORK_OPTIONS + LIBRARY_OPTIONS
 # A knob whose flag a hand-written option already has is set through that option.
 KNOB_OPTIONS: tuple[Option, ...] = tuple(_knob_option(knob) for knob in KNOBS
                                          if _knob_flag(knob) not in _OWN_FLAGS)
-OPTIONS: tuple[Option, ...] = LAUNCH_OPTIONS + NETWORK_OPTIONS + LIBRARY_OPTIONS + KNOB_OPTIONS
+OPTIONS: tuple[Option, ...] = (LAUNCH_OPTIONS + NETWORK_OPTIONS + LIBRARY_OPTIONS
+                               + ELASTIC_OPTIONS + KNOB_OPTIONS)
 
-_AUTOTUNE = ("autotune is not available yet: set the knobs by hand (--fusion-threshold-mb, "
-             "--cycle-time-ms, --cache-capacity, --hierarchical-allreduce)")
-_ELASTIC = ("elastic training is not available yet: start a fixed-size job with -np and "
-            "-H/--hostfile")
 # horovodrun flags for machinery hvdlite does not have: (flags, values taken, message).
 UNAVAILABLE: tuple[tuple[tuple[str, ...], int, str], ...] = (
-    (("--autotune-log-file",), 1, _AUTOTUNE),
-    (("--autotune-warmup-samples",), 1, _AUTOTUNE),
-    (("--autotune-steps-per-sample",), 1, _AUTOTUNE),
-    (("--autotune-bayes-opt-max-samples",), 1, _AUTOTUNE),
-    (("--autotune-gaussian-process-noise",), 1, _AUTOTUNE),
-    (("--min-np", "--min-num-proc"), 1, _ELASTIC),
-    (("--max-np", "--max-num-proc"), 1, _ELASTIC),
-    (("--slots-per-host",), 1, _ELASTIC),
-    (("--elastic-timeout",), 1, _ELASTIC),
-    (("--reset-limit",), 1, _ELASTIC),
-    (("--blacklist-cooldown-range",), 2, _ELASTIC),
-    (("--host-discovery-script",), 1, _ELASTIC),
     (("--gloo",), 0, "hvdlite has no Gloo controller: it always runs on MPI; drop --gloo "
                      "(or say --mpi)"),
     (("--gloo-timeout-seconds",), 1, "hvdlite has no Gloo controller; for a time limit on "
@@ -272,7 +308,6 @@ UNAVAILABLE: tuple[tuple[tuple[str, ...], int, str], ...] = (
                       "launcher with -H/--hostfile (or --launcher srun under SLURM)"),
 )
 AFTER_MERGE = {
-    "autotune": ("--autotune", _AUTOTUNE),
     "torus_allreduce": ("--torus-allreduce", "hvdlite has no torus allreduce: use "
                                              "--hierarchical-allreduce (reduce inside each "
                                              "node, then across nodes)"),
@@ -316,7 +351,8 @@ def _add(group, opt: Option) -> None:
                                const=False, default=None, help=argparse.SUPPRESS)
     else:
         group.add_argument(*opt.flags, dest=opt.dest, type=opt.convert, default=None,
-                           metavar=opt.metavar, choices=opt.choices, help=opt.help)
+                           metavar=opt.metavar, choices=opt.choices, help=opt.help,
+                           nargs=opt.nargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -349,6 +385,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print what is available (MPI, frameworks, GPU support) and exit")
     checks.add_argument("--dry-run", action="store_true",
                         help="print the command hvdrun would run, then exit")
+    elastic = parser.add_argument_group(
+        "elastic training (relaunch from the last commit after a failure or a host change)")
+    for opt in ELASTIC_OPTIONS:
+        _add(elastic, opt)
     library = parser.add_argument_group("library (each sets a variable on every rank)")
     for opt in LIBRARY_OPTIONS:
         _add(library, opt)

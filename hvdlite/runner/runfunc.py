@@ -42,7 +42,9 @@ from .run_task import FUNCTION_FILE, result_file
 
 __all__ = ["run", "RankFailedError"]
 
-_ELASTIC = next(message for flags, _n, message in UNAVAILABLE if "--min-np" in flags)
+_ELASTIC = ("hvdlite.run does not run elastic jobs: put the function in a script with "
+            "@hvd.elastic.run and start it with hvdrun --min-np/--max-np/"
+            "--host-discovery-script (or --max-restarts)")
 _GLOO = next(message for flags, _n, message in UNAVAILABLE if flags == ("--gloo",))
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding hvdlite/
 
@@ -211,11 +213,12 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
     ``network_interface`` (``"eth0,eth1"``) as hvdrun's flags of those names;
     ``executable``: the Python the ranks run (default: this one); ``use_mpi`` is
     accepted (hvdlite always runs on MPI).  The elastic arguments (``min_np``,
-    ``max_np``, ``slots``, ``reset_limit``, ``cooldown_range``) and
-    ``use_gloo`` are a ValueError: hvdlite has neither.  (+) ``env``: variables
-    to set on every rank (e.g. ``{"HVDLITE_CYCLE_TIME": "2"}``); ``work_dir``: where
-    the function and results are exchanged (needed on a shared file system
-    for jobs with other hosts).
+    ``max_np``, ``slots``, ``reset_limit``, ``cooldown_range``) are a
+    ValueError (elastic jobs run scripts under hvdrun), and so is
+    ``use_gloo``.  (+) ``env``: variables to set on every rank (e.g.
+    ``{"HVDLITE_CYCLE_TIME": "2"}``); ``work_dir``: where the function and
+    results are exchanged (needed on a shared file system for jobs with other
+    hosts).
 
     Cross-rank contract: every rank calls the same function with the same
     arguments; collectives inside it (``hvdlite.init()`` first) work as in any

@@ -47,6 +47,7 @@ from .mpi_ops import (  # noqa: F401  (Horovod exposes the underscored ops too)
 )
 from .reductions import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
 
+from . import elastic  # noqa: E402 - hvd.elastic.run, TensorFlowKerasState
 from ..basics import COMMON_NAMES
 
 __all__ = [

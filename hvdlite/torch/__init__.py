@@ -73,6 +73,7 @@ from hvdlite.torch.reducers import (
     ReductionContext,
 )
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
+from hvdlite.torch import elastic  # noqa: E402 - hvd.elastic.TorchState, as in Horovod
 
 from hvdlite.basics import COMMON_NAMES
 from hvdlite.torch.mpi_ops import __all__ as _mpi_ops_all
@@ -89,4 +90,6 @@ __all__ = [
     # gradient reducers for DistributedOptimizer(reducer=...)
     "GradientReducer", "ReductionContext", "AllreduceReducer", "CompressorReducer",
     "AdasumReducer",
+    # elastic training (hvd.elastic.run, TorchState, ElasticSampler)
+    "elastic",
 ]

@@ -29,6 +29,7 @@ from ..functions import allgather_object, broadcast_object, broadcast_object_fn 
 from ..sync_batch_norm import SyncBatchNormalization  # noqa: F401
 from . import callbacks  # noqa: F401
 from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, make_distributed
+from . import elastic  # noqa: F401  (hvd.elastic.KerasState and its callbacks)
 
 from ...basics import COMMON_NAMES
 
@@ -37,7 +38,7 @@ __all__ = [
     "HorovodInternalError", "Compression", "DistributedOptimizer",
     "PartialDistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather",
     "broadcast", "reducescatter", "load_model", "callbacks", "SyncBatchNormalization",
-    "broadcast_object", "broadcast_object_fn", "allgather_object",
+    "broadcast_object", "broadcast_object_fn", "allgather_object", "elastic",
 ]
 
 

@@ -1,0 +1,157 @@
+"""The commit file: one elastic job's last committed state, written atomically.
+
+Format: a first line ``HVDLITE-ELASTIC-STATE 1``, a second line of JSON (the
+header: job id, commit number, world size, time, a summary of the simple
+values, the payload's length and CRC-32), then the payload (the pickled state).
+
+Writing (rank 0 only, see :meth:`CommitStore.write`): the whole file goes to a
+temporary name in the same directory, is flushed and ``fsync``-ed, then renamed
+over the previous commit (:func:`_publish`) and the directory is ``fsync``-ed.
+A crash at any point before the rename leaves the previous commit as it was;
+a crash after it leaves the new one: a reader sees one complete commit or the
+other, never a mixture.  Temporary files a crash left behind are removed by the
+next write.
+
+Reading (:meth:`CommitStore.read`): a missing file is ``None`` (no commit yet);
+anything else that is not a complete commit of this job -- a wrong first line,
+a broken header, a short payload, a checksum that differs, another job's id --
+raises :class:`ElasticStateError` naming the file and what is wrong with it.
+The payload is unpickled by the caller: a state file must come from a
+trusted job, as any pickle.
+
+Standard library only: hvdrun reads headers with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import time
+import zlib
+
+__all__ = ["ElasticStateError", "Commit", "CommitStore", "MAGIC"]
+
+MAGIC = b"HVDLITE-ELASTIC-STATE 1\n"
+_MAX_HEADER = 64 * 1024
+
+
+class ElasticStateError(RuntimeError):
+    """The committed state of an elastic job cannot be used (corrupt, missing, foreign).
+
+    Raised on every rank, never a silent fresh start: resuming from nothing
+    would repeat work and diverge from the committed run without a word.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class Commit:
+    """One commit read back: its header fields and its payload (pickled state)."""
+
+    number: int
+    job_id: str
+    size: int
+    time: float
+    summary: dict
+    payload: bytes
+
+    def describe(self) -> str:
+        """``commit 4 (epoch=1, batch=20)``: how logs name it."""
+        details = ", ".join(f"{k}={v}" for k, v in self.summary.items())
+        return f"commit {self.number}" + (f" ({details})" if details else "")
+
+
+def _publish(temporary: str, final: str) -> None:
+    """Make the fully written *temporary* the commit (one atomic rename)."""
+    os.replace(temporary, final)
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on a directory: the rename still holds
+        pass
+    finally:
+        os.close(fd)
+
+
+class CommitStore:
+    """The commit file at *path*, for the job *job_id* (see the module doc)."""
+
+    def __init__(self, path: str, job_id: str = "") -> None:
+        self.path = path
+        self.job_id = job_id
+
+    def _fix(self) -> str:
+        return ("nothing starts it afresh on its own: start the job again to begin from "
+                "scratch, or put a good copy of the file back and relaunch")
+
+    def write(self, payload: bytes, number: int, size: int, summary: dict | None = None) -> None:
+        """Persist *payload* as commit *number*; on return the commit is on disk."""
+        directory = os.path.dirname(self.path) or "."
+        os.makedirs(directory, exist_ok=True)
+        for stale in glob.glob(self.path + ".tmp.*"):
+            try:
+                os.unlink(stale)
+            except OSError:
+                pass
+        header = {"job": self.job_id, "commit": int(number), "size": int(size),
+                  "time": time.time(), "summary": summary or {}, "bytes": len(payload),
+                  "crc32": zlib.crc32(payload)}
+        temporary = f"{self.path}.tmp.{os.getpid()}"
+        with open(temporary, "wb") as handle:
+            handle.write(MAGIC)
+            handle.write(json.dumps(header, separators=(",", ":")).encode() + b"\n")
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _publish(temporary, self.path)
+        _fsync_directory(directory)
+
+    def read(self) -> Commit | None:
+        """The commit on disk, None when there is none; ElasticStateError when unusable."""
+        try:
+            with open(self.path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ElasticStateError(f"cannot read the elastic state file {self.path}: "
+                                    f"{exc.strerror}") from None
+        return self._parse(data)
+
+    def _corrupt(self, why: str) -> ElasticStateError:
+        return ElasticStateError(f"the elastic state file {self.path} is corrupt ({why}): the "
+                                 f"job cannot resume from it; {self._fix()}")
+
+    def _parse(self, data: bytes) -> Commit:
+        if not data.startswith(MAGIC):
+            raise self._corrupt("it does not start with the hvdlite state header")
+        end = data.find(b"\n", len(MAGIC), len(MAGIC) + _MAX_HEADER)
+        if end < 0:
+            raise self._corrupt("its header line is cut short")
+        try:
+            header = json.loads(data[len(MAGIC):end])
+            number, size = int(header["commit"]), int(header["size"])
+            length, digest = int(header["bytes"]), int(header["crc32"])
+            job_id, stamp = str(header.get("job", "")), float(header.get("time", 0.0))
+            summary = header.get("summary") or {}
+        except (ValueError, KeyError, TypeError):
+            raise self._corrupt("its header is not valid") from None
+        payload = data[end + 1:]
+        if len(payload) != length:
+            raise self._corrupt(f"it holds {len(payload)} bytes of state, its header says "
+                                f"{length}")
+        if zlib.crc32(payload) != digest:
+            raise self._corrupt("the checksum of its state does not match")
+        if self.job_id and job_id != self.job_id:
+            raise ElasticStateError(
+                f"the elastic state file {self.path} belongs to job {job_id!r}, not to this "
+                f"job ({self.job_id!r}): give each job its own --elastic-state-dir, or "
+                f"{self._fix()}")
+        return Commit(number, job_id, size, stamp, dict(summary), payload)

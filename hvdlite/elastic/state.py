@@ -1,0 +1,302 @@
+"""Elastic state: what survives a lost rank, a new host, a relaunch.
+
+:class:`State` is Horovod's ``horovod.common.elastic.State``; :class:`ObjectState`
+keeps plain Python values as attributes.  The framework states
+(``hvdlite.torch.elastic.TorchState``, ``hvdlite.tensorflow.elastic.TensorFlowKerasState``)
+build on them.
+
+Cross-rank contract (every method below is collective unless it says otherwise:
+every rank calls it at the same point of the program, as for any collective):
+
+- ``save()`` -- (local) copy the live values into memory, the in-memory commit
+  Horovod has;
+- ``commit()`` -- ``save()``; then, under hvdrun's elastic mode, rank 0 writes
+  the saved state to the job's state directory (:mod:`.persistence`: atomic;
+  on a background thread, :mod:`.writer`: on disk shortly after ``commit()``
+  returns, and before the next ``commit()`` starts; ``flush()`` waits for it);
+  then ``check_host_updates()``;
+- ``check_host_updates()`` -- rank 0 looks for hvdrun's host-update notice
+  (:mod:`.layout`) and broadcasts what it saw; every rank then raises
+  :class:`~hvdlite.exceptions.HostsUpdatedInterrupt` together, or none does;
+- ``restore()`` -- (local) put the last saved values back into the live objects;
+- ``sync()`` -- every rank takes rank 0's values (a broadcast);
+- ``register_reset_callbacks(callbacks)`` -- (local) functions run after each
+  reset, e.g. to rescale the learning rate to the new ``size()``.
+
+The difference between ``save()`` and ``commit()``: ``save()`` alone keeps the
+state in this process's memory only, so it dies with the process; a commit under
+hvdrun's elastic mode is on disk and is where a relaunched job resumes.
+Outside hvdrun's elastic mode (plain ``hvdrun -np N``, ``mpiexec``) nothing
+relaunches the job, and a commit is ``save()`` plus ``check_host_updates()``,
+as in Horovod.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import sys
+from collections.abc import Callable, Iterable
+
+from ..exceptions import HostsUpdatedInterrupt
+from .layout import HOSTS_UPDATED_EXIT, WorkerContext, mark_restart, read_notice
+from .persistence import CommitStore, ElasticStateError
+from .writer import CommitWriter
+
+__all__ = ["State", "ObjectState"]
+
+_SUMMARY_TYPES = (bool, int, float, str)
+_SUMMARY_MAX = 8
+
+
+def say(text: str) -> None:
+    """One line on stderr, marked as coming from the elastic machinery."""
+    sys.stderr.write(f"hvdlite.elastic: {text}\n")
+    sys.stderr.flush()
+
+
+def _default_broadcast(obj):
+    from ..objects import broadcast_object
+
+    return broadcast_object(obj, root_rank=0)
+
+
+def _default_rank() -> int:
+    from ..basics import rank
+
+    return rank()
+
+
+def _world_size() -> int:
+    from ..basics import is_initialized, size
+
+    return size() if is_initialized() else 1
+
+
+class State:
+    """Horovod's elastic ``State``: see the module doc for the cross-rank contract.
+
+    *bcast_object* broadcasts a picklable object from rank 0 and returns it on
+    every rank; *get_rank* returns this process's rank.  Both default to
+    hvdlite's own (Horovod requires them; the framework states pass theirs).
+    """
+
+    def __init__(self, bcast_object: Callable | None = None,
+                 get_rank: Callable[[], int] | None = None) -> None:
+        self._bcast_object = bcast_object or _default_broadcast
+        self._rank = get_rank or _default_rank
+        self._reset_callbacks: list[Callable[[], None]] = []
+        self._update_posted = False  # on_hosts_updated() was called on this rank
+        self._context = WorkerContext.from_environ()
+        self._commit_number = 0
+        self._writer: CommitWriter | None = None
+        self._sync_commits = os.environ.get("HVDLITE_ELASTIC_SYNC_COMMIT", "") in ("1", "true")
+
+    # -- Horovod's interface -------------------------------------------------------------
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Run each of *callbacks* (no arguments) after every reset: once the state is in
+        sync again on a relaunched job (where ``size()`` may differ) or after a reset in
+        this process."""
+        callbacks = list(callbacks)
+        for callback in callbacks:
+            if not callable(callback):
+                raise TypeError(f"register_reset_callbacks: {callback!r} is not callable; "
+                                "pass a list of functions taking no arguments")
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        self._update_posted = False
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, timestamp=None, update_res=None) -> None:
+        """Horovod's notification hook: the next ``check_host_updates()`` raises on every
+        rank when it was called on rank 0."""
+        self._update_posted = True
+
+    def commit(self) -> None:
+        """Save the state, persist it (under hvdrun's elastic mode), check for new hosts.
+
+        Commits cost a copy of the state (and, on rank 0, a write to disk): commit
+        every few batches, trading that cost against the work a failure loses.
+        """
+        self.save()
+        self._persist()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise HostsUpdatedInterrupt on every rank when hvdrun announced new or lost hosts."""
+        seen = None
+        if self._rank() == 0:
+            seen = self._notice()
+        seen = self._bcast_object(seen)
+        if seen:
+            raise HostsUpdatedInterrupt(skip_sync=False)
+
+    def save(self) -> None:
+        """Copy the live values into this process's memory."""
+        raise NotImplementedError()
+
+    def restore(self) -> None:
+        """Put the last saved values back, undoing what changed since."""
+        raise NotImplementedError()
+
+    def sync(self) -> None:
+        """Give every rank rank 0's values."""
+        raise NotImplementedError()
+
+    def reset(self) -> None:
+        """Hook for subclasses: runs at each reset, before the reset callbacks."""
+
+    # -- persistence (hvdlite) -----------------------------------------------------------
+    def _snapshot(self) -> object:
+        """The saved state as one picklable object (what a commit writes)."""
+        raise NotImplementedError()
+
+    def _load_snapshot(self, snapshot: object) -> None:
+        """Make *snapshot* (from :meth:`_snapshot`) the saved state and the live one."""
+        raise NotImplementedError()
+
+    def _summary(self) -> dict:
+        """A few simple values that name a commit in the logs (e.g. epoch and batch)."""
+        return {}
+
+    def _notice(self) -> str | None:
+        if self._update_posted:
+            return "on_hosts_updated() was called"
+        ctx = self._context
+        return read_notice(ctx.job_dir, ctx.generation) if ctx.relaunchable else None
+
+    def _store(self) -> CommitStore:
+        return CommitStore(self._context.state_path(), self._context.job_id)
+
+    def flush(self) -> None:
+        """(+) Wait until the last commit is on disk (rank 0; elsewhere it returns at once).
+
+        Local: no other rank takes part.  Raises ElasticStateError when writing it failed.
+        """
+        if self._writer is not None:
+            self._writer.wait()
+
+    def _persist(self) -> None:
+        """Rank 0 starts writing the saved state as the next commit (hvdrun's elastic mode)."""
+        if not self._context.relaunchable:
+            return
+        self._commit_number += 1
+        if self._rank() == 0:
+            if self._writer is None:
+                self._writer = CommitWriter(self._store())
+            self._writer.submit(self._snapshot(), self._commit_number, _world_size(),
+                                self._summary())
+            if self._sync_commits:
+                self._writer.wait()
+
+    def _resume(self) -> None:
+        """Collective: rank 0 loads the job's last commit, if any; every rank learns the
+        outcome and raises the same ElasticStateError when the commit cannot be used."""
+        ctx = self._context
+        if not ctx.relaunchable:
+            return None
+        outcome: tuple = ("none", 0, "")
+        if self._rank() == 0:
+            outcome = self._load_commit()
+        kind, number, text = self._bcast_object(outcome)
+        if kind == "error":
+            raise ElasticStateError(text)
+        self._commit_number = number
+        if kind == "loaded" and self._rank() == 0:
+            say(f"resuming from {text} with {_world_size()} rank(s) (launch {ctx.generation})")
+
+    def _load_commit(self) -> tuple:
+        ctx = self._context
+        try:
+            commit = self._store().read()
+            if commit is None:
+                if ctx.expect_commit:
+                    raise ElasticStateError(
+                        f"the elastic state file {ctx.state_path()} is missing, but hvdrun "
+                        f"saw commit {ctx.expect_commit} there before this launch: the "
+                        "state directory must be one that hvdrun and every host share "
+                        "(--elastic-state-dir on a shared file system)")
+                return ("none", 0, "")
+            if commit.number < ctx.expect_commit:
+                raise ElasticStateError(
+                    f"the elastic state file {ctx.state_path()} holds commit {commit.number}, "
+                    f"but hvdrun saw commit {ctx.expect_commit} there before this launch: "
+                    "another copy of the directory is in the way (give every host the same "
+                    "shared --elastic-state-dir)")
+            try:
+                snapshot = pickle.loads(commit.payload)
+            except Exception as exc:  # noqa: BLE001 - any unpickling failure is the file's
+                raise ElasticStateError(
+                    f"the elastic state file {ctx.state_path()} cannot be unpickled ({exc}); "
+                    "was the state made with other classes than this script has?") from None
+            self._load_snapshot(snapshot)
+            return ("loaded", commit.number, commit.describe())
+        except ElasticStateError as exc:
+            return ("error", 0, str(exc))
+
+    def _leave_for_new_hosts(self) -> None:
+        """Every rank, after HostsUpdatedInterrupt under hvdrun's elastic mode: persist the
+        current state as a commit, mark the launch for a relaunch, and exit."""
+        self.save()
+        self._persist()
+        self.flush()
+        if self._rank() == 0:
+            mark_restart(self._context.job_dir, self._context.generation, self._commit_number)
+            say(f"hosts changed: saved commit {self._commit_number}; every rank exits "
+                f"(code {HOSTS_UPDATED_EXIT}) and hvdrun relaunches on the new hosts")
+        raise SystemExit(HOSTS_UPDATED_EXIT)
+
+
+class ObjectState(State):
+    """Plain Python values, each given as a keyword argument and kept as an attribute.
+
+    ``ObjectState(epoch=0, batch=0)`` -> ``state.epoch``, ``state.batch``.  The
+    values must be picklable (they are broadcast, and committed to disk under
+    hvdrun's elastic mode).
+    """
+
+    def __init__(self, bcast_object: Callable | None = None,
+                 get_rank: Callable[[], int] | None = None, **kwargs) -> None:
+        self._saved_state = dict(kwargs)
+        self._set_attrs()
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+
+    def save(self) -> None:
+        self._saved_state = {name: getattr(self, name) for name in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def _set_attrs(self) -> None:
+        for name, value in self._saved_state.items():
+            setattr(self, name, value)
+
+    def _snapshot(self) -> object:
+        # A private copy: the commit is pickled on another thread while training goes on.
+        return {"objects": copy.deepcopy(self._saved_state)}
+
+    def _load_snapshot(self, snapshot: object) -> None:
+        if not isinstance(snapshot, dict) or "objects" not in snapshot:
+            raise ElasticStateError("the committed state was not written by an ObjectState "
+                                    "(or a state class built on it)")
+        saved = dict(snapshot["objects"])
+        missing = sorted(set(self._saved_state) - set(saved))
+        if missing:
+            raise ElasticStateError(f"the committed state has no value for {missing}: the "
+                                    "script's state has attributes the commit lacks")
+        self._saved_state.update(saved)
+        self.restore()
+
+    def _summary(self) -> dict:
+        simple = {name: value for name, value in self._saved_state.items()
+                  if isinstance(value, _SUMMARY_TYPES) and len(repr(value)) <= 40}
+        return dict(list(simple.items())[:_SUMMARY_MAX])

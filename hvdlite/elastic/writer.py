@@ -1,0 +1,60 @@
+"""Rank 0's commit writer: the disk work of a commit, off the training thread.
+
+``commit()`` copies the state in memory on the training thread (that copy is
+what the commit is); pickling, the checksum, the write, ``fsync`` and the
+rename then happen on a thread of their own, while training goes on.  One
+commit is in flight at a time: the next ``commit()`` first waits for the
+previous one to be on disk.  :meth:`CommitWriter.wait` waits for the one in
+flight and raises, as :class:`~.persistence.ElasticStateError`, what went wrong
+writing it (a full disk, say).
+
+So a commit is on disk a short while after ``commit()`` returns (the time to
+write the state: milliseconds for megabytes), and certainly once the next
+``commit()`` starts.  ``HVDLITE_ELASTIC_SYNC_COMMIT=1`` makes every
+``commit()`` wait for its own write instead.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+from .persistence import CommitStore, ElasticStateError
+
+__all__ = ["CommitWriter"]
+
+
+class CommitWriter:
+    """Writes commits to *store* on a background thread, one at a time."""
+
+    def __init__(self, store: CommitStore) -> None:
+        self.store = store
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._number = 0
+
+    def submit(self, snapshot: object, number: int, size: int, summary: dict) -> None:
+        """Wait for the previous commit, then start writing *snapshot* as commit *number*."""
+        self.wait()
+        self._number = number
+
+        def write() -> None:
+            try:
+                payload = pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)
+                self.store.write(payload, number, size, summary)
+            except BaseException as exc:  # noqa: BLE001 - reported by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=write, name=f"hvdlite-commit-{number}",
+                                        daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Return once the commit in flight (if any) is on disk; raise what failed it."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise ElasticStateError(f"writing commit {self._number} to {self.store.path} "
+                                    f"failed: {error}") from error

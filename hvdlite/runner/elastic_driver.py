@@ -1,0 +1,265 @@
+"""hvdrun's elastic loop: launch the job, watch its hosts, relaunch it from the last commit.
+
+MPI cannot shrink or grow a running job (no ULFM in the MPIs pip installs), so
+the unit of recovery is the whole MPI job.  Each turn of the loop is a *launch*
+(generation 0, 1, ...):
+
+1. ask the host source (:mod:`.discovery`) for the usable hosts, leaving out
+   blacklisted ones (:mod:`.blacklist`); with fewer than ``--min-np`` slots,
+   wait up to ``--elastic-timeout`` seconds, then end with an error naming the
+   hosts that were lost and why;
+2. read the commit in the job's state directory (:mod:`hvdlite.elastic.persistence`):
+   a corrupt one ends the job with that error, nothing relaunches it;
+3. start ``min(slots, --max-np)`` ranks through the ordinary launch path
+   (:func:`.cli.plan`, :func:`.job.run_job_outcome`), with the variables that
+   tell each rank where the state is (:mod:`hvdlite.elastic.layout`); while it
+   runs, poll the source every ``HVDLITE_ELASTIC_DISCOVERY_INTERVAL`` seconds
+   and, when the placement would change, post the host-update notice: the
+   ranks raise ``HostsUpdatedInterrupt`` at their next ``commit()``, commit, and
+   exit together with ``HOSTS_UPDATED_EXIT``;
+4. then: every rank succeeded -> done (the state directory is removed); the
+   ranks left for new hosts -> relaunch (counts against ``--reset-limit``); a
+   rank failed -> blacklist its host (sources that can change only), relaunch
+   (counts against ``--max-restarts`` and ``--reset-limit``), or give up with
+   the failure's exit code when a budget is spent.
+
+Every decision is one ``hvdrun: elastic: ...`` line on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from ..elastic.layout import (EXPECT_COMMIT_VARIABLE, GENERATION_VARIABLE, HOSTS_UPDATED_EXIT,
+                              JOB_DIR_VARIABLE, JOB_ID_VARIABLE, ENABLED_VARIABLE,
+                              STATE_ERROR_EXIT, STATE_FILE, post_notice, restart_path)
+from ..elastic.persistence import Commit, CommitStore, ElasticStateError
+from . import sshcheck
+from .blacklist import Blacklist
+from .discovery import DiscoveryError
+from .elastic_hosts import HostPool, describe_change, rank_host
+from .elastic_settings import DEFAULT_STATE_DIR, ElasticSettings
+from .errors import USAGE_EXIT
+from .hosts import Host, format_hosts, total_slots
+from .job import JobOutcome, run_job_outcome
+
+__all__ = ["run_elastic", "GiveUp", "new_job_id", "rank_environment"]
+
+
+def say(text: str) -> None:
+    sys.stderr.write(f"hvdrun: elastic: {text}\n")
+    sys.stderr.flush()
+
+
+class GiveUp(Exception):
+    """The elastic job ends here; the message says why, ``code`` is hvdrun's exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def new_job_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def rank_environment(job_dir: str, job_id: str, generation: int,
+                     commit: Commit | None) -> dict[str, str]:
+    """The variables every rank of launch *generation* gets (HOROVOD_ELASTIC too)."""
+    return {ENABLED_VARIABLE: "1", "HOROVOD_ELASTIC": "1", JOB_DIR_VARIABLE: job_dir,
+            JOB_ID_VARIABLE: job_id, GENERATION_VARIABLE: str(generation),
+            EXPECT_COMMIT_VARIABLE: str(commit.number if commit else 0)}
+
+
+class _HostWatch(threading.Thread):
+    """Polls the pool while a launch runs; posts the notice once the placement would change."""
+
+    def __init__(self, pool: HostPool, placement: list[Host], job_dir: str, generation: int,
+                 interval: float) -> None:
+        super().__init__(daemon=True, name="hvdrun-host-watch")
+        self.pool, self.placement = pool, placement
+        self.job_dir, self.generation, self.interval = job_dir, generation, interval
+        self.notice: str | None = None
+        self._stop_event = threading.Event()
+        self._warned: set[str] = set()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5.0)
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                wanted = self.pool.placement(self.pool.available())
+            except DiscoveryError as exc:
+                if str(exc) not in self._warned:
+                    self._warned.add(str(exc))
+                    say(f"warning: {exc} (the job goes on; hvdrun keeps asking)")
+                continue
+            if wanted != self.placement:
+                self.notice = describe_change(self.placement, wanted)
+                post_notice(self.job_dir, self.generation, self.notice)
+                say(f"hosts changed: {self.notice}; the ranks leave at their next commit")
+                return
+
+
+def _wait_for_slots(pool: HostPool, settings: ElasticSettings) -> list[Host]:
+    deadline = time.monotonic() + settings.timeout
+    announced, last_error = False, None
+    while True:
+        try:
+            hosts = pool.available()
+            last_error = None
+        except DiscoveryError as exc:
+            hosts, last_error = [], str(exc)
+        have = total_slots(hosts)
+        if have >= settings.min_np:
+            return hosts
+        left = deadline - time.monotonic()
+        if left <= 0:
+            lost = pool.lost(hosts)
+            raise GiveUp(
+                f"only {have} slot(s) available ({format_hosts(hosts) or 'no host'}), fewer "
+                f"than --min-np {settings.min_np}, after waiting {settings.timeout:g} s "
+                f"(--elastic-timeout)" + (f"; lost: {'; '.join(lost)}" if lost else "")
+                + (f"; last discovery error: {last_error}" if last_error else ""))
+        if not announced:
+            announced = True
+            say(f"{have} slot(s) available, fewer than --min-np {settings.min_np}: waiting up "
+                f"to {settings.timeout:g} s for more")
+        time.sleep(min(settings.poll_interval, max(left, 0.01)))
+
+
+def _commit_on_disk(job_dir: str, job_id: str) -> Commit | None:
+    try:
+        return CommitStore(os.path.join(job_dir, STATE_FILE), job_id).read()
+    except ElasticStateError as exc:
+        raise GiveUp(str(exc)) from None
+
+
+def _what_failed(outcome: JobOutcome) -> str:
+    failure = outcome.failure
+    if failure is not None:
+        return f"rank {failure.rank} on host {failure.host} {failure.how}"
+    if outcome.reason == "start-timeout":
+        return "the ranks did not all start within --start-timeout"
+    return f"the launcher failed (exit code {outcome.code})"
+
+
+def _remove_job_dir(job_dir: str, settings: ElasticSettings) -> None:
+    shutil.rmtree(job_dir, ignore_errors=True)
+    if os.path.basename(settings.state_dir) == DEFAULT_STATE_DIR:
+        try:
+            os.rmdir(settings.state_dir)  # only when no other job uses it
+        except OSError:
+            pass
+
+
+def run_elastic(settings: ElasticSettings, source,
+                make_plan: Callable[[int, list[Host], dict[str, str]], object], *,
+                dry_run: bool = False, describe: Callable[[object], str] | None = None) -> int:
+    """Run the elastic job (see the module doc); returns hvdrun's exit status.
+
+    *make_plan(np, hosts, rank_env)* returns the launch :class:`~.cli.Plan` for one
+    launch; *describe* (``--verbose``) the text printed before each launch.
+    """
+    pool = HostPool(source, Blacklist(settings.cooldown_range), settings.max_np)
+    try:
+        first = pool.available()
+    except DiscoveryError as exc:
+        sys.stderr.write(f"hvdrun: error: {exc}\n")
+        return USAGE_EXIT
+    job_id = new_job_id()
+    job_dir = os.path.join(settings.state_dir, job_id)
+    if dry_run:
+        placement = pool.placement(first)
+        if not placement:
+            sys.stderr.write(f"hvdrun: error: {source.label} offers no host now\n")
+            return USAGE_EXIT
+        launch = make_plan(total_slots(placement), placement,
+                           rank_environment(job_dir, job_id, 0, None))
+        sys.stdout.write(launch.shell_line() + "\n")
+        return 0
+    os.makedirs(job_dir, exist_ok=True)
+    try:
+        return _loop(settings, source, pool, make_plan, describe, job_id, job_dir)
+    except GiveUp as exc:
+        say(f"error: {exc}")
+        if os.path.exists(os.path.join(job_dir, STATE_FILE)):
+            say(f"the last commit stays in {job_dir}")
+        return exc.code
+
+
+def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe,
+          job_id: str, job_dir: str) -> int:
+    generation = restarts = resets = 0
+    while True:
+        hosts = _wait_for_slots(pool, settings)
+        placement = pool.placement(hosts)
+        pool.record(placement)
+        np = total_slots(placement)
+        commit = _commit_on_disk(job_dir, job_id)
+        start = f"resuming from {commit.describe()}" if commit else "from the start"
+        say(f"launch {generation}: {np} rank(s) on {format_hosts(placement)}, {start}")
+        launch = make_plan(np, placement, rank_environment(job_dir, job_id, generation, commit))
+        if describe is not None:
+            sys.stderr.write(describe(launch))
+        try:
+            sshcheck.check_hosts(launch.ssh_hosts, launch.ssh_args, launch.env)
+        except sshcheck.HostCheckError as exc:
+            raise GiveUp(str(exc)) from None
+        watch = _HostWatch(pool, placement, job_dir, generation, settings.poll_interval)
+        if source.dynamic:
+            watch.start()
+        try:
+            outcome = run_job_outcome(launch.cmd, launch.env, np=np,
+                                      start_timeout=launch.start_timeout,
+                                      quiet_codes=(HOSTS_UPDATED_EXIT, STATE_ERROR_EXIT))
+        finally:
+            if watch.is_alive():
+                watch.stop()
+        if outcome.reason == "signal":
+            return outcome.code
+        if STATE_ERROR_EXIT in outcome.quiet_exits.values():
+            raise GiveUp("the ranks could not load the commit to resume from (their message "
+                         "is above); not relaunching")
+        if os.path.exists(restart_path(job_dir, generation)):
+            resets += 1
+            _check_reset_limit(settings, resets, "the hosts changed")
+            say(f"the ranks left for new hosts ({watch.notice or 'notice posted'}): "
+                "relaunching")
+        elif outcome.code == 0 and outcome.reason is None:
+            if generation:
+                say(f"the job finished after {generation} relaunch(es)")
+            _remove_job_dir(job_dir, settings)
+            return 0
+        else:
+            what = _what_failed(outcome)
+            restarts += 1
+            resets += 1
+            if outcome.failure is not None and source.dynamic:
+                host = rank_host(placement, outcome.failure.rank) or outcome.failure.host
+                pool.blacklist.add(host, f"rank {outcome.failure.rank} failed there: "
+                                         f"{outcome.failure.how}")
+                say(f"host {host} is left out: {pool.blacklist.reason(host)}")
+            budget = settings.max_restarts
+            if budget is not None and restarts > budget:
+                raise GiveUp(f"{what}; the restart budget is spent (--max-restarts {budget})",
+                             outcome.code or 1)
+            _check_reset_limit(settings, resets, what, outcome.code or 1)
+            count = f"restart {restarts}" + (f" of {budget}" if budget is not None else "")
+            say(f"{what}: relaunching ({count})")
+        generation += 1
+
+
+def _check_reset_limit(settings: ElasticSettings, resets: int, what: str, code: int = 1
+                       ) -> None:
+    if settings.reset_limit is not None and resets > settings.reset_limit:
+        raise GiveUp(f"{what}, but the job was relaunched {resets - 1} time(s) already "
+                     f"(--reset-limit {settings.reset_limit})", code)

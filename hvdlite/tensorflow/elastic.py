@@ -1,0 +1,148 @@
+"""``hvdlite.tensorflow.elastic``: Horovod's ``horovod.tensorflow.elastic`` for TF 2 / Keras 3.
+
+``TensorFlowKerasState(model, optimizer=None, **kwargs)`` tracks a Keras
+model's and its optimizer's variables; ``TensorFlowState(variables, **kwargs)``
+a list of ``tf.Variable``; both keep other keyword arguments as plain values
+(:class:`~hvdlite.elastic.ObjectState`).  ``@run`` is the decorator; the
+guarantee and the cross-rank contract are in :mod:`hvdlite.elastic`.
+Eager execution only (TF 2): the TF1 session arguments are accepted for
+Horovod compatibility and must be None.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from hvdlite.basics import rank
+from hvdlite.elastic import ObjectState, State, run, run_fn
+from hvdlite.elastic.persistence import ElasticStateError
+
+from .functions import broadcast_object, broadcast_variables
+
+__all__ = ["run", "run_fn", "State", "ObjectState", "TensorFlowState", "TensorFlowKerasState"]
+
+
+def _values(variables) -> list:
+    return [v.numpy() for v in variables]
+
+
+def _assign(variables, values, what: str) -> None:
+    variables = list(variables)
+    if len(variables) != len(values):
+        raise ElasticStateError(f"the committed state holds {len(values)} {what} variables, "
+                                f"this process has {len(variables)}: build the same model "
+                                "and optimizer before the elastic function runs")
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+
+
+def _optimizer_variables(optimizer) -> list:
+    found = optimizer.variables
+    return list(found() if callable(found) else found)
+
+
+def _require_eager(what: str, session) -> None:
+    if session is not None or not tf.executing_eagerly():
+        raise ValueError(f"{what}: hvdlite's elastic states need eager execution (TF 2); "
+                         "TF1 sessions are not supported: leave session/backend unset")
+
+
+class TensorFlowKerasState(ObjectState):
+    """A Keras model and its optimizer (default ``model.optimizer``), plus plain values.
+
+    The model must be built (``model.build(input_shape)`` or one call on data);
+    the optimizer is built on the model's trainable variables when it is not yet,
+    so that every rank has the same variables to broadcast and commit.
+    """
+
+    def __init__(self, model, optimizer=None, backend=None, **kwargs) -> None:
+        _require_eager("TensorFlowKerasState", None)
+        if not getattr(model, "built", True):
+            raise ValueError("TensorFlowKerasState: the model must be built first: call "
+                             "model.build(input_shape) or run it on a batch")
+        optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        if optimizer is None:
+            raise ValueError("TensorFlowKerasState: no optimizer: compile the model with one "
+                             "or pass optimizer=")
+        self.model, self.optimizer, self.backend = model, optimizer, backend
+        self._build_optimizer()
+        self._save_model()
+        super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
+
+    def _build_optimizer(self) -> None:
+        if not getattr(self.optimizer, "built", True):
+            self.optimizer.build(self.model.trainable_variables)
+
+    def _save_model(self) -> None:
+        self._saved_model_state = _values(self.model.variables)
+        self._saved_optimizer_state = _values(_optimizer_variables(self.optimizer))
+
+    def _load_model(self) -> None:
+        _assign(self.model.variables, self._saved_model_state, "model")
+        _assign(_optimizer_variables(self.optimizer), self._saved_optimizer_state, "optimizer")
+
+    def save(self) -> None:
+        self._save_model()
+        super().save()
+
+    def restore(self) -> None:
+        self._load_model()
+        super().restore()
+
+    def sync(self) -> None:
+        self._build_optimizer()
+        broadcast_variables(list(self.model.variables)
+                            + _optimizer_variables(self.optimizer), root_rank=0)
+        self._save_model()
+        super().sync()
+
+    def _snapshot(self) -> object:
+        snapshot = super()._snapshot()
+        snapshot.update(model=self._saved_model_state, optimizer=self._saved_optimizer_state)
+        return snapshot
+
+    def _load_snapshot(self, snapshot: object) -> None:
+        if not isinstance(snapshot, dict) or "model" not in snapshot:
+            raise ElasticStateError("the committed state was not written by a Keras state")
+        self._build_optimizer()
+        self._saved_model_state = list(snapshot["model"])
+        self._saved_optimizer_state = list(snapshot["optimizer"])
+        super()._load_snapshot(snapshot)
+
+
+class TensorFlowState(ObjectState):
+    """A list of ``tf.Variable`` (required: TF 2 has no global collection), plus plain values."""
+
+    def __init__(self, variables=None, session=None, **kwargs) -> None:
+        _require_eager("TensorFlowState", session)
+        if not variables:
+            raise ValueError("TensorFlowState: pass the variables to track, e.g. "
+                             "TensorFlowState(model.variables) (TF 2 has no global "
+                             "variable collection)")
+        self.variables, self.session = list(variables), None
+        self._values = _values(self.variables)
+        super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
+
+    def save(self) -> None:
+        self._values = _values(self.variables)
+        super().save()
+
+    def restore(self) -> None:
+        _assign(self.variables, self._values, "tracked")
+        super().restore()
+
+    def sync(self) -> None:
+        broadcast_variables(self.variables, root_rank=0)
+        self._values = _values(self.variables)
+        super().sync()
+
+    def _snapshot(self) -> object:
+        snapshot = super()._snapshot()
+        snapshot["variables"] = self._values
+        return snapshot
+
+    def _load_snapshot(self, snapshot: object) -> None:
+        if not isinstance(snapshot, dict) or "variables" not in snapshot:
+            raise ElasticStateError("the committed state was not written by a TensorFlowState")
+        self._values = list(snapshot["variables"])
+        super()._load_snapshot(snapshot)

@@ -1,0 +1,63 @@
+"""The trace's vocabulary: phases, track ids, and the records the engine hands over.
+
+A timeline is a Chrome trace (the JSON array format that ui.perfetto.dev and
+chrome://tracing open) written by rank 0.  Each tensor name has a track.  Every
+slice on it carries its phase in ``cat``:
+
+- ``negotiate``: from rank 0's submission (or the first rank's report, if
+  earlier) until every rank was ready and the response was known;
+- ``op``: the tensor's execution, around the phases below; its name is the kind
+  (``allreduce`` ...), its args the batch id, the tensors in the batch, dtypes
+  and shapes;
+- ``queue``: from the response until its batch started (batches of one cycle
+  run one after the other);
+- ``copy_in`` / ``copy_out``: packing into / unpacking from the fusion buffer;
+- ``collective``: the data movement, named by its path (``MPI allreduce``,
+  ``shared memory allreduce``, ``hierarchical allreduce``, ``MPI allgather``...);
+- ``callbacks``: completing the handles (done-callbacks run here).
+
+Execution slices carry ``args.batch``: the same id on every tensor fused into
+one batch.  On the coordinator's tracks, instant events (``cat`` ``report``)
+mark the cycle in which each rank reported the tensor; the negotiate slice's
+args sum them up (``last``: the ranks that reported last; ``wait_for_last_us``:
+from the first report to the last; ``cached``: decided by the response cache,
+so no reports).  With ``mark_cycles`` a track of its own shows each engine cycle,
+from its start to the last thing recorded in it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "NEGOTIATE", "QUEUE", "COPY_IN", "COLLECTIVE", "COPY_OUT", "CALLBACKS", "PHASES",
+    "EXECUTION", "OPERATION", "REPORT", "CYCLE", "LABELS", "CYCLES_TRACK",
+    "FIRST_TENSOR_TRACK",
+]
+
+NEGOTIATE = "negotiate"
+QUEUE = "queue"
+COPY_IN = "copy_in"
+COLLECTIVE = "collective"
+COPY_OUT = "copy_out"
+CALLBACKS = "callbacks"
+#: Every phase, in the order a tensor goes through them.
+PHASES = (NEGOTIATE, QUEUE, COPY_IN, COLLECTIVE, COPY_OUT, CALLBACKS)
+#: The phases of a batch's execution (one slice per tensor, the batch's times).
+EXECUTION = PHASES[1:]
+OPERATION = "op"
+REPORT = "report"
+CYCLE = "cycle"
+
+#: How each phase reads in a table or legend (a collective slice's own name says
+#: its path and kind).
+LABELS = {NEGOTIATE: "negotiate", QUEUE: "queue", COPY_IN: "copy in", COLLECTIVE: "collective",
+          COPY_OUT: "copy out", CALLBACKS: "callbacks"}
+
+CYCLES_TRACK = 1
+FIRST_TENSOR_TRACK = 2
+
+# Records: what the engine thread appends (plain tuples), tagged by their first item.
+R_CYCLE = 0  # (R_CYCLE, time, cycle number)
+R_SUBMIT = 1  # (R_SUBMIT, [(key, submitted time, kind), ...])
+R_REPORTS = 2  # (R_REPORTS, time, gathered): gathered[rank][0] is that rank's request list
+R_DECIDED = 3  # (R_DECIDED, time): this cycle's responses are known
+R_BATCH = 4  # (R_BATCH, batch, path, marks, finish time or None, end time)

@@ -1,0 +1,186 @@
+"""Elastic jobs for real: hvdrun relaunching real ranks after real failures and host changes.
+
+Each test runs hvdrun on a script in tests/elastic_scripts/ with a hard time
+limit; the process group is killed on a timeout, and every test checks that no
+rank outlived the job.  The discovery interval is 0.2 s
+(``HVDLITE_ELASTIC_DISCOVERY_INTERVAL``) so host changes are seen at once.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from helpers_runner.common import Result, clean_env, gone_within, hvdrun_cmd, run
+
+SCRIPTS = Path(__file__).resolve().parent / "elastic_scripts"
+PY = sys.executable
+
+
+@pytest.fixture
+def job_env():
+    """The jobs' environment, marked so that leftover processes can be found."""
+    marker = f"HVDLITE_ELASTIC_TEST_MARKER={uuid.uuid4().hex}"
+    name, value = marker.split("=")
+    env = clean_env(HVDLITE_ELASTIC_DISCOVERY_INTERVAL="0.2", TF_CPP_MIN_LOG_LEVEL="3",
+                    **{name: value})
+    yield env
+    assert gone_within(marker, 15), "ranks outlived the job"
+
+
+def _hvdrun(tmp_path, env, *args, timeout=150.0) -> Result:
+    return run(hvdrun_cmd("--elastic-state-dir", str(tmp_path / "state"), *args),
+               timeout=timeout, env=env)
+
+
+def _discovery(tmp_path, hosts: str) -> tuple[Path, Path]:
+    hostsfile, script = tmp_path / "hosts.txt", tmp_path / "discover.sh"
+    hostsfile.write_text(hosts + "\n")
+    script.write_text(f"#!/bin/sh\ncat {hostsfile}\n")
+    script.chmod(0o755)
+    return hostsfile, script
+
+
+@pytest.mark.timeout(300)
+def test_torch_rank_killed_mid_epoch_resumes_from_the_last_commit(tmp_path, job_env):
+    out, replay = tmp_path / "elastic", tmp_path / "replay"
+    out.mkdir()
+    replay.mkdir()
+    script = str(SCRIPTS / "torch_train.py")
+    result = _hvdrun(tmp_path, job_env, "-np", "3", "--max-restarts", "1", PY, script,
+                     "--epochs", "2", "--batches", "6", "--commit-every", "2",
+                     "--kill-rank", "1", "--kill-at", "9", "--out", str(out))
+    log = result.output
+    assert result.returncode == 0, log
+    assert "rank 1 on host" in log and "killed by signal 9 (SIGKILL): relaunching (restart 1 " \
+        "of 1)" in log, log
+    assert "launch 1: 3 rank(s) on localhost:3, resuming from commit 5 (epoch=1, batch=2)" \
+        in log, log
+    assert "hvdlite.elastic: resuming from commit 5 (epoch=1, batch=2) with 3 rank(s)" in log
+    assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())
+    # An uninterrupted 3-rank run from the commit the elastic job resumed from.
+    again = run(hvdrun_cmd("-np", "3", PY, script, "--epochs", "2", "--batches", "6",
+                           "--commit-every", "2", "--out", str(replay), "--start-from",
+                           str(out / "resumed.pt"), "--compare-with", str(out / "final.pt")),
+                timeout=120, env=job_env)
+    assert again.returncode == 0, again.output
+    assert "replaying from epoch 1 batch 2 with 3 ranks (the commit was resumed with 3)" \
+        in again.stdout, again.output
+    assert f"weights equal those of {out / 'final.pt'}: True" in again.stdout, again.output
+
+
+def _edit_hosts_when_paused(signal_dir: Path, hostsfile: Path, steps: dict, stop):
+    """Launch N pauses (pause.N appears) -> write steps[N] into the discovery file."""
+    pending = dict(steps)
+    while pending and not stop.is_set():
+        for launch in list(pending):
+            if (signal_dir / f"pause.{launch}").exists():
+                hostsfile.write_text(pending.pop(launch) + "\n")
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(300)
+def test_hosts_from_discovery_2_3_2_with_elastic_sampler(tmp_path, job_env):
+    hostsfile, discover = _discovery(tmp_path, "localhost:2")
+    signal_dir, log = tmp_path / "signals", tmp_path / "steps.jsonl"
+    signal_dir.mkdir()
+    stop = threading.Event()
+    editor = threading.Thread(target=_edit_hosts_when_paused, daemon=True, args=(
+        signal_dir, hostsfile, {0: "localhost:3", 1: "localhost:2"}, stop))
+    editor.start()
+    try:
+        result = _hvdrun(tmp_path, job_env, "--min-np", "2", "--max-np", "3",
+                         "--host-discovery-script", str(discover), PY,
+                         str(SCRIPTS / "sampler_resize.py"), "--samples", "36", "--batch", "2",
+                         "--epochs", "3", "--pause", "3", "--log", str(log),
+                         "--signal-dir", str(signal_dir))
+    finally:
+        stop.set()
+        editor.join(timeout=5)
+    assert result.returncode == 0, result.output
+    assert "hosts changed: localhost:2 -> localhost:3" in result.stderr, result.output
+    assert "hosts changed: localhost:3 -> localhost:2" in result.stderr, result.output
+    assert "launch 2: 2 rank(s) on localhost:2, resuming from commit" in result.stderr
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    starts = [r for r in records if "reset_sizes" in r]
+    # hvd.size() inside each launch, and what the reset callback saw after each relaunch
+    assert [(r["launch"], r["size"], r["reset_sizes"]) for r in starts] == [
+        (0, 2, []), (1, 3, [3]), (2, 2, [2])], records
+    per_epoch = defaultdict(list)
+    sizes = defaultdict(set)
+    for record in records:
+        if "indices" in record:
+            per_epoch[record["epoch"]].extend(record["indices"])
+            sizes[record["epoch"]].add(record["size"])
+    assert sorted(per_epoch) == [0, 1, 2]
+    for epoch, indices in per_epoch.items():
+        assert sorted(indices) == list(range(36)), (epoch, indices)  # each sample once
+    assert sizes == {0: {2, 3}, 1: {3, 2}, 2: {2}}  # epochs 0 and 1 changed size midway
+
+
+@pytest.mark.timeout(300)
+def test_keras_fit_with_elastic_callbacks_survives_a_killed_rank(tmp_path, job_env):
+    result = _hvdrun(tmp_path, job_env, "-np", "2", "--max-restarts", "1", PY,
+                     str(SCRIPTS / "keras_fit.py"), "--epochs", "3", "--steps", "6",
+                     "--kill-rank", "1", "--kill-at", "8")
+    assert result.returncode == 0, result.output
+    assert "killed by signal 9 (SIGKILL): relaunching (restart 1 of 1)" in result.stderr
+    # batches_per_commit=2: the commit after batch index 1 of the second epoch
+    assert "resuming from commit 5 (epoch=1, batch=1)" in result.stderr, result.output
+    assert "fit done: state.epoch=3" in result.stdout, result.output
+
+
+def _objects(tmp_path, env, *args, hvdrun_args=("-np", "2", "--max-restarts", "2"),
+             timeout=120.0) -> Result:
+    return _hvdrun(tmp_path, env, *hvdrun_args, PY, str(SCRIPTS / "objects_train.py"),
+                   "--steps", "12", "--commit-every", "2", *args, timeout=timeout)
+
+
+@pytest.mark.timeout(150)
+def test_a_crash_inside_commit_resumes_from_the_previous_commit(tmp_path, job_env):
+    result = _objects(tmp_path, job_env, "--crash-in-commit", "3")
+    assert result.returncode == 0, result.output
+    assert "dying inside commit 3" in result.stdout, result.output
+    assert "resuming from commit 2 (step=4, total=10.0)" in result.stderr, result.output
+    assert "final total=78 steps=12" in result.stdout, result.output  # no step lost or doubled
+
+
+@pytest.mark.timeout(150)
+def test_a_corrupt_state_file_is_an_error_not_a_fresh_start(tmp_path, job_env):
+    result = _objects(tmp_path, job_env, "--corrupt-after", "2")
+    assert result.returncode == 1, result.output
+    assert "is corrupt (the checksum of its state does not match): the job cannot resume " \
+        "from it" in result.stderr, result.output
+    assert "launch 1:" not in result.stderr and "final total" not in result.stdout
+
+
+@pytest.mark.timeout(150)
+def test_fewer_than_min_np_slots_ends_naming_the_lost_host(tmp_path, job_env):
+    _hostsfile, discover = _discovery(tmp_path, "localhost:2")
+    started = time.monotonic()
+    result = _objects(tmp_path, job_env, "--kill-rank", "1", "--kill-at", "3",
+                      hvdrun_args=("--min-np", "2", "--host-discovery-script", str(discover),
+                                   "--elastic-timeout", "1"))
+    assert result.returncode == 1, result.output
+    assert "error: only 0 slot(s) available (no host), fewer than --min-np 2, after waiting " \
+        "1 s (--elastic-timeout); lost: localhost (rank 1 failed there: killed by signal 9 " \
+        "(SIGKILL); left out for the rest of the job)" in result.stderr, result.output
+    assert "the last commit stays in" in result.stderr
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.timeout(150)
+def test_the_restart_budget_ends_the_job_with_the_failures_code(tmp_path, job_env):
+    result = _objects(tmp_path, job_env, "--kill-rank", "0", "--kill-at", "3", "--every-launch",
+                      hvdrun_args=("-np", "2", "--max-restarts", "1"))
+    assert result.returncode == 128 + signal.SIGKILL, result.output
+    assert "relaunching (restart 1 of 1)" in result.stderr, result.output
+    assert "the restart budget is spent (--max-restarts 1)" in result.stderr, result.output
+    assert result.stderr.count("launch 1:") == 1 and "launch 2:" not in result.stderr
