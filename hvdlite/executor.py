@@ -8,7 +8,9 @@ moved by one collective and copied out, with the pre/post scale factors applied
 during the copies.  Which path an allreduce takes (:mod:`hvdlite.shm`,
 :mod:`hvdlite.hierarchical` or MPI) is the set's
 :class:`~hvdlite.transport.TransportPlan`.  A joined rank (no local entry)
-contributes zeros to reductions and no rows to allgathers.
+contributes zeros to reductions and no rows to allgathers.  Batches of device
+buffers (``Params.device`` other than ``"cpu"``) go to the device path
+(:class:`hvdlite.device.executor.DeviceExecutor`), made on the first one.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class MPIExecutor:
         self.pool = BufferPool()
         self._shm: dict[int, object] = {}  # set id -> SharedMemoryAllreduce or None
         self._plans: dict[int, object] = {}  # set id -> its TransportPlan
+        self.device = None  # the DeviceExecutor, made by the first device batch
 
     # ------------------------------------------------------------------ dispatch
     def run_batch(self, batch: list[Response]) -> None:
@@ -92,6 +95,9 @@ class MPIExecutor:
         set_id = params.set_id
         comm = self._sets.comm_of(set_id)
         if comm is None:
+            return
+        if params.device != "cpu":
+            self._device_executor().run_batch(batch, comm)
             return
         kind = params.kind
         if kind == Kind.ALLREDUCE:
@@ -113,6 +119,14 @@ class MPIExecutor:
                 self._finish(entry, None)
         else:  # pragma: no cover - the engine handles control kinds itself
             raise RuntimeError(f"executor cannot run {Kind(kind).name}")
+
+    def _device_executor(self):
+        if self.device is None:
+            from .device.executor import DeviceExecutor
+
+            self.device = DeviceExecutor(self._lookup, self._finish, self._finish_keys,
+                                         self._sets, self._plan, self.hierarchical)
+        return self.device
 
     def _plan(self, set_id: int):
         try:
@@ -242,6 +256,8 @@ class MPIExecutor:
     def forget_set(self, set_id: int) -> None:
         """Collective over the set's members: release what was made for it."""
         self._plans.pop(set_id, None)
+        if self.device is not None:
+            self.device.forget_set(set_id)
         shm = self._shm.pop(set_id, None)
         if shm is not None:
             shm.free()
