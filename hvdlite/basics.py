@@ -16,6 +16,7 @@ import threading
 
 from . import config as _config
 from . import runtime
+from .device.selection import agree as agree_device_choice
 from .devices import cuda_available, nccl_version
 from .init_agreement import Preparation, agree
 from .process_sets import ProcessSet, ProcessSetTable
@@ -247,7 +248,9 @@ def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None)
     new.planner = Planner(world.Get_size(), new.node_ranks,
                           shared_memory=not cfg.shm_allreduce_disable,
                           hierarchical_allreduce=cfg.hierarchical_allreduce,
-                          hierarchical_allgather=cfg.hierarchical_allgather)
+                          hierarchical_allgather=cfg.hierarchical_allgather,
+                          device=agree_device_choice(world, cfg.hierarchical_allreduce,
+                                                     new.homogeneous))
     # The engine and the two-level helper import mpi4py.MPI: only once MPI is set up.
     from .engine import Engine
     from .hierarchical import Hierarchical
@@ -476,11 +479,13 @@ def gloo_built() -> bool:
 
 
 def nccl_built() -> int:
-    """The NCCL version usable through CuPy (e.g. 21803), or 0. Never imports CUDA on CPU hosts."""
+    """The NCCL version this process can use through CuPy (e.g. 22703), or 0: no CuPy,
+    no visible CUDA device, or no loadable NCCL.  Never imports CUDA on CPU hosts."""
     return nccl_version()
 
 
 def cuda_built() -> bool:
+    """True when this process can move CUDA tensors: CuPy imports and sees a device."""
     return cuda_available()
 
 

@@ -19,6 +19,7 @@ import threading
 
 import numpy as np
 
+from .device import arrays as _device
 from .runtime import state
 from .dtypes import check_dtype
 from .handles import Handle, synchronize
@@ -75,6 +76,8 @@ def _name(st, op: str, name: str | None, set_id: int = 0) -> str:
 
 def _array(x, what: str) -> np.ndarray:
     if not isinstance(x, np.ndarray):
+        if _device.device_of(x) != "cpu":  # CuPy arrays, torch CUDA tensors, DLPack
+            return _device_submission().engine_array(x, what)
         x = np.asarray(x)
     if not x.flags.c_contiguous:
         raise ArgumentError(f"{what}: the array is not C-contiguous; pass "
@@ -83,6 +86,8 @@ def _array(x, what: str) -> np.ndarray:
 
 
 def _output(out, like: np.ndarray, what: str) -> np.ndarray:
+    if not isinstance(like, np.ndarray):
+        return _device_submission().engine_output(out, like, what)
     if out is None:
         return np.empty_like(like)
     if not isinstance(out, np.ndarray) or out.shape != like.shape or out.dtype != like.dtype \
@@ -123,9 +128,22 @@ def call_and_wait(async_fn, *args, **kwargs):
 
 def _submit(st, params: Params, inputs, outputs, grouped=False, splits=None, payload=None,
             keepalive=None) -> Handle:
+    ready = None
+    for array in inputs:
+        if type(array) is not np.ndarray:  # a device array (or a numpy subclass)
+            params, ready = _device_submission().prepare(params, inputs, outputs)
+            break
     handle = Handle(params.name, keepalive)
     entry = Entry(params, inputs, outputs, handle, grouped, splits, payload)
+    entry.ready = ready
     return st.engine.submit(entry, not _calling.sync)
+
+
+def _device_submission():
+    """The device path's submission side (imported on the first device array)."""
+    from .device import submission
+
+    return submission
 
 
 def submit_control(kind: Kind, name: str, extra: tuple, payload=None) -> Handle:

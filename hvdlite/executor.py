@@ -8,7 +8,9 @@ moved by one collective and copied out, with the pre/post scale factors applied
 during the copies.  Which path an allreduce takes (:mod:`hvdlite.shm`,
 :mod:`hvdlite.hierarchical` or MPI) is the set's
 :class:`~hvdlite.transport.TransportPlan`.  A joined rank (no local entry)
-contributes zeros to reductions and no rows to allgathers.
+contributes zeros to reductions and no rows to allgathers.  Batches of device
+buffers (``Params.device`` other than ``"cpu"``) go to the device path
+(:class:`hvdlite.device.executor.DeviceExecutor`), made on the first one.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class MPIExecutor:
         self._plans: dict[int, object] = {}  # set id -> its TransportPlan
         # The engine's Timeline while one is on (set before each batch), else None.
         self.timeline = None
+        self.device = None  # the DeviceExecutor, made by the first device batch
 
     # ------------------------------------------------------------------ dispatch
     def run_batch(self, batch: list[Response]) -> None:
@@ -95,6 +98,9 @@ class MPIExecutor:
         set_id = params.set_id
         comm = self._sets.comm_of(set_id)
         if comm is None:
+            return
+        if params.device != "cpu":
+            self._device_executor().run_batch(batch, comm)
             return
         kind = params.kind
         if kind == Kind.ALLREDUCE:
@@ -122,6 +128,14 @@ class MPIExecutor:
         switches in the same cycle, so every member of a set picks the same path)."""
         self._planner = planner
         self._plans.clear()
+
+    def _device_executor(self):
+        if self.device is None:
+            from .device.executor import DeviceExecutor
+
+            self.device = DeviceExecutor(self._lookup, self._finish, self._finish_keys,
+                                         self._sets, self._plan, self.hierarchical)
+        return self.device
 
     def _plan(self, set_id: int):
         try:
@@ -270,6 +284,8 @@ class MPIExecutor:
     def forget_set(self, set_id: int) -> None:
         """Collective over the set's members: release what was made for it."""
         self._plans.pop(set_id, None)
+        if self.device is not None:
+            self.device.forget_set(set_id)
         shm = self._shm.pop(set_id, None)
         if shm is not None:
             shm.free()

@@ -5,8 +5,9 @@ One :class:`Planner` per process (made at ``init``) decides a
 shares: the knobs, the set's ranks, the job's size and which ranks share this
 node.  So every member decides alike without communicating.  The executor
 follows the plan; framework adapters ask it (:func:`plan_for`) to shape their
-submissions, instead of deciding again.  A device path (NCCL) plugs in here as
-one more :class:`Transport`.
+submissions, instead of deciding again.  Device (GPU) buffers get their own
+paths, decided at ``init`` by :mod:`hvdlite.device.selection` from the knobs and
+from what every rank can do, and kept in :attr:`TransportPlan.device`.
 
 A plan may still meet a fallback at first use (a /dev/shm too small for the
 shared window makes every member reduce through MPI): that costs speed, never
@@ -34,6 +35,10 @@ class Transport(enum.Enum):
     MPI = "mpi"
     SHARED_MEMORY = "shared memory"
     HIERARCHICAL = "hierarchical"
+    # device buffers (see hvdlite.device.selection)
+    NCCL = "NCCL"
+    CUDA_AWARE_MPI = "CUDA-aware MPI"
+    STAGED = "staged through host memory"
 
 
 class TransportPlan(NamedTuple):
@@ -41,6 +46,7 @@ class TransportPlan(NamedTuple):
 
     allreduce: Transport
     allgather: Transport
+    device: object = None  # a hvdlite.device.selection.DevicePlan, or None (staged)
 
     def allreduce_path(self, nbytes: int) -> Transport:
         """The path of an allreduce batch of *nbytes* (agreed sizes: every member
@@ -54,12 +60,13 @@ class Planner:
     """Decides plans from the knobs and the job's layout (no communication)."""
 
     def __init__(self, world_size: int, node_ranks, shared_memory: bool,
-                 hierarchical_allreduce: bool, hierarchical_allgather: bool):
+                 hierarchical_allreduce: bool, hierarchical_allgather: bool, device=None):
         self.world_size = world_size
         self.node_ranks = frozenset(node_ranks)
         self.shared_memory = shared_memory
         self.hierarchical_allreduce = hierarchical_allreduce
         self.hierarchical_allgather = hierarchical_allgather
+        self.device = device  # a hvdlite.device.selection.DeviceChoice, or None
         self._plans: dict[tuple, TransportPlan] = {}
 
     def plan(self, ranks) -> TransportPlan:
@@ -74,7 +81,7 @@ class Planner:
         """A planner for the same job with these two switches (autotune changes them
         for the executor, on every rank in the same cycle; adapters keep this one)."""
         return Planner(self.world_size, self.node_ranks, shared_memory,
-                       hierarchical_allreduce, self.hierarchical_allgather)
+                       hierarchical_allreduce, self.hierarchical_allgather, self.device)
 
     def _decide(self, ranks: tuple) -> TransportPlan:
         # The node topology describes the whole job only: hierarchical paths serve
@@ -88,7 +95,8 @@ class Planner:
             allreduce = Transport.SHARED_MEMORY
         allgather = Transport.HIERARCHICAL if self.hierarchical_allgather and whole_job \
             else Transport.MPI
-        return TransportPlan(allreduce, allgather)
+        device = self.device.plan(whole_job) if self.device is not None else None
+        return TransportPlan(allreduce, allgather, device)
 
 
 def plan_for(process_set) -> TransportPlan:

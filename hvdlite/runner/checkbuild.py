@@ -39,6 +39,11 @@ try:
               MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED",
               MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE"}
     out["thread_level"] = levels.get(MPI.Query_thread(), str(MPI.Query_thread()))
+    try:
+        from hvdlite.devices import cuda_aware_mpi
+        out["cuda_aware"], out["cuda_aware_reason"] = cuda_aware_mpi()
+    except Exception as exc:
+        out["cuda_aware_reason"] = "not asked: %s" % exc
 except Exception as exc:
     out["error"] = "%s: %s" % (type(exc).__name__, exc)
 print(json.dumps(out))
@@ -94,7 +99,8 @@ try:
     out["cuda"] = str(cupy.cuda.runtime.runtimeGetVersion())
     out["cuda_available"] = cupy.cuda.runtime.getDeviceCount() > 0
     from cupy.cuda import nccl
-    out["nccl"] = str(nccl.get_version())
+    if getattr(nccl, "available", True) and out["cuda_available"]:
+        out["nccl"] = str(nccl.get_version())
 except ImportError as exc:
     out["missing"] = str(exc)
 except Exception as exc:
@@ -202,5 +208,28 @@ def check_build(environ: Mapping[str, str] | None = None, timeout: float = 120.0
               _row("CUDA device", gpus, "found" if gpus else "none visible"),
               _row("NCCL", bool(cupy.get("nccl")),
                    f"{nccl} via {'CuPy' if cupy.get('nccl') else 'PyTorch (hvdlite uses CuPy)'}"
-                   if nccl else "not available (hvdlite uses NCCL through CuPy)")]
+                   if nccl else "not available (hvdlite uses NCCL through CuPy)"),
+              _row("CUDA-aware MPI", bool(mpi.get("cuda_aware")),
+                   mpi.get("cuda_aware_reason", "not asked")),
+              _gpu_transport_row(cupy, mpi, env)]
     return "\n".join(lines) + "\n"
+
+
+def _gpu_transport_row(cupy: dict, mpi: dict, environ: Mapping[str, str]) -> str:
+    """Which transport a GPU tensor would take in a job started like this one
+    (every rank assumed to be set up like this host)."""
+    from ..device.selection import Capabilities, DeviceChoice, read_request
+
+    usable = bool(cupy.get("cuda_available"))
+    try:
+        request = read_request(environ)
+    except ValueError as exc:
+        return _row("GPU tensors", False, str(exc))
+    if not usable:
+        why = "CuPy is not installed" if "missing" in cupy else "CuPy sees no CUDA device"
+        return _row("GPU tensors", False, f"cannot be moved: {why} (pip install "
+                                          "hvdlite[cuda12] or hvdlite[cuda13])")
+    caps = Capabilities(True, bool(cupy.get("nccl")), bool(mpi.get("cuda_aware")))
+    plan = DeviceChoice(caps, request).plan()
+    return _row("GPU tensors", True, f"would use {plan.describe()} "
+                                     "(HVDLITE_GPU_OPERATIONS=NCCL|MPI chooses)")

@@ -50,7 +50,7 @@ from hvdlite import process_sets as _process_sets
 from hvdlite import runtime as _runtime
 from hvdlite.exceptions import HorovodInternalError
 
-from . import _errors
+from . import _device, _errors
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -198,6 +198,9 @@ def run(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
     """
     inputs = list(inputs)
     if tf.executing_eagerly():
+        if _device.wants_device_path(inputs):
+            with _errors.translated() if collective else contextlib.nullcontext():
+                return _device.run_eager(fn, inputs, out_dtypes)
         with _errors.translated() if collective else contextlib.nullcontext():
             outs = fn(*[_as_array(x) for x in inputs], outputs=None)
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes, strict=True)]
@@ -206,7 +209,9 @@ def run(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
         raise ValueError(
             "hvdlite collectives cannot run inside an XLA-compiled function (jit_compile=True): "
             "they call into Python.  Use jit_compile=False, e.g. "
-            "model.compile(..., jit_compile=False) or tf.function(jit_compile=False).")
+            "model.compile(..., jit_compile=False) or tf.function(jit_compile=False). "
+            "(GPU tensors are moved without a host copy only in eager mode; in a tf.function "
+            "TensorFlow copies a collective's tensors to the host.)")
     reused: list[np.ndarray] = []
     np_dtypes = [d.as_numpy_dtype for d in out_dtypes]
 

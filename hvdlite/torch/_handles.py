@@ -20,6 +20,7 @@ import torch
 
 from hvdlite import handles as _handles
 from hvdlite.exceptions import ArgumentError
+from hvdlite.torch import _device
 
 __all__ = ["poll", "synchronize"]
 
@@ -44,10 +45,7 @@ def _check(tensor, what: str) -> None:
         raise TypeError(f"hvdlite.torch.{what}: expected a torch.Tensor, "
                         f"got {type(tensor).__name__}")
     if tensor.device.type != "cpu":
-        raise ArgumentError(
-            f"hvdlite.torch.{what}: the tensor is on device '{tensor.device}', but this "
-            f"hvdlite build moves CPU tensors only (no device path in the engine yet); "
-            f"move it with tensor.cpu() first")
+        _device.check(tensor, what)
     if tensor.layout != torch.strided:
         raise ArgumentError(f"hvdlite.torch.{what}: {tensor.layout} tensors are not supported; "
                          f"use sparse_allreduce_async for sparse COO tensors")
@@ -76,15 +74,21 @@ def _target(tensor, what: str) -> torch.Tensor:
 
 
 def _array(tensor: torch.Tensor) -> np.ndarray:
-    """The numpy view of a contiguous CPU tensor; bfloat16 as its int16 bits."""
+    """The numpy view of a contiguous CPU tensor (a CUDA tensor: the engine's
+    device view of it); bfloat16 as its int16 bits."""
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.view(torch.int16)
-    return tensor.numpy()
+    if tensor.is_cpu:
+        return tensor.numpy()
+    return _device.engine_view(tensor)
 
 
 def _tensor(array, dtype: torch.dtype) -> torch.Tensor:
     """A torch view of an engine-allocated array, read back as *dtype*'s bits."""
-    out = torch.from_numpy(np.asarray(array))
+    if _device.is_device_result(array):
+        out = _device.to_torch(array)
+    else:
+        out = torch.from_numpy(np.asarray(array))
     return out.view(torch.bfloat16) if dtype == torch.bfloat16 else out
 
 

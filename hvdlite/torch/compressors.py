@@ -153,7 +153,7 @@ class TopKCompressor(StatefulCompressor):
         residual = self.residuals.get(name)
         dtype = _work_dtype(grad.dtype)
         if residual is None or residual.shape != flat.shape or residual.dtype != dtype:
-            residual = torch.zeros(flat.shape, dtype=dtype)
+            residual = torch.zeros(flat.shape, dtype=dtype, device=grad.device)
         corrected = residual.add_(flat)  # the residual buffer now holds the corrected gradient
         k = topk_count(flat.numel(), self.ratio)
         indices = topk_indices(corrected.abs(), k)
@@ -187,7 +187,8 @@ class TopKCompressor(StatefulCompressor):
                 self.scatter(values, indices, divisor, grad.view(-1))
             else:
                 _copy_into(grad, self.scatter(values, indices, divisor,
-                                              torch.empty(grad.numel(), dtype=grad.dtype)))
+                                              torch.empty(grad.numel(), dtype=grad.dtype,
+                                                          device=grad.device)))
         return sum(w.nbytes for w in wires)
 
     def state_dict(self) -> dict:
@@ -254,12 +255,12 @@ class PowerSGDCompressor(StatefulCompressor):
         dtype = _work_dtype(grad.dtype)
         residual = self.residuals.get(name)
         if residual is None or residual.shape != (n, m) or residual.dtype != dtype:
-            residual = torch.zeros(n, m, dtype=dtype)
+            residual = torch.zeros(n, m, dtype=dtype, device=grad.device)
         matrix = residual.add_(grad.detach().reshape(n, m))  # M, in the residual's buffer
         self.residuals[name] = matrix
         q = self.qs.get(name)
         if q is None or q.shape != (m, r) or q.dtype != dtype:
-            q = self._initial_q(name, m, r, dtype)
+            q = self._initial_q(name, m, r, dtype).to(grad.device)
         p = matrix @ q
         self._pending[name] = (matrix, p)
         return p

@@ -64,13 +64,14 @@ class _Slot(NamedTuple):
     index: int
     shape: tuple
     dtype: torch.dtype
+    device_type: str = "cpu"  # the root's tensor's device type ("cuda": this rank's GPU)
 
 
 def _strip(obj, tensors: list):
     """*obj* with every tensor replaced by a :class:`_Slot`; tensors appended."""
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
-        return _Slot(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+        return _Slot(len(tensors) - 1, tuple(obj.shape), obj.dtype, obj.device.type)
     if isinstance(obj, dict):
         return {k: _strip(v, tensors) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
@@ -81,7 +82,9 @@ def _strip(obj, tensors: list):
 def _fill(obj, tensors: list):
     """Inverse of :func:`_strip` on a non-root rank: allocate a tensor per slot."""
     if isinstance(obj, _Slot):
-        tensors.append(torch.empty(obj.shape, dtype=obj.dtype))
+        device = torch.device("cuda", torch.cuda.current_device()) \
+            if obj.device_type == "cuda" else "cpu"
+        tensors.append(torch.empty(obj.shape, dtype=obj.dtype, device=device))
         return tensors[-1]
     if isinstance(obj, dict):
         return {k: _fill(v, tensors) for k, v in obj.items()}

@@ -77,7 +77,7 @@ def _allreduce(sources, outputs, average, name, op, prescale_factor, postscale_f
     for src, out in zip(sources, outputs, strict=True):
         if src.dtype in _WIDENED:  # reduce a float32 copy in place, cast back later
             wide = src.float()
-            arr = wide.numpy()
+            arr = _array(wide)
             ins.append(arr)
             outs.append(arr)
             casts.append((out, wide))
@@ -219,7 +219,7 @@ def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_se
         handle = _collectives.reducescatter_async(_array(wide[0]), **kwargs)
 
     def back(result, src):
-        out = torch.from_numpy(np.asarray(result))
+        out = _tensor(result, None)
         return out.to(src.dtype) if src.dtype in _WIDENED else out
 
     if grouped:

@@ -76,9 +76,10 @@ class _SyncBatchNorm(torch.autograd.Function):
         acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
         xf = x.to(acc)
         count = xf.numel() // c if c else 0
-        local_mean = xf.mean(dims) if count else torch.zeros(c, dtype=acc)
+        local_mean = xf.mean(dims) if count else torch.zeros(c, dtype=acc, device=x.device)
         local_m2 = ((xf - _per_channel(local_mean, nd)) ** 2).sum(dims)
-        row = torch.cat([torch.tensor([float(count)], dtype=acc), local_mean, local_m2])
+        count_row = torch.tensor([float(count)], dtype=acc, device=x.device)
+        row = torch.cat([count_row, local_mean, local_m2])
         rows = synchronize(allgather_async(row.unsqueeze(0), process_set=process_set))
         counts, means, m2s = rows[:, :1], rows[:, 1:c + 1], rows[:, c + 1:]
         total = float(counts.sum())

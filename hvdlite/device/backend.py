@@ -1,0 +1,224 @@
+"""The array-backend interface of the device path, and its host implementation.
+
+The device executor (:mod:`hvdlite.device.executor`) packs, scales, moves and
+orders device buffers only through an :class:`ArrayBackend`, so the same code
+runs on CUDA (:class:`~hvdlite.device.cuda_backend.CudaBackend`, CuPy) and on
+the host (:class:`HostBackend`, numpy), which is how CPU CI exercises it.
+
+Ordering model (CUDA terms; the host backend follows the same calls in program
+order and can keep a journal of them for tests):
+
+1. at submission, on the caller's thread, :meth:`ArrayBackend.record_ready`
+   marks where the producer's streams stood (an event on each);
+2. the engine runs a batch on its own stream: :meth:`~ArrayBackend.wait_ready`
+   makes that stream wait for the marks (the host never blocks), then the
+   copies, scaling and collective are enqueued on it;
+3. :meth:`~ArrayBackend.publish` makes each producer stream wait for the
+   engine stream's work so far, so whatever the caller enqueues after the
+   handle completes sees the results; nothing blocks the training stream on
+   the host.
+
+Host-side MPI on device memory (CUDA-aware MPI, staging) first calls
+:meth:`~ArrayBackend.synchronize`: the engine thread, never the training
+thread, waits for the engine stream.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import itertools
+
+import numpy as np
+
+from .arrays import HOST, HostDeviceArray
+
+__all__ = ["ArrayBackend", "HostBackend", "Pool", "HostEvent"]
+
+
+class Pool:
+    """Persistent flat buffers per (dtype, slot), grown geometrically and reused.
+
+    *allocate(count, dtype)* makes one; buffers live as long as the pool (a
+    device fusion buffer is meant to stay, as Horovod's does).
+    """
+
+    def __init__(self, allocate):
+        self._allocate = allocate
+        self._buffers: dict = {}
+
+    def get(self, dtype, count: int, slot: int = 0):
+        dtype = np.dtype(dtype)
+        key = (dtype.str, slot)
+        buf = self._buffers.get(key)
+        if buf is None or buf.size < count:
+            size = max(count, int(buf.size * 1.5) if buf is not None else 0, 1)
+            buf = self._buffers[key] = self._allocate(size, dtype)
+        return buf[:count]
+
+    def nbytes(self) -> int:
+        return sum(buf.nbytes for buf in self._buffers.values())
+
+    def clear(self) -> None:
+        self._buffers.clear()
+
+
+class ArrayBackend(abc.ABC):
+    """What the device path needs from a device: memory, copies, ordering.
+
+    Arrays are the backend's own (numpy for the host, CuPy for CUDA): flat
+    slicing, ``reshape(-1)``, ``view(dtype)``, ``.size``, ``.nbytes``,
+    ``.dtype`` and ``.shape`` behave as numpy's.  Every copy/scale call is
+    enqueued on the engine's stream in call order.
+    """
+
+    device: str
+
+    # ------------------------------------------------------------ arrays
+    @abc.abstractmethod
+    def wrap(self, x, what: str):
+        """The backend array viewing *x*'s memory (no copy); ArgumentError if unusable."""
+
+    @abc.abstractmethod
+    def empty(self, shape, dtype, ready=None):
+        """A new array for a result handed to the caller, allocated so that reusing
+        its memory is ordered on the caller's streams (*ready*: its token)."""
+
+    @abc.abstractmethod
+    def buffer(self, dtype, count: int, slot: int = 0):
+        """The engine's persistent device buffer (*slot* tells concurrent ones apart)."""
+
+    @abc.abstractmethod
+    def staging(self, dtype, count: int, slot: int = 0) -> np.ndarray:
+        """The engine's persistent host buffer for staging (pinned memory on CUDA)."""
+
+    # ------------------------------------------------- copies and scaling
+    @abc.abstractmethod
+    def copy(self, dst, src) -> None:
+        """``dst[...] = src``, cast to dst's dtype."""
+
+    @abc.abstractmethod
+    def scale(self, dst, src, factor: float) -> None:
+        """``dst[...] = src * factor``, cast to dst's dtype."""
+
+    @abc.abstractmethod
+    def zero(self, dst) -> None:
+        """``dst[...] = 0``."""
+
+    @abc.abstractmethod
+    def concatenate(self, srcs, dst) -> None:
+        """Pack flat *srcs* (all of dst's dtype) back to back into *dst*."""
+
+    @abc.abstractmethod
+    def to_host(self, src, host: np.ndarray) -> None:
+        """Copy device *src* into *host*; complete when this returns."""
+
+    @abc.abstractmethod
+    def from_host(self, host: np.ndarray, dst) -> None:
+        """Copy *host* into device *dst* (enqueued; *host* must stay untouched until
+        the next :meth:`synchronize` or a later :meth:`to_host`)."""
+
+    # ----------------------------------------------------------- ordering
+    @abc.abstractmethod
+    def record_ready(self, arrays):
+        """Caller thread, at submission: a token marking where the streams that
+        produced *arrays* stand now."""
+
+    @abc.abstractmethod
+    def wait_ready(self, tokens) -> None:
+        """Engine stream: wait (on the device) for the marks of *tokens* (None skipped)."""
+
+    @abc.abstractmethod
+    def publish(self, tokens) -> None:
+        """Make the producers' streams of *tokens* wait for the engine's work so far."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Host: wait until the engine stream's work so far is done."""
+
+    @abc.abstractmethod
+    def activate(self, arrays):
+        """Context manager for running one batch on *arrays*' device and the engine stream."""
+
+
+class HostEvent:
+    """An event of the host backend: recorded when made (the host runs in order)."""
+
+    __slots__ = ("seq",)
+    _counter = itertools.count(1)
+
+    def __init__(self):
+        self.seq = next(self._counter)
+
+
+class HostBackend(ArrayBackend):
+    """The device path on host memory: numpy copies, MPI on the buffers.
+
+    Its "stream" is the engine thread's program order, so ordering calls have
+    nothing to wait for; when *journal* is a list they append what they did
+    (``("ready", seq)``, ``("wait", seq)``, ``("publish", seq)``, ``("sync",)``)
+    so tests can check that the executor orders a batch correctly.
+    """
+
+    device = HOST
+
+    def __init__(self, journal: list | None = None):
+        self.journal = journal
+        self._pool = Pool(lambda count, dtype: np.empty(count, dtype))
+        self._staging = Pool(lambda count, dtype: np.empty(count, dtype))
+
+    def _note(self, *item) -> None:
+        if self.journal is not None:
+            self.journal.append(item)
+
+    def wrap(self, x, what: str):
+        return x if isinstance(x, HostDeviceArray) else np.asarray(x).view(HostDeviceArray)
+
+    def empty(self, shape, dtype, ready=None):
+        return np.empty(shape, dtype).view(HostDeviceArray)
+
+    def buffer(self, dtype, count: int, slot: int = 0):
+        return self._pool.get(dtype, count, slot)
+
+    def staging(self, dtype, count: int, slot: int = 0) -> np.ndarray:
+        return self._staging.get(dtype, count, slot)
+
+    def copy(self, dst, src) -> None:
+        np.copyto(dst, src, casting="unsafe")
+
+    def scale(self, dst, src, factor: float) -> None:
+        np.multiply(src, factor, out=dst, casting="unsafe")
+
+    def zero(self, dst) -> None:
+        dst.fill(0)
+
+    def concatenate(self, srcs, dst) -> None:
+        np.concatenate(srcs, out=dst)
+
+    def to_host(self, src, host: np.ndarray) -> None:
+        self._note("sync")
+        np.copyto(host, src)
+
+    def from_host(self, host: np.ndarray, dst) -> None:
+        np.copyto(dst, host)
+
+    def record_ready(self, arrays):
+        event = HostEvent()
+        self._note("ready", event.seq)
+        return event
+
+    def wait_ready(self, tokens) -> None:
+        for token in tokens:
+            if token is not None:
+                self._note("wait", token.seq)
+
+    def publish(self, tokens) -> None:
+        for token in tokens:
+            if token is not None:
+                self._note("publish", token.seq)
+
+    def synchronize(self) -> None:
+        self._note("sync")
+
+    def activate(self, arrays):
+        return contextlib.nullcontext()

@@ -1,0 +1,347 @@
+"""Running agreed device responses: the engine's executor for device buffers.
+
+The host executor (:class:`hvdlite.executor.MPIExecutor`) hands every batch
+whose ``Params.device`` is not ``"cpu"`` to :meth:`DeviceExecutor.run_batch`
+(fusion never mixes devices, so a batch is all one device).  For a batch:
+
+1. the backend's stream waits for the producers' ready marks (after any
+   result arrays are allocated on the producers' streams);
+2. allreduce: tensors of one wire dtype are packed into the device fusion
+   buffer (prescaled), reduced by one collective of the set's link, unpacked
+   (postscaled; Average's division is folded into the postscale); a lone
+   tensor of the wire dtype is reduced where it is; allgather and
+   reducescatter pad every rank's block to the largest so that every link
+   (NCCL included) moves equal blocks; broadcast packs several tensors into
+   one buffer; alltoall moves bytes with the counts exchanged over MPI;
+3. the producers' streams wait for the engine stream, then the handles finish.
+
+Which link a set uses is its :class:`~hvdlite.device.selection.DevicePlan`
+(per collective); links are made on first use, collectively (every member of
+the set runs the same batches in the same order).
+
+Cross-rank contract: every member of the set runs the same batches in the same
+order (the engine guarantees it); a joined rank (no local entry) contributes
+zeros to allreduces and no rows to allgathers, as on the host path.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+
+from ..adasum import adasum_allreduce
+from ..fusion import Reduction
+from ..messages import Kind
+from ..ops import ReduceOp
+from ..splits import even_split
+from ..transport import Transport
+from .arrays import CUDA
+from .links import HierarchicalLink, MpiLink, StagedLink
+from .packing import flat_bytes, pack, reduce_alone, unpack
+from .registry import backend as backend_of
+from .selection import DevicePlan
+
+__all__ = ["DeviceExecutor", "STAGED_PLAN"]
+
+#: The plan of a set the planner made without device knowledge.
+STAGED_PLAN = DevicePlan(*([Transport.STAGED] * 6))
+
+
+class DeviceExecutor:
+    """Executes batches of OK device responses; knows nothing about negotiation."""
+
+    def __init__(self, lookup, finish, finish_keys, sets, plan_of, hierarchical=None):
+        self._lookup = lookup  # key -> local Entry or None (joined)
+        self._finish = finish  # (entry, value) -> None
+        self._finish_keys = finish_keys  # keys -> None (finish with their outputs)
+        self._sets = sets
+        self._plan_of = plan_of  # set id -> TransportPlan
+        self._hierarchical = hierarchical  # the engine's two-level helper (comms), or None
+        self._links: dict = {}
+        #: link name -> batches it ran (diagnostics and tests)
+        self.used: collections.Counter = collections.Counter()
+
+    # ------------------------------------------------------------------ dispatch
+    def run_batch(self, batch, comm) -> None:
+        p0 = batch[0].params
+        backend = backend_of(p0.device)
+        entries = [self._lookup(response.key) for response in batch]
+        present = [e for e in entries if e is not None]
+        plan = self._plan_of(p0.set_id).device or STAGED_PLAN
+        with backend.activate([a for e in present for a in e.inputs]):
+            results = self._run(p0, batch, entries, comm, backend, plan)
+            backend.publish([e.ready for e in present])
+        if results is None:
+            self._finish_keys([response.key for response in batch])
+        else:
+            for entry, value in results:
+                self._finish(entry, value)
+
+    def _run(self, p0, batch, entries, comm, backend, plan):
+        kind = p0.kind
+        if kind == Kind.ALLREDUCE:
+            if p0.op == ReduceOp.ADASUM:
+                return self._adasum(batch, entries, comm, backend)
+            return self._allreduce(batch, entries, comm, backend, plan)
+        if kind == Kind.ALLGATHER:
+            return self._allgather(batch, entries, comm, backend,
+                                   self._link(p0.set_id, comm, backend, plan, "allgather"))
+        if kind == Kind.BROADCAST:
+            root = self._sets.ranks[p0.set_id].index(p0.root)
+            return self._broadcast(entries, comm, backend,
+                                   self._link(p0.set_id, comm, backend, plan, "broadcast"), root)
+        if kind == Kind.ALLTOALL:
+            return self._alltoall(entries[0], comm, backend,
+                                  self._link(p0.set_id, comm, backend, plan, "alltoall"))
+        if kind == Kind.REDUCESCATTER:
+            return self._reducescatter(batch, entries, comm, backend,
+                                       self._link(p0.set_id, comm, backend, plan,
+                                                  "reducescatter"))
+        raise RuntimeError(f"the device executor cannot run {Kind(kind).name}")
+
+    # --------------------------------------------------------------------- links
+    def _link(self, set_id: int, comm, backend, plan: DevicePlan, op: str):
+        transport = getattr(plan, op)
+        helper = self._hierarchical
+        two_level = (op == "allreduce" and plan.hierarchical and helper is not None
+                     and helper.homogeneous and set_id == 0)
+        key = (set_id, backend.device, transport, two_level)
+        link = self._links.get(key)
+        if link is None:
+            flat = self._make(("set", set_id), comm, backend, transport, plan.fallback)
+            link = flat
+            if two_level:
+                local = self._make(("local",), helper.local, backend, transport, plan.fallback)
+                cross = self._make(("cross",), helper.cross, backend, plan.fallback,
+                                   plan.fallback)
+                link = HierarchicalLink(local, cross, flat, backend)
+            self._links[key] = link
+        self.used[link.name] += 1
+        return link
+
+    def _make(self, scope: tuple, comm, backend, transport: Transport, fallback: Transport):
+        """The link of *transport* over *comm* (collective over it on first use)."""
+        key = scope + (backend.device, transport)
+        link = self._links.get(key)
+        if link is not None:
+            return link
+        if transport is Transport.NCCL:
+            if backend.device == CUDA:
+                from .nccl_link import NcclLink
+
+                link = NcclLink.create(comm)
+            if link is None:
+                # Host memory needs no NCCL: MPI takes it as it is.  On CUDA, NCCL could
+                # not serve this set (a shared GPU): every member falls back alike.
+                transport = fallback if backend.device == CUDA else Transport.CUDA_AWARE_MPI
+        if link is None:
+            link = (MpiLink(comm, backend, device_memory=True)
+                    if transport is Transport.CUDA_AWARE_MPI else StagedLink(comm, backend))
+        self._links[key] = link
+        return link
+
+    def forget_set(self, set_id: int) -> None:
+        """Drop the links made for a removed set (its NCCL communicator with them)."""
+        for key in [k for k in self._links if k[:2] == ("set", set_id) or k[0] == set_id]:
+            del self._links[key]
+
+    # ----------------------------------------------------------------- allreduce
+    def _allreduce(self, batch, entries, comm, backend, plan) -> None:
+        p0 = batch[0].params
+        size = comm.Get_size()
+        tensors, dtypes = Reduction(), []
+        for response, entry in zip(batch, entries):
+            p = response.params
+            post = p.postscale / size if p.op == ReduceOp.AVERAGE else p.postscale
+            for i, shape in enumerate(p.shapes):
+                if entry is None:
+                    tensors.add(None, None, None, math.prod(shape), p.prescale, post)
+                else:
+                    tensors.add(entry, entry.inputs[i], entry.outputs[i], math.prod(shape),
+                                p.prescale, post)
+                dtypes.append(p.dtypes[i])
+        link = self._link(p0.set_id, comm, backend, plan, "allreduce")
+        backend.wait_ready([e.ready for e in entries if e is not None])
+        wires = [link.wire(d) for d in dtypes]
+        for wire in dict.fromkeys(wires):
+            index = [i for i, w in enumerate(wires) if w == wire]
+            part = tensors if len(index) == len(tensors) else tensors.subset(index)
+            if len(part) == 1 and part.inputs[0] is not None \
+                    and np.dtype(dtypes[index[0]]) == wire:
+                reduce_alone(backend, part, link, p0.op)
+                continue
+            buf = backend.buffer(wire, part.total())
+            pack(backend, part, buf)
+            link.allreduce(buf, p0.op)
+            unpack(backend, part, buf)
+        return None
+
+    def _adasum(self, batch, entries, comm, backend) -> None:
+        """Adasum runs on the host (float64): staged down and back per tensor."""
+        backend.wait_ready([e.ready for e in entries if e is not None])
+        for response, entry in zip(batch, entries):
+            p = response.params
+            for i, shape in enumerate(p.shapes):
+                count = math.prod(shape)
+                if entry is None:
+                    data = np.zeros(count, dtype=np.float64)
+                else:
+                    host = backend.staging(p.dtypes[i], count, slot=2)
+                    backend.to_host(entry.inputs[i].reshape(-1), host)
+                    data = host.astype(np.float64) * p.prescale
+                result = adasum_allreduce(comm, data)
+                if entry is not None:
+                    out = entry.outputs[i]
+                    host_out = backend.staging(out.dtype, count, slot=3)
+                    np.multiply(result, p.postscale, out=host_out, casting="unsafe")
+                    backend.from_host(host_out, out.reshape(-1))
+                    backend.synchronize()  # host_out is reused by the next tensor
+        return None
+
+    # ----------------------------------------------------------------- allgather
+    def _allgather(self, batch, entries, comm, backend, link):
+        size = comm.Get_size()
+        tensors = []  # (entry, input, trailing, dtype)
+        for response, entry in zip(batch, entries):
+            p = response.params
+            for i, (dt, trailing) in enumerate(zip(p.dtypes, p.shapes)):
+                tensors.append((entry, entry.inputs[i] if entry else None, tuple(trailing),
+                                np.dtype(dt)))
+        local = np.array([t[1].shape[0] if t[1] is not None else 0 for t in tensors],
+                         dtype=np.int64)
+        dims = np.empty((size, len(tensors)), dtype=np.int64)
+        comm.Allgather(local, dims)
+        row_bytes = [math.prod(trailing) * dt.itemsize for _, _, trailing, dt in tensors]
+        per_rank = [int(sum(int(dims[r, j]) * row_bytes[j] for j in range(len(tensors))))
+                    for r in range(size)]
+        block = max(per_rank)
+        outputs = [None if entry is None else
+                   backend.empty((int(dims[:, j].sum()),) + trailing, dt, entry.ready)
+                   for j, (entry, _, trailing, dt) in enumerate(tensors)]
+        backend.wait_ready(dict.fromkeys(e.ready for e in entries if e is not None))
+        if block and len(tensors) == 1 and tensors[0][1] is not None \
+                and len(set(per_rank)) == 1:
+            link.allgather(flat_bytes(tensors[0][1]), flat_bytes(outputs[0]))
+        elif block:
+            send = backend.buffer(np.uint8, block, slot=0)
+            offset = 0
+            for _, inp, _, _ in tensors:
+                if inp is not None and inp.size:
+                    backend.copy(send[offset:offset + inp.nbytes], flat_bytes(inp))
+                    offset += inp.nbytes
+            recv = backend.buffer(np.uint8, block * size, slot=1)
+            link.allgather(send, recv)
+            row_at = [0] * len(tensors)
+            for r in range(size):
+                offset = r * block
+                for j, out in enumerate(outputs):
+                    nbytes = int(dims[r, j]) * row_bytes[j]
+                    if nbytes and out is not None:
+                        backend.copy(flat_bytes(out)[row_at[j]:row_at[j] + nbytes],
+                                     recv[offset:offset + nbytes])
+                    row_at[j] += nbytes
+                    offset += nbytes
+        return _per_entry([t[0] for t in tensors], outputs)
+
+    # ----------------------------------------------------------------- broadcast
+    def _broadcast(self, entries, comm, backend, link, root: int):
+        pairs = [pair for e in entries for pair in zip(e.inputs, e.outputs)]
+        is_root = comm.Get_rank() == root
+        backend.wait_ready([e.ready for e in entries])
+        if len(pairs) == 1:
+            inp, out = pairs[0]
+            if is_root and inp is not out:
+                backend.copy(out, inp)
+            link.broadcast(flat_bytes(out), root)
+            return None
+        buf = backend.buffer(np.uint8, sum(out.nbytes for _, out in pairs))
+        offset = 0
+        for inp, out in pairs:
+            if is_root:
+                backend.copy(buf[offset:offset + inp.nbytes], flat_bytes(inp))
+            offset += out.nbytes
+        link.broadcast(buf, root)
+        offset = 0
+        for inp, out in pairs:
+            if not (is_root and inp is out):
+                backend.copy(flat_bytes(out), buf[offset:offset + out.nbytes])
+            offset += out.nbytes
+        return None
+
+    # ------------------------------------------------------------------ alltoall
+    def _alltoall(self, entry, comm, backend, link):
+        inp = entry.inputs[0]
+        trailing = tuple(inp.shape[1:])
+        row_bytes = math.prod(trailing) * inp.dtype.itemsize
+        splits = np.ascontiguousarray(entry.splits, dtype=np.int64)
+        received = np.empty(comm.Get_size(), dtype=np.int64)
+        comm.Alltoall(splits, received)
+        out = backend.empty((int(received.sum()),) + trailing, inp.dtype, entry.ready)
+        backend.wait_ready([entry.ready])
+        link.alltoallv(flat_bytes(inp), [int(s) * row_bytes for s in splits],
+                       flat_bytes(out), [int(s) * row_bytes for s in received])
+        return [(entry, (out, received))]
+
+    # ------------------------------------------------------------- reducescatter
+    def _reducescatter(self, batch, entries, comm, backend, link):
+        size, me = comm.Get_size(), comm.Get_rank()
+        op = batch[0].params.op
+        tensors = []  # (entry, input, shape, dtype, prescale, postscale, rows)
+        for response, entry in zip(batch, entries):
+            p = response.params
+            post = p.postscale / size if p.op == ReduceOp.AVERAGE else p.postscale
+            for i, (dt, shape) in enumerate(zip(p.dtypes, p.shapes)):
+                tensors.append((entry, entry.inputs[i] if entry else None, tuple(shape),
+                                np.dtype(dt), p.prescale, post, even_split(shape[0], size)))
+        outputs = [None if t[0] is None else
+                   backend.empty((t[6][me],) + t[2][1:], t[3], t[0].ready) for t in tensors]
+        backend.wait_ready(dict.fromkeys(e.ready for e in entries if e is not None))
+        wires = [link.wire(t[3].str) for t in tensors]
+        for wire in dict.fromkeys(wires):
+            index = [j for j, w in enumerate(wires) if w == wire]
+            part = [tensors[j] for j in index]
+            row_elems = [math.prod(t[2][1:]) for t in part]
+            counts = [sum(t[6][r] * row_elems[k] for k, t in enumerate(part))
+                      for r in range(size)]
+            block = max(counts)
+            send = backend.buffer(wire, block * size, slot=0)
+            starts = [0] * len(part)
+            for r in range(size):  # rank-major: rank r's rows of every tensor, padded
+                offset = r * block
+                for k, t in enumerate(part):
+                    n = t[6][r] * row_elems[k]
+                    view = send[offset:offset + n]
+                    if t[1] is None:
+                        backend.zero(view)
+                    else:
+                        src = t[1].reshape(-1)[starts[k]:starts[k] + n]
+                        if t[4] != 1.0:
+                            backend.scale(view, src, t[4])
+                        else:
+                            backend.copy(view, src)
+                    starts[k] += n
+                    offset += n
+            recv = backend.buffer(wire, block, slot=1)
+            link.reduce_scatter(send, recv, op)
+            offset = 0
+            for k, j in enumerate(index):
+                n = part[k][6][me] * row_elems[k]
+                out = outputs[j]
+                if out is not None and n:
+                    if part[k][5] != 1.0:
+                        backend.scale(out.reshape(-1), recv[offset:offset + n], part[k][5])
+                    else:
+                        backend.copy(out.reshape(-1), recv[offset:offset + n])
+                offset += n
+        return _per_entry([t[0] for t in tensors], outputs)
+
+
+def _per_entry(entries, outputs) -> list:
+    """(entry, [its outputs]) for each local entry, in first-appearance order."""
+    results: dict[int, tuple] = {}
+    for entry, out in zip(entries, outputs):
+        if entry is not None:
+            results.setdefault(id(entry), (entry, []))[1].append(out)
+    return list(results.values())

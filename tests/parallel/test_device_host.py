@@ -1,0 +1,276 @@
+"""The device path's logic on CPU: the host backend through the real engine.
+
+:class:`hvdlite.device.HostDeviceArray` inputs take the device path (packing,
+scaling, averaging, stream/event ordering, the links) with the host backend,
+at 1, 2 and 3 ranks.  No GPU result is claimed here: the CUDA backend runs
+this same executor code in tests/gpu/.  Collectives go through the engine
+(negotiation, the device field, fusion), and, for the transports the engine's
+plan does not pick on a CPU machine, through a DeviceExecutor built directly.
+"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hvdlite as hvd
+from hvdlite.basics import state
+from hvdlite.device import HostDeviceArray, host_device_array
+from hvdlite.device import registry
+from hvdlite.device.executor import DeviceExecutor
+from hvdlite.device.selection import DevicePlan
+from hvdlite.handles import Handle
+from hvdlite.messages import RESPONSE_OK, Kind, Params, Response
+from hvdlite.submissions import Entry
+from hvdlite.transport import Transport, TransportPlan
+
+MPI_SIZES = (1, 2, 3)
+
+pytestmark = pytest.mark.timeout(60)
+
+hvd.init()
+RANK, SIZE = hvd.rank(), hvd.size()
+ENGINE = state().engine
+
+
+def dev(a):
+    return host_device_array(a)
+
+
+def device_batches() -> int:
+    device = ENGINE.executor.device
+    return 0 if device is None else sum(device.used.values())
+
+
+# ------------------------------------------------------------------ allreduce
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.int16,
+                                   np.uint8])
+def test_allreduce_sum_and_average(dtype):
+    x = np.arange(7).astype(dtype) + RANK
+    before = device_batches()
+    total = hvd.allreduce(dev(x), op=hvd.Sum, name=f"sum.{np.dtype(dtype).name}")
+    expect = sum(np.arange(7).astype(np.float64) + r for r in range(SIZE))
+    assert isinstance(total, HostDeviceArray) and total.dtype == dtype
+    np.testing.assert_allclose(total.astype(np.float64), expect, rtol=1e-3)
+    if np.dtype(dtype).kind == "f":
+        avg = hvd.allreduce(dev(x), op=hvd.Average, name=f"avg.{np.dtype(dtype).name}")
+        np.testing.assert_allclose(avg.astype(np.float64), expect / SIZE, rtol=1e-3)
+    assert device_batches() > before
+
+
+def test_min_max_and_bool():
+    x = dev(np.array([RANK, -RANK, 5], dtype=np.int64))
+    np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Max), [SIZE - 1, 0, 5])
+    np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Min), [0, 1 - SIZE, 5])
+    flags = dev(np.array([True, RANK == 0]))
+    np.testing.assert_array_equal(hvd.allreduce(flags, op=hvd.Max), [True, True])
+    np.testing.assert_array_equal(hvd.allreduce(flags, op=hvd.Min), [True, SIZE == 1])
+
+
+def test_prescale_postscale_in_place():
+    x = dev(np.full(5, RANK + 1, dtype=np.float32))
+    out = hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5, output=x)
+    assert out is x
+    np.testing.assert_allclose(x, np.full(5, SIZE * (SIZE + 1) / 2))
+
+
+def test_fused_burst_of_mixed_dtypes():
+    arrays = [dev(np.full(3 + i, RANK + i, dtype=dt))
+              for i, dt in enumerate([np.float32, np.float16, np.float32, np.float64] * 3)]
+    handles = [hvd.allreduce_async(a, op=hvd.Average, name=f"burst.{i}", prescale_factor=2.0)
+               for i, a in enumerate(arrays)]
+    grouped = hvd.grouped_allreduce([dev(np.ones(4, np.float32) * RANK),
+                                     dev(np.ones(2, np.float16) * RANK)], op=hvd.Sum)
+    mean_rank = (SIZE - 1) / 2
+    for i, h in enumerate(handles):
+        np.testing.assert_allclose(hvd.synchronize(h).astype(np.float64),
+                                   2 * (mean_rank + i), rtol=1e-3)
+    for g in grouped:
+        np.testing.assert_allclose(g.astype(np.float64), SIZE * mean_rank)
+
+
+# ---------------------------------------------------- CPU and device apart
+def test_cpu_and_device_entries_never_share_a_batch():
+    seen = []
+    run = ENGINE.executor.run_batch
+
+    def recording(batch):
+        seen.append({r.params.device for r in batch})
+        return run(batch)
+
+    ENGINE.executor.run_batch = recording
+    try:
+        handles = [hvd.allreduce_async(np.full(4, RANK, np.float32), op=hvd.Sum, name=f"c.{i}")
+                   for i in range(3)]
+        handles += [hvd.allreduce_async(dev(np.full(4, RANK, np.float32)), op=hvd.Sum,
+                                        name=f"d.{i}") for i in range(3)]
+        results = [hvd.synchronize(h) for h in handles]
+    finally:
+        ENGINE.executor.run_batch = run
+    assert all(len(devices) == 1 for devices in seen), seen
+    assert {"cpu", "host"} <= set().union(*seen)
+    for i, r in enumerate(results):
+        assert isinstance(r, HostDeviceArray) == (i >= 3)
+        np.testing.assert_allclose(r, SIZE * (SIZE - 1) / 2)
+
+
+@pytest.mark.skipif(SIZE < 2, reason="a device mismatch needs two ranks")
+def test_device_mismatch_fails_on_every_rank():
+    x = np.ones(3, np.float32)
+    arg = x if RANK == 0 else dev(x)
+    with pytest.raises(hvd.MismatchError, match=r"Mismatched device .*rank 0: cpu.*host"):
+        hvd.allreduce(arg, name="mixed.devices")
+    # the engine keeps working afterwards
+    np.testing.assert_allclose(hvd.allreduce(dev(x), op=hvd.Sum, name="after.mixed"), SIZE)
+
+
+def test_mixed_devices_in_one_call_refused_at_submission():
+    with pytest.raises(ValueError, match="one device"):
+        hvd.grouped_allreduce([dev(np.ones(2, np.float32)), np.ones(2, np.float32)])
+
+
+# -------------------------------------------------------------- other kinds
+def test_allgather_uneven_and_grouped():
+    a = dev(np.full((RANK + 1, 2), RANK, dtype=np.int32))
+    b = dev(np.arange(RANK + 2, dtype=np.float64))
+    out = hvd.allgather(a)
+    assert isinstance(out, HostDeviceArray)
+    np.testing.assert_array_equal(out, np.concatenate(
+        [np.full((r + 1, 2), r, np.int32) for r in range(SIZE)]))
+    ga, gb = hvd.grouped_allgather([a, b])
+    np.testing.assert_array_equal(ga, out)
+    np.testing.assert_array_equal(gb, np.concatenate([np.arange(r + 2) for r in range(SIZE)]))
+
+
+def test_broadcast_single_and_fused():
+    root = SIZE - 1
+    x = dev(np.full(4, RANK, np.int16))
+    np.testing.assert_array_equal(hvd.broadcast(x, root), np.full(4, root))
+    handles = [hvd.broadcast_async(dev(np.full(i + 1, RANK * 10 + i, np.float32)), root,
+                                   name=f"bc.{i}") for i in range(4)]
+    for i, h in enumerate(handles):
+        np.testing.assert_array_equal(hvd.synchronize(h), np.full(i + 1, root * 10 + i))
+
+
+def test_alltoall_with_splits():
+    splits = [r + 1 for r in range(SIZE)]
+    x = dev(np.repeat(np.arange(SIZE, dtype=np.float32), splits) + 100 * RANK)
+    out, received = hvd.alltoall(x, splits=splits)
+    assert list(received) == [RANK + 1] * SIZE
+    np.testing.assert_array_equal(out, np.concatenate([np.full(RANK + 1, RANK + 100 * r)
+                                                       for r in range(SIZE)]))
+
+
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average])
+def test_reducescatter_uneven(op):
+    rows = 2 * SIZE + 1
+    x = dev(np.arange(rows * 3, dtype=np.float32).reshape(rows, 3) * (RANK + 1))
+    out = hvd.reducescatter(x, op=op, prescale_factor=2.0)
+    full = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3) * 2 * SIZE * (SIZE + 1) / 2
+    if op == hvd.Average:
+        full /= SIZE
+    counts = [rows // SIZE + (1 if r < rows % SIZE else 0) for r in range(SIZE)]
+    start = sum(counts[:RANK])
+    np.testing.assert_allclose(out, full[start:start + counts[RANK]])
+    g = hvd.grouped_reducescatter([x, dev(np.ones((SIZE, 2), np.float64))], op=hvd.Sum)
+    np.testing.assert_allclose(g[1], np.full((1, 2), SIZE))
+
+
+# ----------------------------------------------------------------- ordering
+def test_batch_is_ordered_after_producers_and_published_after():
+    backend = registry.backend("host")
+    backend.journal = []
+    try:
+        handles = [hvd.allreduce_async(dev(np.ones(3, np.float32)), name=f"ord.{i}")
+                   for i in range(3)]
+        for h in handles:
+            hvd.synchronize(h)
+        journal = backend.journal
+    finally:
+        backend.journal = None
+    ready = [seq for kind, *seq in journal if kind == "ready"]
+    assert len(ready) == 3
+    for seq in ready:
+        wait = journal.index(("wait", seq[0]))
+        publish = journal.index(("publish", seq[0]))
+        syncs = [i for i, item in enumerate(journal) if item == ("sync",)]
+        # the engine waits for the producer before moving data (a sync of the
+        # staged copy), and publishes only after the data moved
+        assert any(wait < s < publish for s in syncs), journal
+
+
+# ------------------------------------------- every link, through the executor
+class _Run:
+    """One batch through a DeviceExecutor built here, with a chosen plan."""
+
+    def __init__(self, plan: DevicePlan, hierarchical=None):
+        self.entries = {}
+        self.plan = plan
+        self.executor = DeviceExecutor(self.entries.get, self._finish, self._finish_keys,
+                                       SimpleNamespace(ranks={0: list(range(SIZE))}),
+                                       lambda set_id: TransportPlan(Transport.MPI,
+                                                                    Transport.MPI, plan),
+                                       hierarchical)
+
+    def _finish(self, entry, value):
+        entry.handle.set_result(entry.result(value))
+
+    def _finish_keys(self, keys):
+        for key in keys:
+            self._finish(self.entries[key], None)
+
+    def run(self, params_and_arrays, comm=MPI.COMM_WORLD):
+        batch = []
+        backend = registry.backend("host")
+        for params, inputs, outputs in params_and_arrays:
+            entry = Entry(params, inputs, outputs, Handle(params.name))
+            entry.ready = backend.record_ready(inputs)
+            self.entries[entry.key] = entry
+            batch.append(Response(RESPONSE_OK, params, entry.key))
+        self.executor.run_batch(batch, comm)
+        return [self.entries[r.key].handle.result() for r in batch]
+
+
+def _allreduce_params(name, a, op=hvd.Sum):
+    return Params(set_id=0, name=name, kind=int(Kind.ALLREDUCE), dtypes=(a.dtype.str,),
+                  shapes=(a.shape,), op=int(op), device="host")
+
+
+def _plan(transport, hierarchical=False):
+    return DevicePlan(*([transport] * 5), fallback=Transport.STAGED, hierarchical=hierarchical)
+
+
+@pytest.mark.parametrize("transport,name", [
+    (Transport.STAGED, "staged through host memory"),
+    (Transport.CUDA_AWARE_MPI, "CUDA-aware MPI"),
+    (Transport.NCCL, "CUDA-aware MPI"),  # host memory needs no NCCL: MPI takes it
+])
+def test_each_flat_link(transport, name):
+    run = _Run(_plan(transport))
+    xs = [dev(np.full(5 + i, RANK + i, np.float32)) for i in range(3)]
+    results = run.run([(_allreduce_params(f"l{i}", x), (x,), (dev(np.empty_like(x)),))
+                       for i, x in enumerate(xs)])
+    for i, r in enumerate(results):
+        np.testing.assert_allclose(r, SIZE * (SIZE - 1) / 2 + SIZE * i)
+    assert set(run.executor.used) == {name}
+
+
+@pytest.mark.parametrize("node_size", sorted({1, SIZE}))
+def test_hierarchical_link(node_size):
+    world = MPI.COMM_WORLD
+    local = world.Split(RANK // node_size, RANK)
+    cross = world.Split(local.Get_rank(), RANK)
+    helper = SimpleNamespace(local=local, cross=cross, homogeneous=True)
+    run = _Run(_plan(Transport.CUDA_AWARE_MPI, hierarchical=True), helper)
+    x = dev(np.arange(11, dtype=np.float64) * (RANK + 1))
+    out = dev(np.empty_like(x))
+    (result,) = run.run([(_allreduce_params("h", x, hvd.Average), (x,), (out,))])
+    np.testing.assert_allclose(result, np.arange(11) * (SIZE + 1) / 2)
+    assert any(n.startswith("hierarchical") for n in run.executor.used)
+    local.Free()
+    cross.Free()
+
+
+def test_shutdown():
+    hvd.shutdown()

@@ -1,0 +1,36 @@
+"""The GPU tests at 2 ranks sharing one GPU, over the MPI transports.
+
+NCCL refuses two ranks on one GPU, so these runs ask for MPI
+(``HVDLITE_GPU_OPERATIONS=MPI``): once staged through pinned host memory
+(``HVDLITE_CUDA_AWARE_MPI=0``), once on device pointers where the MPI library
+is CUDA-aware.  Skipped with the reason where there is no CUDA device.
+"""
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+from test_parallel import ROOT, run_mpi
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpu() -> bool:
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    from hvdlite.devices import cuda_available
+
+    return cuda_available()
+
+
+@pytest.mark.skipif(not _gpu(), reason="no CUDA device here (CuPy missing or sees none)")
+@pytest.mark.parametrize("aware", ["0", ""], ids=["staged", "mpi-as-detected"])
+def test_gpu_suite_at_two_ranks_over_mpi(aware):
+    env = dict(os.environ, HVDLITE_GPU_OPERATIONS="MPI", HVDLITE_CUDA_AWARE_MPI=aware)
+    rc, out = run_mpi(2, [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                          "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
+                          str(ROOT / "tests" / "gpu")], env=env)
+    assert rc == 0, out[-8000:]
+    assert " passed" in out, out[-4000:]
