@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _jobs  # noqa: E402
 import bench_torch_optimizer as mlp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,7 +91,7 @@ def run_job(mode: str, steps: int, log_dir: str, round_no: int) -> dict:
     if mode == "autotune":
         env["HVDLITE_AUTOTUNE"] = "1"
         env["HVDLITE_AUTOTUNE_LOG"] = os.path.join(log_dir, f"autotune-{round_no}.csv")
-    cmd = [mlp._mpiexec(), "-n", str(RANKS), sys.executable, str(Path(__file__).resolve()),
+    cmd = [_jobs.mpiexec(), "-n", str(RANKS), sys.executable, str(Path(__file__).resolve()),
            "--worker", mode, "--steps", str(steps)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     for line in out.stdout.splitlines():

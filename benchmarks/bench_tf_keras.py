@@ -34,28 +34,22 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import _jobs
+
+ROOT = _jobs.ROOT
 BATCH = 64
-RANKS = 2
+RANKS = _jobs.RANKS
 MODES = ("nocomm-fit", "hvdlite-fit", "nocomm-tape", "hvdlite-tape", "mwms-tape",
          "floor-tape")
 
 
 # ------------------------------------------------------------------ worker side
-
-def _rank() -> int:
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return 0
-
 
 def _model(keras):
     keras.utils.set_random_seed(0)
@@ -73,7 +67,7 @@ def _data(rank, steps):
 
 
 def worker(mode: str, steps: int, block: int, ports: list[int]) -> None:
-    rank = _rank()
+    rank, _ = _jobs.rank_and_size()
     if mode.startswith("mwms"):
         os.environ["TF_CONFIG"] = json.dumps({
             "cluster": {"worker": [f"localhost:{p}" for p in ports]},
@@ -153,7 +147,7 @@ def _run_tape(tf, model, opt, loss_fn, x, y, steps, block, barrier, mode, strate
         if distributed:
             import hvdlite.tensorflow as hvd
 
-        touch = _lockstep_touch(tf) if mode == "floor-tape" else None
+        touch = _jobs.tf_floor(tf) if mode == "floor-tape" else None
 
         @tf.function
         def step(xb, yb):
@@ -195,58 +189,15 @@ def _run_tape(tf, model, opt, loss_fn, x, y, steps, block, barrier, mode, strate
     return times
 
 
-def _lockstep_touch(tf):
-    """The floor mode's per-step work: barrier, then copy and add every gradient."""
-    import numpy as np
-    from mpi4py import MPI
-
-    def touch_arrays(*grads):
-        MPI.COMM_WORLD.Barrier()
-        out = []
-        for g in grads:
-            shadow = np.array(g)  # the copy a peer would read
-            np.add(shadow, g, out=shadow)
-            out.append(shadow)
-        return out
-
-    def touch(grads):
-        outs = tf.numpy_function(touch_arrays, grads, [g.dtype for g in grads], stateful=True)
-        for o, g in zip(outs, grads, strict=True):
-            o.set_shape(g.shape)
-        return outs
-
-    return touch
-
-
 # ------------------------------------------------------------------ launcher side
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _mpiexec() -> str:
-    local = Path(sys.executable).with_name("mpiexec")
-    return str(local) if local.exists() else "mpiexec"
-
 
 def run_job(mode: str, steps: int, block: int, timeout: float = 600) -> tuple[float | None, str]:
     """(median step seconds or None, the job's output)."""
-    ports = _free_ports(RANKS)
-    cmd = [_mpiexec(), "-n", str(RANKS), sys.executable, str(Path(__file__).resolve()),
+    ports = _jobs.free_ports(RANKS)
+    cmd = [_jobs.mpiexec(), "-n", str(RANKS), sys.executable, str(Path(__file__).resolve()),
            "--worker", mode, "--steps", str(steps), "--block", str(block),
            "--ports", ",".join(map(str, ports))]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # glibc's malloc tuned as hvdlite.init() tunes it, in every mode alike.
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 << 20))
-    env.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))
+    env = _jobs.job_env()  # glibc's malloc tuned as hvdlite.init() tunes it, in every mode
     try:
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=timeout)

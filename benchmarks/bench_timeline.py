@@ -27,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import _jobs  # noqa: E402
 import bench_torch_optimizer as mlp  # noqa: E402 - the same workload
 
 
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [mlp._mpiexec(), "-n", str(mlp.RANKS), sys.executable, str(Path(__file__)),
+        cmd = [_jobs.mpiexec(), "-n", str(mlp.RANKS), sys.executable, str(Path(__file__)),
                "--worker", "--pairs", str(args.pairs), "--block", str(args.block),
                "--trace", str(Path(tmp) / "timeline.json")]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)

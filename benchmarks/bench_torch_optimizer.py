@@ -16,7 +16,7 @@ itself, 2 ranks each, with the mpiexec beside this Python:
   cannot be faster than this; it is printed beside the target.
 
 Every job runs with glibc's malloc tuned as ``hvdlite.init()`` tunes it (the
-``MALLOC_*`` variables below), so no mode pays page faults the others do not.
+``MALLOC_*`` variables, ``_jobs.job_env``), so no mode pays page faults the others do not.
 
 Workload: MLP 784-1024-1024-10, batch 64 per rank, SGD with momentum, one torch
 thread per rank.  The jobs run in rounds (nocomm, hvdlite, ddp, mpi, repeated) so a
@@ -30,18 +30,12 @@ hvdlite/nocomm <= 1.15, hvdlite/ddp throughput >= 1.6).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import socket
-import statistics
-import subprocess
 import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import _jobs
+
 BATCH = 64
-RANKS = 2
+RANKS = _jobs.RANKS
 MODES = ("nocomm", "hvdlite", "ddp", "mpi", "floor")
 
 
@@ -57,20 +51,12 @@ def _model():
                          nn.Linear(1024, 10))
 
 
-def _rank_and_size() -> tuple[int, int]:
-    for rank_var, size_var in (("PMI_RANK", "PMI_SIZE"),
-                               ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
-        if rank_var in os.environ:
-            return int(os.environ[rank_var]), int(os.environ[size_var])
-    return 0, 1
-
-
 def worker(mode: str, steps: int, block: int, port: int) -> None:
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(1)
-    rank, size = _rank_and_size()
+    rank, size = _jobs.rank_and_size()
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     barrier = lambda: None  # noqa: E731
@@ -105,15 +91,7 @@ def worker(mode: str, steps: int, block: int, port: int) -> None:
         from mpi4py import MPI
 
         barrier = MPI.COMM_WORLD.Barrier
-        pairs = [(p, torch.empty_like(p)) for p in model.parameters()]
-
-        def lockstep_and_touch():
-            MPI.COMM_WORLD.Barrier()
-            for p, shadow in pairs:
-                shadow.copy_(p.grad)
-                p.grad.add_(shadow)
-
-        grads.append(lockstep_and_touch)
+        grads.append(_jobs.torch_floor(model.parameters()))
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(BATCH, 784, generator=g)
     y = torch.randint(0, 10, (BATCH,), generator=g)
@@ -128,16 +106,9 @@ def worker(mode: str, steps: int, block: int, port: int) -> None:
     for _ in range(10):
         step()
     barrier()
-    times = []
-    for _ in range(steps // block):
-        t0 = time.perf_counter()
-        for _ in range(block):
-            step()
-        times.append((time.perf_counter() - t0) / block)
+    seconds = _jobs.median_step(step, steps, block)
     barrier()
-    if rank == 0:
-        print("RESULT " + json.dumps({"mode": mode, "step": statistics.median(times)}),
-              flush=True)
+    _jobs.report(mode=mode, step=seconds)
     if mode == "ddp":
         import torch.distributed as dist
 
@@ -147,32 +118,10 @@ def worker(mode: str, steps: int, block: int, port: int) -> None:
 # ------------------------------------------------------------------ launcher side
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _mpiexec() -> str:
-    local = Path(sys.executable).with_name("mpiexec")
-    return str(local) if local.exists() else "mpiexec"
-
-
 def run_job(mode: str, steps: int, block: int) -> float:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 << 20))
-    env.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))
-    cmd = [_mpiexec(), "-n", str(RANKS), sys.executable, str(Path(__file__).resolve()),
-           "--worker", mode, "--steps", str(steps), "--block", str(block),
-           "--port", str(_free_port())]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])["step"]
-    raise RuntimeError(f"{mode} job failed (exit {out.returncode}):\n{out.stdout[-3000:]}\n"
-                       f"{out.stderr[-3000:]}")
+    (record,) = _jobs.run_job(__file__, [mode, "--steps", steps, "--block", block,
+                                         "--port", _jobs.free_ports()[0]])
+    return record["step"]
 
 
 def main(argv=None) -> int:
@@ -190,7 +139,11 @@ def main(argv=None) -> int:
     results: dict[str, list[float]] = {m: [] for m in MODES}
     for r in range(args.rounds):
         for mode in MODES:
-            results[mode].append(run_job(mode, args.steps, args.block))
+            try:
+                results[mode].append(run_job(mode, args.steps, args.block))
+            except _jobs.JobFailed as e:
+                print(f"FAILED: {e}", file=sys.stderr)
+                return 1
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(
             f"{m} {results[m][-1] * 1e3:.2f} ms" for m in MODES), flush=True)
     step = {m: min(v) for m, v in results.items()}

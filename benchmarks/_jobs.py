@@ -1,0 +1,177 @@
+"""Pieces the training benchmarks share: starting their jobs, timing steps, the floor.
+
+A benchmark script is both the launcher and the worker: run plainly, it starts
+one job per mode with :func:`run_job` (2 ranks, the mpiexec beside this
+Python, the same environment for every mode); each rank of a job runs the
+script again with ``--worker ...`` and rank 0 prints its figures with
+:func:`report`.  Not a benchmark itself (``run_all.py`` runs ``bench_*.py``).
+
+Worker side:
+
+- :func:`median_step`: median seconds per step over blocks of steps;
+- :func:`torch_floor` / :func:`tf_floor`: what any 2-rank allreduce from
+  Python must at least do each step on this machine: a barrier (the ranks run
+  in lockstep, so each step waits for the slower one) and one copy plus one
+  add over every gradient (each rank must publish its gradients and fold the
+  peer's into its own).  The ``floor`` modes run it in place of communication.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+__all__ = ["RANKS", "ROOT", "JobFailed", "free_ports", "job_env", "median_step", "mpiexec",
+           "rank_and_size", "report", "run_job", "tf_floor", "torch_floor"]
+
+ROOT = Path(__file__).resolve().parent.parent
+RANKS = 2
+_RESULT = "RESULT "
+
+
+class JobFailed(RuntimeError):
+    """A benchmark job exited without its results; the message holds its output."""
+
+
+# ------------------------------------------------------------------ launcher side
+
+
+def mpiexec() -> str:
+    """The mpiexec of this Python's environment, else the one on PATH."""
+    local = Path(sys.executable).with_name("mpiexec")
+    return str(local) if local.exists() else "mpiexec"
+
+
+def free_ports(n: int = 1) -> list[int]:
+    """``n`` distinct TCP ports free on localhost right now."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def job_env() -> dict[str, str]:
+    """The environment every mode's job runs in.
+
+    hvdlite importable from this checkout, one OpenMP thread per rank, and
+    glibc's malloc tuned as ``hvdlite.init()`` tunes it (the ``MALLOC_*``
+    variables), so no mode pays page faults the others do not.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 << 20))
+    env.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))
+    return env
+
+
+def run_job(script: str | Path, worker_args: Sequence[str], *, ranks: int = RANKS,
+            timeout: float = 600) -> list[dict]:
+    """Run ``script --worker ...`` on ``ranks`` ranks; the records rank 0 reported.
+
+    Raises :class:`JobFailed` (with the tail of the job's output) when the job
+    exits non-zero, times out or reports nothing.
+    """
+    worker_args = [str(a) for a in worker_args]
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(Path(script).resolve()),
+           "--worker", *worker_args]
+    try:
+        out = subprocess.run(cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True,
+                             timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise JobFailed(f"{' '.join(worker_args)}: timed out after {timeout:.0f}s\n"
+                        f"{_text(e.stdout)[-3000:]}\n{_text(e.stderr)[-3000:]}") from None
+    records = [json.loads(line[len(_RESULT):]) for line in out.stdout.splitlines()
+               if line.startswith(_RESULT)]
+    if out.returncode or not records:
+        raise JobFailed(f"{' '.join(worker_args)}: job failed (exit {out.returncode})\n"
+                        f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return records
+
+
+def _text(data) -> str:
+    if isinstance(data, bytes):
+        return data.decode(errors="replace")
+    return data or ""
+
+
+# ------------------------------------------------------------------ worker side
+
+
+def rank_and_size() -> tuple[int, int]:
+    """This process's rank and the job size, from the launcher's environment."""
+    for rank_var, size_var in (("PMI_RANK", "PMI_SIZE"),
+                               ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if rank_var in os.environ:
+            return int(os.environ[rank_var]), int(os.environ[size_var])
+    return 0, 1
+
+
+def report(**fields) -> None:
+    """Hand one record to the launcher (rank 0 only; the others stay quiet)."""
+    if rank_and_size()[0] == 0:
+        print(_RESULT + json.dumps(fields), flush=True)
+
+
+def median_step(step: Callable[[], object], steps: int, block: int) -> float:
+    """Median seconds per call of ``step`` over ``steps // block`` blocks of ``block`` calls."""
+    times = []
+    for _ in range(max(1, steps // block)):
+        t0 = time.perf_counter()
+        for _ in range(block):
+            step()
+        times.append((time.perf_counter() - t0) / block)
+    return statistics.median(times)
+
+
+def torch_floor(params) -> Callable[[], None]:
+    """The floor's per-step work for torch: barrier, then copy and add every ``.grad``."""
+    import torch
+    from mpi4py import MPI
+
+    pairs = [(p, torch.empty_like(p)) for p in params]
+
+    def lockstep_and_touch():
+        MPI.COMM_WORLD.Barrier()
+        for p, shadow in pairs:
+            shadow.copy_(p.grad)
+            p.grad.add_(shadow)
+
+    return lockstep_and_touch
+
+
+def tf_floor(tf) -> Callable[[list], list]:
+    """The floor's per-step work for TensorFlow, ``grads -> grads``: one
+    ``numpy_function`` over all gradients that waits on a barrier, then makes
+    one copy and one add of every gradient."""
+    import numpy as np
+    from mpi4py import MPI
+
+    def touch_arrays(*grads):
+        MPI.COMM_WORLD.Barrier()
+        out = []
+        for g in grads:
+            shadow = np.array(g)  # the copy a peer would read
+            np.add(shadow, g, out=shadow)
+            out.append(shadow)
+        return out
+
+    def touch(grads):
+        outs = tf.numpy_function(touch_arrays, grads, [g.dtype for g in grads], stateful=True)
+        for o, g in zip(outs, grads, strict=True):
+            o.set_shape(g.shape)
+        return outs
+
+    return touch

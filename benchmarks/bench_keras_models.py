@@ -1,0 +1,302 @@
+"""Keras 3 ``model.fit`` on real model shapes (~130-160 weights) beside the floor and tf.distribute.
+
+Run as ``python benchmarks/bench_keras_models.py``: it starts every job
+itself, 2 ranks each, with the mpiexec beside this Python; each job trains
+both models, one after the other:
+
+- ``nocomm``: 2 processes each running ``model.fit`` on its own copy, no
+  communication;
+- ``floor``: ``nocomm`` plus, every step where the optimizer applies the
+  gradients, what any 2-rank allreduce from Python must at least do here: one
+  ``numpy_function`` over the gradients that waits on a barrier (the ranks run
+  in lockstep) and makes one copy and one add of every gradient
+  (``_jobs.tf_floor``, the floor of ``bench_tf_keras.py``).  hvdlite cannot
+  beat it;
+- ``hvdlite``: ``model.fit`` with ``hvdlite.tensorflow.keras.DistributedOptimizer``;
+- ``mwms``: ``tf.distribute.MultiWorkerMirroredStrategy`` (2 workers on
+  localhost, ``TF_CONFIG``, gRPC collectives), same model, optimizer and
+  global batch.  Keras 3's ``model.fit`` fails under this strategy (see
+  ``bench_tf_keras.py``), so this mode runs what a Keras 3 user writes
+  instead: a ``tf.function`` train step under ``strategy.run``.
+
+Workloads (Keras layers, SGD with momentum, one TensorFlow intra-op and
+inter-op thread per rank, ``jit_compile=False`` in every mode):
+
+- ``resnet``: ResNet-50's layout (bottleneck blocks 3-4-6-3, Conv2D without
+  bias + BatchNormalization, 161 weights) at width 8 on 32x32x3 inputs,
+  batch 8 per rank;
+- ``transformer``: 8 encoder blocks (MultiHeadAttention, 4 heads, d_model 64,
+  feed-forward 128, post-LayerNorm) over 32 tokens, batch 8 per rank (132
+  weights).
+
+Method: the jobs run in rounds (every mode once per round) so load from
+elsewhere on the machine hits all modes alike; a job's figure is the median
+step time over blocks of steps (fit: from batch-end callbacks), a mode's
+figure the best of its rounds (load from elsewhere only ever slows a job
+down).  Printed per model: each figure beside its baseline and the ratio
+(target: hvdlite / floor step time <= 1.05; against MWMS for information).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+
+import _jobs
+
+RANKS = _jobs.RANKS
+MODES = ("nocomm", "floor", "hvdlite", "mwms")
+MODELS = ("resnet", "transformer")
+BATCH = {"resnet": 8, "transformer": 8}
+SEQ = 32
+VOCAB = 1000
+WARMUP = 5
+STAGES = (3, 4, 6, 3)  # bottleneck blocks per stage, as in ResNet-50
+TITLE = {
+    "resnet": "Keras ResNet-style CNN (bottlenecks 3-4-6-3, width 8, conv+BN), 32x32x3 inputs",
+    "transformer": "Keras transformer encoder (8 blocks, d_model 64, 4 heads, ff 128), 32 tokens",
+}
+
+
+# ------------------------------------------------------------------ models
+
+
+def _resnet(keras):
+    from keras import layers
+
+    def conv_bn(x, filters, kernel, stride=1):
+        x = layers.Conv2D(filters, kernel, stride, padding="same", use_bias=False)(x)
+        return layers.BatchNormalization()(x)
+
+    width = 8
+    inputs = keras.Input((32, 32, 3))
+    # A stride-2 stem keeps the first stage at 16x16 (a step in tens of ms).
+    x = layers.ReLU()(conv_bn(inputs, width, 3, 2))
+    cin = width
+    for stage, n in enumerate(STAGES):
+        w = width << stage
+        for i in range(n):
+            stride = 2 if i == 0 and stage else 1
+            y = layers.ReLU()(conv_bn(x, w, 1))
+            y = layers.ReLU()(conv_bn(y, w, 3, stride))
+            y = conv_bn(y, 4 * w, 1)
+            if stride != 1 or cin != 4 * w:
+                x = conv_bn(x, 4 * w, 1, stride)
+            x = layers.ReLU()(layers.Add()([x, y]))
+            cin = 4 * w
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, layers.Dense(10)(x))
+
+
+def _transformer(keras, d_model=64, blocks=8):
+    from keras import layers
+
+    class AddPosition(layers.Layer):
+        def build(self, input_shape):
+            self.pos = self.add_weight(shape=input_shape[1:], initializer="zeros", name="pos")
+
+        def call(self, x):
+            return x + self.pos
+
+    inputs = keras.Input((SEQ,), dtype="int32")
+    x = AddPosition()(layers.Embedding(VOCAB, d_model)(inputs))
+    for _ in range(blocks):
+        x = layers.LayerNormalization()(x + layers.MultiHeadAttention(4, d_model // 4)(x, x))
+        ff = layers.Dense(d_model)(layers.Dense(128, activation="relu")(x))
+        x = layers.LayerNormalization()(x + ff)
+    x = layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inputs, layers.Dense(10)(x))
+
+
+def _data(name: str, rank: int, n: int):
+    import numpy as np
+
+    rs = np.random.RandomState(rank)
+    if name == "resnet":
+        x = rs.rand(n, 32, 32, 3).astype(np.float32)
+    else:
+        x = rs.randint(0, VOCAB, size=(n, SEQ)).astype(np.int32)
+    return x, rs.randint(0, 10, size=n).astype(np.int64)
+
+
+# ------------------------------------------------------------------ worker side
+
+
+def worker(mode: str, models: list[str], steps: int, block: int, ports: list[int]) -> None:
+    rank, _ = _jobs.rank_and_size()
+    if mode == "mwms":
+        os.environ["TF_CONFIG"] = json.dumps({
+            "cluster": {"worker": [f"localhost:{p}" for p in ports]},
+            "task": {"type": "worker", "index": rank}})
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy() if mode == "mwms" else None
+    if mode == "hvdlite":
+        import hvdlite.tensorflow as hvd
+
+        hvd.init()
+        barrier = hvd.barrier
+    else:
+        from mpi4py import MPI
+
+        barrier = MPI.COMM_WORLD.Barrier
+    for name in models:
+        _time_model(tf, mode, name, rank, strategy, barrier, steps, block)
+
+
+def _time_model(tf, mode, name, rank, strategy, barrier, steps, block) -> None:
+    import keras
+
+    keras.utils.set_random_seed(0)  # the same initial weights on every rank
+    x, y = _data(name, rank, (WARMUP + steps + 1) * BATCH[name])
+    with strategy.scope() if strategy else contextlib.nullcontext():
+        model = _resnet(keras) if name == "resnet" else _transformer(keras)
+        opt = keras.optimizers.SGD(0.01, momentum=0.9)
+        if mode == "hvdlite":
+            import hvdlite.tensorflow.keras as hvd
+
+            opt = hvd.DistributedOptimizer(opt)
+        elif mode == "floor":
+            opt = _floor_optimizer(tf, keras, opt)
+        # Built before the first trace: a train step that creates the optimizer's
+        # variables is traced twice by tf.function (seconds per model, every mode).
+        opt.build(model.trainable_variables)
+    if strategy is None:
+        seconds = _time_fit(keras, model, opt, x, y, BATCH[name], steps, block, barrier)
+    else:
+        seconds = _time_strategy_step(tf, keras, strategy, model, opt, x, y, BATCH[name],
+                                      steps, block, barrier)
+    _jobs.report(mode=mode, model=name, step=seconds, weights=len(model.trainable_weights))
+
+
+def _floor_optimizer(tf, keras, opt):
+    """``opt`` (a Keras SGD) with the floor's work where hvdlite reduces: in ``apply``."""
+    touch = _jobs.tf_floor(tf)
+
+    class FloorSGD(type(opt)):
+        def apply(self, grads, trainable_variables=None):
+            return super().apply(touch(list(grads)), trainable_variables)
+
+    return FloorSGD.from_config(opt.get_config())
+
+
+def _time_fit(keras, model, opt, x, y, batch, steps, block, barrier) -> float:
+    model.compile(optimizer=opt, jit_compile=False,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    warm = WARMUP * batch
+    model.fit(x[:warm], y[:warm], batch_size=batch, epochs=1, verbose=0, shuffle=False)
+    ends: list[float] = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            ends.append(time.perf_counter())
+
+    barrier()
+    # steps + 1 batches: timing starts at the end of the first (fit's own setup excluded).
+    model.fit(x[warm:], y[warm:], batch_size=batch, epochs=1, verbose=0, shuffle=False,
+              callbacks=[Clock()])
+    return statistics.median((ends[i + block] - ends[i]) / block
+                             for i in range(0, len(ends) - block, block))
+
+
+def _time_strategy_step(tf, keras, strategy, model, opt, x, y, batch, steps, block,
+                        barrier) -> float:
+    global_batch = batch * strategy.num_replicas_in_sync
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    def replica_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(loss_fn(yb, model(xb, training=True))) / global_batch
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    @tf.function(jit_compile=False)
+    def train_step(xb, yb):
+        # This worker's loss only: no extra collective beyond the gradients'.
+        return strategy.experimental_local_results(strategy.run(replica_step, args=(xb, yb)))[0]
+
+    batches = [(tf.constant(x[i:i + batch]), tf.constant(y[i:i + batch]))
+               for i in range(0, len(x) - batch + 1, batch)]
+    for xb, yb in batches[:WARMUP]:
+        float(train_step(xb, yb))
+    barrier()
+    timed = iter(batches[WARMUP:])
+
+    def step():
+        float(train_step(*next(timed)))
+
+    return _jobs.median_step(step, steps, block)
+
+
+# ------------------------------------------------------------------ launcher side
+
+
+def _print_model(name: str, step: dict[str, float], weights: int, rounds: int,
+                 steps: int) -> None:
+    batch = BATCH[name]
+    unit = "img/s" if name == "resnet" else "seq/s"
+    print(f"\n{name}: {TITLE[name]}; {weights} weights, batch {batch}/rank, {RANKS} ranks; "
+          f"best of {rounds} jobs x {steps} steps (median per job)")
+    print(f"{'':38s}{'hvdlite':>12s}{'baseline':>12s}{'ratio':>8s}  target")
+    h, f, n = step["hvdlite"], step["floor"], step["nocomm"]
+    print(f"{'fit step time vs the floor':38s}{h * 1e3:10.2f}ms{f * 1e3:10.2f}ms{h / f:8.3f}  "
+          f"<= 1.05  {'ok' if h / f <= 1.05 else 'MISSED'}")
+    print(f"{'fit step time vs no communication':38s}{h * 1e3:10.2f}ms{n * 1e3:10.2f}ms"
+          f"{h / n:8.3f}  (info; floor / no-comm = {f / n:.3f})")
+    m = step["mwms"]
+    print(f"{'throughput vs MultiWorkerMirrored':38s}{RANKS * batch / h:7.0f}{unit}"
+          f"{RANKS * batch / m:7.0f}{unit}{m / h:8.3f}  (info; MWMS step / no-comm "
+          f"= {m / n:.3f})")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--ports", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per model and job")
+    parser.add_argument("--block", type=int, default=5, help="steps per timing block")
+    parser.add_argument("--rounds", type=int, default=2, help="jobs per mode, interleaved")
+    args = parser.parse_args(argv)
+    models = args.models.split(",")
+    if not set(models) <= set(MODELS):
+        parser.error(f"--models: choose from {', '.join(MODELS)}")
+    if args.worker:
+        ports = [int(p) for p in args.ports.split(",") if p]
+        worker(args.worker, models, args.steps, args.block, ports)
+        return 0
+
+    times: dict[tuple[str, str], list[float]] = {}
+    weights: dict[str, int] = {}
+    try:
+        for r in range(args.rounds):
+            start = time.perf_counter()
+            for mode in MODES:
+                ports = ",".join(map(str, _jobs.free_ports(RANKS)))
+                for rec in _jobs.run_job(__file__, [
+                        mode, "--models", args.models, "--steps", args.steps,
+                        "--block", args.block, "--ports", ports]):
+                    times.setdefault((rec["model"], mode), []).append(rec["step"])
+                    weights[rec["model"]] = rec["weights"]
+            print(f"round {r + 1}/{args.rounds} ({time.perf_counter() - start:.0f}s): " + "; ".join(
+                f"{name} " + ", ".join(f"{m} {times[name, m][-1] * 1e3:.1f}ms" for m in MODES)
+                for name in models), flush=True)
+    except _jobs.JobFailed as e:
+        print(f"FAILED: {e}", file=sys.stderr)
+        return 1
+    for name in models:
+        _print_model(name, {m: min(times[name, m]) for m in MODES}, weights[name], args.rounds,
+                     args.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
