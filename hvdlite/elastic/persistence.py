@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import itertools
 import json
 import os
+import pickle
 import time
 import zlib
 
@@ -55,6 +57,17 @@ class Commit:
     time: float
     summary: dict
     payload: bytes
+    parts: tuple = ()  # lengths: the pickle, then its out-of-band buffers (empty: one pickle)
+
+    def load(self) -> object:
+        """The committed state, unpickled (tensors and arrays from the buffers written
+        beside the pickle, without another copy)."""
+        if len(self.parts) <= 1:
+            return pickle.loads(self.payload)
+        view = memoryview(self.payload)
+        ends = list(itertools.accumulate(self.parts))
+        buffers = [view[start:end] for start, end in zip(ends, ends[1:])]
+        return pickle.loads(view[:ends[0]], buffers=buffers)
 
     def describe(self) -> str:
         """``commit 4 (epoch=1, batch=20)``: how logs name it."""
@@ -91,8 +104,16 @@ class CommitStore:
         return ("nothing starts it afresh on its own: start the job again to begin from "
                 "scratch, or put a good copy of the file back and relaunch")
 
-    def write(self, payload: bytes, number: int, size: int, summary: dict | None = None) -> None:
-        """Persist *payload* as commit *number*; on return the commit is on disk."""
+    def write(self, payload, number: int, size: int, summary: dict | None = None) -> None:
+        """Persist *payload* as commit *number*; on return the commit is on disk.
+
+        *payload* is bytes, or a list of buffers (a pickle, then its out-of-band
+        buffers) written one after the other, without joining them first."""
+        parts = [payload] if isinstance(payload, (bytes, bytearray)) else list(payload)
+        views = [memoryview(part).cast("B") for part in parts]
+        digest = 0
+        for view in views:
+            digest = zlib.crc32(view, digest)
         directory = os.path.dirname(self.path) or "."
         os.makedirs(directory, exist_ok=True)
         for stale in glob.glob(self.path + ".tmp.*"):
@@ -101,13 +122,15 @@ class CommitStore:
             except OSError:
                 pass
         header = {"job": self.job_id, "commit": int(number), "size": int(size),
-                  "time": time.time(), "summary": summary or {}, "bytes": len(payload),
-                  "crc32": zlib.crc32(payload)}
+                  "time": time.time(), "summary": summary or {},
+                  "bytes": sum(view.nbytes for view in views), "crc32": digest,
+                  "parts": [view.nbytes for view in views]}
         temporary = f"{self.path}.tmp.{os.getpid()}"
         with open(temporary, "wb") as handle:
             handle.write(MAGIC)
             handle.write(json.dumps(header, separators=(",", ":")).encode() + b"\n")
-            handle.write(payload)
+            for view in views:
+                handle.write(view)
             handle.flush()
             os.fsync(handle.fileno())
         _publish(temporary, self.path)
@@ -117,7 +140,9 @@ class CommitStore:
         """The commit on disk, None when there is none; ElasticStateError when unusable."""
         try:
             with open(self.path, "rb") as handle:
-                data = handle.read()
+                # writable bytes: the loaded tensors are made on them, in place
+                data = bytearray(os.fstat(handle.fileno()).st_size)
+                del data[handle.readinto(data):]
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -141,6 +166,7 @@ class CommitStore:
             length, digest = int(header["bytes"]), int(header["crc32"])
             job_id, stamp = str(header.get("job", "")), float(header.get("time", 0.0))
             summary = header.get("summary") or {}
+            parts = tuple(int(n) for n in header.get("parts", ()))
         except (ValueError, KeyError, TypeError):
             raise self._corrupt("its header is not valid") from None
         payload = data[end + 1:]
@@ -149,9 +175,11 @@ class CommitStore:
                                 f"{length}")
         if zlib.crc32(payload) != digest:
             raise self._corrupt("the checksum of its state does not match")
+        if parts and sum(parts) != length:
+            raise self._corrupt("its parts do not add up to its length")
         if self.job_id and job_id != self.job_id:
             raise ElasticStateError(
                 f"the elastic state file {self.path} belongs to job {job_id!r}, not to this "
                 f"job ({self.job_id!r}): give each job its own --elastic-state-dir, or "
                 f"{self._fix()}")
-        return Commit(number, job_id, size, stamp, dict(summary), payload)
+        return Commit(number, job_id, size, stamp, dict(summary), payload, parts)

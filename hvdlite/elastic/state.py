@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import copy
 import os
-import pickle
 import sys
 from collections.abc import Callable, Iterable
 
@@ -228,7 +227,7 @@ class State:
                     "another copy of the directory is in the way (give every host the same "
                     "shared --elastic-state-dir)")
             try:
-                snapshot = pickle.loads(commit.payload)
+                snapshot = commit.load()
             except Exception as exc:  # noqa: BLE001 - any unpickling failure is the file's
                 raise ElasticStateError(
                     f"the elastic state file {ctx.state_path()} cannot be unpickled ({exc}); "

@@ -16,7 +16,9 @@ write the state: milliseconds for megabytes), and certainly once the next
 
 from __future__ import annotations
 
+import io
 import pickle
+import sys
 import threading
 
 from .persistence import CommitStore, ElasticStateError
@@ -40,8 +42,7 @@ class CommitWriter:
 
         def write() -> None:
             try:
-                payload = pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)
-                self.store.write(payload, number, size, summary)
+                self.store.write(dump(snapshot), number, size, summary)
             except BaseException as exc:  # noqa: BLE001 - reported by wait()
                 self._error = exc
 
@@ -58,3 +59,31 @@ class CommitWriter:
             error, self._error = self._error, None
             raise ElasticStateError(f"writing commit {self._number} to {self.store.path} "
                                     f"failed: {error}") from error
+
+
+def dump(snapshot: object) -> list:
+    """*snapshot* as a pickle and its out-of-band buffers (protocol 5): numpy
+    arrays and CPU tensors are written from their own memory, not copied into
+    the pickle (:meth:`~.persistence.Commit.load` reads them back)."""
+    buffers: list = []
+    out = io.BytesIO()
+    _StatePickler(out, protocol=5, buffer_callback=buffers.append).dump(snapshot)
+    return [out.getbuffer()] + [buffer.raw() for buffer in buffers]
+
+
+def _tensor_from_array(array):
+    import torch
+
+    return torch.from_numpy(array)
+
+
+class _StatePickler(pickle.Pickler):
+    """Pickles torch CPU tensors as numpy arrays, whose bytes go out of band."""
+
+    def reducer_override(self, obj):
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor) and obj.is_cpu \
+                and obj.layout is torch.strided and not obj.requires_grad \
+                and obj.dtype not in (torch.bfloat16, torch.complex32) and not obj.is_quantized:
+            return _tensor_from_array, (obj.contiguous().numpy(),)
+        return NotImplemented
