@@ -175,3 +175,36 @@ def tf_floor(tf) -> Callable[[list], list]:
         return outs
 
     return touch
+
+
+# ------------------------------------------------- in-job timing (one MPI job)
+
+
+def paired_times(fn, base, iters: int, repeats: int, barrier) -> tuple[float, float]:
+    """Median seconds per call of *fn* and of *base*, timed in alternating repetitions
+    so that load from elsewhere on the machine hits both alike."""
+    samples: tuple[list, list] = ([], [])
+    for _ in range(repeats):
+        for f, out in ((fn, samples[0]), (base, samples[1])):
+            barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                f()
+            out.append((time.perf_counter() - t0) / iters)
+    return statistics.median(samples[0]), statistics.median(samples[1])
+
+
+def short_time(seconds: float) -> str:
+    """``12.3 us`` below 10 ms, ``12.34 ms`` above."""
+    return f"{seconds * 1e6:.1f} us" if seconds < 1e-2 else f"{seconds * 1e3:.2f} ms"
+
+
+def run_self_or_launch(run_ranks: Callable[[], None], script: str, ranks: int = RANKS) -> int:
+    """Inside an MPI job, run *run_ranks*; otherwise start *script* on *ranks* ranks
+    with this environment's mpiexec and return its exit code."""
+    if any(k in os.environ for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK")):
+        run_ranks()
+        return 0
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(Path(script).resolve())]
+    return subprocess.run(cmd, env=env, timeout=600).returncode

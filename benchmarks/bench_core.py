@@ -16,31 +16,16 @@ from elsewhere hits both alike.
 
 from __future__ import annotations
 
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
+
+from _jobs import paired_times, run_self_or_launch, short_time  # this script's folder
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
 
-
-def _paired_times(fn, base, iters: int, repeats: int, barrier) -> tuple[float, float]:
-    """Median seconds per call of *fn* and of *base*, timed in alternating repetitions
-    so that load from elsewhere on the machine hits both alike."""
-    samples: tuple[list, list] = ([], [])
-    for _ in range(repeats):
-        for f, out in ((fn, samples[0]), (base, samples[1])):
-            barrier()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                f()
-            out.append((time.perf_counter() - t0) / iters)
-    return statistics.median(samples[0]), statistics.median(samples[1])
 
 
 def run_ranks() -> None:
@@ -60,7 +45,7 @@ def run_ranks() -> None:
             hvd.allreduce(x, name=f"a{nbytes}", op=hvd.Sum, output=out)
             comm.Allreduce(x, out, MPI.SUM)
         name = f"a{nbytes}"
-        t_hvd, t_mpi = _paired_times(
+        t_hvd, t_mpi = paired_times(
             lambda x=x, out=out, name=name: hvd.allreduce(x, name=name, op=hvd.Sum, output=out),
             lambda x=x, out=out: comm.Allreduce(x, out, MPI.SUM), iters, repeats, comm.Barrier)
         rows.append((f"allreduce {_human(nbytes)}", t_hvd, "raw mpi4py Allreduce", t_mpi))
@@ -91,14 +76,14 @@ def run_ranks() -> None:
     for _ in range(3):
         hvd_many()
         mpi_many()
-    t_hvd, t_mpi = _paired_times(hvd_many, mpi_many, 5, 15, comm.Barrier)
+    t_hvd, t_mpi = paired_times(hvd_many, mpi_many, 5, 15, comm.Barrier)
     rows.append(("200 x 64 KB async + sync", t_hvd, "copy-in + 1 Allreduce + copy-out", t_mpi))
     # The Python floor of that figure: creating 200 handles (validation, Future,
     # engine entry), before any negotiation or data movement.
     rows.append(("  of which: 200 submissions", statistics.median(submit_times),
                  "copy-in + 1 Allreduce + copy-out", t_mpi))
     # The same arrays as one grouped submission: one handle, the same data path.
-    t_grouped, t_mpi = _paired_times(
+    t_grouped, t_mpi = paired_times(
         lambda: hvd.grouped_allreduce(arrays, name="grouped", op=hvd.Sum, outputs=outs),
         mpi_many, 5, 15, comm.Barrier)
     rows.append(("200 x 64 KB grouped (info)", t_grouped, "copy-in + 1 Allreduce + copy-out",
@@ -120,10 +105,11 @@ def run_ranks() -> None:
               f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
         print(f"{'figure':28} {'hvdlite':>12} {'baseline':>12} {'ratio':>7}  baseline is")
         for label, t, base_label, tb in rows:
-            print(f"{label:28} {_us(t):>12} {_us(tb):>12} {t / tb:>6.2f}x  {base_label}")
+            print(f"{label:28} {short_time(t):>12} {short_time(tb):>12} {t / tb:>6.2f}x  "
+                  f"{base_label}")
         print(f"{'idle CPU over 5 s':28} {max(idle):>11.2f}% {'':>12} {'':>7}  "
               "(% of one core, worst rank; target <= 2 %)")
-        print(f"{'allreduce 4 KB absolute':28} {_us(rows[0][1]):>12}   (target <= 100 us)")
+        print(f"{'allreduce 4 KB absolute':28} {short_time(rows[0][1]):>12}   (target <= 100 us)")
     hvd.shutdown()
 
 
@@ -131,19 +117,9 @@ def _human(nbytes: int) -> str:
     return f"{nbytes >> 20} MB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KB"
 
 
-def _us(seconds: float) -> str:
-    return f"{seconds * 1e6:.1f} us" if seconds < 1e-2 else f"{seconds * 1e3:.2f} ms"
-
 
 def main() -> int:
-    if any(k in os.environ for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK")):
-        run_ranks()
-        return 0
-    mpiexec = Path(sys.executable).with_name("mpiexec")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", "2", sys.executable,
-           str(Path(__file__).resolve())]
-    return subprocess.run(cmd, env=env, timeout=600).returncode
+    return run_self_or_launch(run_ranks, __file__)
 
 
 if __name__ == "__main__":

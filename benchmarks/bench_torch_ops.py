@@ -20,29 +20,13 @@ so load from elsewhere on the machine hits both alike.
 
 from __future__ import annotations
 
-import os
-import statistics
-import subprocess
 import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _jobs import paired_times, run_self_or_launch, short_time  # this script's folder
+
 TENSORS = 200
 ELEMENTS = 16 << 10  # 64 KB of float32
 
-
-def _paired_times(fn, base, iters: int, repeats: int, barrier) -> tuple[float, float]:
-    """Median seconds per call of *fn* and of *base*, in alternating repetitions."""
-    samples: tuple[list, list] = ([], [])
-    for _ in range(repeats):
-        for f, out in ((fn, samples[0]), (base, samples[1])):
-            barrier()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                f()
-            out.append((time.perf_counter() - t0) / iters)
-    return statistics.median(samples[0]), statistics.median(samples[1])
 
 
 def run_ranks() -> None:
@@ -81,9 +65,9 @@ def run_ranks() -> None:
         mpi_many()
         hvd_grouped()
     raw = "copy-in + 1 Allreduce + copy-out"
-    t_hvd, t_mpi = _paired_times(hvd_many, mpi_many, 5, 21, comm.Barrier)
+    t_hvd, t_mpi = paired_times(hvd_many, mpi_many, 5, 21, comm.Barrier)
     rows.append((f"{TENSORS} x 64 KB async_ + synchronize", t_hvd, raw, t_mpi, "<= 1.10x"))
-    t_grp, t_mpi2 = _paired_times(hvd_grouped, mpi_many, 5, 15, comm.Barrier)
+    t_grp, t_mpi2 = paired_times(hvd_grouped, mpi_many, 5, 15, comm.Barrier)
     rows.append((f"{TENSORS} x 64 KB grouped_ (info)", t_grp, raw, t_mpi2, ""))
 
     small = torch.ones(1024)
@@ -91,7 +75,7 @@ def run_ranks() -> None:
     small_out = small_np.copy()
     for _ in range(20):
         hvd.allreduce(small, name="small", op=hvd.Sum)
-    t_small, t_raw = _paired_times(
+    t_small, t_raw = paired_times(
         lambda: hvd.allreduce(small, name="small", op=hvd.Sum),
         lambda: comm.Allreduce(small_np, small_out, MPI.SUM), 200, 15, comm.Barrier)
     rows.append(("sync allreduce 4 KB", t_small, "raw Allreduce 4 KB", t_raw, "<= 40 us"))
@@ -101,24 +85,14 @@ def run_ranks() -> None:
         print(f"{'figure':36} {'hvdlite':>10} {'baseline':>10} {'ratio':>7}  target   "
               "baseline is")
         for label, t, base_label, tb, target in rows:
-            print(f"{label:36} {_us(t):>10} {_us(tb):>10} {t / tb:>6.2f}x  {target:8} "
-                  f"{base_label}")
+            print(f"{label:36} {short_time(t):>10} {short_time(tb):>10} {t / tb:>6.2f}x  "
+                  f"{target:8} {base_label}")
     hvd.shutdown()
 
 
-def _us(seconds: float) -> str:
-    return f"{seconds * 1e6:.1f} us" if seconds < 1e-2 else f"{seconds * 1e3:.2f} ms"
-
 
 def main() -> int:
-    if any(k in os.environ for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK")):
-        run_ranks()
-        return 0
-    mpiexec = Path(sys.executable).with_name("mpiexec")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", "2", sys.executable,
-           str(Path(__file__).resolve())]
-    return subprocess.run(cmd, env=env, timeout=600).returncode
+    return run_self_or_launch(run_ranks, __file__)
 
 
 if __name__ == "__main__":
