@@ -33,6 +33,7 @@ class Doorbell:
         self._inbox = np.zeros(1, dtype=np.uint8)
         self._outbox = np.ones(1, dtype=np.uint8)  # what a ring sends (never written)
         self.rang = False  # this rank rang since the last drain
+        self.rings = 0  # how often this rank rang, for tests and diagnostics
         self._received = 0  # rings received since the last drain
         self._request = self._post()
 
@@ -45,6 +46,7 @@ class Doorbell:
             MPI.Request.Waitall([self.comm.Isend(self._outbox, dest=r, tag=_TAG)
                                  for r in self.peers])
         self.rang = True
+        self.rings += 1
 
     def heard(self) -> bool:
         """Did a peer ring? (Never blocks.)"""

@@ -263,9 +263,13 @@ class Engine:
         # Only globally known facts decide progress, so every rank waits (or not) together.
         # Work that was submitted but is not ready everywhere needs no further cycle:
         # the rank that completes it submits later and rings the doorbell.  Another
-        # cycle is due only when this one moved entries back to the coordinator
-        # (invalidated cache bits, a rank joining or leaving) or ran a stall check.
-        return bool(flags & (Flag.INVALID | Flag.STALL)) or joined_changed, False
+        # cycle is due when this one moved entries back to the coordinator
+        # (invalidated cache bits, a rank joining or leaving), ran a stall check, or
+        # ran work: what ran is the same on every rank, and where work just ran more
+        # usually follows (the next synchronous call, the rest of a burst), which then
+        # needs no doorbell.  A burst's end costs one empty cycle before the wait.
+        ran = bool(ready) or bool(responses)
+        return bool(flags & (Flag.INVALID | Flag.STALL)) or joined_changed or ran, False
 
     def _admit(self, entry: Entry) -> None:
         params = entry.params

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
+
 from .messages import Params, Response
 
 __all__ = ["ResponseCache", "HIT", "MISS", "INVALID", "set_bits"]
@@ -22,9 +24,31 @@ __all__ = ["ResponseCache", "HIT", "MISS", "INVALID", "set_bits"]
 HIT, MISS, INVALID = 0, 1, 2
 
 
+#: At most this many set bits: jump from one to the next (cost per set bit).
+_FEW_BITS = 8
+#: Wider masks with more bits set: let numpy unpack them (cost per byte, in C).
+_WIDE_MASK = 512
+
+
 def set_bits(mask: int) -> list[int]:
-    """The positions of the set bits of *mask*, ascending (a training step readies
-    hundreds of bits at once; one pass over the binary digits beats bit tricks)."""
+    """The positions of the set bits of *mask*, ascending.
+
+    A cycle may ready one bit high up in a cache of a thousand names (a
+    synchronous call in a model's training loop) or hundreds at once (a step's
+    gradients), so the cost must follow the bits set, not the highest one: few
+    bits are found one by one, a wide mask is unpacked by numpy, and a narrow
+    dense one in one pass over its binary digits.
+    """
+    if mask.bit_count() <= _FEW_BITS:
+        bits = []
+        while mask:
+            low = mask & -mask
+            bits.append(low.bit_length() - 1)
+            mask ^= low
+        return bits
+    if mask.bit_length() > _WIDE_MASK:
+        raw = np.frombuffer(mask.to_bytes((mask.bit_length() + 7) // 8, "little"), np.uint8)
+        return np.flatnonzero(np.unpackbits(raw, bitorder="little")).tolist()
     return [i for i, digit in enumerate(reversed(bin(mask))) if digit == "1"]
 
 

@@ -325,6 +325,13 @@ def test_set_bits_lists_positions_ascending():
         assert set_bits(mask) == [b for b in range(700) if mask >> b & 1]
 
 
+def test_set_bits_of_sparse_wide_and_dense_masks():
+    # Each of its three ways: a few bits high up, many bits in a wide mask, a narrow dense one.
+    for mask in (1 << 1000, (1 << 1000) | (1 << 3) | 1, ((1 << 200) - 1) << 1000,
+                 (1 << 300) - 1, (1 << 64) - 1, (1 << 2000) - 1):
+        assert set_bits(mask) == [b for b in range(mask.bit_length()) if mask >> b & 1]
+
+
 def test_cache_touch_all_orders_eviction_like_touch():
     a, b = ResponseCache(3), ResponseCache(3)
     for cache in (a, b):

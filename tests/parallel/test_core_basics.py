@@ -101,3 +101,21 @@ def test_async_work_nobody_waits_on_still_completes():
         assert time.monotonic() < deadline, "an async allreduce never completed"
         time.sleep(0.001)
     np.testing.assert_array_equal(h.result(), np.full(3, 2.0 * SIZE))
+
+
+def test_back_to_back_synchronous_calls_need_no_doorbell():
+    # A cycle that ran work is followed by another without waiting, so a loop of
+    # synchronous calls keeps the ranks cycling instead of waking them one call at
+    # a time.  (The engine thread may still slip a cycle in between two calls now
+    # and then; a ring per call, as before, would be CALLS rings.)
+    from hvdlite import basics
+
+    calls = 200
+    doorbell = basics.state().engine.doorbell
+    x = np.ones(16, dtype=np.float32)
+    hvd.allreduce(x, name="basics.loop", op=hvd.Sum)
+    before = doorbell.rings
+    for _ in range(calls):
+        out = hvd.allreduce(x, name="basics.loop", op=hvd.Sum)
+    assert out[0] == SIZE
+    assert doorbell.rings - before < calls // 4
