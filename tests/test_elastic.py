@@ -39,7 +39,21 @@ def test_commit_round_trip_and_overwrite(tmp_path):
     commit = store.read()
     assert (commit.payload, commit.number, commit.size) == (b"second", 2, 3)
     assert commit.describe() == "commit 2 (epoch=1, batch=4)"
-    assert os.listdir(tmp_path) == ["state"]
+    assert sorted(os.listdir(tmp_path)) == ["state", "state.spare"]
+
+
+def test_each_commit_is_written_in_place_into_the_one_before_last(tmp_path):
+    store = CommitStore(str(tmp_path / "state"), "job1")
+    store.write(b"a" * 100, 1, 2)
+    first = os.stat(tmp_path / "state").st_ino
+    store.write(b"b" * 100, 2, 2)
+    assert os.stat(tmp_path / "state.spare").st_ino == first  # kept for the next write
+    second = os.stat(tmp_path / "state").st_ino
+    store.write(b"c", 3, 2)  # shorter: the file is cut to its new length
+    assert os.stat(tmp_path / "state").st_ino == first
+    assert os.stat(tmp_path / "state.spare").st_ino == second
+    commit = store.read()
+    assert (commit.payload, commit.number) == (b"c", 3)
 
 
 def test_a_crash_before_the_rename_keeps_the_previous_commit(tmp_path, monkeypatch):
@@ -55,8 +69,9 @@ def test_a_crash_before_the_rename_keeps_the_previous_commit(tmp_path, monkeypat
         store.write(b"newer", 2, 2)
     assert store.read().payload == b"good"
     monkeypatch.undo()
-    store.write(b"newest", 3, 2)  # the next commit removes what the crash left
-    assert store.read().number == 3 and os.listdir(tmp_path) == ["state"]
+    store.write(b"newest", 3, 2)  # the next commit overwrites what the crash left
+    assert store.read().number == 3
+    assert sorted(os.listdir(tmp_path)) == ["state", "state.spare"]
 
 
 @pytest.mark.parametrize("damage,why", [
@@ -304,6 +319,11 @@ def test_torch_state_commits_model_optimizer_and_values(tmp_path, monkeypatch):
         model.weight.zero_()
     state.restore()
     assert torch.equal(model.weight, trained["weight"])
+    saved = state._handlers["optimizer"].saved["state"][0]["momentum_buffer"]
+    live = optimizer.state_dict()["state"][0]["momentum_buffer"]
+    assert torch.equal(live, saved) and live.data_ptr() != saved.data_ptr()  # not aliased
+    state.save()  # into the same buffers again
+    assert state._handlers["optimizer"].saved["state"][0]["momentum_buffer"] is saved
     fresh_model = torch.nn.Linear(3, 2)
     fresh_opt = torch.optim.SGD(fresh_model.parameters(), lr=0.1, momentum=0.9)
     fresh = hvd.elastic.TorchState(fresh_model, fresh_opt, epoch=0)
@@ -493,22 +513,49 @@ def test_host_pool_keeps_old_hosts_first_and_names_lost_ones():
 
 
 def test_a_failed_background_write_is_reported_at_the_next_wait(tmp_path, monkeypatch):
-    from hvdlite.elastic.writer import CommitWriter
+    from hvdlite.elastic.writer import CommitWriter, dump
 
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     writer = CommitWriter(CommitStore(str(blocker / "state"), "j"))
-    writer.submit({"objects": {}}, 1, 1, {})
+    writer.submit(dump({"objects": {}}), 1, 1, {})
     with pytest.raises(ElasticStateError, match="writing commit 1 to .*not-a-directory/state "
                                                 "failed"):
         writer.wait()
     writer.wait()  # reported once
+    with pytest.raises(ElasticStateError, match="writing commit 2 to .*not-a-directory"):
+        writer.write(dump({"objects": {}}), 2, 1, {})  # at once, on this thread
+
+
+@pytest.mark.parametrize("environ,background", [
+    ({}, False),
+    ({"HVDLITE_ELASTIC_BACKGROUND_COMMIT": "1"}, True),
+    ({"HVDLITE_ELASTIC_BACKGROUND_COMMIT": "0"}, False),
+    ({"HVDLITE_ELASTIC_SYNC_COMMIT": "1"}, False),
+    ({"HVDLITE_ELASTIC_SYNC_COMMIT": "1", "HVDLITE_ELASTIC_BACKGROUND_COMMIT": "1"}, False),
+    ({"HVDLITE_ELASTIC_SYNC_COMMIT": "0"}, True),
+])
+def test_commits_are_synchronous_unless_background_is_asked_for(environ, background):
+    from hvdlite.elastic.writer import background_commits
+
+    assert background_commits(environ) is background
+
+
+def test_a_commit_is_on_disk_when_commit_returns(tmp_path, monkeypatch):
     _elastic_env(monkeypatch, tmp_path)
-    monkeypatch.setenv("HVDLITE_ELASTIC_SYNC_COMMIT", "1")
-    state = _state(epoch=3)
-    state.commit()  # waits for its own write
-    assert state._writer._thread is None
+    for name in ("HVDLITE_ELASTIC_SYNC_COMMIT", "HVDLITE_ELASTIC_BACKGROUND_COMMIT"):
+        monkeypatch.delenv(name, raising=False)
+    state = _state(epoch=3, history=[1])
+    state.commit()
+    assert state._writer._thread is None  # written on this thread, before commit() returned
     assert CommitStore(str(tmp_path / layout.STATE_FILE), "j").read().number == 1
+    monkeypatch.setenv("HVDLITE_ELASTIC_BACKGROUND_COMMIT", "1")
+    state = _state(epoch=4, history=[1])
+    state.commit()
+    state.history.append(2)  # changed while the write may still run: not in the commit
+    state.flush()
+    commit = CommitStore(str(tmp_path / layout.STATE_FILE), "j").read()
+    assert commit.load() == {"objects": {"epoch": 4, "history": [1]}}
 
 
 def test_slurm_source_drops_nodes_sinfo_reports_drained(tmp_path):

@@ -33,7 +33,6 @@ as in Horovod.
 
 from __future__ import annotations
 
-import copy
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -41,7 +40,7 @@ from collections.abc import Callable, Iterable
 from ..exceptions import HostsUpdatedInterrupt
 from .layout import HOSTS_UPDATED_EXIT, WorkerContext, mark_restart, read_notice
 from .persistence import CommitStore, ElasticStateError
-from .writer import CommitWriter
+from .writer import CommitWriter, InBand, background_commits, dump
 
 __all__ = ["State", "ObjectState"]
 
@@ -90,7 +89,7 @@ class State:
         self._context = WorkerContext.from_environ()
         self._commit_number = 0
         self._writer: CommitWriter | None = None
-        self._sync_commits = os.environ.get("HVDLITE_ELASTIC_SYNC_COMMIT", "") in ("1", "true")
+        self._background = background_commits(os.environ)
 
     # -- Horovod's interface -------------------------------------------------------------
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
@@ -121,6 +120,7 @@ class State:
         Commits cost a copy of the state (and, on rank 0, a write to disk): commit
         every few batches, trading that cost against the work a failure loses.
         """
+        self._settle()
         self.save()
         self._persist()
         self.check_host_updates()
@@ -174,23 +174,32 @@ class State:
     def flush(self) -> None:
         """(+) Wait until the last commit is on disk (rank 0; elsewhere it returns at once).
 
-        Local: no other rank takes part.  Raises ElasticStateError when writing it failed.
+        Local: no other rank takes part.  Only background commits
+        (``HVDLITE_ELASTIC_BACKGROUND_COMMIT=1``) can be in flight; a default commit is
+        on disk when ``commit()`` returns.  Raises ElasticStateError when writing it failed.
         """
+        self._settle()
+
+    def _settle(self) -> None:
+        """Wait for the background write in flight (if any): it reads the saved state,
+        which the next ``save()`` overwrites in place."""
         if self._writer is not None:
             self._writer.wait()
 
     def _persist(self) -> None:
-        """Rank 0 starts writing the saved state as the next commit (hvdrun's elastic mode)."""
+        """Rank 0 writes the saved state as the next commit (hvdrun's elastic mode): by
+        default before it returns, with background commits on the writer's thread."""
         if not self._context.relaunchable:
             return
         self._commit_number += 1
         if self._rank() == 0:
             if self._writer is None:
                 self._writer = CommitWriter(self._store())
-            self._writer.submit(self._snapshot(), self._commit_number, _world_size(),
-                                self._summary())
-            if self._sync_commits:
-                self._writer.wait()
+            # Pickled here, on the training thread: the commit holds the values as they
+            # are now; the tensors' bytes stay in the saved copies, out of band.
+            parts = dump(self._snapshot())
+            write = self._writer.submit if self._background else self._writer.write
+            write(parts, self._commit_number, _world_size(), self._summary())
 
     def _resume(self) -> None:
         """Collective: rank 0 loads the job's last commit, if any; every rank learns the
@@ -280,8 +289,9 @@ class ObjectState(State):
             setattr(self, name, value)
 
     def _snapshot(self) -> object:
-        # A private copy: the commit is pickled on another thread while training goes on.
-        return {"objects": copy.deepcopy(self._saved_state)}
+        # In band: a numpy array among the values would otherwise be written from its own
+        # memory, which training may change while a background write reads it.
+        return {"objects": InBand(self._saved_state)}
 
     def _load_snapshot(self, snapshot: object) -> None:
         if not isinstance(snapshot, dict) or "objects" not in snapshot:

@@ -20,14 +20,32 @@ import io
 import pickle
 import sys
 import threading
+from collections.abc import Mapping
 
 from .persistence import CommitStore, ElasticStateError
 
-__all__ = ["CommitWriter"]
+__all__ = ["CommitWriter", "InBand", "background_commits", "dump"]
+
+
+_YES = ("1", "true", "yes", "on")
+_NO = ("0", "false", "no", "off")
+
+
+def background_commits(environ: Mapping[str, str]) -> bool:
+    """True when *environ* asks for background commit writes.
+
+    ``HVDLITE_ELASTIC_BACKGROUND_COMMIT=1`` (``hvdrun --elastic-background-commit``)
+    asks for them; ``HVDLITE_ELASTIC_SYNC_COMMIT=1``, the older spelling of the
+    default, wins over it, and ``HVDLITE_ELASTIC_SYNC_COMMIT=0`` asks for them too."""
+    sync = environ.get("HVDLITE_ELASTIC_SYNC_COMMIT", "").strip().lower()
+    if sync in _YES:
+        return False
+    background = environ.get("HVDLITE_ELASTIC_BACKGROUND_COMMIT", "").strip().lower()
+    return background in _YES or sync in _NO
 
 
 class CommitWriter:
-    """Writes commits to *store* on a background thread, one at a time."""
+    """Writes commits to *store*: :meth:`write` at once, :meth:`submit` on a thread."""
 
     def __init__(self, store: CommitStore) -> None:
         self.store = store
@@ -35,14 +53,25 @@ class CommitWriter:
         self._error: BaseException | None = None
         self._number = 0
 
-    def submit(self, snapshot: object, number: int, size: int, summary: dict) -> None:
-        """Wait for the previous commit, then start writing *snapshot* as commit *number*."""
+    def write(self, parts: list, number: int, size: int, summary: dict) -> None:
+        """Write *parts* (from :func:`dump`) as commit *number*; on return it is on disk."""
+        self.wait()
+        self._number = number
+        try:
+            self.store.write(parts, number, size, summary)
+        except Exception as exc:  # noqa: BLE001 - one message for every way it fails
+            raise self._failed(exc) from exc
+
+    def submit(self, parts: list, number: int, size: int, summary: dict) -> None:
+        """Wait for the previous commit, then start writing *parts* as commit *number*.
+
+        The buffers of *parts* must stay as they are until :meth:`wait` returns."""
         self.wait()
         self._number = number
 
         def write() -> None:
             try:
-                self.store.write(dump(snapshot), number, size, summary)
+                self.store.write(parts, number, size, summary)
             except BaseException as exc:  # noqa: BLE001 - reported by wait()
                 self._error = exc
 
@@ -57,8 +86,22 @@ class CommitWriter:
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
-            raise ElasticStateError(f"writing commit {self._number} to {self.store.path} "
-                                    f"failed: {error}") from error
+            raise self._failed(error) from error
+
+    def _failed(self, error: BaseException) -> ElasticStateError:
+        return ElasticStateError(f"writing commit {self._number} to {self.store.path} "
+                                 f"failed: {error}")
+
+
+class InBand:
+    """Pickles *value* inside the commit's pickle, never out of band (a copy of its
+    arrays' bytes, taken when the commit is pickled); unpickles as *value* itself."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __reduce__(self):
+        return pickle.loads, (pickle.dumps(self.value, protocol=5),)
 
 
 def dump(snapshot: object) -> list:

@@ -24,18 +24,69 @@ __all__ = ["TorchState", "StateHandler", "ModelStateHandler", "OptimizerStateHan
            "SamplerStateHandler", "get_handler_registry", "set_handler_registry"]
 
 
+def _copy_into(kept, live):
+    """A private copy of the state dict *live*, made in *kept*'s tensors where they fit.
+
+    A tensor of *live* is copied (``copy_``) into the tensor at the same place in
+    *kept* when that one has its shape, dtype, device and layout, so a save does
+    not allocate (and fault in) a fresh copy of the model every time; anything
+    else is copied anew.  Containers are new; only tensors are reused."""
+    if isinstance(live, torch.Tensor):
+        if (isinstance(kept, torch.Tensor) and kept.shape == live.shape
+                and kept.dtype == live.dtype and kept.device == live.device
+                and kept.layout == live.layout == torch.strided and not kept.requires_grad
+                and kept.data_ptr() != live.data_ptr()):
+            return kept.copy_(live.detach())
+        return live.detach().clone()
+    if isinstance(live, dict):
+        old = kept if isinstance(kept, dict) else {}
+        return _like(live, ((key, _copy_into(old.get(key), value))
+                            for key, value in live.items()))
+    if type(live) in (list, tuple):
+        old = kept if type(kept) is type(live) and len(kept) == len(live) else \
+            [None] * len(live)
+        return type(live)(_copy_into(k, v) for k, v in zip(old, live))
+    return copy.deepcopy(live)
+
+
+def _like(original: dict, items) -> dict:
+    """A dict of *original*'s type holding *items*, with its ``_metadata`` (which
+    ``Module.load_state_dict`` reads for versioned modules) when it has one."""
+    made = type(original)(items)
+    if hasattr(original, "_metadata"):
+        made._metadata = copy.deepcopy(original._metadata)
+    return made
+
+
+def _fresh_copy(saved):
+    """*saved* with every tensor cloned: what ``load_state_dict`` may keep."""
+    if isinstance(saved, torch.Tensor):
+        return saved.clone()
+    if isinstance(saved, dict):
+        return _like(saved, ((key, _fresh_copy(value)) for key, value in saved.items()))
+    if type(saved) in (list, tuple):
+        return type(saved)(_fresh_copy(value) for value in saved)
+    return copy.deepcopy(saved)
+
+
 class StateHandler:
-    """Saves, restores and broadcasts one object through its ``state_dict()``."""
+    """Saves, restores and broadcasts one object through its ``state_dict()``.
+
+    ``saved`` is this handler's private copy: ``save()`` copies the live state
+    into the same tensors again (no new allocation), so what ``saved`` holds
+    changes at each save -- a background commit write must be done with it
+    first (the states see to that).  ``restore()`` loads a copy of it, because
+    ``torch.optim.Optimizer.load_state_dict`` keeps the tensors it is given."""
 
     def __init__(self, value) -> None:
         self.value = value
-        self.saved = copy.deepcopy(value.state_dict())
+        self.saved = _copy_into(None, value.state_dict())
 
     def save(self) -> None:
-        self.saved = copy.deepcopy(self.value.state_dict())
+        self.saved = _copy_into(self.saved, self.value.state_dict())
 
     def restore(self) -> None:
-        self.value.load_state_dict(self.saved)
+        self.value.load_state_dict(_fresh_copy(self.saved))
 
     def sync(self) -> None:
         raise NotImplementedError()
@@ -106,6 +157,7 @@ class TorchState(ObjectState):
         super().__setattr__(name, value)
 
     def save(self) -> None:
+        self._settle()  # a background write may still read the saved tensors
         for handler in self._handlers.values():
             handler.save()
         super().save()
