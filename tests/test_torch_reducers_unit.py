@@ -180,3 +180,18 @@ def test_reducers_are_exported():
     for name in ("GradientReducer", "ReductionContext", "AllreduceReducer",
                  "CompressorReducer", "AdasumReducer"):
         assert name in hvd.__all__ and getattr(hvd, name).__module__ == "hvdlite.torch.reducers"
+
+
+def test_a_flat_bucket_unflattens_into_its_gradients_in_order():
+    from hvdlite.torch.reducers import _flatten, _unflatten_into
+
+    grads = [torch.arange(6.0).reshape(2, 3), torch.tensor([7.0]),
+             torch.arange(4.0).reshape(2, 2).t()]  # non-contiguous: copied by value
+    flat = _flatten(grads)
+    assert flat.tolist() == [0, 1, 2, 3, 4, 5, 7, 0, 2, 1, 3]
+    before = [g.data_ptr() for g in grads]
+    _unflatten_into(grads, flat * 10)
+    assert [g.data_ptr() for g in grads] == before  # written in place
+    assert grads[0].tolist() == [[0, 10, 20], [30, 40, 50]]
+    assert grads[1].tolist() == [70]
+    assert grads[2].tolist() == [[0, 20], [10, 30]]

@@ -83,10 +83,14 @@ class _DistributedOptimizer:
         if groups is None and isinstance(reducer, AllreduceReducer):
             self._p_to_group = _bucket_groups(self.param_groups, bucket_cap)
         self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {p: backward_passes_per_step for p in self._parameter_names}
         self._reducer = reducer
         self._reduction = ReductionContext(self._parameter_names, process_set)
-        self._group_ready: dict = {}   # group -> parameters whose gradient is final
+        # Hook state, one small record per hooked parameter and per key (a
+        # parameter, group or bucket), so the hook never looks a tensor up in a
+        # dict: hashing a tensor is a Python call, and a tuple key hashes every
+        # member.
+        self._slots: list[_Slot] = []
+        self._units: list[_Unit] = []
         self._backward_pending = False  # a gradient was accumulated since synchronize()
         self._hook_handles: list = []
         self._synchronized = False
@@ -98,42 +102,59 @@ class _DistributedOptimizer:
 
     def _register_hooks(self) -> None:
         ref = weakref.ref(self)
-
-        def grad_ready(p):  # a dropped optimizer leaves harmless no-op hooks behind
-            opt = ref()
-            if opt is not None:
-                opt._grad_ready(p)
-
+        keys = self._reduction.keys
+        units = {id(keys[u.index]): u for u in self._units}
         for group in self.param_groups:
             for p in group["params"]:
-                if p.requires_grad and self._reduction._track(p, self._p_to_group.get(p, p)):
-                    self._hook_handles.append(_on_grad_accumulated(p, grad_ready))
+                key = self._p_to_group.get(p, p)
+                if not (p.requires_grad and self._reduction._track(p, key)):
+                    continue
+                unit = units.get(id(key))
+                if unit is None:  # _track has just appended key to keys
+                    size = len(key) if isinstance(key, tuple) else 1
+                    unit = units[id(key)] = _Unit(len(keys) - 1, size)
+                    self._units.append(unit)
+                slot = _Slot(unit, self.backward_passes_per_step)
+                self._slots.append(slot)
+                self._hook_handles.append(_on_grad_accumulated(p, _hook(ref, slot)))
 
     # -------------------------------------------------------- the hook path
 
-    def _grad_ready(self, p) -> None:
+    def _grad_ready(self, p, slot: _Slot) -> None:
         """Autograd has accumulated p's gradient for this backward pass."""
-        if self._allreduce_delay[p] <= 0:
+        left = slot.left
+        if left <= 0:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before "
                 "call to step(). Increase backward_passes_per_step to accumulate gradients "
                 "locally.")
-        if p.grad is not None and p.grad.requires_grad:
+        grad = p.grad
+        if grad is not None and grad.requires_grad:
             raise AssertionError("DistributedOptimizer does not support gradients that "
                                  "require grad (backward(create_graph=True))")
-        self._allreduce_delay[p] -= 1
+        slot.left = left - 1
         self._backward_pending = True
-        if self._allreduce_delay[p] > 0:
+        if left > 1:
             return
-        group = self._p_to_group.get(p)
-        if group is None:
-            self._reducer.gradient_ready(self._reduction, p)
-            return
-        ready = self._group_ready.setdefault(group, set())
-        ready.add(p)
-        if len(ready) == len(group):
-            del self._group_ready[group]
-            self._reducer.gradient_ready(self._reduction, group)
+        unit = slot.unit
+        unit.left -= 1
+        if unit.left == 0:
+            self._reducer.gradient_ready(self._reduction, self._reduction.keys[unit.index])
+
+    def _reset_hooks(self) -> None:
+        """Every parameter waits for backward_passes_per_step passes again."""
+        passes = self.backward_passes_per_step
+        for slot in self._slots:
+            slot.left = passes
+        for unit in self._units:
+            unit.left = unit.size
+
+    @property
+    def _allreduce_delay(self) -> dict:
+        """Horovod's attribute (read only here): passes each hooked parameter
+        still waits for before its gradient is final."""
+        params = [p for p in self._reduction.names if p in self._reduction._reduced]
+        return {p: slot.left for p, slot in zip(params, self._slots, strict=False)}
 
     # ------------------------------------------------------------ public API
 
@@ -157,9 +178,7 @@ class _DistributedOptimizer:
             self._reducer.synchronize(self._reduction)
         finally:
             self._backward_pending = False
-            self._group_ready.clear()
-            for p in self._allreduce_delay:
-                self._allreduce_delay[p] = self.backward_passes_per_step
+            self._reset_hooks()
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -228,8 +247,7 @@ class _DistributedOptimizer:
         """Change how many backward passes accumulate locally before an allreduce."""
         _check_passes(passes)
         self.backward_passes_per_step = passes
-        for p in self._allreduce_delay:
-            self._allreduce_delay[p] = passes
+        self._reset_hooks()
 
     def add_param_group(self, param_group) -> None:
         super().add_param_group(param_group)
@@ -238,12 +256,47 @@ class _DistributedOptimizer:
         index = len(self.param_groups) - 1
         for j, p in enumerate(self.param_groups[-1]["params"]):
             self._parameter_names.setdefault(p, f"allreduce.noname.{index}.{j}")
-            self._allreduce_delay.setdefault(p, self.backward_passes_per_step)
         if self._hooks_on:
             self._register_hooks()
 
 
 # ------------------------------------------------------------------ helpers
+
+
+class _Unit:
+    """A key of the reduction (a parameter, or a group or bucket of them), by
+    its index in ``ReductionContext.keys``, and how many of its members'
+    gradients are still to become final this step."""
+
+    __slots__ = ("index", "size", "left")
+
+    def __init__(self, index: int, size: int):
+        self.index = index
+        self.size = size
+        self.left = size
+
+
+class _Slot:
+    """One hooked parameter: backward passes left before its gradient is final,
+    and the unit it belongs to.  Holds no tensor (its hook is on the tensor)."""
+
+    __slots__ = ("unit", "left")
+
+    def __init__(self, unit: _Unit, passes: int):
+        self.unit = unit
+        self.left = passes
+
+
+def _hook(ref, slot: _Slot):
+    """The post-accumulate-grad hook of one parameter; a dropped optimizer
+    leaves a harmless no-op behind."""
+
+    def grad_ready(p):
+        opt = ref()
+        if opt is not None:
+            opt._grad_ready(p, slot)
+
+    return grad_ready
 
 
 def _on_grad_accumulated(p, hook):

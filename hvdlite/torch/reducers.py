@@ -54,6 +54,7 @@ import torch
 
 from hvdlite.ops import Average, Sum
 from hvdlite.torch.adasum_optimizer import adasum_delta_step
+from hvdlite.torch.casts import BF16Compressor, FP16Compressor, NoneCompressor
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.compressors import StatefulCompressor
 from hvdlite.torch.mpi_ops import (
@@ -207,6 +208,35 @@ class _DenseAllreduce:
                 grad.copy_(result)
 
 
+def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One new 1-D tensor holding *tensors* one after the other (one C++ call)."""
+    return torch._utils._flatten_dense_tensors(tensors)
+
+
+def _unflatten_into(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy the consecutive pieces of *flat* back into *tensors* (one call each way)."""
+    pieces = torch._utils._unflatten_dense_tensors(flat, tensors)
+    torch._foreach_copy_(tensors, pieces)
+
+
+class _FlatAllreduce:
+    """An in-flight allreduce of a bucket whose gradients travel packed into
+    one flat tensor: one engine entry and one array instead of one per
+    gradient.  The members are the gradients the flat tensor was made from."""
+
+    __slots__ = ("handle", "grads", "wire", "cctx")
+
+    def __init__(self, handle, grads: list, wire: torch.Tensor, cctx):
+        self.handle = handle
+        self.grads = grads
+        self.wire = wire
+        self.cctx = cctx
+
+    def finish(self, compression) -> None:
+        synchronize(self.handle)
+        _unflatten_into(self.grads, compression.decompress(self.wire, self.cctx))
+
+
 class _SparseAllreduce:
     """An in-flight sparse allreduce (allgather of values and indices) of p's gradient."""
 
@@ -231,6 +261,11 @@ class _Several:
     def finish(self, compression) -> None:
         for record in self.records:
             record.finish(compression)
+
+
+#: Casts that act element by element: casting a flat bucket casts each member
+#: as casting it alone would, so a bucket may travel flat under them.
+_ELEMENTWISE = (NoneCompressor, FP16Compressor, BF16Compressor)
 
 
 class AllreduceReducer(GradientReducer):
@@ -311,8 +346,19 @@ class AllreduceReducer(GradientReducer):
         return _DenseAllreduce(handle, [(p, wire, cctx)])
 
     def _start_group(self, ctx, params):
-        """One grouped allreduce of *params*' dense gradients, named after the first."""
+        """One allreduce of *params*' dense gradients, named after the first:
+        of one flat tensor where it can (see the class), else grouped."""
         pre, post = self._scale_factors()
+        if self.compression in _ELEMENTWISE:
+            grads = [_grad_or_zeros(p) for p in params]
+            dtype = grads[0].dtype
+            if all(g.dtype == dtype and g.layout == torch.strided for g in grads):
+                wire, cctx = self.compression.compress(_flatten(grads))
+                self._bytes_pending += wire.nbytes
+                handle = allreduce_async_(wire, name=ctx.names[params[0]], op=self.op,
+                                          prescale_factor=pre, postscale_factor=post,
+                                          process_set=ctx.process_set)
+                return _FlatAllreduce(handle, grads, wire, cctx)
         members = [(p, *self._wire(p)) for p in params]
         self._bytes_pending += sum(wire.nbytes for _, wire, _ in members)
         handle = grouped_allreduce_async_(

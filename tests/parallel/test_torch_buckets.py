@@ -106,3 +106,62 @@ def test_the_knob_sets_the_default_cap(monkeypatch):
     finally:
         monkeypatch.delenv("HVDLITE_BUCKET_CAP_MB")
         restart()
+
+
+def engine_arrays(fn):
+    """Run *fn*; the number of arrays each engine submission carried."""
+    arrays = []
+    real_submit = hvdlite.collectives._submit
+
+    def counting_submit(st, params, inputs, *args, **kwargs):
+        arrays.append(len(inputs))
+        return real_submit(st, params, inputs, *args, **kwargs)
+
+    hvdlite.collectives._submit = counting_submit
+    try:
+        fn()
+    finally:
+        hvdlite.collectives._submit = real_submit
+    return arrays
+
+
+def test_a_dense_bucket_travels_as_one_flat_array():
+    arrays = engine_arrays(lambda: run(steps=1))
+    # the sparse embedding: values and indices; the 8 dense gradients: one flat array
+    assert sorted(arrays) == [1, 1, 1]
+
+
+@pytest.mark.parametrize("kw", [dict(compression=hvd.Compression.bf16),
+                                dict(gradient_predivide_factor=2.0),
+                                dict(op=hvd.Sum),
+                                dict(backward_passes_per_step=2)])
+def test_flat_buckets_give_the_results_of_one_allreduce_per_gradient(kw):
+    per_tensor, _ = run(bucket_cap_mb=0, **kw)
+    bucketed, _ = run(**kw)
+    for a, b in zip(per_tensor, bucketed, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_bucket_of_mixed_dtypes_goes_grouped_with_the_same_results():
+    def train(**kw):
+        torch.manual_seed(5)
+        model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3).double())
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), **kw)
+
+        def steps():
+            for step in range(2):
+                g = torch.Generator().manual_seed(10 * step + R)
+                opt.zero_grad()
+                x = torch.randn(4, 6, generator=g)
+                out = model[2](model[1](model[0](x)).double())
+                out.pow(2).sum().backward()
+                opt.step()
+
+        return [p.detach().clone() for p in model.parameters()], engine_arrays(steps)
+
+    per_tensor, _ = train(bucket_cap_mb=0)
+    bucketed, arrays = train()
+    for a, b in zip(per_tensor, bucketed, strict=True):
+        assert torch.equal(a, b)
+    assert arrays == [4, 4]  # one grouped submission of the 4 gradients per step
