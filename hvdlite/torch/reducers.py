@@ -323,6 +323,9 @@ class AllreduceReducer(GradientReducer):
 
     def _start(self, ctx, key):
         if isinstance(key, tuple):
+            flat = self._start_flat(ctx, key)
+            if flat is not None:  # the common case: no per-member checks below
+                return flat
             # Sparse gradients in a group (or bucket) keep their own exchange.
             sparse = [p for p in key if self._sparse(p)]
             dense = [p for p in key if not self._sparse(p)] if sparse else key
@@ -345,20 +348,31 @@ class AllreduceReducer(GradientReducer):
                                   postscale_factor=post, process_set=ctx.process_set)
         return _DenseAllreduce(handle, [(p, wire, cctx)])
 
+    def _start_flat(self, ctx, params):
+        """One allreduce of *params*' gradients packed into one flat tensor,
+        named after the first; None where the class says it cannot."""
+        if self.compression not in _ELEMENTWISE:
+            return None
+        grads = [_grad_or_zeros(p) for p in params]
+        dtype = grads[0].dtype
+        for grad in grads:
+            if grad.dtype != dtype or grad.layout != torch.strided:
+                return None
+        pre, post = self._scale_factors()
+        wire, cctx = self.compression.compress(_flatten(grads))
+        self._bytes_pending += wire.nbytes
+        handle = allreduce_async_(wire, name=ctx.names[params[0]], op=self.op,
+                                  prescale_factor=pre, postscale_factor=post,
+                                  process_set=ctx.process_set)
+        return _FlatAllreduce(handle, grads, wire, cctx)
+
     def _start_group(self, ctx, params):
         """One allreduce of *params*' dense gradients, named after the first:
         of one flat tensor where it can (see the class), else grouped."""
+        flat = self._start_flat(ctx, params)
+        if flat is not None:
+            return flat
         pre, post = self._scale_factors()
-        if self.compression in _ELEMENTWISE:
-            grads = [_grad_or_zeros(p) for p in params]
-            dtype = grads[0].dtype
-            if all(g.dtype == dtype and g.layout == torch.strided for g in grads):
-                wire, cctx = self.compression.compress(_flatten(grads))
-                self._bytes_pending += wire.nbytes
-                handle = allreduce_async_(wire, name=ctx.names[params[0]], op=self.op,
-                                          prescale_factor=pre, postscale_factor=post,
-                                          process_set=ctx.process_set)
-                return _FlatAllreduce(handle, grads, wire, cctx)
         members = [(p, *self._wire(p)) for p in params]
         self._bytes_pending += sum(wire.nbytes for _, wire, _ in members)
         handle = grouped_allreduce_async_(
