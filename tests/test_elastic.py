@@ -428,6 +428,8 @@ def test_elastic_settings_defaults(tmp_path):
 @pytest.mark.parametrize("argv,environ,message", [
     (["-np", "2", "--reset-limit", "3"], {}, "--reset-limit only apply to elastic jobs"),
     (["-np", "2", "--min-np", "1"], {}, "--min-np/--max-np need hosts that can change"),
+    (["-np", "2", "--elastic-background-commit"], {},
+     "--elastic-background-commit only apply to elastic jobs"),
     (["-np", "2", "--max-restarts", "1", "--slots-per-host", "2"], {}, "--slots-per-host"),
     (["--host-discovery-script", "SCRIPT", "--min-np", "3", "--max-np", "2"], {},
      "--min-np 3 is more than --max-np 2"),
@@ -451,6 +453,14 @@ def test_elastic_option_errors(argv, environ, message, tmp_path):
     script.chmod(0o755)
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         _settings([str(script) if a == "SCRIPT" else a for a in argv], environ)
+
+
+def test_the_commit_mode_flags_set_the_ranks_variable():
+    for flag, value in (("--elastic-background-commit", "1"), ("--elastic-sync-commit", "0")):
+        _args, values = cli.parse(["-np", "2", "--max-restarts", "1", flag, PY])
+        assert options.knob_environment(values)["HVDLITE_ELASTIC_BACKGROUND_COMMIT"] == value
+    _args, values = cli.parse(["-np", "2", "--max-restarts", "1", PY])
+    assert "HVDLITE_ELASTIC_BACKGROUND_COMMIT" not in options.knob_environment(values)
 
 
 def test_elastic_options_in_the_config_file(tmp_path):
