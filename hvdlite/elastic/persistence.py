@@ -1,16 +1,19 @@
 """The commit file: one elastic job's last committed state, written atomically.
 
-Format: a first line ``HVDLITE-ELASTIC-STATE 1``, a second line of JSON (the
+Format 2: a first line ``HVDLITE-ELASTIC-STATE 2``, a second line of JSON (the
 header: job id, commit number, world size, time, a summary of the simple
-values, the payload's length and CRC-32), then the payload (the pickled state).
+values, the payload's length, the lengths of its parts and its checksum,
+:mod:`.checksum`), then the payload (the pickled state, then the tensors'
+bytes).  Format 1 (the same with a CRC-32) is still read; another format is an
+error that names it.
 
 Writing (rank 0 only, see :meth:`CommitStore.write`): the whole file goes to a
-temporary name in the same directory, is flushed and ``fsync``-ed, then renamed
-over the previous commit (:func:`_publish`) and the directory is ``fsync``-ed.
-A crash at any point before the rename leaves the previous commit as it was;
-a crash after it leaves the new one: a reader sees one complete commit or the
-other, never a mixture.  Temporary files a crash left behind are removed by the
-next write.
+spare name in the same directory (``<state>.spare``: the commit before last,
+overwritten in place), is ``fsync``-ed, then renamed over the previous commit
+(:func:`_publish`, which keeps the previous commit as the next spare) and the
+directory is ``fsync``-ed.  A crash at any point before the rename leaves the
+previous commit as it was; a crash after it leaves the new one: a reader sees
+one complete commit or the other, never a mixture.
 
 Reading (:meth:`CommitStore.read`): a missing file is ``None`` (no commit yet);
 anything else that is not a complete commit of this job -- a wrong first line,
@@ -19,7 +22,8 @@ raises :class:`ElasticStateError` naming the file and what is wrong with it.
 The payload is unpickled by the caller: a state file must come from a
 trusted job, as any pickle.
 
-Standard library only: hvdrun reads headers with it.
+The standard library and numpy (for the checksum) only: hvdrun reads commits
+with it.
 """
 
 from __future__ import annotations

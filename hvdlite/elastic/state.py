@@ -11,10 +11,15 @@ every rank calls it at the same point of the program, as for any collective):
 - ``save()`` -- (local) copy the live values into memory, the in-memory commit
   Horovod has;
 - ``commit()`` -- ``save()``; then, under hvdrun's elastic mode, rank 0 writes
-  the saved state to the job's state directory (:mod:`.persistence`: atomic;
-  on a background thread, :mod:`.writer`: on disk shortly after ``commit()``
-  returns, and before the next ``commit()`` starts; ``flush()`` waits for it);
-  then ``check_host_updates()``;
+  the state to the job's state directory (:mod:`.persistence`: atomic); then
+  ``check_host_updates()``, whose broadcast from rank 0 rank 0 joins only after
+  its write.  So by default ``commit()`` returns, on every rank, only once the
+  commit is on disk (written, fsync-ed, renamed): a rank lost after that costs
+  the work since this commit, never more.  With background writes
+  (``HVDLITE_ELASTIC_BACKGROUND_COMMIT=1``, ``hvdrun --elastic-background-commit``;
+  :mod:`.writer`) rank 0 only starts the write: the commit is on disk shortly
+  after ``commit()`` returns and before the next ``commit()`` saves (which waits
+  for it; ``flush()`` too), and rank 0 ending in between loses it;
 - ``check_host_updates()`` -- rank 0 looks for hvdrun's host-update notice
   (:mod:`.layout`) and broadcasts what it saw; every rank then raises
   :class:`~hvdlite.exceptions.HostsUpdatedInterrupt` together, or none does;
