@@ -9,17 +9,18 @@ elastic job.
    batch 64 per rank, SGD with momentum, one torch thread per rank,
    ``hvdlite.torch.DistributedOptimizer``) in a ``TorchState``.  One job runs
    segments of 50 steps in turn: without commits (the baseline); with
-   ``state.commit()`` every 10 steps (the default: the state is copied on the
-   training thread, written to disk on a background thread); and with every
-   commit waiting for its own write (``HVDLITE_ELASTIC_SYNC_COMMIT=1``).  A
-   commit segment's time includes waiting for its last write.  Segments are
-   interleaved (none, commit, sync, none, ...), so load from elsewhere hits all
+   ``state.commit()`` every 10 steps (the default: ``commit()`` returns once the
+   commit is on disk); and the same with background writes
+   (``HVDLITE_ELASTIC_BACKGROUND_COMMIT=1``: rank 0 writes on a thread, the next
+   commit waits for it).  A commit segment's time includes waiting for its last
+   write.  Segments are interleaved (none, sync, background, none, ...), so load
+   from elsewhere hits all
    alike; each figure is the best of its segments (load from elsewhere only ever
    slows a segment down), the median is printed beside it.  Printed: time per step
    of each, and the ratio to the baseline (target: commit every 10 steps <=
    1.05, i.e. its cost is at most 5 % of a step); and the median time rank 0
-   spends inside ``commit()`` (the copy, the hand-over to the writer, the host
-   check's broadcast, which also waits for the slower rank).
+   spends inside ``commit()`` (the copy, the write or the hand-over to the
+   writer, the host check's broadcast, which also waits for the slower rank).
 
 2. Recovery time.  A job where rank 1 SIGKILLs itself at step 20 of launch 0;
    hvdrun stops the job, relaunches it, and the new ranks resume from the last

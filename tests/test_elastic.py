@@ -91,6 +91,41 @@ def test_a_corrupt_commit_is_a_clear_error(tmp_path, damage, why):
     assert why in message and str(path) in message and "start the job again" in message
 
 
+def test_format_1_files_still_read_and_unknown_formats_are_named(tmp_path):
+    import json
+    import zlib
+
+    path = tmp_path / "state"
+    header = {"job": "j", "commit": 4, "size": 2, "time": 0.0, "summary": {"epoch": 1},
+              "bytes": 7, "crc32": zlib.crc32(b"payload")}
+    v1 = b"HVDLITE-ELASTIC-STATE 1\n" + json.dumps(header).encode() + b"\n"
+    path.write_bytes(v1 + b"payload")
+    commit = CommitStore(str(path), "j").read()
+    assert (commit.number, commit.payload) == (4, b"payload")
+    path.write_bytes(v1 + b"paXload")
+    with pytest.raises(ElasticStateError, match="the checksum of its state does not match"):
+        CommitStore(str(path), "j").read()
+    path.write_bytes(b"HVDLITE-ELASTIC-STATE 9\n{}\n")
+    with pytest.raises(ElasticStateError, match="has the format '9', which this hvdlite does "
+                                                "not read"):
+        CommitStore(str(path), "j").read()
+
+
+def test_the_checksum_sees_one_word_changed_and_words_swapped():
+    from hvdlite.elastic.checksum import state_sum
+
+    data = bytearray(range(256)) * 1000 + b"tail"
+    base = state_sum([bytes(data)])
+    for offset, bit in ((0, 0), (7, 7), (80_000, 3), (len(data) - 1, 1)):
+        damaged = bytearray(data)
+        damaged[offset] ^= 1 << bit
+        assert state_sum([bytes(damaged)]) != base
+    swapped = bytearray(data)
+    swapped[0:8], swapped[8:16] = data[8:16], data[0:8]
+    assert state_sum([bytes(swapped)]) != base
+    assert state_sum([b"ab", b"c"]) != state_sum([b"abc"])  # parts are padded apart
+
+
 def test_tensors_and_arrays_travel_beside_the_pickle(tmp_path):
     torch = pytest.importorskip("torch")
     import numpy as np
@@ -393,6 +428,8 @@ def test_elastic_settings_defaults(tmp_path):
 @pytest.mark.parametrize("argv,environ,message", [
     (["-np", "2", "--reset-limit", "3"], {}, "--reset-limit only apply to elastic jobs"),
     (["-np", "2", "--min-np", "1"], {}, "--min-np/--max-np need hosts that can change"),
+    (["-np", "2", "--elastic-background-commit"], {},
+     "--elastic-background-commit only apply to elastic jobs"),
     (["-np", "2", "--max-restarts", "1", "--slots-per-host", "2"], {}, "--slots-per-host"),
     (["--host-discovery-script", "SCRIPT", "--min-np", "3", "--max-np", "2"], {},
      "--min-np 3 is more than --max-np 2"),
@@ -416,6 +453,14 @@ def test_elastic_option_errors(argv, environ, message, tmp_path):
     script.chmod(0o755)
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         _settings([str(script) if a == "SCRIPT" else a for a in argv], environ)
+
+
+def test_the_commit_mode_flags_set_the_ranks_variable():
+    for flag, value in (("--elastic-background-commit", "1"), ("--elastic-sync-commit", "0")):
+        _args, values = cli.parse(["-np", "2", "--max-restarts", "1", flag, PY])
+        assert options.knob_environment(values)["HVDLITE_ELASTIC_BACKGROUND_COMMIT"] == value
+    _args, values = cli.parse(["-np", "2", "--max-restarts", "1", PY])
+    assert "HVDLITE_ELASTIC_BACKGROUND_COMMIT" not in options.knob_environment(values)
 
 
 def test_elastic_options_in_the_config_file(tmp_path):

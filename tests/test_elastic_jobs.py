@@ -153,6 +153,17 @@ def test_a_crash_inside_commit_resumes_from_the_previous_commit(tmp_path, job_en
 
 
 @pytest.mark.timeout(150)
+def test_rank_0_killed_as_commit_returns_resumes_from_that_commit(tmp_path, job_env):
+    # The default commit is on disk before commit() returns on any rank: rank 0 dying
+    # the moment it returns loses nothing that commit() reported done.
+    result = _objects(tmp_path, job_env, "--kill-after-commit", "3")
+    assert result.returncode == 0, result.output
+    assert "rank 0 dies as commit 3 returns" in result.stdout, result.output
+    assert "resuming from commit 3 (step=6, total=21.0)" in result.stderr, result.output
+    assert "final total=78 steps=12" in result.stdout, result.output
+
+
+@pytest.mark.timeout(150)
 def test_a_corrupt_state_file_is_an_error_not_a_fresh_start(tmp_path, job_env):
     result = _objects(tmp_path, job_env, "--corrupt-after", "2")
     assert result.returncode == 1, result.output

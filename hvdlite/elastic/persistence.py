@@ -1,16 +1,19 @@
 """The commit file: one elastic job's last committed state, written atomically.
 
-Format: a first line ``HVDLITE-ELASTIC-STATE 1``, a second line of JSON (the
+Format 2: a first line ``HVDLITE-ELASTIC-STATE 2``, a second line of JSON (the
 header: job id, commit number, world size, time, a summary of the simple
-values, the payload's length and CRC-32), then the payload (the pickled state).
+values, the payload's length, the lengths of its parts and its checksum,
+:mod:`.checksum`), then the payload (the pickled state, then the tensors'
+bytes).  Format 1 (the same with a CRC-32) is still read; another format is an
+error that names it.
 
 Writing (rank 0 only, see :meth:`CommitStore.write`): the whole file goes to a
-temporary name in the same directory, is flushed and ``fsync``-ed, then renamed
-over the previous commit (:func:`_publish`) and the directory is ``fsync``-ed.
-A crash at any point before the rename leaves the previous commit as it was;
-a crash after it leaves the new one: a reader sees one complete commit or the
-other, never a mixture.  Temporary files a crash left behind are removed by the
-next write.
+spare name in the same directory (``<state>.spare``: the commit before last,
+overwritten in place), is ``fsync``-ed, then renamed over the previous commit
+(:func:`_publish`, which keeps the previous commit as the next spare) and the
+directory is ``fsync``-ed.  A crash at any point before the rename leaves the
+previous commit as it was; a crash after it leaves the new one: a reader sees
+one complete commit or the other, never a mixture.
 
 Reading (:meth:`CommitStore.read`): a missing file is ``None`` (no commit yet);
 anything else that is not a complete commit of this job -- a wrong first line,
@@ -19,7 +22,8 @@ raises :class:`ElasticStateError` naming the file and what is wrong with it.
 The payload is unpickled by the caller: a state file must come from a
 trusted job, as any pickle.
 
-Standard library only: hvdrun reads headers with it.
+The standard library and numpy (for the checksum) only: hvdrun reads commits
+with it.
 """
 
 from __future__ import annotations
@@ -32,9 +36,13 @@ import pickle
 import time
 import zlib
 
+from .checksum import state_sum
+
 __all__ = ["ElasticStateError", "Commit", "CommitStore", "MAGIC"]
 
-MAGIC = b"HVDLITE-ELASTIC-STATE 1\n"
+MAGIC = b"HVDLITE-ELASTIC-STATE 2\n"
+_MAGIC_V1 = b"HVDLITE-ELASTIC-STATE 1\n"  # CRC-32 over the payload: still read
+_PREFIX = b"HVDLITE-ELASTIC-STATE "
 _SPARE = ".spare"  # the file the next commit is written into (the one before last)
 _PREVIOUS = ".previous"  # a second name of the last commit, for a moment
 _MAX_HEADER = 64 * 1024
@@ -146,14 +154,12 @@ class CommitStore:
         buffers) written one after the other, without joining them first."""
         parts = [payload] if isinstance(payload, (bytes, bytearray)) else list(payload)
         views = [memoryview(part).cast("B") for part in parts]
-        digest = 0
-        for view in views:
-            digest = zlib.crc32(view, digest)
+        digest = state_sum(views)
         directory = os.path.dirname(self.path) or "."
         os.makedirs(directory, exist_ok=True)
         header = {"job": self.job_id, "commit": int(number), "size": int(size),
                   "time": time.time(), "summary": summary or {},
-                  "bytes": sum(view.nbytes for view in views), "crc32": digest,
+                  "bytes": sum(view.nbytes for view in views), "sum": digest,
                   "parts": [view.nbytes for view in views]}
         line = json.dumps(header, separators=(",", ":")).encode() + b"\n"
         spare = self.path + _SPARE
@@ -186,15 +192,23 @@ class CommitStore:
                                  f"job cannot resume from it; {self._fix()}")
 
     def _parse(self, data: bytes) -> Commit:
-        if not data.startswith(MAGIC):
+        if not data.startswith(_PREFIX):
             raise self._corrupt("it does not start with the hvdlite state header")
+        version = data[:len(MAGIC)]
+        if version not in (MAGIC, _MAGIC_V1):
+            raise ElasticStateError(
+                f"the elastic state file {self.path} has the format "
+                f"{bytes(version[len(_PREFIX):]).strip().decode(errors='replace')!r}, which "
+                "this hvdlite does not read (it reads 1 and 2): resume it with the hvdlite "
+                f"that wrote it, or {self._fix()}")
         end = data.find(b"\n", len(MAGIC), len(MAGIC) + _MAX_HEADER)
         if end < 0:
             raise self._corrupt("its header line is cut short")
         try:
             header = json.loads(data[len(MAGIC):end])
             number, size = int(header["commit"]), int(header["size"])
-            length, digest = int(header["bytes"]), int(header["crc32"])
+            length = int(header["bytes"])
+            digest = int(header["crc32"]) if version == _MAGIC_V1 else str(header["sum"])
             job_id, stamp = str(header.get("job", "")), float(header.get("time", 0.0))
             summary = header.get("summary") or {}
             parts = tuple(int(n) for n in header.get("parts", ()))
@@ -204,10 +218,16 @@ class CommitStore:
         if len(payload) != length:
             raise self._corrupt(f"it holds {len(payload)} bytes of state, its header says "
                                 f"{length}")
-        if zlib.crc32(payload) != digest:
-            raise self._corrupt("the checksum of its state does not match")
         if parts and sum(parts) != length:
             raise self._corrupt("its parts do not add up to its length")
+        if version == _MAGIC_V1:
+            good = zlib.crc32(payload) == digest
+        else:
+            view = memoryview(payload)
+            ends = list(itertools.accumulate(parts or (length,)))
+            good = state_sum([view[a:b] for a, b in zip([0] + ends, ends)]) == digest
+        if not good:
+            raise self._corrupt("the checksum of its state does not match")
         if self.job_id and job_id != self.job_id:
             raise ElasticStateError(
                 f"the elastic state file {self.path} belongs to job {job_id!r}, not to this "

@@ -11,10 +11,15 @@ every rank calls it at the same point of the program, as for any collective):
 - ``save()`` -- (local) copy the live values into memory, the in-memory commit
   Horovod has;
 - ``commit()`` -- ``save()``; then, under hvdrun's elastic mode, rank 0 writes
-  the saved state to the job's state directory (:mod:`.persistence`: atomic;
-  on a background thread, :mod:`.writer`: on disk shortly after ``commit()``
-  returns, and before the next ``commit()`` starts; ``flush()`` waits for it);
-  then ``check_host_updates()``;
+  the state to the job's state directory (:mod:`.persistence`: atomic); then
+  ``check_host_updates()``, whose broadcast from rank 0 rank 0 joins only after
+  its write.  So by default ``commit()`` returns, on every rank, only once the
+  commit is on disk (written, fsync-ed, renamed): a rank lost after that costs
+  the work since this commit, never more.  With background writes
+  (``HVDLITE_ELASTIC_BACKGROUND_COMMIT=1``, ``hvdrun --elastic-background-commit``;
+  :mod:`.writer`) rank 0 only starts the write: the commit is on disk shortly
+  after ``commit()`` returns and before the next ``commit()`` saves (which waits
+  for it; ``flush()`` too), and rank 0 ending in between loses it;
 - ``check_host_updates()`` -- rank 0 looks for hvdrun's host-update notice
   (:mod:`.layout`) and broadcasts what it saw; every rank then raises
   :class:`~hvdlite.exceptions.HostsUpdatedInterrupt` together, or none does;
@@ -90,6 +95,7 @@ class State:
         self._commit_number = 0
         self._writer: CommitWriter | None = None
         self._background = background_commits(os.environ)
+        self._live_write = False  # the write in flight reads the live state, not the saved
 
     # -- Horovod's interface -------------------------------------------------------------
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
@@ -121,9 +127,31 @@ class State:
         every few batches, trading that cost against the work a failure loses.
         """
         self._settle()
-        self.save()
-        self._persist()
+        live = None
+        if self._context.relaunchable and not self._background and self._rank() == 0:
+            live = self._live_snapshot()
+        if live is None:
+            self.save()
+            self._persist()
+        else:
+            self._save_while_writing(live)
         self.check_host_updates()
+
+    def _save_while_writing(self, live: object) -> None:
+        """Rank 0's synchronous commit, in two threads: the writer writes the live state
+        (which stands still: this thread is inside ``commit()``) while this thread
+        copies it into the saved one; returns once the file is on disk."""
+        self._commit_number += 1
+        if self._writer is None:
+            self._writer = CommitWriter(self._store())
+        snapshot, summary = live
+        self._writer.submit(dump(snapshot), self._commit_number, _world_size(), summary)
+        self._live_write = True  # save() need not wait for this write: it reads no copy
+        try:
+            self.save()
+        finally:
+            self._live_write = False
+            self._writer.wait()
 
     def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt on every rank when hvdrun announced new or lost hosts."""
@@ -154,6 +182,12 @@ class State:
         """The saved state as one picklable object (what a commit writes)."""
         raise NotImplementedError()
 
+    def _live_snapshot(self) -> tuple[object, dict] | None:
+        """What :meth:`_snapshot` and :meth:`_summary` will give after the next ``save()``,
+        taken from the live objects without copying them; None when the state cannot say
+        (the commit then saves first and writes the saved copy)."""
+        return None
+
     def _load_snapshot(self, snapshot: object) -> None:
         """Make *snapshot* (from :meth:`_snapshot`) the saved state and the live one."""
         raise NotImplementedError()
@@ -178,12 +212,13 @@ class State:
         (``HVDLITE_ELASTIC_BACKGROUND_COMMIT=1``) can be in flight; a default commit is
         on disk when ``commit()`` returns.  Raises ElasticStateError when writing it failed.
         """
-        self._settle()
+        if self._writer is not None:
+            self._writer.wait()
 
     def _settle(self) -> None:
         """Wait for the background write in flight (if any): it reads the saved state,
         which the next ``save()`` overwrites in place."""
-        if self._writer is not None:
+        if self._writer is not None and not self._live_write:
             self._writer.wait()
 
     def _persist(self) -> None:
@@ -306,6 +341,11 @@ class ObjectState(State):
         self.restore()
 
     def _summary(self) -> dict:
-        simple = {name: value for name, value in self._saved_state.items()
-                  if isinstance(value, _SUMMARY_TYPES) and len(repr(value)) <= 40}
-        return dict(list(simple.items())[:_SUMMARY_MAX])
+        return _summary_of(self._saved_state)
+
+
+def _summary_of(values: dict) -> dict:
+    """The simple values of *values* that name a commit in the logs (a few, short)."""
+    simple = {name: value for name, value in values.items()
+              if isinstance(value, _SUMMARY_TYPES) and len(repr(value)) <= 40}
+    return dict(list(simple.items())[:_SUMMARY_MAX])

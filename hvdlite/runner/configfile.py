@@ -18,7 +18,8 @@ Two layouts, which one file may mix:
       logging:         {level, with_timestamp, hide_timestamp}
       elastic:         {min_np, max_np, slots_per_host, host_discovery_script,
                         elastic_timeout, reset_limit, blacklist_cooldown_range,
-                        max_restarts, elastic_state_dir}   (hvdlite's own section)
+                        max_restarts, elastic_state_dir,
+                        elastic_background_commit}   (hvdlite's own section)
 
 An unknown key, a value of the wrong kind, an option set twice, or a setting
 for something hvdlite does not have (the Gloo controller, torus allreduce) is a
@@ -91,6 +92,8 @@ SECTIONS: dict[str, dict[str, tuple[str, bool] | str | None]] = {
         "max_restarts": ("max_restarts", False),
         "elastic_state_dir": ("elastic_state_dir", False),
         "state_dir": ("elastic_state_dir", False),
+        "elastic_background_commit": ("elastic_background_commit", False),
+        "background_commit": ("elastic_background_commit", False),
     },
 }
 

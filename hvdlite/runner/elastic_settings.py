@@ -35,7 +35,8 @@ _TURN_ON = ("host_discovery_script", "min_np", "max_np", "max_restarts")
 _NEED_ELASTIC = {"slots_per_host": "--slots-per-host", "elastic_timeout": "--elastic-timeout",
                  "reset_limit": "--reset-limit",
                  "blacklist_cooldown_range": "--blacklist-cooldown-range",
-                 "elastic_state_dir": "--elastic-state-dir"}
+                 "elastic_state_dir": "--elastic-state-dir",
+                 "elastic_background_commit": "--elastic-background-commit"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -287,6 +287,13 @@ ELASTIC_OPTIONS: tuple[Option, ...] = (
            "(a subdirectory per job); must be shared by hvdrun's host and every rank's host "
            "(default .hvdlite-elastic in the working directory, or "
            "$HVDLITE_ELASTIC_STATE_DIR)", _directory, "DIR"),
+    Option("elastic_background_commit", ("--elastic-background-commit",), "elastic: rank 0 "
+           "writes each commit on a thread while training goes on, for slow shared file "
+           "systems; a commit is then on disk only by the next commit() and rank 0 dying "
+           "before can lose it (default --elastic-sync-commit: commit() returns on every "
+           "rank once the file is on disk; sets HVDLITE_ELASTIC_BACKGROUND_COMMIT)",
+           env="HVDLITE_ELASTIC_BACKGROUND_COMMIT", to_env=lambda on: "1" if on else "0",
+           negations=("--elastic-sync-commit",)),
 )
 
 _OWN_FLAGS = {flag for opt in LAUNCH_OPTIONS + NETWORK_OPTIONS + LIBRARY_OPTIONS

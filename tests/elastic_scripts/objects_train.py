@@ -8,7 +8,8 @@ Faults (only in launch 0, i.e. ``HVDLITE_ELASTIC_GENERATION`` 0, unless
 ``--every-launch``): ``--kill-rank R --kill-at S`` (rank R SIGKILLs itself before
 step S), ``--crash-in-commit N`` (rank 0 dies inside commit N, after the state
 is written to its temporary file and before the rename), ``--corrupt-after N``
-(rank 0 flips a byte of the state file after commit N, then dies).
+(rank 0 flips a byte of the state file after commit N, then dies),
+``--kill-after-commit N`` (rank 0 SIGKILLs itself as soon as commit N returns).
 """
 
 import argparse
@@ -29,6 +30,7 @@ parser.add_argument("--kill-rank", type=int, default=-1)
 parser.add_argument("--kill-at", type=int, default=-1)
 parser.add_argument("--crash-in-commit", type=int, default=0)
 parser.add_argument("--corrupt-after", type=int, default=0)
+parser.add_argument("--kill-after-commit", type=int, default=0)
 parser.add_argument("--every-launch", action="store_true")
 parser.add_argument("--step-seconds", type=float, default=0.0)
 args = parser.parse_args()
@@ -64,6 +66,10 @@ def train(state):
         time.sleep(args.step_seconds)
         if state.step % args.commit_every == 0:
             state.commit()
+            if (faulty and hvdlite.rank() == 0 and args.kill_after_commit
+                    and state._commit_number == args.kill_after_commit):
+                print(f"rank 0 dies as commit {args.kill_after_commit} returns", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
             if (faulty and hvdlite.rank() == 0 and args.corrupt_after
                     and state._commit_number == args.corrupt_after):
                 state.flush()  # commit N is on disk

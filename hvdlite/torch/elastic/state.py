@@ -14,7 +14,8 @@ import copy
 import torch
 
 from hvdlite.elastic.persistence import ElasticStateError
-from hvdlite.elastic.state import ObjectState
+from hvdlite.elastic.state import ObjectState, _summary_of
+from hvdlite.elastic.writer import InBand
 from hvdlite.torch.elastic.sampler import ElasticSampler
 from hvdlite.torch.functions import (broadcast_object, broadcast_optimizer_state,
                                      broadcast_parameters)
@@ -176,6 +177,12 @@ class TorchState(ObjectState):
         snapshot = super()._snapshot()
         snapshot["handlers"] = {name: h.saved for name, h in self._handlers.items()}
         return snapshot
+
+    def _live_snapshot(self) -> object:
+        objects = {name: getattr(self, name) for name in self._saved_state}
+        return ({"objects": InBand(objects),
+                 "handlers": {name: h.value.state_dict() for name, h in self._handlers.items()}},
+                _summary_of(objects))
 
     def _load_snapshot(self, snapshot: object) -> None:
         saved = snapshot.get("handlers") if isinstance(snapshot, dict) else None
