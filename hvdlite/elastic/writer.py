@@ -19,7 +19,7 @@ run in one of two ways:
   by the next save.  Rank 0 ending before then (its own death, or hvdrun ending
   the job for another rank's) loses that commit; the job resumes from the one
   before.  Measured on this project's 2-core machine the background write saved
-  about 1 % of a step against the synchronous one (``bench_elastic.py``): it is
+  0.5-2.4 % of a step against the synchronous one (``bench_elastic.py``): it is
   meant for slow shared file systems.
 
 One write is in flight at a time.  :meth:`CommitWriter.wait` waits for it and
