@@ -59,17 +59,6 @@ def _like(original: dict, items) -> dict:
     return made
 
 
-def _fresh_copy(saved):
-    """*saved* with every tensor cloned: what ``load_state_dict`` may keep."""
-    if isinstance(saved, torch.Tensor):
-        return saved.clone()
-    if isinstance(saved, dict):
-        return _like(saved, ((key, _fresh_copy(value)) for key, value in saved.items()))
-    if type(saved) in (list, tuple):
-        return type(saved)(_fresh_copy(value) for value in saved)
-    return copy.deepcopy(saved)
-
-
 class StateHandler:
     """Saves, restores and broadcasts one object through its ``state_dict()``.
 
@@ -87,7 +76,8 @@ class StateHandler:
         self.saved = _copy_into(self.saved, self.value.state_dict())
 
     def restore(self) -> None:
-        self.value.load_state_dict(_fresh_copy(self.saved))
+        # A copy with every tensor new (nothing to reuse): what load_state_dict may keep.
+        self.value.load_state_dict(_copy_into(None, self.saved))
 
     def sync(self) -> None:
         raise NotImplementedError()
