@@ -9,7 +9,9 @@ error that names it.
 
 Writing (rank 0 only, see :meth:`CommitStore.write`): the whole file goes to a
 spare name in the same directory (``<state>.spare``: the commit before last,
-overwritten in place), is ``fsync``-ed, then renamed over the previous commit
+overwritten in place): first the payload, written and ``fsync``-ed while its checksum is
+computed, then the header line (its length is known before the checksum is),
+``fsync``-ed again; then the file is renamed over the previous commit
 (:func:`_publish`, which keeps the previous commit as the next spare) and the
 directory is ``fsync``-ed.  A crash at any point before the rename leaves the
 previous commit as it was; a crash after it leaves the new one: a reader sees
@@ -33,6 +35,7 @@ import itertools
 import json
 import os
 import pickle
+import threading
 import time
 import zlib
 
@@ -46,6 +49,7 @@ _PREFIX = b"HVDLITE-ELASTIC-STATE "
 _SPARE = ".spare"  # the file the next commit is written into (the one before last)
 _PREVIOUS = ".previous"  # a second name of the last commit, for a moment
 _MAX_HEADER = 64 * 1024
+_NO_SUM = "0" * 32  # stands in for the checksum (32 hex digits) until it is known
 
 
 class ElasticStateError(RuntimeError):
@@ -123,6 +127,42 @@ def _write_all(fd: int, chunks: list, offset: int = 0) -> int:
     return offset
 
 
+def _header_line(header: dict) -> bytes:
+    return json.dumps(header, separators=(",", ":")).encode() + b"\n"
+
+
+def _write_payload(fd: int, views: list, offset: int) -> None:
+    os.ftruncate(fd, _write_all(fd, views, offset))
+    os.fsync(fd)
+
+
+class _Alongside:
+    """``with _Alongside(function, *args): ...`` -- run the call on a thread while the
+    body runs; the ``with`` ends once both are done and raises what the call raised."""
+
+    def __init__(self, function, *args) -> None:
+        self._call = (function, args)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="hvdlite-commit-write",
+                                        daemon=True)
+
+    def _run(self) -> None:
+        function, args = self._call
+        try:
+            function(*args)
+        except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
+            self._error = exc
+
+    def __enter__(self) -> _Alongside:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._thread.join()
+        if self._error is not None and exc_info[0] is None:
+            raise self._error
+
+
 def _fsync_directory(directory: str) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -154,19 +194,22 @@ class CommitStore:
         buffers) written one after the other, without joining them first."""
         parts = [payload] if isinstance(payload, (bytes, bytearray)) else list(payload)
         views = [memoryview(part).cast("B") for part in parts]
-        digest = state_sum(views)
         directory = os.path.dirname(self.path) or "."
         os.makedirs(directory, exist_ok=True)
         header = {"job": self.job_id, "commit": int(number), "size": int(size),
                   "time": time.time(), "summary": summary or {},
-                  "bytes": sum(view.nbytes for view in views), "sum": digest,
+                  "bytes": sum(view.nbytes for view in views), "sum": _NO_SUM,
                   "parts": [view.nbytes for view in views]}
-        line = json.dumps(header, separators=(",", ":")).encode() + b"\n"
         spare = self.path + _SPARE
         fd = os.open(spare, os.O_WRONLY | os.O_CREAT, 0o644)  # in place: see _publish
         try:
-            end = _write_all(fd, [MAGIC, line, *views])
-            os.ftruncate(fd, end)
+            # The payload goes first, after room for the header line, and is fsync-ed
+            # on a thread while this one computes its checksum (the fsync leaves the
+            # core idle); then the header line, of the same length with the sum in it.
+            offset = len(MAGIC) + len(_header_line(header))
+            with _Alongside(_write_payload, fd, views, offset):
+                header["sum"] = state_sum(views)
+            _write_all(fd, [MAGIC, _header_line(header)])
             os.fsync(fd)
         finally:
             os.close(fd)
