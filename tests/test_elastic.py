@@ -16,6 +16,7 @@ from hvdlite.elastic import ObjectState, State, run
 from hvdlite.elastic import layout
 from hvdlite.elastic import persistence
 from hvdlite.elastic.persistence import CommitStore, ElasticStateError
+from hvdlite.elastic.writer import dump
 from hvdlite.exceptions import HostsUpdatedInterrupt
 from hvdlite.runner import cli, configfile, options
 from hvdlite.runner.blacklist import Blacklist
@@ -130,7 +131,6 @@ def test_tensors_and_arrays_travel_beside_the_pickle(tmp_path):
     torch = pytest.importorskip("torch")
     import numpy as np
 
-    from hvdlite.elastic.writer import dump
 
     state = {"w": torch.arange(6.0).view(2, 3), "b": torch.ones(3, dtype=torch.bfloat16),
              "view": torch.arange(10)[2:5], "a": np.full(4, 7, np.int32), "step": 3}
@@ -371,6 +371,43 @@ def test_torch_state_commits_model_optimizer_and_values(tmp_path, monkeypatch):
         other._load_snapshot(commit.load())
 
 
+def test_rank_0_commits_torch_state_without_a_copy_and_restores_from_the_file(
+        tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import hvdlite.torch as hvd
+
+    _elastic_env(monkeypatch, tmp_path)
+    for name in ("HVDLITE_ELASTIC_SYNC_COMMIT", "HVDLITE_ELASTIC_BACKGROUND_COMMIT"):
+        monkeypatch.delenv(name, raising=False)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = hvd.elastic.TorchState(model, optimizer, epoch=0)
+    state._rank, state._bcast_object = (lambda: 0), (lambda obj: obj)  # one rank, no MPI
+
+    def train():
+        optimizer.zero_grad()
+        model(torch.ones(1, 3)).sum().backward()
+        optimizer.step()
+
+    train()
+    state.epoch = 1
+    state.commit()
+    assert all(handler.in_commit for handler in state._handlers.values())
+    committed = {k: v.clone() for k, v in model.state_dict().items()}
+    momentum = optimizer.state_dict()["state"][0]["momentum_buffer"].clone()
+    train()
+    state.epoch = 2
+    state.restore()
+    assert state.epoch == 1
+    assert all(torch.equal(v, committed[k]) for k, v in model.state_dict().items())
+    assert torch.equal(optimizer.state_dict()["state"][0]["momentum_buffer"], momentum)
+    assert not any(handler.in_commit for handler in state._handlers.values())
+    state.commit()
+    CommitStore(str(tmp_path / layout.STATE_FILE), "j").write(dump({"other": 1}), 9, 1)
+    with pytest.raises(ElasticStateError, match="needs commit 2 .* holds commit 9"):
+        state.restore()
+
+
 def test_tensorflow_state_commits_variables_and_values(tmp_path, monkeypatch):
     tf = pytest.importorskip("tensorflow")
     import hvdlite.tensorflow as hvd
@@ -558,7 +595,7 @@ def test_host_pool_keeps_old_hosts_first_and_names_lost_ones():
 
 
 def test_a_failed_background_write_is_reported_at_the_next_wait(tmp_path, monkeypatch):
-    from hvdlite.elastic.writer import CommitWriter, dump
+    from hvdlite.elastic.writer import CommitWriter
 
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")

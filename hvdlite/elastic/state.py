@@ -19,7 +19,10 @@ every rank calls it at the same point of the program, as for any collective):
   (``HVDLITE_ELASTIC_BACKGROUND_COMMIT=1``, ``hvdrun --elastic-background-commit``;
   :mod:`.writer`) rank 0 only starts the write: the commit is on disk shortly
   after ``commit()`` returns and before the next ``commit()`` saves (which waits
-  for it; ``flush()`` too), and rank 0 ending in between loses it;
+  for it; ``flush()`` too), and rank 0 ending in between loses it.  (A
+  synchronous commit of a ``TorchState`` on rank 0 writes the live tensors and
+  keeps no copy in memory: the file is its saved state, which ``restore()``
+  reads back);
 - ``check_host_updates()`` -- rank 0 looks for hvdrun's host-update notice
   (:mod:`.layout`) and broadcasts what it saw; every rank then raises
   :class:`~hvdlite.exceptions.HostsUpdatedInterrupt` together, or none does;
@@ -95,7 +98,6 @@ class State:
         self._commit_number = 0
         self._writer: CommitWriter | None = None
         self._background = background_commits(os.environ)
-        self._live_write = False  # the write in flight reads the live state, not the saved
 
     # -- Horovod's interface -------------------------------------------------------------
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
@@ -134,24 +136,19 @@ class State:
             self.save()
             self._persist()
         else:
-            self._save_while_writing(live)
+            self._commit_live(live)
         self.check_host_updates()
 
-    def _save_while_writing(self, live: object) -> None:
-        """Rank 0's synchronous commit, in two threads: the writer writes the live state
-        (which stands still: this thread is inside ``commit()``) while this thread
-        copies it into the saved one; returns once the file is on disk."""
+    def _commit_live(self, live: tuple[object, dict]) -> None:
+        """Rank 0's synchronous commit, straight from the live state (which stands still:
+        this thread is inside ``commit()``): the file is written, and it is the saved
+        copy from now on (:meth:`_saved_in_commit`); returns once it is on disk."""
         self._commit_number += 1
         if self._writer is None:
             self._writer = CommitWriter(self._store())
         snapshot, summary = live
-        self._writer.submit(dump(snapshot), self._commit_number, _world_size(), summary)
-        self._live_write = True  # save() need not wait for this write: it reads no copy
-        try:
-            self.save()
-        finally:
-            self._live_write = False
-            self._writer.wait()
+        self._writer.write(dump(snapshot), self._commit_number, _world_size(), summary)
+        self._saved_in_commit()
 
     def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt on every rank when hvdrun announced new or lost hosts."""
@@ -185,8 +182,14 @@ class State:
     def _live_snapshot(self) -> tuple[object, dict] | None:
         """What :meth:`_snapshot` and :meth:`_summary` will give after the next ``save()``,
         taken from the live objects without copying them; None when the state cannot say
-        (the commit then saves first and writes the saved copy)."""
+        (the commit then saves first and writes the saved copy).  A state that gives one
+        implements :meth:`_saved_in_commit`."""
         return None
+
+    def _saved_in_commit(self) -> None:
+        """Rank 0, once the live state is on disk as the last commit: make that commit
+        the saved state, in place of a copy in memory (``restore()`` reads it back)."""
+        raise NotImplementedError()
 
     def _load_snapshot(self, snapshot: object) -> None:
         """Make *snapshot* (from :meth:`_snapshot`) the saved state and the live one."""
@@ -218,7 +221,7 @@ class State:
     def _settle(self) -> None:
         """Wait for the background write in flight (if any): it reads the saved state,
         which the next ``save()`` overwrites in place."""
-        if self._writer is not None and not self._live_write:
+        if self._writer is not None:
             self._writer.wait()
 
     def _persist(self) -> None:

@@ -6,9 +6,9 @@ the checksum, the write, ``fsync`` and the rename (:mod:`.persistence`) then
 run in one of two ways:
 
 - by default (synchronous): ``commit()`` on rank 0 returns once they are done.
-  A :class:`~hvdlite.torch.elastic.TorchState` hands the live tensors to the
-  writer's thread and copies them into its saved state meanwhile (nothing
-  changes them while ``commit()`` runs); then it waits for the write.
+  A :class:`~hvdlite.torch.elastic.TorchState` writes its live tensors (nothing
+  changes them while ``commit()`` runs) and keeps no copy of them in memory on
+  rank 0: the commit file is its saved state, read back by ``restore()``.
 - background (``HVDLITE_ELASTIC_BACKGROUND_COMMIT=1``, or
   ``HVDLITE_ELASTIC_SYNC_COMMIT=0``; ``HVDLITE_ELASTIC_SYNC_COMMIT=1`` wins
   over both): rank 0 starts the write from its saved state on a thread and

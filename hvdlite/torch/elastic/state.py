@@ -66,14 +66,20 @@ class StateHandler:
     into the same tensors again (no new allocation), so what ``saved`` holds
     changes at each save -- a background commit write must be done with it
     first (the states see to that).  ``restore()`` loads a copy of it, because
-    ``torch.optim.Optimizer.load_state_dict`` keeps the tensors it is given."""
+    ``torch.optim.Optimizer.load_state_dict`` keeps the tensors it is given.
+    After a synchronous commit on rank 0, ``in_commit`` is set and ``saved`` is
+    stale: the saved state is in the commit file (see ``TorchState``)."""
 
     def __init__(self, value) -> None:
         self.value = value
         self.saved = _copy_into(None, value.state_dict())
+        # True on rank 0 after a synchronous commit: the saved state is the one in the
+        # commit file, and ``saved`` is stale (TorchState reads it back when needed).
+        self.in_commit = False
 
     def save(self) -> None:
         self.saved = _copy_into(self.saved, self.value.state_dict())
+        self.in_commit = False
 
     def restore(self) -> None:
         # A copy with every tensor new (nothing to reuse): what load_state_dict may keep.
@@ -154,6 +160,7 @@ class TorchState(ObjectState):
         super().save()
 
     def restore(self) -> None:
+        self._fetch_committed()
         for handler in self._handlers.values():
             handler.restore()
         super().restore()
@@ -164,6 +171,7 @@ class TorchState(ObjectState):
         super().sync()
 
     def _snapshot(self) -> object:
+        self._fetch_committed()
         snapshot = super()._snapshot()
         snapshot["handlers"] = {name: h.saved for name, h in self._handlers.items()}
         return snapshot
@@ -174,6 +182,28 @@ class TorchState(ObjectState):
                  "handlers": {name: h.value.state_dict() for name, h in self._handlers.items()}},
                 _summary_of(objects))
 
+    def _saved_in_commit(self) -> None:
+        for handler in self._handlers.values():
+            handler.in_commit = True
+        super().save()  # the plain values: a copy in memory, as ever
+
+    def _fetch_committed(self) -> None:
+        """Rank 0, after a synchronous commit: read the saved tensors back from it."""
+        stale = [name for name, handler in self._handlers.items() if handler.in_commit]
+        if not stale:
+            return
+        commit = self._store().read()
+        if commit is None or commit.number != self._commit_number:
+            found = "none" if commit is None else f"commit {commit.number}"
+            raise ElasticStateError(
+                f"restore() needs commit {self._commit_number} from {self._store().path}, "
+                f"the saved state of this TorchState, but the file holds {found}: leave the "
+                "elastic state directory alone while the job runs")
+        saved = commit.load()["handlers"]
+        for name in stale:
+            self._handlers[name].saved = saved[name]
+            self._handlers[name].in_commit = False
+
     def _load_snapshot(self, snapshot: object) -> None:
         saved = snapshot.get("handlers") if isinstance(snapshot, dict) else None
         if saved is None or set(saved) != set(self._handlers):
@@ -183,4 +213,5 @@ class TorchState(ObjectState):
                 f"{sorted(self._handlers)}: build the state with the same keyword arguments")
         for name, handler in self._handlers.items():
             handler.saved = saved[name]
+            handler.in_commit = False
         super()._load_snapshot(snapshot)  # restores every handler and plain value
