@@ -20,6 +20,10 @@ from .process_sets import global_process_set
 __all__ = ["broadcast_object", "allgather_object"]
 
 
+_LENGTH = 8  # bytes: the pickle's length, first in the head
+_INLINE = 1024  # bytes of the pickle that travel in the head
+
+
 def _set_id(process_set) -> int:
     return getattr(process_set, "process_set_id", None) or 0
 
@@ -34,18 +38,32 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None,
                      process_set=global_process_set):
     """Return *obj* from *root_rank* on every rank of the set (other ranks' obj is ignored).
 
-    Unpickles what other ranks send: the ranks must trust each other, as in any MPI job.
+    One broadcast for a small object (a pickle of up to 1 KiB travels with its
+    length), two for a larger one.  Unpickles what other ranks send: the ranks
+    must trust each other, as in any MPI job.
     """
     st = state()
     name = _name(st, "broadcast_object", name, _set_id(process_set))
     is_root = st.world.Get_rank() == int(root_rank)
-    payload = _dumps(obj) if is_root else np.empty(0, dtype=np.uint8)
-    length = np.array([payload.size], dtype=np.int64)
-    length = broadcast(length, root_rank, name=f"{name}.size", process_set=process_set)
-    if not is_root:
-        payload = np.empty(int(length[0]), dtype=np.uint8)
-    data = broadcast(payload, root_rank, name=f"{name}.data", process_set=process_set)
-    return obj if is_root else pickle.loads(data.tobytes())
+    head = np.zeros(_LENGTH + _INLINE, dtype=np.uint8)
+    if is_root:
+        payload = _dumps(obj)
+        head[:_LENGTH].view(np.int64)[0] = payload.size
+        inline = payload[:_INLINE]
+        head[_LENGTH:_LENGTH + inline.size] = inline
+    head = broadcast(head, root_rank, name=f"{name}.head", process_set=process_set)
+    if is_root:
+        if payload.size > _INLINE:
+            broadcast(payload[_INLINE:], root_rank, name=f"{name}.rest",
+                      process_set=process_set)
+        return obj
+    length = int(head[:_LENGTH].view(np.int64)[0])
+    data = head[_LENGTH:_LENGTH + length]
+    if length > _INLINE:
+        rest = broadcast(np.empty(length - _INLINE, dtype=np.uint8), root_rank,
+                         name=f"{name}.rest", process_set=process_set)
+        data = np.concatenate([data, rest])
+    return pickle.loads(data.tobytes())
 
 
 def allgather_object(obj, name: str | None = None, process_set=global_process_set) -> list:

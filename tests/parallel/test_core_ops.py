@@ -423,6 +423,15 @@ def test_broadcast_object_default_root_and_unnamed():
     assert_same(got, np.arange(3))
 
 
+def test_broadcast_object_on_both_sides_of_the_one_broadcast_limit():
+    # a pickle of up to 1 KiB travels in one broadcast, a longer one in two
+    for size in (0, 1000, 1005, 1006, 1007, 1030, 70000):  # pickle: size + 18 bytes
+        blob = bytes([RANK + 1]) * size
+        got = hvd.broadcast_object(blob if RANK == 1 % SIZE else None, root_rank=1 % SIZE,
+                                   name=f"bobj.size.{size}")
+        assert got == bytes([1 % SIZE + 1]) * size
+
+
 def test_allgather_object():
     objs = hvd.allgather_object({"rank": RANK, "blob": "x" * (RANK * 1000)}, name="agobj")
     assert objs == [{"rank": r, "blob": "x" * (r * 1000)} for r in RANKS]
