@@ -7,6 +7,8 @@ defined in ``__main__`` and in closures, which only cloudpickle can ship.
 
 import contextlib
 import io
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,6 +19,7 @@ from helpers_runner.common import ROOT, clean_env
 
 import hvdlite
 from hvdlite.runner import RankFailedError, rankenv
+from hvdlite.runner.runfunc import _elastic_argv
 
 
 def _rank_and_args(base, scale=1):
@@ -40,6 +43,39 @@ def _collectives():
     total = hvdlite.allreduce(np.array([float(hvdlite.rank())]), op=hvdlite.Sum)
     names = hvdlite.allgather_object(f"r{hvdlite.rank()}")
     return hvdlite.rank(), hvdlite.size(), float(total[0]), names
+
+
+def _elastic_train(steps):
+    """Sums one allreduce per step in an ObjectState, committing each step; rank 1 kills
+    itself at step 3 of the first launch."""
+    import numpy as np
+
+    from hvdlite.elastic import ObjectState
+    from hvdlite.elastic import run as elastic_run
+
+    hvdlite.init()
+    launch = int(os.environ["HVDLITE_ELASTIC_GENERATION"])
+    state = ObjectState(step=0, total=0.0)
+
+    @elastic_run
+    def train(state):
+        while state.step < steps:
+            if launch == 0 and hvdlite.rank() == 1 and state.step == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+            state.total += float(hvdlite.allreduce(np.ones(1), op=hvdlite.Sum)[0])
+            state.step += 1
+            state.commit()
+        return hvdlite.rank(), hvdlite.size(), state.step, state.total, launch
+
+    return train(state)
+
+
+def _always_fails_on_rank_1():
+    hvdlite.init()
+    launch = os.environ["HVDLITE_ELASTIC_GENERATION"]
+    if hvdlite.rank() == 1:
+        raise ValueError(f"rank 1 fails in launch {launch}")
+    hvdlite.barrier()
 
 
 @pytest.mark.timeout(120)
@@ -147,9 +183,39 @@ def test_without_cloudpickle_only_importable_functions_go(tmp_path):
     assert "importable [120, 120]" in out.stdout
 
 
+@pytest.mark.timeout(120)
+def test_an_elastic_run_survives_a_killed_rank_and_returns_the_last_launch(tmp_path, capfd):
+    values = hvdlite.run(_elastic_train, args=(6,), np=2, max_restarts=1, work_dir=tmp_path,
+                         elastic_state_dir=tmp_path / "state")
+    # launch 0 committed steps 1-3 (total 6); launch 1 resumed there and did steps 4-6
+    assert values == [(0, 2, 6, 12.0, 1), (1, 2, 6, 12.0, 1)]
+    err = capfd.readouterr().err
+    assert "relaunching (restart 1 of 1)" in err and "resuming from commit 3" in err, err
+    assert [p.name for p in tmp_path.iterdir()] in ([], ["state"])
+
+
+@pytest.mark.timeout(120)
+def test_an_elastic_run_that_spends_its_restarts_raises_the_last_launchs_error(tmp_path):
+    with pytest.raises(RankFailedError, match="rank 1 fails in launch 1") as info:
+        hvdlite.run(_always_fails_on_rank_1, np=2, max_restarts=1, work_dir=tmp_path,
+                    elastic_state_dir=tmp_path / "state")
+    assert info.value.rank == 1
+
+
+def test_elastic_arguments_become_hvdruns_flags():
+    assert _elastic_argv(None, None, None, None, None, None, None, None, None) == []
+    assert _elastic_argv(2, 4, 2, 3, (10, 60), "./hosts.sh", 5, 30, "/shared/s") == [
+        "--min-np", "2", "--max-np", "4", "--slots-per-host", "2", "--reset-limit", "3",
+        "--max-restarts", "5", "--elastic-timeout", "30",
+        "--blacklist-cooldown-range", "10", "60", "--host-discovery-script", "./hosts.sh",
+        "--elastic-state-dir", "/shared/s"]
+
+
 def test_bad_arguments_are_refused_before_anything_starts(tmp_path):
-    with pytest.raises(ValueError, match="min_np: hvdlite.run does not run elastic jobs"):
+    with pytest.raises(ValueError, match="--min-np/--max-np need hosts that can change"):
         hvdlite.run(_rank_and_args, args=(1,), np=2, min_np=1)
+    with pytest.raises(ValueError, match=r"cooldown_range must be \(min, max\)"):
+        hvdlite.run(_rank_and_args, args=(1,), np=2, max_restarts=1, cooldown_range=5)
     with pytest.raises(ValueError, match="use_gloo: hvdlite has no Gloo"):
         hvdlite.run(_rank_and_args, args=(1,), use_gloo=True)
     with pytest.raises(ValueError, match="either hosts or hostfile"):

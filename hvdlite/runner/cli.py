@@ -312,13 +312,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _run_elastic(argv: list[str], args: argparse.Namespace, values: Mapping[str, object],
-                 settings: elastic_settings.ElasticSettings) -> int:
-    """The elastic loop (see :mod:`.elastic_driver`), launching through :func:`plan`."""
+def run_elastic_job(argv: list[str], environ: Mapping[str, str], *,
+                    rank_env: Mapping[str, str] | None = None, out=None, err=None) -> int:
+    """Run hvdrun's *argv*, which asks for elastic mode, under the elastic loop (see
+    :mod:`.elastic_driver`), launching through :func:`plan`; hvdrun's exit status.
+
+    *rank_env*: more variables for every rank; *out*/*err*: where the ranks'
+    output goes.  UsageError for bad options, before anything starts."""
     from .discovery import FixedHosts, ScriptDiscovery, SlurmDiscovery
     from .elastic_driver import run_elastic
 
-    environ = dict(os.environ)
+    args, values = parse(argv)
+    settings = elastic_settings.settings_from(values, environ)
+    if settings is None:
+        raise UsageError("not an elastic job: give --host-discovery-script, --min-np/"
+                         "--max-np or --max-restarts N")
+    environ = dict(environ)
     _check_command(args.command, environ)
     if settings.source == "script":
         source = ScriptDiscovery(settings.discovery_script, settings.slots_per_host)
@@ -327,14 +336,16 @@ def _run_elastic(argv: list[str], args: argparse.Namespace, values: Mapping[str,
     else:
         np, hosts, where = _resolve_hosts(values, environ)
         source = FixedHosts(hosts or [Host("localhost", np)], where)
+    extra = dict(rank_env or {})
 
-    def make_plan(np: int, hosts: list[Host], rank_env: dict[str, str]) -> Plan:
-        return plan(argv, environ, rank_env=rank_env, placement=(np, hosts))[1]
+    def make_plan(np: int, hosts: list[Host], elastic_env: dict[str, str]) -> Plan:
+        return plan(argv, environ, rank_env={**extra, **elastic_env},
+                    placement=(np, hosts))[1]
 
     for note in make_plan(1, [Host("localhost", 1)], {}).notes:
         sys.stderr.write(f"hvdrun: note: {note}\n")
     return run_elastic(settings, source, make_plan, dry_run=bool(args.dry_run),
-                       describe=describe if values.get("verbose") else None)
+                       describe=describe if values.get("verbose") else None, out=out, err=err)
 
 
 def _run(argv: list[str]) -> int:
@@ -342,7 +353,7 @@ def _run(argv: list[str]) -> int:
         args, values = parse(argv)
         settings = elastic_settings.settings_from(values, os.environ)
         if settings is not None and not args.check_build:
-            return _run_elastic(argv, args, values, settings)
+            return run_elastic_job(argv, os.environ)
         args, launch = plan(argv)
         if launch is None:  # --check-build
             from .checkbuild import check_build

@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import BinaryIO
 
 from ..elastic.layout import (EXPECT_COMMIT_VARIABLE, GENERATION_VARIABLE, HOSTS_UPDATED_EXIT,
                               JOB_DIR_VARIABLE, JOB_ID_VARIABLE, ENABLED_VARIABLE,
@@ -163,11 +164,13 @@ def _remove_job_dir(job_dir: str, settings: ElasticSettings) -> None:
 
 def run_elastic(settings: ElasticSettings, source,
                 make_plan: Callable[[int, list[Host], dict[str, str]], object], *,
-                dry_run: bool = False, describe: Callable[[object], str] | None = None) -> int:
+                dry_run: bool = False, describe: Callable[[object], str] | None = None,
+                out: BinaryIO | None = None, err: BinaryIO | None = None) -> int:
     """Run the elastic job (see the module doc); returns hvdrun's exit status.
 
     *make_plan(np, hosts, rank_env)* returns the launch :class:`~.cli.Plan` for one
-    launch; *describe* (``--verbose``) the text printed before each launch.
+    launch; *describe* (``--verbose``) the text printed before each launch; *out*
+    and *err* take the ranks' output (default: this process's stdout and stderr).
     """
     pool = HostPool(source, Blacklist(settings.cooldown_range), settings.max_np)
     try:
@@ -188,7 +191,7 @@ def run_elastic(settings: ElasticSettings, source,
         return 0
     os.makedirs(job_dir, exist_ok=True)
     try:
-        return _loop(settings, source, pool, make_plan, describe, job_id, job_dir)
+        return _loop(settings, source, pool, make_plan, describe, job_id, job_dir, (out, err))
     except GiveUp as exc:
         say(f"error: {exc}")
         if os.path.exists(os.path.join(job_dir, STATE_FILE)):
@@ -197,7 +200,7 @@ def run_elastic(settings: ElasticSettings, source,
 
 
 def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe,
-          job_id: str, job_dir: str) -> int:
+          job_id: str, job_dir: str, streams: tuple) -> int:
     generation = restarts = resets = 0
     while True:
         hosts = _wait_for_slots(pool, settings)
@@ -220,6 +223,7 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
         try:
             outcome = run_job_outcome(launch.cmd, launch.env, np=np,
                                       start_timeout=launch.start_timeout,
+                                      out=streams[0], err=streams[1],
                                       quiet_codes=(HOSTS_UPDATED_EXIT, STATE_ERROR_EXIT))
         finally:
             if watch.is_alive():

@@ -14,7 +14,10 @@ for that):
   would wait for peers that may be waiting for this rank.
 
 Each file is written under a temporary name and renamed, so the caller never
-reads half a file.  Nothing goes to stdout but the function's own output.
+reads half a file.  Nothing goes to stdout but the function's own output.  In
+an elastic job (``hvdlite.run`` with elastic arguments) the files of launch
+``N`` go to ``DIR/launch.<N>/`` (:func:`launch_directory`): the caller reads
+the last launch's.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ import time
 import traceback
 from pathlib import Path
 
+from ..elastic.layout import GENERATION_VARIABLE
 from . import rankenv
 
-__all__ = ["main", "FUNCTION_FILE", "result_file", "error_file"]
+__all__ = ["main", "FUNCTION_FILE", "result_file", "error_file", "launch_directory"]
 
 FUNCTION_FILE = "function.pkl"
 
@@ -41,6 +45,13 @@ def result_file(directory: Path, rank: int) -> Path:
 
 def error_file(directory: Path, rank: int) -> Path:
     return directory / f"error.{rank}.json"
+
+
+def launch_directory(directory: Path, environ=None) -> Path:
+    """Where this rank leaves its files: *directory*, or ``launch.<N>`` in it when this
+    is launch N of an elastic job (hvdrun's ``HVDLITE_ELASTIC_GENERATION``)."""
+    generation = (os.environ if environ is None else environ).get(GENERATION_VARIABLE)
+    return directory if generation is None else directory / f"launch.{int(generation)}"
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -83,24 +94,26 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("usage: python -m hvdlite.runner.run_task DIR\n")
         return 2
     directory = Path(argv[0])
+    where = launch_directory(directory)
+    where.mkdir(exist_ok=True)
     who = rankenv.from_environ()
     rank = who.rank if who is not None else 0
     try:
         func, args, kwargs = pickle.loads((directory / FUNCTION_FILE).read_bytes())
     except BaseException as exc:  # noqa: BLE001 - any failure here is reported the same way
-        return _fail(directory, rank, exc, f"cannot load the function from {directory}")
+        return _fail(where, rank, exc, f"cannot load the function from {directory}")
     try:
         value = func(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too
         name = getattr(func, "__qualname__", repr(func))
-        return _fail(directory, rank, exc, f"{name}() raised {type(exc).__name__}",
+        return _fail(where, rank, exc, f"{name}() raised {type(exc).__name__}",
                      own_frames=1)
     try:
         data = _dumps(value)
     except BaseException as exc:  # noqa: BLE001
-        return _fail(directory, rank, exc, f"cannot pickle the value it returned "
+        return _fail(where, rank, exc, f"cannot pickle the value it returned "
                                            f"({type(value).__name__})")
-    _write(result_file(directory, rank), data)
+    _write(result_file(where, rank), data)
     return 0
 
 

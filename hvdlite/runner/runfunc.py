@@ -42,9 +42,6 @@ from .run_task import FUNCTION_FILE, result_file
 
 __all__ = ["run", "RankFailedError"]
 
-_ELASTIC = ("hvdlite.run does not run elastic jobs: put the function in a script with "
-            "@hvd.elastic.run and start it with hvdrun --min-np/--max-np/"
-            "--host-discovery-script (or --max-restarts)")
 _GLOO = next(message for flags, _n, message in UNAVAILABLE if flags == ("--gloo",))
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding hvdlite/
 
@@ -173,8 +170,8 @@ def _hvdrun_argv(np: int, hosts, hostfile, start_timeout, ssh_port, ssh_identity
     return argv
 
 
-def _check_arguments(func, args, kwargs, env, elastic: Mapping[str, object], use_gloo,
-                     hosts, hostfile) -> tuple[tuple, dict, dict[str, str]]:
+def _check_arguments(func, args, kwargs, env, use_gloo, hosts, hostfile
+                     ) -> tuple[tuple, dict, dict[str, str]]:
     if not callable(func):
         raise TypeError(f"hvdlite.run: func must be callable, not {type(func).__name__}")
     if not isinstance(args, (tuple, list)):
@@ -182,9 +179,6 @@ def _check_arguments(func, args, kwargs, env, elastic: Mapping[str, object], use
                         "(for one argument: args=(value,))")
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise TypeError(f"hvdlite.run: kwargs must be a dict, not {type(kwargs).__name__}")
-    given = [name for name, value in elastic.items() if value is not None]
-    if given:
-        raise ValueError(f"hvdlite.run: {', '.join(given)}: {_ELASTIC}")
     if use_gloo:
         raise ValueError(f"hvdlite.run: use_gloo: {_GLOO}")
     if hosts and hostfile:
@@ -202,7 +196,9 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
         ssh_port=None, ssh_identity_file=None, disable_cache=None, output_filename=None,
         verbose=None, use_gloo=None, use_mpi=None, mpi_args=None, network_interface=None,
         executable=None, *, num_proc: int | None = None, min_num_proc=None,
-        max_num_proc=None, env: Mapping[str, str] | None = None,
+        max_num_proc=None, host_discovery_script=None, max_restarts: int | None = None,
+        elastic_timeout: float | None = None, elastic_state_dir=None,
+        env: Mapping[str, str] | None = None,
         work_dir: str | os.PathLike | None = None) -> list:
     """Run ``func(*args, **kwargs)`` on every rank of a new job; the return values, by rank.
 
@@ -212,13 +208,24 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
     ``disable_cache``, ``output_filename``, ``verbose``, ``mpi_args``,
     ``network_interface`` (``"eth0,eth1"``) as hvdrun's flags of those names;
     ``executable``: the Python the ranks run (default: this one); ``use_mpi`` is
-    accepted (hvdlite always runs on MPI).  The elastic arguments (``min_np``,
-    ``max_np``, ``slots``, ``reset_limit``, ``cooldown_range``) are a
-    ValueError (elastic jobs run scripts under hvdrun), and so is
-    ``use_gloo``.  (+) ``env``: variables to set on every rank (e.g.
+    accepted (hvdlite always runs on MPI); ``use_gloo`` is a ValueError.
+    (+) ``env``: variables to set on every rank (e.g.
     ``{"HVDLITE_CYCLE_TIME": "2"}``); ``work_dir``: where the function and
     results are exchanged (needed on a shared file system for jobs with other
     hosts).
+
+    Elastic jobs: ``min_np``, ``max_np`` (``min_num_proc``, ``max_num_proc``),
+    ``slots`` (slots per discovered host), ``reset_limit`` and
+    ``cooldown_range`` (``(min, max)`` seconds) are hvdrun's ``--min-np``,
+    ``--max-np``, ``--slots-per-host``, ``--reset-limit`` and
+    ``--blacklist-cooldown-range``, and so are the (+) ``host_discovery_script``,
+    ``max_restarts``, ``elastic_timeout`` and ``elastic_state_dir``.  With any
+    of them the job runs under hvdrun's elastic loop: *func* runs its training
+    in an ``@hvd.elastic.run`` function with an elastic state, a lost rank or a
+    host change relaunches the job from the last commit, and the return values
+    are those of the launch that finished, one per rank of that launch.  As with
+    hvdrun, ``min_np``/``max_np`` need hosts that can change (a discovery
+    script, or a SLURM allocation); ``max_restarts`` relaunches a fixed set.
 
     Cross-rank contract: every rank calls the same function with the same
     arguments; collectives inside it (``hvdlite.init()`` first) work as in any
@@ -232,17 +239,21 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
         if np not in (1, num_proc):
             raise ValueError(f"hvdlite.run: np={np} and num_proc={num_proc} disagree; give one")
         np = num_proc
-    elastic = {"min_np": min_np, "max_np": max_np, "min_num_proc": min_num_proc,
-               "max_num_proc": max_num_proc, "slots": slots, "reset_limit": reset_limit,
-               "cooldown_range": cooldown_range}
-    args, kwargs, rank_env = _check_arguments(func, args, kwargs, env, elastic, use_gloo,
-                                              hosts, hostfile)
+    args, kwargs, rank_env = _check_arguments(func, args, kwargs, env, use_gloo, hosts,
+                                              hostfile)
+    elastic = _elastic_argv(min_np if min_np is not None else min_num_proc,
+                            max_np if max_np is not None else max_num_proc, slots,
+                            reset_limit, cooldown_range, host_discovery_script, max_restarts,
+                            elastic_timeout, elastic_state_dir)
     payload = _serialize(func, args, kwargs)
     options = _hvdrun_argv(np, hosts, hostfile, start_timeout, ssh_port, ssh_identity_file,
                            disable_cache, output_filename, verbose, mpi_args, network_interface)
     environ = dict(os.environ)
     environ["PYTHONPATH"] = _python_path(environ)
     python = os.fspath(executable) if executable else sys.executable
+    if elastic:
+        return _run_elastic([*options, *elastic], python, payload, environ, rank_env,
+                            work_dir, remote=bool(hosts or hostfile or host_discovery_script))
 
     def plan_for(directory: Path) -> cli.Plan:
         argv = [*options, "--", python, "-m", "hvdlite.runner.run_task", str(directory)]
@@ -276,8 +287,56 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _collect(directory: Path, np: int, code: int, remote: bool) -> list:
-    """The ranks' values in rank order, or the error that says why there are none."""
+def _elastic_argv(min_np, max_np, slots, reset_limit, cooldown_range, discovery_script,
+                  max_restarts, elastic_timeout, state_dir) -> list[str]:
+    """hvdrun's elastic flags for run()'s elastic arguments (empty: not an elastic job)."""
+    argv: list[str] = []
+    for flag, value in (("--min-np", min_np), ("--max-np", max_np),
+                        ("--slots-per-host", slots), ("--reset-limit", reset_limit),
+                        ("--max-restarts", max_restarts),
+                        ("--elastic-timeout", elastic_timeout)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if cooldown_range is not None:
+        try:
+            low, high = cooldown_range
+        except (TypeError, ValueError):
+            raise ValueError("hvdlite.run: cooldown_range must be (min, max) in seconds, not "
+                             f"{cooldown_range!r}") from None
+        argv += ["--blacklist-cooldown-range", str(low), str(high)]
+    if discovery_script is not None:
+        argv += ["--host-discovery-script", os.fspath(discovery_script)]
+    if state_dir is not None:
+        argv += ["--elastic-state-dir", os.fspath(state_dir)]
+    return argv
+
+
+def _run_elastic(options: list[str], python: str, payload: bytes, environ: dict,
+                 rank_env: dict, work_dir, remote: bool) -> list:
+    """run() for an elastic job: hvdrun's elastic loop; the last launch's values."""
+    if remote and work_dir is None:  # other hosts: a directory they can see, not /tmp
+        work_dir = os.getcwd()
+    directory = Path(tempfile.mkdtemp(prefix=".hvdlite-run-" if remote else "hvdlite-run-",
+                                      dir=work_dir))
+    try:
+        (directory / FUNCTION_FILE).write_bytes(payload)
+        argv = [*options, "--", python, "-m", "hvdlite.runner.run_task", str(directory)]
+        try:
+            code = cli.run_elastic_job(argv, environ, rank_env=rank_env,
+                                       out=_sink(sys.stdout), err=_sink(sys.stderr))
+        except UsageError as exc:
+            raise ValueError(f"hvdlite.run: {exc}") from None
+        launches = sorted(directory.glob("launch.*"), key=lambda p: int(p.suffix[1:]))
+        last = launches[-1] if launches else directory / "launch.0"
+        return _collect(last, None, code, remote)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _collect(directory: Path, np: int | None, code: int, remote: bool) -> list:
+    """The ranks' values in rank order, or the error that says why there are none.
+
+    *np* None: as many ranks as left a value (an elastic job's last launch)."""
     reports = []
     for path in directory.glob("error.*.json"):
         try:
@@ -292,6 +351,8 @@ def _collect(directory: Path, np: int, code: int, remote: bool) -> list:
     if code != 0:
         raise RuntimeError(f"hvdlite.run: the job failed with exit code {code} before every "
                            "rank returned; hvdrun's report above names the rank and why")
+    if np is None:
+        np = len(list(directory.glob("result.*.pkl")))
     values = []
     for rank in range(np):
         path = result_file(directory, rank)
