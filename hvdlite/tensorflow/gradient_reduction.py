@@ -9,7 +9,9 @@
    group (a single group unless ``groups`` says otherwise; a group of one dtype
    travels as one contiguous buffer, see :meth:`GradientReducer._submit`) and
    one grouped allgather for the sparse ones, all submitted before any is
-   awaited; inside a ``tf.function`` this is a single graph node (a group is
+   awaited; inside a ``tf.function`` this is a single graph node, whose small
+   gradients of a group and wire dtype enter it packed into one flat tensor
+   (Sum/Average only, see :mod:`hvdlite.tensorflow.packing`; a whole group is
    packed into one buffer by this adapter only where the set reduces through
    MPI, see :meth:`GradientReducer._plans`),
 4. decompresses and, for sparse Average, divides by the set size.
@@ -38,6 +40,7 @@ from hvdlite.transport import Transport, plan_for
 from . import _bridge
 from .compression import Compression
 from .mpi_ops import Adasum, Average, Sum, global_process_set
+from .packing import PACK_BYTES, Packing
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
@@ -196,8 +199,14 @@ class GradientReducer:
             position = {i: k for k, i in enumerate(dense)}
             dense_groups = [[position[i] for i in g]
                             for g in self._dense_groups(dense, grads, variables) if g]
+            # In a graph, small gradients of a group travel as one flat tensor.
+            packable = self.op in (Average, Sum) and not tf.executing_eagerly()
+            packing = Packing(wire[:len(dense)], dense_groups, PACK_BYTES if packable else 0)
+            dense_wire, dense_groups = packing.pack(wire[:len(dense)], dense_groups)
             base = self._base_name(wire, use_generic_names)
-            outs = self._submit(wire, dense_groups, len(dense), base)
+            outs = self._submit(dense_wire + wire[len(dense):], dense_groups, len(dense_wire),
+                                base)
+            outs = packing.unpack(outs[:len(dense_wire)]) + outs[len(dense_wire):]
 
             result = list(grads)
             for k, i in enumerate(dense):

@@ -117,9 +117,10 @@ def test_tape_training_matches_one_process(mode, case):
 @pytest.mark.parametrize("plan", ["each gradient", "packed"])
 def test_tape_training_with_each_submission_plan(plan, monkeypatch):
     # Where the set reduces through shared memory (here: every set of 2-4 ranks), the
-    # gradients go to the engine as they are; elsewhere a group is packed into one
-    # buffer first (simulated by a plan that names MPI).  2048 hidden units make 80 KB of
-    # gradients, enough for the shared-memory path either way.
+    # gradients go to the engine as they are, but for the small ones, packed into one
+    # tensor in the graph; elsewhere a group is packed into one buffer first (simulated
+    # by a plan that names MPI).  4096 hidden units make a 96 KB first kernel (above
+    # PACK_BYTES) and 160 KB of gradients, enough for the shared-memory path either way.
     from core_helpers import spy_on_shared_memory
 
     from hvdlite.tensorflow import gradient_reduction
@@ -131,7 +132,7 @@ def test_tape_training_with_each_submission_plan(plan, monkeypatch):
         monkeypatch.setattr(gradient_reduction, "plan_for",
                             lambda process_set: TransportPlan(Transport.MPI, Transport.MPI))
     x, y = global_data(seed=5)
-    model = make_model(hidden=2048)
+    model = make_model(hidden=4096)
     opt = keras.optimizers.SGD(0.1, momentum=0.9)
 
     @tf.function
@@ -144,11 +145,12 @@ def test_tape_training_with_each_submission_plan(plan, monkeypatch):
 
     for s in range(STEPS):
         step(my_rows(x, s), my_rows(y, s))
-    ref = reference_tape_training(x, y, keras.optimizers.SGD(0.1, momentum=0.9), hidden=2048)
+    ref = reference_tape_training(x, y, keras.optimizers.SGD(0.1, momentum=0.9), hidden=4096)
     weights_close(model, ref)
     same_on_every_rank(model)
-    # Packed, the group is one tensor; otherwise one batch of all 4 gradients.
-    assert batches == [1 if plan == "packed" else 4] * STEPS
+    # Packed, the group is one tensor; otherwise the first kernel and the other three
+    # gradients packed into one.
+    assert batches == [1 if plan == "packed" else 2] * STEPS
 
 
 def test_tape_groups_of_variables_and_sum():
