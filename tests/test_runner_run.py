@@ -19,7 +19,7 @@ from helpers_runner.common import ROOT, clean_env
 
 import hvdlite
 from hvdlite.runner import RankFailedError, rankenv
-from hvdlite.runner.runfunc import _elastic_argv
+from hvdlite.runner.runfunc import _elastic_argv, _elastic_hosts_are_remote
 
 
 def _rank_and_args(base, scale=1):
@@ -209,6 +209,15 @@ def test_elastic_arguments_become_hvdruns_flags():
         "--max-restarts", "5", "--elastic-timeout", "30",
         "--blacklist-cooldown-range", "10", "60", "--host-discovery-script", "./hosts.sh",
         "--elastic-state-dir", "/shared/s"]
+
+
+def test_elastic_jobs_that_may_leave_this_host_exchange_results_in_a_shared_directory():
+    local = {"PATH": "/usr/bin"}
+    assert not _elastic_hosts_are_remote(None, None, None, local)
+    assert _elastic_hosts_are_remote("a:2,b:2", None, None, local)
+    assert _elastic_hosts_are_remote(None, "hosts.txt", None, local)
+    assert _elastic_hosts_are_remote(None, None, "./discover.sh", local)
+    assert _elastic_hosts_are_remote(None, None, None, {**local, "SLURM_JOB_ID": "42"})
 
 
 def test_bad_arguments_are_refused_before_anything_starts(tmp_path):

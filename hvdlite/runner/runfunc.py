@@ -34,7 +34,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import cli, sshcheck
+from . import cli, slurm, sshcheck
 from .errors import UsageError
 from .job import run_job
 from .options import UNAVAILABLE
@@ -252,11 +252,12 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
     environ["PYTHONPATH"] = _python_path(environ)
     python = os.fspath(executable) if executable else sys.executable
     if elastic:
+        remote = _elastic_hosts_are_remote(hosts, hostfile, host_discovery_script, environ)
         return _run_elastic([*options, *elastic], python, payload, environ, rank_env,
-                            work_dir, remote=bool(hosts or hostfile or host_discovery_script))
+                            work_dir, remote)
 
     def plan_for(directory: Path) -> cli.Plan:
-        argv = [*options, "--", python, "-m", "hvdlite.runner.run_task", str(directory)]
+        argv = _task_argv(options, python, directory)
         try:
             _args, launch = cli.plan(argv, environ, rank_env=rank_env)
         except UsageError as exc:
@@ -285,6 +286,17 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
         return _collect(directory, launch.np, code, remote=launch.hosts is not None)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _task_argv(options: list[str], python: str, directory: Path) -> list[str]:
+    """hvdrun's argv: *options*, then every rank running the function in *directory*."""
+    return [*options, "--", python, "-m", "hvdlite.runner.run_task", str(directory)]
+
+
+def _elastic_hosts_are_remote(hosts, hostfile, discovery_script, environ) -> bool:
+    """Whether an elastic job may run beyond this host: hosts given, discovered, or
+    a SLURM allocation's (then its exchange directory must be a shared one)."""
+    return bool(hosts or hostfile or discovery_script) or slurm.in_allocation(environ)
 
 
 def _elastic_argv(min_np, max_np, slots, reset_limit, cooldown_range, discovery_script,
@@ -320,7 +332,7 @@ def _run_elastic(options: list[str], python: str, payload: bytes, environ: dict,
                                       dir=work_dir))
     try:
         (directory / FUNCTION_FILE).write_bytes(payload)
-        argv = [*options, "--", python, "-m", "hvdlite.runner.run_task", str(directory)]
+        argv = _task_argv(options, python, directory)
         try:
             code = cli.run_elastic_job(argv, environ, rank_env=rank_env,
                                        out=_sink(sys.stdout), err=_sink(sys.stderr))
