@@ -195,3 +195,25 @@ def test_a_flat_bucket_unflattens_into_its_gradients_in_order():
     assert grads[0].tolist() == [[0, 10, 20], [30, 40, 50]]
     assert grads[1].tolist() == [70]
     assert grads[2].tolist() == [[0, 20], [10, 30]]
+
+
+def test_a_bucket_buffer_packs_into_one_kept_tensor_and_unpacks_in_place():
+    from hvdlite.torch.reducers import _BucketBuffer
+
+    grads = [torch.arange(6.0).reshape(2, 3), torch.tensor([7.0]),
+             torch.arange(4.0).reshape(2, 2).t()]  # non-contiguous: copied by value
+    buffer = _BucketBuffer(grads)
+    flat = buffer.pack(grads)
+    assert flat.tolist() == [0, 1, 2, 3, 4, 5, 7, 0, 2, 1, 3]
+    assert buffer.pack([g * 2 for g in grads]) is flat  # the same tensor every step
+    assert flat.tolist() == [0, 2, 4, 6, 8, 10, 14, 0, 4, 2, 6]
+    before = [g.data_ptr() for g in grads]
+    flat.mul_(10)  # as a reduction in place would
+    buffer.unpack_into(grads, flat)
+    assert [g.data_ptr() for g in grads] == before
+    assert grads[0].tolist() == [[0, 20, 40], [60, 80, 100]]
+    assert grads[1].tolist() == [140]
+    assert grads[2].tolist() == [[0, 40], [20, 60]]
+    buffer.unpack_into(grads, torch.ones(11, dtype=torch.float16))  # a cast came back
+    assert all(g.eq(1).all() for g in grads) and grads[0].dtype == torch.float32
+    assert buffer.fits(grads) and not buffer.fits([g.double() for g in grads])

@@ -219,22 +219,52 @@ def _unflatten_into(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
     torch._foreach_copy_(tensors, pieces)
 
 
+class _BucketBuffer:
+    """A bucket's flat tensor, kept from step to step, and its pieces as views
+    shaped like the members' gradients: packing is one copy into the views and
+    unpacking one copy out of them, with no tensor made per step.  Valid for
+    gradients of the dtype and device it was made for."""
+
+    __slots__ = ("flat", "views", "dtype", "device")
+
+    def __init__(self, grads: list[torch.Tensor]):
+        self.flat = _flatten(grads)
+        self.views = list(torch._utils._unflatten_dense_tensors(self.flat, grads))
+        self.dtype = grads[0].dtype
+        self.device = grads[0].device
+
+    def fits(self, grads: list[torch.Tensor]) -> bool:
+        return grads[0].dtype == self.dtype and grads[0].device == self.device
+
+    def pack(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        torch._foreach_copy_(self.views, grads)
+        return self.flat
+
+    def unpack_into(self, grads: list[torch.Tensor], reduced: torch.Tensor) -> None:
+        if reduced is self.flat:
+            torch._foreach_copy_(grads, self.views)
+        else:  # a cast came back as a new tensor
+            _unflatten_into(grads, reduced)
+
+
 class _FlatAllreduce:
     """An in-flight allreduce of a bucket whose gradients travel packed into
-    one flat tensor: one engine entry and one array instead of one per
-    gradient.  The members are the gradients the flat tensor was made from."""
+    one flat tensor (its :class:`_BucketBuffer`): one engine entry and one
+    array instead of one per gradient.  The members are the gradients the flat
+    tensor was packed from."""
 
-    __slots__ = ("handle", "grads", "wire", "cctx")
+    __slots__ = ("handle", "grads", "buffer", "wire", "cctx")
 
-    def __init__(self, handle, grads: list, wire: torch.Tensor, cctx):
+    def __init__(self, handle, grads: list, buffer: _BucketBuffer, wire: torch.Tensor, cctx):
         self.handle = handle
         self.grads = grads
+        self.buffer = buffer
         self.wire = wire
         self.cctx = cctx
 
     def finish(self, compression) -> None:
         synchronize(self.handle)
-        _unflatten_into(self.grads, compression.decompress(self.wire, self.cctx))
+        self.buffer.unpack_into(self.grads, compression.decompress(self.wire, self.cctx))
 
 
 class _SparseAllreduce:
@@ -288,6 +318,7 @@ class AllreduceReducer(GradientReducer):
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self._in_flight: dict = {}  # id(key) -> _DenseAllreduce or _SparseAllreduce
+        self._buffers: dict = {}  # id(bucket) -> its _BucketBuffer
         self._bytes_pending = 0
 
     def gradient_ready(self, ctx, key) -> None:
@@ -323,7 +354,7 @@ class AllreduceReducer(GradientReducer):
 
     def _start(self, ctx, key):
         if isinstance(key, tuple):
-            flat = self._start_flat(ctx, key)
+            flat = self._start_flat(ctx, key, keep=True)
             if flat is not None:  # the common case: no per-member checks below
                 return flat
             # Sparse gradients in a group (or bucket) keep their own exchange.
@@ -348,9 +379,10 @@ class AllreduceReducer(GradientReducer):
                                   postscale_factor=post, process_set=ctx.process_set)
         return _DenseAllreduce(handle, [(p, wire, cctx)])
 
-    def _start_flat(self, ctx, params):
+    def _start_flat(self, ctx, params, keep: bool = False):
         """One allreduce of *params*' gradients packed into one flat tensor,
-        named after the first; None where the class says it cannot."""
+        named after the first; None where the class says it cannot.  *keep*:
+        *params* is a key of ``ctx.keys``, whose buffer is kept for the next step."""
         if self.compression not in _ELEMENTWISE:
             return None
         grads = [_grad_or_zeros(p) for p in params]
@@ -358,13 +390,18 @@ class AllreduceReducer(GradientReducer):
         for grad in grads:
             if grad.dtype != dtype or grad.layout != torch.strided:
                 return None
+        buffer = self._buffers.get(id(params)) if keep else None
+        if buffer is None or not buffer.fits(grads):
+            buffer = _BucketBuffer(grads)
+            if keep:
+                self._buffers[id(params)] = buffer
         pre, post = self._scale_factors()
-        wire, cctx = self.compression.compress(_flatten(grads))
+        wire, cctx = self.compression.compress(buffer.pack(grads))
         self._bytes_pending += wire.nbytes
         handle = allreduce_async_(wire, name=ctx.names[params[0]], op=self.op,
                                   prescale_factor=pre, postscale_factor=post,
                                   process_set=ctx.process_set)
-        return _FlatAllreduce(handle, grads, wire, cctx)
+        return _FlatAllreduce(handle, grads, buffer, wire, cctx)
 
     def _start_group(self, ctx, params):
         """One allreduce of *params*' dense gradients, named after the first:

@@ -165,3 +165,42 @@ def test_a_bucket_of_mixed_dtypes_goes_grouped_with_the_same_results():
     for a, b in zip(per_tensor, bucketed, strict=True):
         assert torch.equal(a, b)
     assert arrays == [4, 4]  # one grouped submission of the 4 gradients per step
+
+
+def test_a_dense_bucket_packs_into_the_same_buffer_every_step():
+    # The flat tensor of a bucket is kept from step to step (no tensor made per
+    # step); gradients of another dtype get a new one, with the right results.
+    def train(**kw):
+        torch.manual_seed(6)
+        model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
+                                                       momentum=0.9),
+                                       named_parameters=model.named_parameters(), **kw)
+        buffers = []
+        real_submit = hvdlite.collectives._submit
+
+        def recording_submit(st, params, inputs, *args, **kwargs):
+            buffers.append((inputs[0].__array_interface__["data"][0], inputs[0].dtype))
+            return real_submit(st, params, inputs, *args, **kwargs)
+
+        hvdlite.collectives._submit = recording_submit
+        try:
+            for step in range(4):
+                if step == 2:
+                    model.double()  # the same parameters, now float64
+                g = torch.Generator().manual_seed(10 * step + R)
+                x = torch.randn(4, 6, generator=g, dtype=next(model.parameters()).dtype)
+                opt.zero_grad()
+                model(x).pow(2).sum().backward()
+                opt.step()
+        finally:
+            hvdlite.collectives._submit = real_submit
+        return [p.detach().clone() for p in model.parameters()], buffers
+
+    per_tensor, _ = train(bucket_cap_mb=0)
+    bucketed, buffers = train()
+    for a, b in zip(per_tensor, bucketed, strict=True):
+        assert torch.equal(a, b)
+    assert len(buffers) == 4  # one flat array per step
+    assert buffers[0] == buffers[1] and buffers[2] == buffers[3]
+    assert [dtype.name for _, dtype in buffers] == ["float32"] * 2 + ["float64"] * 2
