@@ -37,7 +37,9 @@ log = logging.getLogger("hvdlite")
 _CALLER_CHECK = 0.002
 #: How often the engine thread looks for a peer's doorbell while waiting: from
 #: the cycle time, doubling the time waited, up to 20 ms (it wakes at once for
-#: this rank's own submissions; see Engine).
+#: this rank's own submissions; see Engine).  A thread without a core of its own
+#: (``spare_core=False``) looks every 20 ms from the start: each look takes the
+#: core and the GIL from the framework, and its own work is driven by callers.
 _THREAD_CAP = 0.02
 #: A caller blocked on a handle has nothing else to do: it looks again after
 #: 50 us, growing with the time already waited (10 %), up to 5 ms.
@@ -81,7 +83,7 @@ class Driver:
 
     def __init__(self, loop: Loop, cycle_time: float, start_delay: float,
                  name: str = "hvdlite-engine", step_limit: float | None = None,
-                 core: int | None = None):
+                 core: int | None = None, spare_core: bool = True):
         self.loop = loop
         self.core = core  # the CPU core the engine thread pins itself to, or None
         # A caller that waits longer than this for another thread's step to end
@@ -89,7 +91,8 @@ class Driver:
         self.step_limit = step_limit
         self.state = State.RUNNING
         self.event = threading.Event()  # rouses the engine thread
-        self._thread_poll = Backoff(floor=min(cycle_time, _THREAD_CAP), cap=_THREAD_CAP)
+        self._spare_core = spare_core
+        self._thread_poll = self._poll_backoff(cycle_time)
         # How long the thread lets queued work gather before it starts it itself
         # (a caller that waits on a handle starts at once).
         self._start_delay = start_delay
@@ -108,8 +111,12 @@ class Driver:
     def set_cycle_time(self, cycle_time: float, start_delay: float) -> None:
         """A new cycle time (autotune, from inside a step): how often the thread looks
         for a peer's doorbell, and how long it lets a burst gather."""
-        self._thread_poll = Backoff(floor=min(cycle_time, _THREAD_CAP), cap=_THREAD_CAP)
+        self._thread_poll = self._poll_backoff(cycle_time)
         self._start_delay = start_delay
+
+    def _poll_backoff(self, cycle_time: float) -> Backoff:
+        first = min(cycle_time, _THREAD_CAP) if self._spare_core else _THREAD_CAP
+        return Backoff(floor=first, cap=_THREAD_CAP)
 
     @property
     def finished(self) -> bool:

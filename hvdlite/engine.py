@@ -28,7 +28,10 @@ ready on every rank needs none: the rank that completes it will submit), every
 rank stops cycling and waits (see :class:`~hvdlite.driver.Driver` for how
 often it looks); the first rank with new work rings the
 :class:`~hvdlite.doorbell.Doorbell` and cycling resumes.  A training step that
-submits its gradients in one burst therefore costs one cycle.  No MPI call
+submits its gradients in one burst therefore costs one cycle, and one doorbell
+(or, where some rank's engine thread overlaps the framework's compute, one
+empty follow-up cycle, which lets a loop of synchronous calls go on without
+doorbells).  No MPI call
 spins for long while a peer is slow: the status allreduce is non-blocking and
 tested with a :class:`~hvdlite.backoff.Backoff`.
 """
@@ -87,6 +90,9 @@ class Engine:
         self.size = self.comm.Get_size()
         self.timeline = timeline
         self.overlap = overlap
+        # Whether a cycle that ran work is followed by another (see cycle()): the same
+        # on every rank, so ranks wait together.
+        self.follow_up = overlap if self.size == 1 else self.comm.allreduce(overlap, op=MPI.LOR)
         self.inbox = Inbox()
         self.interrupted: BaseException | None = None  # a Ctrl-C/exit that broke a cycle
         # HVDLITE_COLLECTIVE_TIMEOUT: alone, this rank never waits for another.
@@ -118,7 +124,7 @@ class Engine:
         cycle_time = config.cycle_time_ms / 1000.0
         self.driver = Driver(self, cycle_time,
                              start_delay=cycle_time if overlap else max(cycle_time, _LAZY_START),
-                             step_limit=self.limit.seconds, core=core)
+                             step_limit=self.limit.seconds, core=core, spare_core=overlap)
         self.driver.start()
 
     # ============================================================ caller side
@@ -265,10 +271,13 @@ class Engine:
         # the rank that completes it submits later and rings the doorbell.  Another
         # cycle is due when this one moved entries back to the coordinator
         # (invalidated cache bits, a rank joining or leaving), ran a stall check, or
-        # ran work: what ran is the same on every rank, and where work just ran more
-        # usually follows (the next synchronous call, the rest of a burst), which then
-        # needs no doorbell.  A burst's end costs one empty cycle before the wait.
-        ran = bool(ready) or bool(responses)
+        # ran work while some rank overlaps: what ran is the same on every rank, and
+        # where work just ran more usually follows (the next synchronous call, the
+        # rest of a burst), which then needs no doorbell.  A burst's end costs one
+        # empty cycle before the wait.  Where no rank overlaps, that empty cycle
+        # would fall to the engine threads in the middle of the framework's next
+        # compute, on cores it needs; there the next work rings the doorbell instead.
+        ran = self.follow_up and (bool(ready) or bool(responses))
         return bool(flags & (Flag.INVALID | Flag.STALL)) or joined_changed or ran, False
 
     def _admit(self, entry: Entry) -> None:

@@ -247,6 +247,20 @@ def test_a_stop_request_is_announced_as_draining():
     assert driver.state is State.DRAINING
 
 
+@pytest.mark.parametrize("spare_core", [True, False])
+def test_a_waiting_thread_without_a_core_of_its_own_looks_for_doorbells_every_20_ms(
+        spare_core):
+    # With a spare core the first look comes a cycle time into the wait, growing
+    # to 20 ms; without, every look is 20 ms apart (each takes the framework's core).
+    driver = Driver(_ScriptedLoop([]), cycle_time=0.001, start_delay=0.001,
+                    spare_core=spare_core)
+    for cycle_time in (0.001, 0.004):  # also after autotune sets a new cycle time
+        driver.set_cycle_time(cycle_time, start_delay=0.02)
+        poll = driver._thread_poll
+        assert poll.delay(0.0) == (cycle_time if spare_core else 0.02)
+        assert poll.delay(1.0) == 0.02
+
+
 def test_waiting_on_a_handle_inside_a_step_is_refused():
     handle = Handle("inner")
     errors = []
