@@ -203,9 +203,9 @@ def test_a_bucket_buffer_packs_into_one_kept_tensor_and_unpacks_in_place():
     grads = [torch.arange(6.0).reshape(2, 3), torch.tensor([7.0]),
              torch.arange(4.0).reshape(2, 2).t()]  # non-contiguous: copied by value
     buffer = _BucketBuffer(grads)
-    flat = buffer.pack(grads)
+    [flat] = buffer.pack(grads)
     assert flat.tolist() == [0, 1, 2, 3, 4, 5, 7, 0, 2, 1, 3]
-    assert buffer.pack([g * 2 for g in grads]) is flat  # the same tensor every step
+    assert buffer.pack([g * 2 for g in grads])[0] is flat  # the same tensor every step
     assert flat.tolist() == [0, 2, 4, 6, 8, 10, 14, 0, 4, 2, 6]
     before = [g.data_ptr() for g in grads]
     flat.mul_(10)  # as a reduction in place would
@@ -217,3 +217,24 @@ def test_a_bucket_buffer_packs_into_one_kept_tensor_and_unpacks_in_place():
     buffer.unpack_into(grads, torch.ones(11, dtype=torch.float16))  # a cast came back
     assert all(g.eq(1).all() for g in grads) and grads[0].dtype == torch.float32
     assert buffer.fits(grads) and not buffer.fits([g.double() for g in grads])
+
+
+def test_a_bucket_buffer_leaves_large_gradients_where_they_are():
+    from hvdlite.torch.reducers import PACK_BELOW_BYTES, _BucketBuffer
+
+    large = PACK_BELOW_BYTES // 4  # float32 elements
+    grads = [torch.ones(large), torch.full((3,), 2.0), torch.full((large + 1,), 3.0),
+             torch.full((2,), 4.0)]
+    buffer = _BucketBuffer(grads)
+    arrays = buffer.pack(grads)
+    assert arrays[1] is grads[0] and arrays[2] is grads[2]  # reduced in place
+    assert arrays[0].tolist() == [2, 2, 2, 4, 4]  # the small ones, packed
+    arrays[0].mul_(10)
+    buffer.unpack_into(grads, arrays[0])
+    assert grads[1].tolist() == [20] * 3 and grads[3].tolist() == [40] * 2
+    # A large gradient that is not contiguous any more needs a new buffer.
+    assert not buffer.fits([grads[0], grads[1], torch.ones(2, large)[:, :large // 2 + 1].t(),
+                            grads[3]])
+    # One small gradient alone is not packed either.
+    lone = _BucketBuffer([torch.ones(large), torch.ones(3)])
+    assert lone.flat is None and len(lone.pack([torch.ones(large), torch.ones(3)])) == 2

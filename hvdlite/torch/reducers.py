@@ -219,52 +219,86 @@ def _unflatten_into(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
     torch._foreach_copy_(tensors, pieces)
 
 
-class _BucketBuffer:
-    """A bucket's flat tensor, kept from step to step, and its pieces as views
-    shaped like the members' gradients: packing is one copy into the views and
-    unpacking one copy out of them, with no tensor made per step.  Valid for
-    gradients of the dtype and device it was made for."""
+#: Gradients of a bucket smaller than this are packed into its flat tensor; larger
+#: ones are reduced where they are, in the same grouped allreduce.  Packing saves
+#: the engine a few microseconds per array but costs two copies of the data,
+#: which for a gradient this big costs more than it saves.
+PACK_BELOW_BYTES = 32 << 10
 
-    __slots__ = ("flat", "views", "dtype", "device")
+
+class _BucketBuffer:
+    """How a bucket's gradients travel: the small ones packed into one flat
+    tensor kept from step to step (with its pieces as views shaped like those
+    gradients, so packing is one copy into the views and unpacking one copy out
+    of them, with no tensor made per step), the large ones as they are.  Valid
+    for gradients of the dtype and device it was made for, while the large ones
+    stay contiguous.
+
+    Cross-rank contract: which gradients are packed follows only from their
+    sizes and layout, so every rank sends the same arrays in the same order."""
+
+    __slots__ = ("packed", "apart", "flat", "views", "dtype", "device")
 
     def __init__(self, grads: list[torch.Tensor]):
-        self.flat = _flatten(grads)
-        self.views = list(torch._utils._unflatten_dense_tensors(self.flat, grads))
+        packed, apart = [], []
+        for i, grad in enumerate(grads):
+            small = grad.numel() * grad.element_size() < PACK_BELOW_BYTES
+            (packed if small or not grad.is_contiguous() else apart).append(i)
+        if len(packed) == 1 and grads[packed[0]].is_contiguous():
+            apart, packed = sorted(apart + packed), []  # one small array needs no packing
+        self.packed, self.apart = packed, apart
+        self.flat = _flatten([grads[i] for i in packed]) if packed else None
+        self.views = (list(torch._utils._unflatten_dense_tensors(
+            self.flat, [grads[i] for i in packed])) if packed else [])
         self.dtype = grads[0].dtype
         self.device = grads[0].device
 
     def fits(self, grads: list[torch.Tensor]) -> bool:
-        return grads[0].dtype == self.dtype and grads[0].device == self.device
+        return (grads[0].dtype == self.dtype and grads[0].device == self.device
+                and all(grads[i].is_contiguous() for i in self.apart))
 
-    def pack(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        torch._foreach_copy_(self.views, grads)
-        return self.flat
+    def pack(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The arrays to reduce: the flat tensor (if any) first, then the large
+        gradients themselves."""
+        if not self.packed:
+            return [grads[i] for i in self.apart]
+        torch._foreach_copy_(self.views, [grads[i] for i in self.packed])
+        return [self.flat] + [grads[i] for i in self.apart]
 
     def unpack_into(self, grads: list[torch.Tensor], reduced: torch.Tensor) -> None:
+        """The packed gradients from *reduced*: the flat tensor reduced in place,
+        or a tensor a cast gave back."""
+        packed = [grads[i] for i in self.packed]
         if reduced is self.flat:
-            torch._foreach_copy_(grads, self.views)
-        else:  # a cast came back as a new tensor
-            _unflatten_into(grads, reduced)
+            torch._foreach_copy_(packed, self.views)
+        else:
+            _unflatten_into(packed, reduced)
 
 
 class _FlatAllreduce:
-    """An in-flight allreduce of a bucket whose gradients travel packed into
-    one flat tensor (its :class:`_BucketBuffer`): one engine entry and one
-    array instead of one per gradient.  The members are the gradients the flat
-    tensor was packed from."""
+    """An in-flight grouped allreduce of a bucket as its :class:`_BucketBuffer`
+    sends it: one engine entry, with one array for all small gradients.  *grads*
+    are the gradients it was made from; *wires* the arrays on the wire, with
+    their compression contexts, in the order the buffer gave them."""
 
-    __slots__ = ("handle", "grads", "buffer", "wire", "cctx")
+    __slots__ = ("handle", "grads", "buffer", "wires")
 
-    def __init__(self, handle, grads: list, buffer: _BucketBuffer, wire: torch.Tensor, cctx):
+    def __init__(self, handle, grads: list, buffer: _BucketBuffer, wires: list):
         self.handle = handle
         self.grads = grads
         self.buffer = buffer
-        self.wire = wire
-        self.cctx = cctx
+        self.wires = wires
 
     def finish(self, compression) -> None:
         synchronize(self.handle)
-        self.buffer.unpack_into(self.grads, compression.decompress(self.wire, self.cctx))
+        wires = iter(self.wires)
+        if self.buffer.packed:
+            wire, cctx = next(wires)
+            self.buffer.unpack_into(self.grads, compression.decompress(wire, cctx))
+        for i, (wire, cctx) in zip(self.buffer.apart, wires, strict=True):
+            grad = self.grads[i]
+            if wire is not grad:  # a cast: reduced in a copy
+                grad.copy_(compression.decompress(wire, cctx))
 
 
 class _SparseAllreduce:
@@ -380,9 +414,10 @@ class AllreduceReducer(GradientReducer):
         return _DenseAllreduce(handle, [(p, wire, cctx)])
 
     def _start_flat(self, ctx, params, keep: bool = False):
-        """One allreduce of *params*' gradients packed into one flat tensor,
-        named after the first; None where the class says it cannot.  *keep*:
-        *params* is a key of ``ctx.keys``, whose buffer is kept for the next step."""
+        """One (grouped) allreduce of *params*' gradients, the small ones packed
+        into one flat tensor (:class:`_BucketBuffer`), named after the first;
+        None where the class says it cannot.  *keep*: *params* is a key of
+        ``ctx.keys``, whose buffer is kept for the next step."""
         if self.compression not in _ELEMENTWISE:
             return None
         grads = [_grad_or_zeros(p) for p in params]
@@ -396,12 +431,18 @@ class AllreduceReducer(GradientReducer):
             if keep:
                 self._buffers[id(params)] = buffer
         pre, post = self._scale_factors()
-        wire, cctx = self.compression.compress(buffer.pack(grads))
-        self._bytes_pending += wire.nbytes
-        handle = allreduce_async_(wire, name=ctx.names[params[0]], op=self.op,
-                                  prescale_factor=pre, postscale_factor=post,
-                                  process_set=ctx.process_set)
-        return _FlatAllreduce(handle, grads, buffer, wire, cctx)
+        compress = self.compression.compress
+        wires = [compress(array) for array in buffer.pack(grads)]
+        self._bytes_pending += sum(wire.nbytes for wire, _ in wires)
+        name = ctx.names[params[0]]
+        if len(wires) == 1:
+            handle = allreduce_async_(wires[0][0], name=name, op=self.op, prescale_factor=pre,
+                                      postscale_factor=post, process_set=ctx.process_set)
+        else:
+            handle = grouped_allreduce_async_(
+                [wire for wire, _ in wires], name=name, op=self.op, prescale_factor=pre,
+                postscale_factor=post, process_set=ctx.process_set)
+        return _FlatAllreduce(handle, grads, buffer, wires)
 
     def _start_group(self, ctx, params):
         """One allreduce of *params*' dense gradients, named after the first:

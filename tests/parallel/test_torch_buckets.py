@@ -204,3 +204,30 @@ def test_a_dense_bucket_packs_into_the_same_buffer_every_step():
     assert len(buffers) == 4  # one flat array per step
     assert buffers[0] == buffers[1] and buffers[2] == buffers[3]
     assert [dtype.name for _, dtype in buffers] == ["float32"] * 2 + ["float64"] * 2
+
+
+@pytest.mark.parametrize("compression", [hvd.Compression.none, hvd.Compression.fp16])
+def test_a_large_gradient_of_a_bucket_is_reduced_where_it_is(compression):
+    # The 38 KB weight travels as its own array beside the packed small ones, in
+    # one grouped allreduce, with the results of one allreduce per gradient.
+    def train(**kw):
+        torch.manual_seed(7)
+        model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 600))
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(),
+                                       compression=compression, **kw)
+
+        def steps():
+            for step in range(2):
+                g = torch.Generator().manual_seed(10 * step + R)
+                opt.zero_grad()
+                model(torch.randn(4, 8, generator=g)).pow(2).sum().backward()
+                opt.step()
+
+        return [p.detach().clone() for p in model.parameters()], engine_arrays(steps)
+
+    per_tensor, _ = train(bucket_cap_mb=0)
+    bucketed, arrays = train()
+    for a, b in zip(per_tensor, bucketed, strict=True):
+        assert torch.equal(a, b)
+    assert arrays == [2, 2]  # per step: the 3 small gradients packed, the weight apart
