@@ -142,6 +142,29 @@ def test_flat_buckets_give_the_results_of_one_allreduce_per_gradient(kw):
         assert torch.equal(a, b)
 
 
+def trained(model, opt, backward, steps=2):
+    """Train *steps* steps (``backward(generator)`` computes this rank's
+    gradients); the weights, and the arrays of each engine submission."""
+    def run_steps():
+        for step in range(steps):
+            opt.zero_grad()
+            backward(torch.Generator().manual_seed(10 * step + R))
+            opt.step()
+
+    arrays = engine_arrays(run_steps)
+    return [p.detach().clone() for p in model.parameters()], arrays
+
+
+def same_weights_as_per_tensor(train):
+    """Run ``train(**kw) -> (weights, arrays)`` with one allreduce per gradient and
+    with buckets; assert equal weights; return the bucketed run's arrays."""
+    per_tensor, _ = train(bucket_cap_mb=0)
+    bucketed, arrays = train()
+    for a, b in zip(per_tensor, bucketed, strict=True):
+        assert torch.equal(a, b)
+    return arrays
+
+
 def test_a_bucket_of_mixed_dtypes_goes_grouped_with_the_same_results():
     def train(**kw):
         torch.manual_seed(5)
@@ -149,21 +172,13 @@ def test_a_bucket_of_mixed_dtypes_goes_grouped_with_the_same_results():
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                        named_parameters=model.named_parameters(), **kw)
 
-        def steps():
-            for step in range(2):
-                g = torch.Generator().manual_seed(10 * step + R)
-                opt.zero_grad()
-                x = torch.randn(4, 6, generator=g)
-                out = model[2](model[1](model[0](x)).double())
-                out.pow(2).sum().backward()
-                opt.step()
+        def step(g):
+            x = torch.randn(4, 6, generator=g)
+            model[2](model[1](model[0](x)).double()).pow(2).sum().backward()
 
-        return [p.detach().clone() for p in model.parameters()], engine_arrays(steps)
+        return trained(model, opt, step)
 
-    per_tensor, _ = train(bucket_cap_mb=0)
-    bucketed, arrays = train()
-    for a, b in zip(per_tensor, bucketed, strict=True):
-        assert torch.equal(a, b)
+    arrays = same_weights_as_per_tensor(train)
     assert arrays == [4, 4]  # one grouped submission of the 4 gradients per step
 
 
@@ -217,17 +232,10 @@ def test_a_large_gradient_of_a_bucket_is_reduced_where_it_is(compression):
                                        named_parameters=model.named_parameters(),
                                        compression=compression, **kw)
 
-        def steps():
-            for step in range(2):
-                g = torch.Generator().manual_seed(10 * step + R)
-                opt.zero_grad()
-                model(torch.randn(4, 8, generator=g)).pow(2).sum().backward()
-                opt.step()
+        def step(g):
+            model(torch.randn(4, 8, generator=g)).pow(2).sum().backward()
 
-        return [p.detach().clone() for p in model.parameters()], engine_arrays(steps)
+        return trained(model, opt, step)
 
-    per_tensor, _ = train(bucket_cap_mb=0)
-    bucketed, arrays = train()
-    for a, b in zip(per_tensor, bucketed, strict=True):
-        assert torch.equal(a, b)
+    arrays = same_weights_as_per_tensor(train)
     assert arrays == [2, 2]  # per step: the 3 small gradients packed, the weight apart
