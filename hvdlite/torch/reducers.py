@@ -275,7 +275,7 @@ class _BucketBuffer:
             _unflatten_into(packed, reduced)
 
 
-class _FlatAllreduce:
+class _BucketAllreduce:
     """An in-flight grouped allreduce of a bucket as its :class:`_BucketBuffer`
     sends it: one engine entry, with one array for all small gradients.  *grads*
     are the gradients it was made from; *wires* the arrays on the wire, with
@@ -388,9 +388,9 @@ class AllreduceReducer(GradientReducer):
 
     def _start(self, ctx, key):
         if isinstance(key, tuple):
-            flat = self._start_flat(ctx, key, keep=True)
-            if flat is not None:  # the common case: no per-member checks below
-                return flat
+            bucket = self._start_bucket(ctx, key, keep=True)
+            if bucket is not None:  # the common case: no per-member checks below
+                return bucket
             # Sparse gradients in a group (or bucket) keep their own exchange.
             sparse = [p for p in key if self._sparse(p)]
             dense = [p for p in key if not self._sparse(p)] if sparse else key
@@ -413,7 +413,7 @@ class AllreduceReducer(GradientReducer):
                                   postscale_factor=post, process_set=ctx.process_set)
         return _DenseAllreduce(handle, [(p, wire, cctx)])
 
-    def _start_flat(self, ctx, params, keep: bool = False):
+    def _start_bucket(self, ctx, params, keep: bool = False):
         """One (grouped) allreduce of *params*' gradients, the small ones packed
         into one flat tensor (:class:`_BucketBuffer`), named after the first;
         None where the class says it cannot.  *keep*: *params* is a key of
@@ -442,14 +442,15 @@ class AllreduceReducer(GradientReducer):
             handle = grouped_allreduce_async_(
                 [wire for wire, _ in wires], name=name, op=self.op, prescale_factor=pre,
                 postscale_factor=post, process_set=ctx.process_set)
-        return _FlatAllreduce(handle, grads, buffer, wires)
+        return _BucketAllreduce(handle, grads, buffer, wires)
 
     def _start_group(self, ctx, params):
         """One allreduce of *params*' dense gradients, named after the first:
-        of one flat tensor where it can (see the class), else grouped."""
-        flat = self._start_flat(ctx, params)
-        if flat is not None:
-            return flat
+        its small ones packed into one flat tensor where it can (see the
+        class), else grouped member by member."""
+        bucket = self._start_bucket(ctx, params)
+        if bucket is not None:
+            return bucket
         pre, post = self._scale_factors()
         members = [(p, *self._wire(p)) for p in params]
         self._bytes_pending += sum(wire.nbytes for _, wire, _ in members)
