@@ -18,17 +18,14 @@ results are computed locally.
 
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from tf_helpers import single_threaded_tensorflow
+
 # A deadlock must fail the test, not hang it: the stall inspector cancels it.
-os.environ.setdefault("HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", "30")
+tf = single_threaded_tensorflow(stall_shutdown_seconds=30)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(1)
 
 import hvdlite.tensorflow as hvd  # noqa: E402
 

@@ -6,17 +6,13 @@ test runs in both modes: ``eager`` calls the op directly, ``graph`` traces it
 into a fresh ``tf.function`` (one ``tf.numpy_function`` node per collective).
 """
 
-import os
+from tf_helpers import single_threaded_tensorflow
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+tf = single_threaded_tensorflow()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(1)
 
 import hvdlite.tensorflow as hvd  # noqa: E402
 

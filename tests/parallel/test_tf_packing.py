@@ -11,17 +11,12 @@ gradient above ``PACK_BYTES``, one of unknown shape, a ``None`` and an
 ranks are exact whichever rank's value is added first.
 """
 
-import os
+from tf_helpers import single_threaded_tensorflow
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", "60")  # a hang becomes an error
+tf = single_threaded_tensorflow(stall_shutdown_seconds=60)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(1)
 
 import hvdlite.tensorflow as hvd  # noqa: E402
 from hvdlite.tensorflow import gradient_reduction  # noqa: E402

@@ -10,17 +10,13 @@ callbacks and misuse.
 
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", "90")  # a hang becomes an error
+from tf_helpers import single_threaded_tensorflow
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(1)
+tf = single_threaded_tensorflow(stall_shutdown_seconds=90)
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 import hvdlite  # noqa: E402
 import hvdlite.tensorflow as hvd  # noqa: E402
