@@ -90,9 +90,12 @@ class Engine:
         self.size = self.comm.Get_size()
         self.timeline = timeline
         self.overlap = overlap
-        # Whether a cycle that ran work is followed by another (see cycle()): the same
-        # on every rank, so ranks wait together.
-        self.follow_up = overlap if self.size == 1 else self.comm.allreduce(overlap, op=MPI.LOR)
+        # Whether some rank's engine thread has a core of its own: the same on every
+        # rank.  It decides whether a cycle that ran work is followed by another (see
+        # cycle(); so ranks wait together) and whether the framework adapters start
+        # reductions while the framework still computes.
+        self.overlap_anywhere = (overlap if self.size == 1
+                                 else self.comm.allreduce(overlap, op=MPI.LOR))
         self.inbox = Inbox()
         self.interrupted: BaseException | None = None  # a Ctrl-C/exit that broke a cycle
         # HVDLITE_COLLECTIVE_TIMEOUT: alone, this rank never waits for another.
@@ -277,7 +280,7 @@ class Engine:
         # empty cycle before the wait.  Where no rank overlaps, that empty cycle
         # would fall to the engine threads in the middle of the framework's next
         # compute, on cores it needs; there the next work rings the doorbell instead.
-        ran = self.follow_up and (bool(ready) or bool(responses))
+        ran = self.overlap_anywhere and (bool(ready) or bool(responses))
         return bool(flags & (Flag.INVALID | Flag.STALL)) or joined_changed or ran, False
 
     def _admit(self, entry: Entry) -> None:

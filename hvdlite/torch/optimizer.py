@@ -9,6 +9,13 @@ passes, every member of its group) the optimizer hands it to its *reducer*,
 and ``step()`` (or ``synchronize()``) asks the reducer to finish before the
 wrapped optimizer's own step.
 
+Where handing a gradient over early buys nothing, the hooks only count passes
+and the reducer starts everything at ``synchronize()`` (:func:`_hooks_start_work`):
+for a reducer whose ``gradient_ready`` does nothing, and for the default
+allreduce of CPU gradients where no rank's engine thread has a core of its own
+(``HVDLITE_OVERLAP``; agreed at ``init()``).  There the reductions would share
+the cores backward is computing on, and starting them later costs less.
+
 The reducer (:mod:`.reducers`) is picked once, when the optimizer is built:
 
 - default (Average/Sum/Min/Max, optionally with a stateless ``compression``
@@ -46,6 +53,7 @@ from collections import Counter
 import torch
 
 from hvdlite import basics as _basics
+from hvdlite import runtime as _runtime
 from hvdlite.ops import Adasum, Average
 from hvdlite.process_sets import global_process_set
 from hvdlite._subclass import with_mixin
@@ -91,8 +99,9 @@ class _DistributedOptimizer:
         # member.
         self._slots: list[_Slot] = []
         self._units: list[_Unit] = []
-        self._backward_pending = False  # a gradient was accumulated since synchronize()
+        self._hooked: list[torch.Tensor] = []  # the parameters of _slots, in order
         self._hook_handles: list = []
+        self._hooks_start = _hooks_start_work(reducer, self.param_groups)
         self._synchronized = False
         self._should_synchronize = True
         elastic = os.environ.get("HVDLITE_ELASTIC", os.environ.get("HOROVOD_ELASTIC")) == "1"
@@ -116,7 +125,9 @@ class _DistributedOptimizer:
                     self._units.append(unit)
                 slot = _Slot(unit, self.backward_passes_per_step)
                 self._slots.append(slot)
-                self._hook_handles.append(_on_grad_accumulated(p, _hook(ref, slot)))
+                self._hooked.append(p)
+                hook = _hook(ref, slot) if self._hooks_start else _counting_hook(ref, slot)
+                self._hook_handles.append(_on_grad_accumulated(p, hook))
 
     # -------------------------------------------------------- the hook path
 
@@ -128,18 +139,28 @@ class _DistributedOptimizer:
                 "Gradients were computed more than backward_passes_per_step times before "
                 "call to step(). Increase backward_passes_per_step to accumulate gradients "
                 "locally.")
-        grad = p.grad
-        if grad is not None and grad.requires_grad:
-            raise AssertionError("DistributedOptimizer does not support gradients that "
-                                 "require grad (backward(create_graph=True))")
+        _check_no_graph(p.grad)
         slot.left = left - 1
-        self._backward_pending = True
         if left > 1:
             return
         unit = slot.unit
         unit.left -= 1
         if unit.left == 0:
             self._reducer.gradient_ready(self._reduction, self._reduction.keys[unit.index])
+
+    def _backward_pending(self) -> bool:
+        """Whether autograd accumulated a gradient since the last synchronize()."""
+        passes = self.backward_passes_per_step
+        return any(slot.left != passes for slot in self._slots)
+
+    def _check_counted_gradients(self) -> None:
+        """Where the hooks only count: the check the starting hook makes on each
+        gradient, made on one this step accumulated (create_graph covers them all)."""
+        passes = self.backward_passes_per_step
+        for p, slot in zip(self._hooked, self._slots, strict=True):
+            if slot.left != passes:
+                _check_no_graph(p.grad)
+                return
 
     def _reset_hooks(self) -> None:
         """Every parameter waits for backward_passes_per_step passes again."""
@@ -153,8 +174,7 @@ class _DistributedOptimizer:
     def _allreduce_delay(self) -> dict:
         """Horovod's attribute (read only here): passes each hooked parameter
         still waits for before its gradient is final."""
-        params = [p for p in self._reduction.names if p in self._reduction._reduced]
-        return {p: slot.left for p, slot in zip(params, self._slots, strict=False)}
+        return {p: slot.left for p, slot in zip(self._hooked, self._slots, strict=True)}
 
     # ------------------------------------------------------------ public API
 
@@ -175,9 +195,10 @@ class _DistributedOptimizer:
             self._synchronized = True
             return
         try:
+            if not self._hooks_start:
+                self._check_counted_gradients()
             self._reducer.synchronize(self._reduction)
         finally:
-            self._backward_pending = False
             self._reset_hooks()
         self._synchronized = True
 
@@ -215,7 +236,7 @@ class _DistributedOptimizer:
     step.hooked = True
 
     def zero_grad(self, *args, **kwargs):
-        if self._backward_pending:
+        if self._hooks_on and self._backward_pending():
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
@@ -297,6 +318,48 @@ def _hook(ref, slot: _Slot):
             opt._grad_ready(p, slot)
 
     return grad_ready
+
+
+def _counting_hook(ref, slot: _Slot):
+    """The hook where the reducer starts nothing during backward: counts the pass
+    and, only past the last allowed one, lets the optimizer raise."""
+
+    def grad_accumulated(p):
+        left = slot.left
+        if left > 0:
+            slot.left = left - 1
+            return
+        opt = ref()
+        if opt is not None:
+            opt._grad_ready(p, slot)  # raises: more passes than backward_passes_per_step
+
+    return grad_accumulated
+
+
+def _check_no_graph(grad) -> None:
+    if grad is not None and grad.requires_grad:
+        raise AssertionError("DistributedOptimizer does not support gradients that "
+                             "require grad (backward(create_graph=True))")
+
+
+def _hooks_start_work(reducer: GradientReducer, param_groups) -> bool:
+    """Whether the hooks hand each final gradient to *reducer* during backward
+    (else they only count passes, and ``synchronize()`` starts every reduction).
+
+    Not for a reducer whose ``gradient_ready`` does nothing, nor for the default
+    allreduce of CPU gradients where no rank's engine thread has a core of its
+    own: there the reductions would run on the cores backward computes on, and
+    starting them all at ``synchronize()`` costs less (``bench_torch_models.py``
+    measures the step).  A reducer of your own that overrides ``gradient_ready``
+    is always called."""
+    ready = type(reducer).gradient_ready
+    if ready is GradientReducer.gradient_ready:
+        return False
+    if ready is not AllreduceReducer.gradient_ready:
+        return True
+    if _runtime.live().engine.overlap_anywhere:
+        return True
+    return any(p.device.type != "cpu" for group in param_groups for p in group["params"])
 
 
 def _on_grad_accumulated(p, hook):

@@ -31,3 +31,28 @@ def pytest_runtest_makereport(item, call):
         from mpi4py import MPI
 
         MPI.COMM_WORLD.Abort(1)
+
+
+@pytest.fixture(params=["on", "off"])
+def overlap(request):
+    """For the torch optimizer tests (torch_helpers): hvdlite started again with
+    HVDLITE_OVERLAP on or off on every rank.  With a core for some rank's engine
+    thread, a DistributedOptimizer's hooks start reductions during backward;
+    without, they count passes and synchronize() starts every reduction.  (One
+    rank's shutdown() ends every rank's engine, so each rank first waits for the
+    others to be done with the last test.)"""
+    from mpi4py import MPI
+    import hvdlite.torch as hvd
+    from torch_helpers import init
+
+    MPI.COMM_WORLD.Barrier()
+    hvd.shutdown()
+    os.environ["HVDLITE_OVERLAP"] = request.param
+    try:
+        init()
+        yield request.param
+    finally:
+        del os.environ["HVDLITE_OVERLAP"]
+        MPI.COMM_WORLD.Barrier()
+        hvd.shutdown()
+        init()

@@ -130,7 +130,7 @@ def test_back_to_back_synchronous_calls_need_no_doorbell_where_a_rank_overlaps(o
     os.environ["HVDLITE_OVERLAP"] = "on" if overlap == "on" or RANK == 0 else "off"
     try:
         hvd.init()
-        assert basics.state().engine.follow_up
+        assert basics.state().engine.overlap_anywhere
         if SIZE > 1:
             calls = 200
             assert _rings_over_synchronous_calls(calls) < calls // 4
@@ -151,7 +151,7 @@ def test_without_overlap_each_call_rings_and_runs_no_empty_cycle():
     os.environ["HVDLITE_OVERLAP"] = "off"
     try:
         hvd.init()
-        assert not basics.state().engine.follow_up
+        assert not basics.state().engine.overlap_anywhere
         if SIZE > 1:
             calls = 50
             assert _rings_over_synchronous_calls(calls) >= calls

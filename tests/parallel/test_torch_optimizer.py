@@ -100,7 +100,7 @@ def test_compression_close_to_reference(compression, tol):
     assert_same_weights(got, ref, tol)
 
 
-def test_backward_passes_per_step_equals_accumulating_by_hand():
+def test_backward_passes_per_step_equals_accumulating_by_hand(overlap):
     ref, _ = train(sgd, 2, micro=2)  # two backward passes summed, then one step
     got, _ = train(sgd, 2, dist(backward_passes_per_step=2), micro=2)
     assert_same_weights(got, ref)
@@ -137,7 +137,7 @@ def test_op_sum_and_synchronize_then_clip():
         opt.step()
 
 
-def test_parameter_unused_on_some_ranks():
+def test_parameter_unused_on_some_ranks(overlap):
     torch.manual_seed(1)
     model = nn.ModuleDict({"a": nn.Linear(3, 1), "b": nn.Linear(3, 1)})
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -244,7 +244,7 @@ def test_named_parameters_errors():
         hvd.DistributedOptimizer(opt)
 
 
-def test_zero_grad_between_backward_and_step_raises():
+def test_zero_grad_between_backward_and_step_raises(overlap):
     model = make_model()
     opt = hvd.DistributedOptimizer(sgd(model.parameters()),
                                    named_parameters=model.named_parameters())
@@ -256,7 +256,7 @@ def test_zero_grad_between_backward_and_step_raises():
     opt.zero_grad()  # fine after step
 
 
-def test_too_many_backward_passes_raises():
+def test_too_many_backward_passes_raises(overlap):
     model = make_model()
     opt = hvd.DistributedOptimizer(sgd(model.parameters()),
                                    named_parameters=model.named_parameters())
@@ -267,6 +267,42 @@ def test_too_many_backward_passes_raises():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         opt.synchronize()  # drain what the first pass started
+
+
+def test_gradients_that_require_grad_are_refused(overlap):
+    model = make_model()
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()),
+                                   named_parameters=model.named_parameters())
+    x, y = batch(0)
+    with pytest.raises(AssertionError, match="create_graph"):
+        F.mse_loss(model(mine(x)), mine(y)).backward(create_graph=True)
+        opt.step()
+    for p in model.parameters():  # a leaf's grad that requires grad keeps it alive
+        p.grad = None
+
+
+@pytest.mark.parametrize("params_on", ["cpu", "meta"])
+def test_hooks_start_reductions_in_backward_only_where_a_rank_overlaps(overlap, params_on):
+    # Without a core for any engine thread, the default allreduce of CPU gradients
+    # starts at synchronize(): the hooks only count.  Otherwise (or for gradients
+    # on another device) each bucket starts from the hook of its last gradient.
+    from hvdlite.torch.optimizer import _hooks_start_work
+    from hvdlite.torch.reducers import AllreduceReducer
+
+    model = make_model()
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()),
+                                   named_parameters=model.named_parameters())
+    if params_on == "meta":  # the choice itself, for parameters on another device
+        meta = [{"params": [torch.empty(2, device="meta")]}]
+        assert _hooks_start_work(AllreduceReducer(), meta)
+        return
+    x, y = batch(0)
+    F.mse_loss(model(mine(x)), mine(y)).backward()
+    started = len(opt._reducer._in_flight)
+    assert opt._allreduce_delay == {p: 0 for p in model.parameters()}
+    opt.step()
+    assert started == (1 if overlap == "on" else 0)  # the model is one bucket
+    assert opt._allreduce_delay == {p: 1 for p in model.parameters()}
 
 
 def test_step_hooks_run_once_and_see_averaged_gradients():

@@ -102,7 +102,7 @@ def flat(model):
 # ------------------------------------------------------------ a user's reducer
 
 
-def test_custom_reducer_matches_plain_allreduce_and_default():
+def test_custom_reducer_matches_plain_allreduce_and_default(overlap):
     model = make_model()
     reducer = Recording()
     opt = wrap(model, reducer=reducer)

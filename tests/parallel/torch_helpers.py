@@ -11,7 +11,14 @@ import hvdlite.torch as hvd
 torch.set_num_threads(1)
 _WORLD = MPI.COMM_WORLD.Get_size()
 PAIR = hvd.ProcessSet([0, 1]) if _WORLD > 2 else hvd.global_process_set  # ranks 0 and 1
-hvd.init(process_sets=[PAIR] if _WORLD > 2 else None)
+
+
+def init():
+    """hvdlite.init() as every module of these tests starts it."""
+    hvd.init(process_sets=[PAIR] if _WORLD > 2 else None)
+
+
+init()
 R, N = hvd.rank(), hvd.size()
 B = 4  # rows per rank
 
@@ -30,3 +37,4 @@ def batch(step, ranks=N):
 def mine(t, rank=R):
     """*rank*'s rows of a global batch."""
     return t[rank * B:(rank + 1) * B]
+
