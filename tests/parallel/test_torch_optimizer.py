@@ -289,13 +289,13 @@ def test_hooks_start_reductions_in_backward_only_where_a_rank_overlaps(overlap, 
     from hvdlite.torch.optimizer import _hooks_start_work
     from hvdlite.torch.reducers import AllreduceReducer
 
-    model = make_model()
-    opt = hvd.DistributedOptimizer(sgd(model.parameters()),
-                                   named_parameters=model.named_parameters())
     if params_on == "meta":  # the choice itself, for parameters on another device
         meta = [{"params": [torch.empty(2, device="meta")]}]
         assert _hooks_start_work(AllreduceReducer(), meta)
         return
+    model = make_model()
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()),
+                                   named_parameters=model.named_parameters())
     x, y = batch(0)
     F.mse_loss(model(mine(x)), mine(y)).backward()
     started = len(opt._reducer._in_flight)
