@@ -156,6 +156,8 @@ def test_buckets_cut_last_layer_first_with_a_small_first_bucket():
     assert build_buckets(params, cap=0) == []
     # a smaller cap cuts sooner: the small layers, then the big bias and weight alone
     assert build_buckets(params, cap=1 << 10) == [tuple(reversed(params[2:]))]
+    # with no small first bucket (the hooks only count), one bucket takes them all
+    assert build_buckets(params, cap=4 << 20, first=4 << 20) == [tuple(reversed(params))]
 
 
 def test_bucket_cap_from_argument_or_the_knob():

@@ -57,7 +57,7 @@ from hvdlite import runtime as _runtime
 from hvdlite.ops import Adasum, Average
 from hvdlite.process_sets import global_process_set
 from hvdlite._subclass import with_mixin
-from hvdlite.torch.buckets import bucket_cap_bytes, build_buckets
+from hvdlite.torch.buckets import FIRST_BUCKET_BYTES, bucket_cap_bytes, build_buckets
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.compressors import STATE_KEY, StatefulCompressor
 from hvdlite.torch.reducers import (
@@ -87,9 +87,11 @@ class _DistributedOptimizer:
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
         self._parameter_names = _name_parameters(self.param_groups, named_parameters)
+        self._hooks_start = _hooks_start_work(reducer, self.param_groups)
         self._p_to_group = _parameter_groups(groups, self.param_groups)
         if groups is None and isinstance(reducer, AllreduceReducer):
-            self._p_to_group = _bucket_groups(self.param_groups, bucket_cap)
+            self._p_to_group = _bucket_groups(self.param_groups, bucket_cap,
+                                              small_first=self._hooks_start)
         self.backward_passes_per_step = backward_passes_per_step
         self._reducer = reducer
         self._reduction = ReductionContext(self._parameter_names, process_set)
@@ -101,7 +103,6 @@ class _DistributedOptimizer:
         self._units: list[_Unit] = []
         self._hooked: list[torch.Tensor] = []  # the parameters of _slots, in order
         self._hook_handles: list = []
-        self._hooks_start = _hooks_start_work(reducer, self.param_groups)
         self._synchronized = False
         self._should_synchronize = True
         elastic = os.environ.get("HVDLITE_ELASTIC", os.environ.get("HOROVOD_ELASTIC")) == "1"
@@ -443,10 +444,13 @@ def _parameter_groups(groups, param_groups) -> dict:
     return mapping
 
 
-def _bucket_groups(param_groups, cap: int) -> dict:
-    """Map each parameter in a gradient bucket of 2+ to that bucket (a tuple)."""
+def _bucket_groups(param_groups, cap: int, small_first: bool) -> dict:
+    """Map each parameter in a gradient bucket of 2+ to that bucket (a tuple).
+    *small_first*: the reductions start during backward, so the first bucket
+    is kept small (see :mod:`.buckets`)."""
     params = [p for g in param_groups for p in g["params"] if p.requires_grad]
-    return {p: bucket for bucket in build_buckets(params, cap) for p in bucket}
+    first = FIRST_BUCKET_BYTES if small_first else cap
+    return {p: bucket for bucket in build_buckets(params, cap, first) for p in bucket}
 
 
 def _check_compression(compression) -> None:

@@ -79,6 +79,34 @@ def test_small_cap_cuts_several_buckets_last_layer_first():
         assert torch.equal(a, b)
 
 
+def test_first_bucket_is_small_only_where_hooks_start_reductions(overlap):
+    """Buckets for overlap keep the last layers' gradients apart (a small first
+    bucket starts early); where the hooks only count, every gradient up to the
+    cap goes in one bucket: one collective per step, the same weights."""
+    def train(**kw):
+        torch.manual_seed(5)
+        model = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 8), nn.Linear(8, 8))
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), **kw)
+        keys = list(opt._reduction.keys)
+        for step in range(2):
+            x = torch.randn(N, 512, generator=torch.Generator().manual_seed(step))
+            opt.zero_grad()
+            model(x[R:R + 1]).square().sum().backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()], keys
+
+    bucketed, keys = train()
+    reference, _ = train(bucket_cap_mb=0)
+    for a, b in zip(bucketed, reference, strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert 512 * 512 * 4 == buckets.FIRST_BUCKET_BYTES  # the first weight
+    if overlap == "on":  # the 1 MB weight does not fit the first bucket: reduced alone
+        assert [len(k) if isinstance(k, tuple) else 1 for k in keys] == [1, 5]
+    else:
+        assert [len(k) for k in keys] == [6]
+
+
 def test_groups_argument_keeps_its_meaning():
     _, calls = run(groups=2)
     assert calls == [SPARSE + 2] * 3  # the sparse one alone, the dense rest of 2 groups
