@@ -41,6 +41,17 @@ _CALLER_CHECK = 0.002
 #: (``spare_core=False``) looks every 20 ms from the start: each look takes the
 #: core and the GIL from the framework, and its own work is driven by callers.
 _THREAD_CAP = 0.02
+#: A thread whose own cycles have run no work for a while (its callers drive
+#: every collective, as a training loop that waits on its gradients does) looks
+#: less often still: every tenth of the time since one last did, up to 200 ms.
+#: On a machine without a spare core each look costs the framework about
+#: 0.1 ms of core and cache.  Work queued that no caller is about to drive
+#: brings the next look forward (:meth:`Driver.nudge`); a peer's doorbell is
+#: heard at the next look, and where the cycle that follows runs work (a
+#: collective of a process set this rank is not in, say) the thread looks often
+#: again (the loop calls :meth:`Driver.ran_work`).
+_QUIET_RATIO = 0.1
+_QUIET_CAP = 0.2
 #: A caller blocked on a handle has nothing else to do: it looks again after
 #: 50 us, growing with the time already waited (10 %), up to 5 ms.
 _CALLER_POLL = Backoff(floor=0.00005, cap=0.005, ratio=0.1)
@@ -102,7 +113,8 @@ class Driver:
         self._owner: int | None = None  # thread taking a step right now
         self.waiting = False
         self._after_wait = False
-        self._wait_start = time.monotonic()
+        self._wait_start = self._thread_worked = time.monotonic()
+        self._wakes_at = 0.0  # when the waiting thread looks next (monotonic)
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     def start(self) -> None:
@@ -128,6 +140,19 @@ class Driver:
     def wake(self) -> None:
         if not self.event.is_set():
             self.event.set()
+
+    def ran_work(self) -> None:
+        """Called by the loop from inside a cycle that ran work: on the engine
+        thread, this keeps its looks frequent (see ``_QUIET_RATIO``)."""
+        if self.is_engine_thread():
+            self._thread_worked = time.monotonic()
+
+    def nudge(self) -> None:
+        """Work was queued that no caller is about to drive (an asynchronous
+        submission without overlap): rouse the thread only if its next look is
+        later than the start delay, so the work still starts about that soon."""
+        if self._wakes_at - time.monotonic() > self._start_delay:
+            self.wake()
 
     def request_stop(self, timeout: float | None) -> bool:
         """Ask for a stop on every rank; wait for this rank's. True if it stopped in time."""
@@ -172,7 +197,15 @@ class Driver:
                 if not self.finished:
                     self._step()
             if self.waiting and not self.finished:
-                self.event.wait(self._thread_poll.delay(time.monotonic() - self._wait_start))
+                self.event.wait(self._thread_pause())
+
+    def _thread_pause(self) -> float:
+        """How long the waiting thread sleeps before its next look."""
+        now = time.monotonic()
+        pause = max(self._thread_poll.delay(now - self._wait_start),
+                    min(_QUIET_CAP, (now - self._thread_worked) * _QUIET_RATIO))
+        self._wakes_at = now + pause
+        return pause
 
     # ------------------------------------------------------------ a caller
     def drive(self, handle, timeout: float | None = None) -> None:

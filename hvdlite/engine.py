@@ -136,14 +136,18 @@ class Engine:
 
         *wake*: rouse the engine thread now (an asynchronous caller); a caller
         that is about to wait on the handle passes False and drives the engine.
-        Without overlap nothing rouses it: the submitting thread is about to run
-        on the same core, and the engine thread's next look finds the work anyway,
-        which a waiting caller usually has driven by then.
+        Without overlap it is roused only where its next look would come later
+        than its start delay (:meth:`~hvdlite.driver.Driver.nudge`): the
+        submitting thread is about to run on the same core, and a waiting
+        caller usually drives the work before that look.
         """
         entry.handle.engine = self
         self.inbox.put(entry)
-        if wake and self.overlap:
-            self.driver.wake()
+        if wake:
+            if self.overlap:
+                self.driver.wake()
+            else:
+                self.driver.nudge()
         return entry.handle
 
     def drive(self, handle, timeout: float | None = None) -> None:
@@ -252,8 +256,10 @@ class Engine:
         responses: list[Response] = []
         if flags & (Flag.UNCACHED | Flag.STALL):
             responses = self._negotiate(bool(flags & Flag.STALL))
-        if tl is not None and (ready or responses):
-            tl.decided()
+        if ready or responses:
+            self.driver.ran_work()
+            if tl is not None:
+                tl.decided()
         if ready:
             ready_bits = bits.take_ready(ready)
             if responses:

@@ -261,6 +261,49 @@ def test_a_waiting_thread_without_a_core_of_its_own_looks_for_doorbells_every_20
         assert poll.delay(1.0) == 0.02
 
 
+def test_a_thread_whose_cycles_run_no_work_looks_less_and_less_often():
+    import time
+
+    from hvdlite import driver as driver_module
+
+    driver = Driver(_ScriptedLoop([]), cycle_time=0.001, start_delay=0.02, spare_core=False)
+    now = time.monotonic()
+    driver._wait_start = driver._thread_worked = now
+    assert driver._thread_pause() == pytest.approx(0.02, abs=0.002)  # just cycled
+    driver._thread_worked = now - 1.0
+    assert driver._thread_pause() == pytest.approx(0.1, abs=0.002)  # a tenth of the quiet
+    driver._thread_worked = now - 60.0
+    assert driver._thread_pause() == driver_module._QUIET_CAP == 0.2
+    assert driver._wakes_at > time.monotonic() + 0.15
+    # work queued that nobody drives brings a look that far away forward ...
+    driver.nudge()
+    assert driver.event.is_set()
+    # ... but not one due within the start delay anyway
+    driver.event.clear()
+    driver._wakes_at = time.monotonic() + 0.01
+    driver.nudge()
+    assert not driver.event.is_set()
+
+
+def test_only_work_run_by_the_engine_thread_makes_it_look_often_again():
+    class Working(_ScriptedLoop):
+        def cycle(self, after_wait):
+            driver.ran_work()  # as the engine does after a cycle that ran work
+            return super().cycle(after_wait)
+
+    handle = Handle("h")
+    loop = Working([(True, False), (True, False)], finish=handle)
+    driver = Driver(loop, cycle_time=0.001, start_delay=0.001)
+    driver._thread_worked -= 100.0
+    quiet_since = driver._thread_worked
+    driver.drive(handle, timeout=10)  # a caller's cycles: the thread stays quiet
+    assert loop.cycles == 2 and driver._thread_worked == quiet_since
+    loop.script = [(False, True)]
+    driver.start()  # the thread's cycle
+    driver._thread.join(10)
+    assert loop.cycles == 3 and driver._thread_worked > quiet_since + 99
+
+
 def test_waiting_on_a_handle_inside_a_step_is_refused():
     handle = Handle("inner")
     errors = []

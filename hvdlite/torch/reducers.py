@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import torch
 
+from hvdlite.collectives import waiting_caller
 from hvdlite.ops import Average, Sum
 from hvdlite.torch.adasum_optimizer import adasum_delta_step
 from hvdlite.torch.casts import BF16Compressor, FP16Compressor, NoneCompressor
@@ -361,9 +362,10 @@ class AllreduceReducer(GradientReducer):
     def synchronize(self, ctx) -> None:
         """Start what backward did not, wait for everything, write back."""
         try:
-            for key in ctx.keys:
-                if id(key) not in self._in_flight:
-                    self._in_flight[id(key)] = self._start(ctx, key)
+            with waiting_caller():  # waited on right below, by this thread
+                for key in ctx.keys:
+                    if id(key) not in self._in_flight:
+                        self._in_flight[id(key)] = self._start(ctx, key)
             for record in self._in_flight.values():
                 record.finish(self.compression)
         finally:

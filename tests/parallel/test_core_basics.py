@@ -104,6 +104,67 @@ def test_async_work_nobody_waits_on_still_completes():
     np.testing.assert_array_equal(h.result(), np.full(3, 2.0 * SIZE))
 
 
+def test_async_work_rouses_an_engine_thread_that_looks_rarely(monkeypatch):
+    # Without overlap, an engine thread whose callers drive everything looks for
+    # work less and less often.  An async submission nobody waits on brings its
+    # next look forward; here the look would otherwise be an hour away.
+    import time
+
+    from hvdlite import basics, driver
+
+    hvd.shutdown()
+    os.environ["HVDLITE_OVERLAP"] = "off"
+    monkeypatch.setattr(driver, "_QUIET_CAP", 3600.0)
+    try:
+        hvd.init()
+        engine_driver = basics.state().engine.driver
+        deadline = time.monotonic() + 20
+        while engine_driver._wakes_at - time.monotonic() < 600:
+            assert time.monotonic() < deadline, "the engine thread never slowed down"
+            # "no cycle of its own for a day" (again, if init's last cycle ran on it)
+            engine_driver._thread_worked = time.monotonic() - 1e5
+            time.sleep(0.005)
+        h = hvd.allreduce_async(np.full(3, 2.0), op=hvd.Sum, name="basics.quiet")
+        while not hvd.poll(h):
+            assert time.monotonic() < deadline, "the quiet engine thread was not roused"
+            time.sleep(0.001)
+        np.testing.assert_array_equal(h.result(), np.full(3, 2.0 * SIZE))
+        # the thread ran it, so it looks often again
+        assert time.monotonic() - engine_driver._thread_worked < 600
+    finally:
+        del os.environ["HVDLITE_OVERLAP"]
+        hvd.shutdown()
+        hvd.init()
+
+
+@pytest.mark.skipif(SIZE < 3, reason="needs a rank outside a process set of two")
+def test_a_rank_outside_a_process_set_cycles_for_it_while_computing():
+    # Every cycle is global: ranks 0 and 1 reduce over their own set while rank 2
+    # sleeps (no call of its own drives its engine).  Its thread hears their
+    # doorbell and runs the cycles, and since those ran work it looks often again.
+    import time
+
+    from hvdlite import basics
+
+    hvd.shutdown()
+    pair = hvd.ProcessSet([0, 1])
+    hvd.init(process_sets=[pair])
+    try:
+        engine_driver = basics.state().engine.driver
+        if RANK == 2:
+            engine_driver._thread_worked = time.monotonic() - 1e5
+            time.sleep(1.0)
+            assert time.monotonic() - engine_driver._thread_worked < 1.0
+        else:
+            for _ in range(3):
+                out = hvd.allreduce(np.ones(4), op=hvd.Sum, name="basics.pair",
+                                    process_set=pair)
+                np.testing.assert_array_equal(out, np.full(4, 2.0))
+    finally:
+        hvd.shutdown()
+        hvd.init()
+
+
 def _rings_over_synchronous_calls(calls: int) -> int:
     from hvdlite import basics
 
