@@ -136,6 +136,15 @@ def test_early_sigint_leaves_nothing_running(when):
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
+    if when == "at-once":
+        # CPython itself can lose a SIGINT that lands while it imports: raised in one
+        # of importlib's weakref callbacks, the KeyboardInterrupt is only reported
+        # ("Exception ignored in ... _get_module_lock") and the import goes on.  A
+        # user presses Ctrl-C again; so does this test.
+        try:
+            proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
     try:
         _out, err = proc.communicate(timeout=QUICK)
     except subprocess.TimeoutExpired:
