@@ -99,7 +99,8 @@ KNOBS: tuple[Knob, ...] = (
          "allow add_process_set()/remove_process_set() after init()", agree=True),
     Knob("bucket_cap_mb", "HVDLITE_BUCKET_CAP_MB", float, 25.0,
          "MB of gradients the torch DistributedOptimizer reduces as one grouped allreduce "
-         "(a bucket; the last layers' first bucket is at most 1 MB); 0: one allreduce per "
+         "(a bucket; where its hooks start reductions during backward, the last layers' "
+         "first bucket is at most 1 MB); 0: one allreduce per "
          "gradient, as Horovod does (the optimizer's bucket_cap_mb= argument wins; the "
          "TensorFlow optimizers already reduce a step's gradients in one submission)",
          agree=True),
