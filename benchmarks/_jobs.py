@@ -155,9 +155,15 @@ def torch_floor(params) -> Callable[[], None]:
 def tf_floor(tf) -> Callable[[list], list]:
     """The floor's per-step work for TensorFlow, ``grads -> grads``: one
     ``numpy_function`` over all gradients that waits on a barrier, then makes
-    one copy and one add of every gradient."""
+    one copy and one add of every gradient.  Inside a graph the small
+    gradients cross into numpy packed into one flat tensor per dtype, by the
+    rule hvdlite's own graph path uses (:mod:`hvdlite.tensorflow.packing`):
+    TensorFlow charges every tensor that crosses, and a floor that paid that
+    per gradient would be beaten by hvdlite on a model of many small weights."""
     import numpy as np
     from mpi4py import MPI
+
+    from hvdlite.tensorflow.packing import Packing
 
     def touch_arrays(*grads):
         MPI.COMM_WORLD.Barrier()
@@ -169,10 +175,13 @@ def tf_floor(tf) -> Callable[[list], list]:
         return out
 
     def touch(grads):
-        outs = tf.numpy_function(touch_arrays, grads, [g.dtype for g in grads], stateful=True)
-        for o, g in zip(outs, grads, strict=True):
+        everything = [list(range(len(grads)))]
+        packing = Packing(grads, everything if not tf.executing_eagerly() else [])
+        packed, _ = packing.pack(grads, everything)
+        outs = tf.numpy_function(touch_arrays, packed, [g.dtype for g in packed], stateful=True)
+        for o, g in zip(outs, packed, strict=True):
             o.set_shape(g.shape)
-        return outs
+        return packing.unpack(outs)
 
     return touch
 
