@@ -29,7 +29,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 __all__ = ["RANKS", "ROOT", "JobFailed", "free_ports", "job_env", "median_step", "mpiexec",
-           "rank_and_size", "report", "run_job", "tf_floor", "torch_floor"]
+           "paired_ratio_line", "rank_and_size", "report", "run_job", "tf_floor",
+           "torch_floor"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = 2
@@ -123,6 +124,19 @@ def report(**fields) -> None:
     """Hand one record to the launcher (rank 0 only; the others stay quiet)."""
     if rank_and_size()[0] == 0:
         print(_RESULT + json.dumps(fields), flush=True)
+
+
+def paired_ratio_line(times: dict, model: str, width: int, target: float = 1.05) -> str:
+    """The hvdlite / floor ratio of *model* taken within each round (the two jobs
+    ran one after the other, so slow drift of the machine's speed cancels), then
+    the median over rounds, as one printed row; *times* maps (model, mode) to
+    each round's step time."""
+    paired = [h / f for h, f in zip(times[model, "hvdlite"], times[model, "floor"],
+                                    strict=True)]
+    r = statistics.median(paired)
+    return (f"{'  the same, median of per-round ratios':{width}s}{'':24s}{r:8.3f}  "
+            f"<= {target:.2f}  {'ok' if r <= target else 'MISSED'}  "
+            f"({', '.join(f'{x:.3f}' for x in paired)})")
 
 
 def median_step(step: Callable[[], object], steps: int, block: int) -> float:

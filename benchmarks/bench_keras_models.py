@@ -242,8 +242,8 @@ def _time_strategy_step(tf, keras, strategy, model, opt, x, y, batch, steps, blo
 
 
 def _print_model(name: str, step: dict[str, float], weights: int, rounds: int,
-                 steps: int, paired: list[float]) -> None:
-    """*step*: each mode's best job; *paired*: hvdlite / floor of each round."""
+                 steps: int, times: dict) -> None:
+    """*step*: each mode's best job; *times*: (model, mode) -> each round's step time."""
     batch = BATCH[name]
     unit = "img/s" if name == "resnet" else "seq/s"
     print(f"\n{name}: {TITLE[name]}; {weights} weights, batch {batch}/rank, {RANKS} ranks; "
@@ -252,11 +252,7 @@ def _print_model(name: str, step: dict[str, float], weights: int, rounds: int,
     h, f, n = step["hvdlite"], step["floor"], step["nocomm"]
     print(f"{'fit step time vs the floor':38s}{h * 1e3:10.2f}ms{f * 1e3:10.2f}ms{h / f:8.3f}  "
           f"<= 1.05  {'ok' if h / f <= 1.05 else 'MISSED'}")
-    # The same ratio taken within each round (the two jobs ran one after the other,
-    # so slow drift of the machine's speed cancels), then the median over rounds.
-    r = statistics.median(paired)
-    print(f"{'  the same, median of per-round ratios':38s}{'':24s}{r:8.3f}  <= 1.05  "
-          f"{'ok' if r <= 1.05 else 'MISSED'}  ({', '.join(f'{x:.3f}' for x in paired)})")
+    print(_jobs.paired_ratio_line(times, name, 38))
     print(f"{'fit step time vs no communication':38s}{h * 1e3:10.2f}ms{n * 1e3:10.2f}ms"
           f"{h / n:8.3f}  (info; floor / no-comm = {f / n:.3f})")
     m = step["mwms"]
@@ -301,10 +297,8 @@ def main(argv=None) -> int:
         print(f"FAILED: {e}", file=sys.stderr)
         return 1
     for name in models:
-        paired = [h / f for h, f in zip(times[name, "hvdlite"], times[name, "floor"],
-                                        strict=True)]
         _print_model(name, {m: min(times[name, m]) for m in MODES}, weights[name], args.rounds,
-                     args.steps, paired)
+                     args.steps, times)
     return 0
 
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import statistics
 import sys
 import time
 
@@ -206,8 +205,8 @@ def _modes() -> tuple[str, ...]:
 
 
 def _print_model(name: str, step: dict[str, float], tensors: int, rounds: int,
-                 steps: int, paired: list[float]) -> None:
-    """*step*: each mode's best job; *paired*: hvdlite / floor of each round."""
+                 steps: int, times: dict) -> None:
+    """*step*: each mode's best job; *times*: (model, mode) -> each round's step time."""
     batch = BATCH[name]
     img_s = {m: RANKS * batch / s for m, s in step.items()}
     unit = "img/s" if name == "resnet" else "seq/s"
@@ -222,11 +221,7 @@ def _print_model(name: str, step: dict[str, float], tensors: int, rounds: int,
         print(f"{label:40s}{step[mode] * 1e3:10.2f}ms{step[base] * 1e3:10.2f}ms{r:8.3f}  {note}")
 
     row("step time vs the floor", "hvdlite", "floor", None)
-    # The same ratio taken within each round (the two jobs ran one after the other,
-    # so slow drift of the machine's speed cancels), then the median over rounds.
-    r = statistics.median(paired)
-    print(f"{'  the same, median of per-round ratios':40s}{'':24s}{r:8.3f}  <= 1.05  "
-          f"{'ok' if r <= 1.05 else 'MISSED'}  ({', '.join(f'{x:.3f}' for x in paired)})")
+    print(_jobs.paired_ratio_line(times, name, 40))
     row("step time vs no communication", "hvdlite", "nocomm",
         f"(info; floor / no-comm = {step['floor'] / step['nocomm']:.3f})")
     if "hvdlite-pertensor" in step:
@@ -277,10 +272,8 @@ def main(argv=None) -> int:
         print(f"FAILED: {e}", file=sys.stderr)
         return 1
     for name in models:
-        paired = [h / f for h, f in zip(times[name, "hvdlite"], times[name, "floor"],
-                                        strict=True)]
         _print_model(name, {m: min(times[name, m]) for m in modes}, tensors[name], args.rounds,
-                     args.steps, paired)
+                     args.steps, times)
     return 0
 
 
