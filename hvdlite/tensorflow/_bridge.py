@@ -22,6 +22,13 @@ graph (the helpers meant to be run on their own, such as
 collectives inside a ``tf.cond`` makes the cond one link of the chain with
 :func:`chain_link`.
 
+Outputs in a graph.  TensorFlow adopts an array a numpy function returns as
+the output tensor's memory, without a copy, where the array's data is aligned
+to 64 bytes, and copies it otherwise.  So a node never returns memory it
+writes again: its outputs are fresh arrays every run (:func:`fresh_output`,
+aligned, so TensorFlow takes them as they are), never buffers kept from run
+to run, which a tensor of an earlier run would still be reading.
+
 Errors.  Eagerly the engine's errors come out under Horovod's TensorFlow
 classes (see :mod:`hvdlite.tensorflow._errors`); in a graph a mismatch leaves
 the node as an extra output and fails the run with FailedPreconditionError
@@ -56,6 +63,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "check_dtype",
     "check_process_set",
+    "fresh_output",
     "op_name",
     "normalize_name",
     "run",
@@ -162,6 +170,21 @@ def from_wire(tensor: tf.Tensor, dtype: tf.DType, *, reduce: bool) -> tf.Tensor:
     return tf.cast(tensor, tf.bfloat16) if reduce else tf.bitcast(tensor, tf.bfloat16)
 
 
+#: TensorFlow (Eigen's largest alignment) adopts a numpy function's output
+#: array without a copy where its data starts on a multiple of this many bytes.
+_ADOPTED_ALIGNMENT = 64
+
+
+def fresh_output(shape, dtype) -> np.ndarray:
+    """A new uninitialised array for a graph node's output, aligned so that
+    TensorFlow adopts it instead of copying it (see the module docstring)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _ADOPTED_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % _ADOPTED_ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def _as_array(value) -> np.ndarray:
     array = np.asarray(value)  # zero-copy view of an eager CPU tensor
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
@@ -191,10 +214,9 @@ def run(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
 
     ``outputs_like_inputs=k`` says the first k outputs have the shapes and
     dtypes of the first k inputs.  In a graph, ``fn`` then gets
-    ``outputs=[k arrays]`` to write into: buffers owned by this graph node and
-    reused every run (TensorFlow copies what a numpy function returns, so
-    reuse is safe), which spares a fresh allocation per step.  Eagerly, and
-    when k is 0, ``outputs`` is None.
+    ``outputs=[k arrays]`` to write into: fresh arrays every run, which
+    TensorFlow adopts as the node's outputs without a copy (see the module
+    docstring).  Eagerly, and when k is 0, ``outputs`` is None.
     """
     inputs = list(inputs)
     if tf.executing_eagerly():
@@ -212,19 +234,13 @@ def run(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
             "model.compile(..., jit_compile=False) or tf.function(jit_compile=False). "
             "(GPU tensors are moved without a host copy only in eager mode; in a tf.function "
             "TensorFlow copies a collective's tensors to the host.)")
-    reused: list[np.ndarray] = []
     np_dtypes = [d.as_numpy_dtype for d in out_dtypes]
 
     def graph_fn(*arrays):
         arrays = [_as_array(a) for a in arrays]
         outputs = None
         if outputs_like_inputs:
-            like = arrays[:outputs_like_inputs]
-            if len(reused) != len(like) or any(
-                    b.shape != a.shape or b.dtype != a.dtype
-                    for b, a in zip(reused, like, strict=True)):
-                reused[:] = [np.empty_like(a) for a in like]
-            outputs = list(reused)
+            outputs = [fresh_output(a.shape, a.dtype) for a in arrays[:outputs_like_inputs]]
         try:
             outs = fn(*arrays, outputs=outputs)
         except HorovodInternalError as e:

@@ -254,23 +254,15 @@ class GradientReducer:
         way in (the Average's 1/size and the predivide factors folded into one
         multiply) and summed in place by a single-tensor allreduce, so the engine
         neither copies it into its fusion buffer nor back out; the numpy
-        function returns its members as views of that buffer.  In a graph the
-        buffers belong to the graph node and are reused every step.
+        function returns its members as views of that buffer.  In a graph every
+        buffer is a fresh array each run (TensorFlow adopts the outputs of a
+        numpy function without a copy, see :func:`_bridge.fresh_output`).
         """
         ps, op, pre, post = self.process_set, self.op, self.prescale, self.postscale
         plans = self._plans(wire, dense_groups)
         scale = pre * post / (ps.size() if op == Average else 1)
         n_sparse = len(wire) - n_dense
-        reuse = not tf.executing_eagerly()
-        cache: dict = {}
-
-        def buffer(key, shape, dtype):
-            buf = cache.get(key) if reuse else None
-            if buf is None or buf.shape != shape or buf.dtype != dtype:
-                buf = np.empty(shape, dtype)
-                if reuse:
-                    cache[key] = buf
-            return buf
+        buffer = np.empty if tf.executing_eagerly() else _bridge.fresh_output
 
         def fn(*arrays, outputs=None):
             with _collectives.waiting_caller():  # waited on below, by this thread
@@ -280,7 +272,7 @@ class GradientReducer:
             for (kind, _), handle in zip(plans, handles, strict=False):
                 out = _handles.synchronize(handle)
                 # A flat group returns its members as views of the one buffer:
-                # TensorFlow copies each output once, no tf.split copies again.
+                # TensorFlow adopts (aligned) or copies each one; no tf.split copies again.
                 results.extend(next(flat_views) if kind == "flat" else out)
             if n_sparse:
                 results.extend(_handles.synchronize(handles[-1]))
@@ -293,7 +285,7 @@ class GradientReducer:
                 name = None if base is None else f"{base}.{g}"
                 if kind == "flat":
                     parts = [arrays[m].reshape(-1) for m in members]
-                    flat = buffer(g, (sum(p.size for p in parts),), parts[0].dtype)
+                    flat = buffer((sum(p.size for p in parts),), parts[0].dtype)
                     offset = 0
                     member_views = []
                     for m, part in zip(members, parts, strict=True):
@@ -308,7 +300,7 @@ class GradientReducer:
                         flat, op=Sum, name=name, process_set=ps, output=flat))
                     views.append(member_views)
                 else:
-                    outs = [buffer((g, m), arrays[m].shape, arrays[m].dtype) for m in members]
+                    outs = [buffer(arrays[m].shape, arrays[m].dtype) for m in members]
                     handles.append(_collectives.grouped_allreduce_async(
                         [arrays[m] for m in members], op=op, prescale_factor=pre,
                         postscale_factor=post, process_set=ps, name=name, outputs=outs))

@@ -142,6 +142,56 @@ def test_tf_function_of_independent_collectives(fusion):
             np.testing.assert_allclose(outs[s][:, 0], total[lo:lo + counts[R]], rtol=1e-5)
 
 
+@pytest.fixture(params=["shared memory", "MPI"])
+def allreduce_path(request):
+    """The engine restarted with the shared-memory allreduce on (what ranks of one
+    node use) or off, so that gradients take either of the reducer's graph plans."""
+    def restart(disable):
+        hvd.shutdown()
+        if disable:
+            os.environ["HVDLITE_SHM_ALLREDUCE_DISABLE"] = "1"
+        else:
+            os.environ.pop("HVDLITE_SHM_ALLREDUCE_DISABLE", None)
+        hvd.init(process_sets=[PAIR])
+
+    restart(request.param == "MPI")
+    yield request.param
+    restart(False)
+
+
+def test_results_of_a_tf_function_outlive_its_next_run(allreduce_path):
+    """TensorFlow takes a numpy function's aligned output arrays as its tensors'
+    memory: the collectives must hand out new memory every run, or the next run
+    rewrites the tensors an earlier run returned."""
+    from hvdlite.tensorflow.gradient_reduction import GradientReducer
+
+    # Sizes around alignment boundaries, small (packed in a graph) and large.
+    shapes = [(1,), (1000,), (1001,), (1002,), (1003,), (3, 5), (70000,), (300, 64)]
+    xs = [tf.constant(np.arange(np.prod(s), dtype=np.float32).reshape(s) % 7 + R)
+          for s in shapes]
+    reducer = GradientReducer(op=hvd.Sum)
+
+    @tf.function
+    def step(scale):
+        scaled = [x * scale for x in xs]
+        return (hvd.grouped_allreduce(scaled, op=hvd.Sum)
+                + [hvd.allreduce(x, op=hvd.Sum) for x in scaled[:4]]
+                + [hvd.broadcast(x, root_rank=0) for x in scaled[4:]]
+                + reducer(scaled))
+
+    def expected(scale):
+        total = [sum((x.numpy() - R + r) * scale for r in range(N)) for x in xs]
+        root = [(x.numpy() - R) * scale for x in xs[4:]]
+        return total + total[:4] + root + total
+
+    first = step(tf.constant(1.0))
+    second = step(tf.constant(2.0))
+    for got, want in zip(first, expected(1.0), strict=True):
+        np.testing.assert_array_equal(got.numpy(), want)
+    for got, want in zip(second, expected(2.0), strict=True):
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
 # ------------------------------------------------------------------ error classes
 
 MODES = ["eager", "function", "session"]
