@@ -173,29 +173,45 @@ def tf_floor(tf) -> Callable[[list], list]:
     gradients cross into numpy packed into one flat tensor per dtype, by the
     rule hvdlite's own graph path uses (:mod:`hvdlite.tensorflow.packing`):
     TensorFlow charges every tensor that crosses, and a floor that paid that
-    per gradient would be beaten by hvdlite on a model of many small weights."""
+    per gradient would be beaten by hvdlite on a model of many small weights.
+    A sparse gradient (``tf.IndexedSlices``, an embedding's) stays sparse: its
+    values are copied and added, its indices copied, and the optimizer gets
+    it back as IndexedSlices, so the floor leaves the optimizer's own work
+    as it is."""
     import numpy as np
     from mpi4py import MPI
 
     from hvdlite.tensorflow.packing import Packing
 
-    def touch_arrays(*grads):
+    def touch_arrays(*arrays):
         MPI.COMM_WORLD.Barrier()
         out = []
-        for g in grads:
-            shadow = np.array(g)  # the copy a peer would read
-            np.add(shadow, g, out=shadow)
+        for a in arrays:
+            shadow = np.array(a)  # the copy a peer would read
+            if shadow.dtype.kind == "f":
+                np.add(shadow, a, out=shadow)
             out.append(shadow)
         return out
 
     def touch(grads):
-        everything = [list(range(len(grads)))]
-        packing = Packing(grads, everything if not tf.executing_eagerly() else [])
-        packed, _ = packing.pack(grads, everything)
+        grads = list(grads)
+        sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
+        dense = [g for g in grads if not isinstance(g, tf.IndexedSlices)]
+        everything = [list(range(len(dense)))]
+        packing = Packing(dense, everything if not tf.executing_eagerly() else [])
+        packed, _ = packing.pack(dense, everything)
+        for i in sparse:
+            packed += [grads[i].values, grads[i].indices]
         outs = tf.numpy_function(touch_arrays, packed, [g.dtype for g in packed], stateful=True)
         for o, g in zip(outs, packed, strict=True):
             o.set_shape(g.shape)
-        return packing.unpack(outs)
+        n = len(outs) - 2 * len(sparse)
+        dense_out = iter(packing.unpack(outs[:n]))
+        result = [None if isinstance(g, tf.IndexedSlices) else next(dense_out) for g in grads]
+        for j, i in enumerate(sparse):
+            result[i] = tf.IndexedSlices(outs[n + 2 * j], outs[n + 2 * j + 1],
+                                         grads[i].dense_shape)
+        return result
 
     return touch
 

@@ -1,22 +1,30 @@
 """Keras 3 ``model.fit`` on real model shapes (~130-160 weights) beside the floor and tf.distribute.
 
 Run as ``python benchmarks/bench_keras_models.py``: it starts every job
-itself, 2 ranks each, with the mpiexec beside this Python; each job trains
-both models, one after the other:
+itself, 2 ranks each, with the mpiexec beside this Python.  Two kinds of job
+take turns, each training both models one after the other:
 
-- ``nocomm``: 2 processes each running ``model.fit`` on its own copy, no
-  communication;
-- ``floor``: ``nocomm`` plus, every step where the optimizer applies the
-  gradients, what any 2-rank allreduce from Python must at least do here: one
-  ``numpy_function`` over the gradients that waits on a barrier (the ranks run
-  in lockstep) and makes one copy and one add of every gradient, the small
-  ones crossing packed as hvdlite packs them (``_jobs.tf_floor``, the floor
-  of ``bench_tf_keras.py``).  hvdlite cannot beat it;
-- ``hvdlite``: ``model.fit`` with ``hvdlite.tensorflow.keras.DistributedOptimizer``;
+- ``interleaved``: one process per rank holds three copies of the model,
+  each compiled for one mode, and runs ``model.fit`` on them in turns of a
+  few steps each (order reversed every other turn), so that whatever the
+  machine does meanwhile falls on every mode alike:
+
+  - ``nocomm``: no communication;
+  - ``floor``: ``nocomm`` plus, every step where the optimizer applies the
+    gradients, what any 2-rank allreduce from Python must at least do here:
+    one ``numpy_function`` over the gradients that waits on a barrier (the
+    ranks run in lockstep) and makes one copy and one add of every
+    gradient, the small ones crossing packed as hvdlite packs them and a
+    sparse one (the embedding's ``IndexedSlices``) staying sparse
+    (``_jobs.tf_floor``, the floor of ``bench_tf_keras.py``).  hvdlite
+    cannot beat it;
+  - ``hvdlite``: ``model.fit`` with ``hvdlite.tensorflow.keras.DistributedOptimizer``
+    (its defaults: a sparse gradient is allgathered, as in Horovod);
+
 - ``mwms``: ``tf.distribute.MultiWorkerMirroredStrategy`` (2 workers on
   localhost, ``TF_CONFIG``, gRPC collectives), same model, optimizer and
   global batch.  Keras 3's ``model.fit`` fails under this strategy (see
-  ``bench_tf_keras.py``), so this mode runs what a Keras 3 user writes
+  ``bench_tf_keras.py``), so this job runs what a Keras 3 user writes
   instead: a ``tf.function`` train step under ``strategy.run``.
 
 Workloads (Keras layers, SGD with momentum, one TensorFlow intra-op and
@@ -29,20 +37,20 @@ inter-op thread per rank, ``jit_compile=False`` in every mode):
   feed-forward 128, post-LayerNorm) over 32 tokens, batch 8 per rank (132
   weights).
 
-Method: the jobs run in rounds (every mode once per round) so load from
-elsewhere on the machine hits all modes alike; a job's figure is the median
-step time over blocks of steps (fit: from batch-end callbacks), a mode's
-figure the best of its rounds (load from elsewhere only ever slows a job
-down); the hvdlite / floor ratio is also given as the median over rounds of
-each round's ratio (the two jobs ran back to back, so the machine's slow drift
-cancels).  Printed per model: each figure beside its baseline and the ratio
+Method: a turn's figure is its median step time (from batch-end callbacks);
+a ratio is the median over all turns of all jobs of the two modes' ratio in
+the same turn, and each job's own median ratio is printed beside it.  On this
+machine the speed of memory shared between the two cores changes from
+minute to minute (which the floor, touching only its own memory, does not
+feel), so the per-job ratios differ by more than the noise of one job.
+MWMS runs in jobs of its own: its figure is its best job against hvdlite's
+best job.  Printed per model: each figure beside its baseline and the ratio
 (target: hvdlite / floor step time <= 1.05; against MWMS for information).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -52,7 +60,9 @@ import time
 import _jobs
 
 RANKS = _jobs.RANKS
-MODES = ("nocomm", "floor", "hvdlite", "mwms")
+#: The modes that take turns inside one job; MWMS runs as a job of its own.
+INTERLEAVED = ("nocomm", "floor", "hvdlite")
+JOBS = ("interleaved", "mwms")
 MODELS = ("resnet", "transformer")
 BATCH = {"resnet": 8, "transformer": 8}
 SEQ = 32
@@ -139,26 +149,33 @@ def worker(mode: str, models: list[str], steps: int, block: int, ports: list[int
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy() if mode == "mwms" else None
-    if mode == "hvdlite":
-        import hvdlite.tensorflow as hvd
-
-        hvd.init()
-        barrier = hvd.barrier
-    else:
+    if mode == "mwms":
         from mpi4py import MPI
 
-        barrier = MPI.COMM_WORLD.Barrier
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        for name in models:
+            _time_mwms(tf, name, rank, strategy, MPI.COMM_WORLD.Barrier, steps, block)
+        return
+    import hvdlite.tensorflow as hvd
+
+    hvd.init()
     for name in models:
-        _time_model(tf, mode, name, rank, strategy, barrier, steps, block)
+        _time_interleaved(tf, name, rank, steps, block)
 
 
-def _time_model(tf, mode, name, rank, strategy, barrier, steps, block) -> None:
+def _time_interleaved(tf, name, rank, steps, block) -> None:
+    """``model.fit`` of one model per mode in INTERLEAVED, all in this process,
+    taking turns a block of steps at a time (the order reversed every other
+    turn), so whatever the machine does meanwhile falls on every mode alike."""
     import keras
+    from mpi4py import MPI
 
-    keras.utils.set_random_seed(0)  # the same initial weights on every rank
-    x, y = _data(name, rank, (WARMUP + steps + 1) * BATCH[name])
-    with strategy.scope() if strategy else contextlib.nullcontext():
+    barrier = MPI.COMM_WORLD.Barrier
+    batch = BATCH[name]
+    x, y = _data(name, rank, (WARMUP + block + 1) * batch)
+    fits = {}
+    for mode in INTERLEAVED:
+        keras.utils.set_random_seed(0)  # the same initial weights on every rank
         model = _resnet(keras) if name == "resnet" else _transformer(keras)
         opt = keras.optimizers.SGD(0.01, momentum=0.9)
         if mode == "hvdlite":
@@ -170,12 +187,31 @@ def _time_model(tf, mode, name, rank, strategy, barrier, steps, block) -> None:
         # Built before the first trace: a train step that creates the optimizer's
         # variables is traced twice by tf.function (seconds per model, every mode).
         opt.build(model.trainable_variables)
-    if strategy is None:
-        seconds = _time_fit(keras, model, opt, x, y, BATCH[name], steps, block, barrier)
-    else:
-        seconds = _time_strategy_step(tf, keras, strategy, model, opt, x, y, BATCH[name],
-                                      steps, block, barrier)
-    _jobs.report(mode=mode, model=name, step=seconds, weights=len(model.trainable_weights))
+        model.compile(optimizer=opt, jit_compile=False,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        warm = WARMUP * batch
+        model.fit(x[:warm], y[:warm], batch_size=batch, epochs=1, verbose=0, shuffle=False)
+        fits[mode] = model
+    times: dict[str, list[float]] = {mode: [] for mode in INTERLEAVED}
+    for turn in range(max(1, steps // block)):
+        for mode in INTERLEAVED if turn % 2 == 0 else INTERLEAVED[::-1]:
+            barrier()
+            times[mode].append(_fit_block(keras, fits[mode], x[WARMUP * batch:],
+                                          y[WARMUP * batch:], batch))
+    _jobs.report(model=name, weights=len(fits["hvdlite"].trainable_weights), turns=times)
+
+
+def _fit_block(keras, model, x, y, batch) -> float:
+    """One ``model.fit`` over the batches of *x*; the median step time, from the
+    batch-end callbacks (the first batch ends the fit's own setup)."""
+    ends: list[float] = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            ends.append(time.perf_counter())
+
+    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=[Clock()])
+    return statistics.median(b - a for a, b in zip(ends, ends[1:]))
 
 
 def _floor_optimizer(tf, keras, opt):
@@ -189,23 +225,19 @@ def _floor_optimizer(tf, keras, opt):
     return FloorSGD.from_config(opt.get_config())
 
 
-def _time_fit(keras, model, opt, x, y, batch, steps, block, barrier) -> float:
-    model.compile(optimizer=opt, jit_compile=False,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    warm = WARMUP * batch
-    model.fit(x[:warm], y[:warm], batch_size=batch, epochs=1, verbose=0, shuffle=False)
-    ends: list[float] = []
+def _time_mwms(tf, name, rank, strategy, barrier, steps, block) -> None:
+    import keras
 
-    class Clock(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            ends.append(time.perf_counter())
-
-    barrier()
-    # steps + 1 batches: timing starts at the end of the first (fit's own setup excluded).
-    model.fit(x[warm:], y[warm:], batch_size=batch, epochs=1, verbose=0, shuffle=False,
-              callbacks=[Clock()])
-    return statistics.median((ends[i + block] - ends[i]) / block
-                             for i in range(0, len(ends) - block, block))
+    keras.utils.set_random_seed(0)  # the same initial weights on every rank
+    batch = BATCH[name]
+    x, y = _data(name, rank, (WARMUP + steps + 1) * batch)
+    with strategy.scope():
+        model = _resnet(keras) if name == "resnet" else _transformer(keras)
+        opt = keras.optimizers.SGD(0.01, momentum=0.9)
+        opt.build(model.trainable_variables)
+    seconds = _time_strategy_step(tf, keras, strategy, model, opt, x, y, batch, steps, block,
+                                  barrier)
+    _jobs.report(model=name, step=seconds)
 
 
 def _time_strategy_step(tf, keras, strategy, model, opt, x, y, batch, steps, block,
@@ -241,64 +273,84 @@ def _time_strategy_step(tf, keras, strategy, model, opt, x, y, batch, steps, blo
 # ------------------------------------------------------------------ launcher side
 
 
-def _print_model(name: str, step: dict[str, float], weights: int, rounds: int,
-                 steps: int, times: dict) -> None:
-    """*step*: each mode's best job; *times*: (model, mode) -> each round's step time."""
+def _print_model(name: str, weights: int, turns: dict, jobs: list[dict], mwms: list[float],
+                 block: int) -> None:
+    """*turns*: mode -> every turn's step time over all jobs; *jobs*: each job's
+    turns (mode -> list); *mwms*: each MWMS job's step time."""
     batch = BATCH[name]
     unit = "img/s" if name == "resnet" else "seq/s"
+    n_turns = len(turns["hvdlite"])
     print(f"\n{name}: {TITLE[name]}; {weights} weights, batch {batch}/rank, {RANKS} ranks; "
-          f"best of {rounds} jobs x {steps} steps (median per job)")
-    print(f"{'':38s}{'hvdlite':>12s}{'baseline':>12s}{'ratio':>8s}  target")
-    h, f, n = step["hvdlite"], step["floor"], step["nocomm"]
-    print(f"{'fit step time vs the floor':38s}{h * 1e3:10.2f}ms{f * 1e3:10.2f}ms{h / f:8.3f}  "
-          f"<= 1.05  {'ok' if h / f <= 1.05 else 'MISSED'}")
-    print(_jobs.paired_ratio_line(times, name, 38))
-    print(f"{'fit step time vs no communication':38s}{h * 1e3:10.2f}ms{n * 1e3:10.2f}ms"
-          f"{h / n:8.3f}  (info; floor / no-comm = {f / n:.3f})")
-    m = step["mwms"]
-    print(f"{'throughput vs MultiWorkerMirrored':38s}{RANKS * batch / h:7.0f}{unit}"
-          f"{RANKS * batch / m:7.0f}{unit}{m / h:8.3f}  (info; MWMS step / no-comm "
-          f"= {m / n:.3f})")
+          f"{len(jobs)} jobs x {n_turns // len(jobs)} turns of {block} steps per mode, "
+          "modes interleaved within each job (median step per turn)")
+    print(f"{'':40s}{'hvdlite':>12s}{'baseline':>12s}{'ratio':>8s}  target")
+    h, f, n = (statistics.median(turns[m]) for m in ("hvdlite", "floor", "nocomm"))
+    r = _paired(turns, "hvdlite", "floor")
+    print(f"{'fit step vs the floor, per turn':40s}{h * 1e3:10.2f}ms{f * 1e3:10.2f}ms{r:8.3f}  "
+          f"<= 1.05  {'ok' if r <= 1.05 else 'MISSED'}")
+    print(f"{'  the same, each job':40s}{'':24s}  "
+          + ", ".join(f"{_paired(job, 'hvdlite', 'floor'):.3f}" for job in jobs))
+    print(f"{'fit step vs no communication, per turn':40s}{h * 1e3:10.2f}ms{n * 1e3:10.2f}ms"
+          f"{_paired(turns, 'hvdlite', 'nocomm'):8.3f}  (info; floor / no-comm = "
+          f"{_paired(turns, 'floor', 'nocomm'):.3f})")
+    m = min(mwms)
+    best = min(statistics.median(job["hvdlite"]) for job in jobs)
+    print(f"{'throughput vs MultiWorkerMirrored':40s}{RANKS * batch / best:7.0f}{unit}"
+          f"{RANKS * batch / m:7.0f}{unit}{m / best:8.3f}  (info; best job of each, "
+          "separate jobs)")
+
+
+def _paired(turns: dict, mode: str, base: str) -> float:
+    """Median over turns of mode / base, each taken from the same turn."""
+    return statistics.median(a / b for a, b in zip(turns[mode], turns[base], strict=True))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=JOBS, help=argparse.SUPPRESS)
     parser.add_argument("--ports", default="", help=argparse.SUPPRESS)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per model and job")
-    parser.add_argument("--block", type=int, default=5, help="steps per timing block")
-    parser.add_argument("--rounds", type=int, default=4, help="jobs per mode, interleaved")
+    parser.add_argument("--turns", type=int, default=6,
+                        help="turns per mode and job (modes take turns within a job)")
+    parser.add_argument("--block", type=int, default=10, help="steps per turn")
+    parser.add_argument("--rounds", type=int, default=3, help="jobs of each kind, alternating")
     args = parser.parse_args(argv)
     models = args.models.split(",")
     if not set(models) <= set(MODELS):
         parser.error(f"--models: choose from {', '.join(MODELS)}")
+    steps = args.turns * args.block
     if args.worker:
         ports = [int(p) for p in args.ports.split(",") if p]
-        worker(args.worker, models, args.steps, args.block, ports)
+        worker(args.worker, models, steps, args.block, ports)
         return 0
 
-    times: dict[tuple[str, str], list[float]] = {}
+    jobs: dict[str, list[dict]] = {name: [] for name in models}
+    mwms: dict[str, list[float]] = {name: [] for name in models}
     weights: dict[str, int] = {}
     try:
         for r in range(args.rounds):
             start = time.perf_counter()
-            for mode in MODES:
+            for job in JOBS:
                 ports = ",".join(map(str, _jobs.free_ports(RANKS)))
                 for rec in _jobs.run_job(__file__, [
-                        mode, "--models", args.models, "--steps", args.steps,
+                        job, "--models", args.models, "--turns", args.turns,
                         "--block", args.block, "--ports", ports]):
-                    times.setdefault((rec["model"], mode), []).append(rec["step"])
-                    weights[rec["model"]] = rec["weights"]
+                    if job == "mwms":
+                        mwms[rec["model"]].append(rec["step"])
+                    else:
+                        jobs[rec["model"]].append(rec["turns"])
+                        weights[rec["model"]] = rec["weights"]
             print(f"round {r + 1}/{args.rounds} ({time.perf_counter() - start:.0f}s): " + "; ".join(
-                f"{name} " + ", ".join(f"{m} {times[name, m][-1] * 1e3:.1f}ms" for m in MODES)
+                f"{name} " + ", ".join(
+                    f"{m} {statistics.median(jobs[name][-1][m]) * 1e3:.1f}ms"
+                    for m in INTERLEAVED) + f", mwms {mwms[name][-1] * 1e3:.1f}ms"
                 for name in models), flush=True)
     except _jobs.JobFailed as e:
         print(f"FAILED: {e}", file=sys.stderr)
         return 1
     for name in models:
-        _print_model(name, {m: min(times[name, m]) for m in MODES}, weights[name], args.rounds,
-                     args.steps, times)
+        turns = {m: [t for job in jobs[name] for t in job[m]] for m in INTERLEAVED}
+        _print_model(name, weights[name], turns, jobs[name], mwms[name], args.block)
     return 0
 
 
