@@ -93,8 +93,9 @@ KNOBS: tuple[Knob, ...] = (
          "mmap threshold 32 MiB, trim threshold 1 GiB, so per-step MPI and framework "
          "buffers do not page-fault every step)"),
     Knob("shm_allreduce_disable", "HVDLITE_SHM_ALLREDUCE_DISABLE", bool, False,
-         "reduce through MPI even where a process set's ranks share one node (by default "
-         "sets of 2-4 ranks on one node reduce through a shared-memory window)", agree=True),
+         "reduce and gather through MPI even where a process set's ranks share one node (by "
+         "default sets of 2-4 ranks on one node allreduce and allgather through a "
+         "shared-memory window)", agree=True),
     Knob("dynamic_process_sets", "HVDLITE_DYNAMIC_PROCESS_SETS", bool, False,
          "allow add_process_set()/remove_process_set() after init()", agree=True),
     Knob("bucket_cap_mb", "HVDLITE_BUCKET_CAP_MB", float, 25.0,

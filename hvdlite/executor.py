@@ -273,8 +273,9 @@ class MPIExecutor:
         self._finish_batch(batch)
 
     def _shm_of(self, set_id: int, comm):
-        """The shared-memory reducer of a set, made on first use (collective: every
-        member runs the same first allreduce of the set); None where it could not be."""
+        """The shared-memory window of a set, made on first use (collective: every
+        member runs the same first allreduce or allgather of the set); None where it
+        could not be."""
         try:
             return self._shm[set_id]
         except KeyError:
@@ -317,8 +318,6 @@ class MPIExecutor:
     # ----------------------------------------------------------------- allgather
     def _allgather(self, batch, comm, path: Transport) -> None:
         tl = self.timeline
-        if tl is not None:
-            tl.via(path)
         size = comm.Get_size()
         tensors: list[_Gathered] = []
         for response in batch:
@@ -327,13 +326,35 @@ class MPIExecutor:
             for i, (dt, trailing) in enumerate(zip(p.dtypes, p.shapes)):
                 tensors.append(_Gathered(entry, entry.inputs[i] if entry else None, trailing,
                                          np.dtype(dt)))
-        local = np.array([t.input.shape[0] if t.input is not None else 0 for t in tensors],
-                         dtype=np.int64)
-        dims = np.empty((size, len(tensors)), dtype=np.int64)
-        comm.Allgather(local, dims)
         row_bytes = [math.prod(t.trailing) * t.dtype.itemsize for t in tensors]
-        outputs = [np.empty((int(dims[:, j].sum()),) + tuple(t.trailing), dtype=t.dtype)
-                   for j, t in enumerate(tensors)]
+
+        def outputs_for(dims):
+            return [np.empty((int(dims[:, j].sum()),) + tuple(t.trailing), dtype=t.dtype)
+                    for j, t in enumerate(tensors)]
+
+        dims = None
+        shm = self._shm_of(batch[0].params.set_id, comm) \
+            if path is Transport.SHARED_MEMORY else None
+        if shm is not None:
+            if tl is not None:
+                tl.via(path)
+                tl.phase(COPY_IN)
+            dims, outputs = shm.allgather([t.input for t in tensors], row_bytes, outputs_for,
+                                          None if tl is None else tl.phase)
+            if outputs is not None:
+                self._finish_per_entry([t.entry for t in tensors], outputs)
+                return
+        # Through MPI (also where a rank's rows did not fit its shared-memory area).
+        if path is Transport.SHARED_MEMORY:
+            path = Transport.MPI
+        if tl is not None:
+            tl.via(path)
+        if dims is None:
+            local = np.array([t.input.shape[0] if t.input is not None else 0 for t in tensors],
+                             dtype=np.int64)
+            dims = np.empty((size, len(tensors)), dtype=np.int64)
+            comm.Allgather(local, dims)
+        outputs = outputs_for(dims)
         if len(tensors) == 1:
             inp = tensors[0].input
             send = _flat_bytes(inp) if inp is not None else np.empty(0, np.uint8)

@@ -1,4 +1,4 @@
-"""Allreduce through one node's shared memory, for process sets that fit in a node.
+"""Allreduce and allgather through one node's shared memory, for process sets that fit in a node.
 
 When every rank of a process set runs on the same node, the ranks can read each
 other's data directly.  Each rank owns two areas of an MPI shared-memory window
@@ -32,13 +32,21 @@ barrier of chunk k, when every peer has finished reading it, and its result
 area only after the first barrier of chunk k+1, which a peer reaches only once
 it has copied out chunk k.
 
+An allgather uses the contribution areas only: each rank writes a header (its
+row counts) and its rows, a barrier, each rank copies every rank's rows out,
+a second barrier.  One exchange replaces MPI's two (the row counts, then the
+rows); a rank whose rows do not fit its area says so in its header, and every
+rank then gathers through MPI.  Both collectives begin after the other's last
+barrier, so they share the areas safely.
+
 The path is used for 2 to :data:`MAX_RANKS` ranks on one node; the executor
 decides which tensors of a batch come here (see its docstring).
 
 Cross-rank contract: every rank of the set calls :meth:`SharedMemoryAllreduce.create`
-and then :meth:`~SharedMemoryAllreduce.allreduce` with the same item counts,
-wire dtype and op, in the same order (the engine's response list guarantees
-it), and :meth:`~SharedMemoryAllreduce.free` together.  A joined rank passes
+and then :meth:`~SharedMemoryAllreduce.allreduce` (the same item counts, wire
+dtype and op) and :meth:`~SharedMemoryAllreduce.allgather` (the same tensors
+and row sizes) in the same order (the engine's response list guarantees it),
+and :meth:`~SharedMemoryAllreduce.free` together.  A joined rank passes
 items without arrays: it contributes zeros and still reduces its portion.
 """
 
@@ -52,6 +60,7 @@ from mpi4py import MPI
 
 from .backoff import Backoff
 from .ops import ReduceOp
+from .timeline.schema import COLLECTIVE, COPY_OUT
 from .transport import SHM_MAX_RANKS, SHM_MIN_BYTES
 
 __all__ = ["SharedMemoryAllreduce", "MAX_RANKS", "SHM_MIN_BYTES", "SLOT_BYTES"]
@@ -179,6 +188,59 @@ class SharedMemoryAllreduce:
         for p, pieces in enumerate(portions):
             if p != rank:
                 step.copy_out(pieces, self._results[p][:nbytes].view(step.wire), bounds[p])
+
+
+    # ----------------------------------------------------------------- allgather
+    def allgather(self, inputs, row_bytes: list[int], outputs_for, phase=None):
+        """Gather every rank's rows of each tensor of a batch, in rank order.
+
+        *inputs*: this rank's C-contiguous arrays (None on a joined rank: no
+        rows); *row_bytes*: the agreed bytes of one row of each.  Each rank
+        writes a header (its byte count and its row count per tensor) and its
+        rows, packed, into its contribution area; after a barrier every rank
+        reads every header, gets its outputs from ``outputs_for(dims)`` (*dims*:
+        rows per rank and tensor, ``(size, tensors)``) and copies each rank's
+        rows into them; a second barrier frees the areas for the next batch.
+        Returns ``(dims, outputs)``, or ``(dims, None)`` on every rank alike when
+        some rank's rows do not fit its area (then gather through MPI with
+        *dims*).  *phase*: called with the timeline phase as it begins.
+        """
+        rank, n = self._rank, len(inputs)
+        header = 8 * (1 + n)
+        start = -(-header // 64) * 64  # the rows begin on a cache line
+        rows = [0 if x is None else x.shape[0] for x in inputs]
+        nbytes = sum(r * b for r, b in zip(rows, row_bytes, strict=True))
+        fits = start + nbytes <= SLOT_BYTES
+        area = self._contributions[rank]
+        head = area[:header].view(np.int64)
+        head[0] = nbytes if fits else -1
+        head[1:] = rows
+        if fits and nbytes:
+            np.concatenate([x.reshape(-1).view(np.uint8) for x in inputs
+                            if x is not None and x.size], out=area[start:start + nbytes])
+        if phase is not None:
+            phase(COLLECTIVE)
+        self._sync()
+        heads = [a[:header].view(np.int64).tolist() for a in self._contributions]
+        dims = np.array([h[1:] for h in heads], dtype=np.int64)
+        if min(h[0] for h in heads) < 0:
+            self._sync()
+            return dims, None
+        if phase is not None:
+            phase(COPY_OUT)
+        gathered = outputs_for(dims)
+        outputs = [out.reshape(-1).view(np.uint8) for out in gathered]
+        filled = [0] * n  # bytes of each output written so far
+        for area, head in zip(self._contributions, heads, strict=True):
+            at = start  # rank r's rows of each tensor follow each other in its area
+            for j, out in enumerate(outputs):
+                count = head[1 + j] * row_bytes[j]
+                if count:
+                    out[filled[j]:filled[j] + count] = area[at:at + count]
+                    filled[j] += count
+                    at += count
+        self._sync()
+        return dims, gathered
 
 
 class _Layout:

@@ -27,7 +27,7 @@ __all__ = ["Transport", "TransportPlan", "Planner", "plan_for", "SHM_MIN_BYTES",
 #: Smallest batch (in wire bytes) worth the shared-memory path: below it, one MPI
 #: allreduce's latency beats that path's two barriers (``bench_core`` shows both).
 SHM_MIN_BYTES = 64 << 10
-#: The shared-memory reduce-scatter serves sets of at most this many ranks.
+#: The shared-memory paths (allreduce, allgather) serve sets of at most this many ranks.
 SHM_MAX_RANKS = 4
 
 
@@ -87,14 +87,18 @@ class Planner:
         # The node topology describes the whole job only: hierarchical paths serve
         # the set that spans it; other sets run flat.
         whole_job = len(ranks) == self.world_size
+        one_node = self.shared_memory and 2 <= len(ranks) <= SHM_MAX_RANKS \
+            and self.node_ranks.issuperset(ranks)
         allreduce = Transport.MPI
         if self.hierarchical_allreduce and whole_job:
             allreduce = Transport.HIERARCHICAL
-        elif self.shared_memory and 2 <= len(ranks) <= SHM_MAX_RANKS \
-                and self.node_ranks.issuperset(ranks):
+        elif one_node:
             allreduce = Transport.SHARED_MEMORY
-        allgather = Transport.HIERARCHICAL if self.hierarchical_allgather and whole_job \
-            else Transport.MPI
+        allgather = Transport.MPI
+        if self.hierarchical_allgather and whole_job:
+            allgather = Transport.HIERARCHICAL
+        elif one_node:
+            allgather = Transport.SHARED_MEMORY
         device = self.device.plan(whole_job) if self.device is not None else None
         return TransportPlan(allreduce, allgather, device)
 

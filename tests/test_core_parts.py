@@ -329,16 +329,19 @@ def test_the_plan_names_one_path_per_set_from_shared_facts():
                       hierarchical_allreduce=False, hierarchical_allgather=True)
     node_pair = planner.plan([1, 0])
     assert node_pair.allreduce is Transport.SHARED_MEMORY
+    assert node_pair.allgather is Transport.SHARED_MEMORY
     assert node_pair.allreduce_path(SHM_MIN_BYTES - 1) is Transport.MPI
     assert node_pair.allreduce_path(SHM_MIN_BYTES) is Transport.SHARED_MEMORY
     assert planner.plan([0, 2]).allreduce is Transport.MPI  # not all on this node
+    assert planner.plan([0, 2]).allgather is Transport.MPI
     assert planner.plan([0]).allreduce is Transport.MPI  # one rank: nothing to share
     whole = planner.plan(range(4))
     assert whole.allreduce is Transport.MPI and whole.allgather is Transport.HIERARCHICAL
     hier = Planner(4, [0, 1, 2, 3], True, True, False)
     assert hier.plan(range(4)).allreduce is Transport.HIERARCHICAL
     assert hier.plan([0, 1]).allreduce is Transport.SHARED_MEMORY  # subsets run flat
-    assert Planner(2, [0, 1], False, False, False).plan([0, 1]).allreduce is Transport.MPI
+    off = Planner(2, [0, 1], False, False, False).plan([0, 1])
+    assert off.allreduce is Transport.MPI and off.allgather is Transport.MPI
 
 
 # ----------------------------------------------------------------------- imports

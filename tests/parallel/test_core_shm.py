@@ -1,11 +1,14 @@
-"""The shared-memory allreduce (hvdlite/shm.py): where it applies, and what it computes.
+"""The shared-memory allreduce and allgather (hvdlite/shm.py): where they apply, and
+what they compute.
 
 Runs under mpiexec at 1, 2 and 3 ranks, all on this one machine, so every set of
 2-4 ranks reduces through a shared window; at one rank nothing does.  The other
 core test modules run their allreduces through the same path; these tests cover
 what only it has: batches cut into slot-sized chunks (a tensor split across
 chunks, casts and scale factors on both sides of a cut), the reducer of a
-removed set being freed, and the knob that turns the path off.
+removed set being freed, and the knob that turns the path off; allgathers of
+uneven rows through the window, interleaved with allreduces that share it, and
+the fall-back to MPI on every rank when one rank's rows do not fit its area.
 """
 
 import os
@@ -134,6 +137,60 @@ def test_min_and_max_across_a_chunk_cut():
     np.testing.assert_array_equal(hvd.allreduce(x, name="shm.max", op=hvd.Max),
                                   np.arange(n) * SIZE)
     np.testing.assert_array_equal(hvd.allreduce(x, name="shm.min", op=hvd.Min), np.arange(n))
+
+
+def spy_on_shared_allgather(monkeypatch) -> list[bool]:
+    """Record, per allgather batch through the window, whether it finished there
+    (False: some rank's rows did not fit, and the batch went on through MPI)."""
+    calls = []
+    real = SharedMemoryAllreduce.allgather
+
+    def spy(self, *args, **kwargs):
+        dims, outputs = real(self, *args, **kwargs)
+        calls.append(outputs is not None)
+        return dims, outputs
+
+    monkeypatch.setattr(SharedMemoryAllreduce, "allgather", spy)
+    return calls
+
+
+def test_grouped_allgathers_of_uneven_rows_interleaved_with_allreduces(monkeypatch):
+    calls = spy_on_shared_allgather(monkeypatch)
+    for step in range(3):
+        # Rank r has r + step rows of each (rank 0 none in step 0), of three dtypes.
+        rows = RANK + step
+        parts = [np.full((rows, 3), 10 * RANK + step, np.float32),
+                 np.arange(rows, dtype=np.int64) + 100 * RANK,
+                 np.full((rows, 2, 2), RANK, np.float16)]
+        gathered = hvd.grouped_allgather(parts, name=f"shm.gather.{step}")
+        # The same window reduces in between, and must hand the areas back intact.
+        total = hvd.allreduce(np.full(SHM_MIN_BYTES, RANK + step, np.float32),
+                              name=f"shm.between.{step}", op=hvd.Sum)
+        np.testing.assert_array_equal(total, SIZE * step + SIZE * (SIZE - 1) // 2)
+        everyone = range(SIZE)
+        np.testing.assert_array_equal(gathered[0], np.concatenate(
+            [np.full((r + step, 3), 10 * r + step, np.float32) for r in everyone]))
+        np.testing.assert_array_equal(gathered[1], np.concatenate(
+            [np.arange(r + step, dtype=np.int64) + 100 * r for r in everyone]))
+        assert gathered[2].shape == (sum(r + step for r in everyone), 2, 2)
+        assert gathered[2].dtype == np.float16
+    assert calls == ([] if SIZE == 1 else [True] * 3)
+
+
+def test_rows_too_large_for_one_rank_s_area_gather_through_mpi_on_every_rank(monkeypatch):
+    calls = spy_on_shared_allgather(monkeypatch)
+    # Rank 0 alone has more rows than its area holds.
+    rows = SLOT_BYTES // 8 + 1 if RANK == 0 else 3
+    gathered = hvd.allgather(np.full((rows, 2), RANK, np.float32), name="shm.gather.big")
+    assert gathered.shape == (SLOT_BYTES // 8 + 1 + 3 * (SIZE - 1), 2)
+    np.testing.assert_array_equal(gathered[:SLOT_BYTES // 8 + 1], 0)
+    np.testing.assert_array_equal(gathered[SLOT_BYTES // 8 + 1:],
+                                  np.repeat(np.arange(1, SIZE), 3)[:, None] * np.ones(2))
+    assert calls == ([] if SIZE == 1 else [False])
+    # The next one fits again, through the window.
+    small = hvd.allgather(np.full((1, 1), RANK, np.int32), name="shm.gather.after")
+    np.testing.assert_array_equal(small[:, 0], np.arange(SIZE))
+    assert calls == ([] if SIZE == 1 else [False, True])
 
 
 @pytest.mark.skipif(SIZE < 3, reason="needs a set smaller than the world")

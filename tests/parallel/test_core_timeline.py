@@ -107,7 +107,8 @@ def test_a_training_loop_draws_every_phase_with_its_path_and_batch():
         assert {e["name"] for e in big["collective"]} == {
             "shared memory allreduce" if shm else "MPI allreduce"}
         gathered = _on_track(trace, "ag.a")
-        assert {e["name"] for e in gathered["collective"]} == {"MPI allgather"}
+        assert {e["name"] for e in gathered["collective"]} == {
+            "shared memory allgather" if shm else "MPI allgather"}
         assert "copy_in" in gathered and "copy_out" in gathered
         assert {e["name"] for e in _on_track(trace, "bc")["collective"]} == {"MPI broadcast"}
 
