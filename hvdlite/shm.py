@@ -26,8 +26,14 @@ ranks, half the reduction work of letting every rank reduce everything.  Each
 element is reduced by exactly one rank, so every rank gets bitwise the same
 result.
 
-The areas are reused by every chunk, which keeps them warm in cache.  That is
-safe: a rank writes its contribution area for chunk k+1 only after the second
+Successive chunks move through the first :data:`ROTATION_BYTES` of each area
+rather than all starting at its beginning: a store to memory that another
+core has just read costs a coherence round trip to that core per cache line,
+which where the two cores share no cache makes writing memory the peer read
+in the last step several times slower than writing memory it read a few
+chunks ago.  Every rank places each chunk alike (the same chunks in the same
+order).  Reusing the areas is safe: a rank writes its contribution area for
+chunk k+1 only after the second
 barrier of chunk k, when every peer has finished reading it, and its result
 area only after the first barrier of chunk k+1, which a peer reaches only once
 it has copied out chunk k.
@@ -75,6 +81,11 @@ BLOCK_BYTES = 256 << 10
 #: Bytes of one area (each rank has a contribution and a result area): a batch is
 #: reduced in chunks of at most this size.
 SLOT_BYTES = 16 << 20
+#: Chunks move through this many bytes at the start of each area, each starting
+#: where the last one ended (on a page), back at the start once past it; a
+#: chunk larger than it starts at the start.
+ROTATION_BYTES = 8 << 20
+_PAGE = 4096
 #: The barrier under a wait limit: peers arrive within microseconds when in step.
 _BARRIER_WAIT = Backoff(floor=0.00001, cap=0.001, ratio=0.5, spin=0.01)
 
@@ -101,6 +112,7 @@ class SharedMemoryAllreduce:
         self._contributions = [a[:SLOT_BYTES] for a in areas]
         self._results = [a[SLOT_BYTES:] for a in areas]
         self._layout_key = self._layout = None  # the last batch's layout, kept for reuse
+        self._next_start = 0  # where in each area the next chunk begins (ROTATION_BYTES)
 
     @classmethod
     def create(cls, comm, limit=None) -> SharedMemoryAllreduce | None:
@@ -170,10 +182,20 @@ class SharedMemoryAllreduce:
                 raise self._limit.error("at the shared-memory allreduce's barrier")
         self._win.Sync()
 
+    def _place(self, nbytes: int) -> int:
+        """Where in each area the next chunk of *nbytes* begins (see ROTATION_BYTES)."""
+        start = self._next_start
+        if start + nbytes > ROTATION_BYTES:
+            start = 0
+        self._next_start = start + -(-nbytes // _PAGE) * _PAGE
+        return start
+
     def _run_chunk(self, step: _Step, fill: int, bounds: list[int], portions) -> None:
         rank = self._rank
         nbytes = fill * step.wire.itemsize
-        contributions = [a[:nbytes].view(step.wire) for a in self._contributions]
+        start = self._place(nbytes)
+        end = start + nbytes
+        contributions = [a[start:end].view(step.wire) for a in self._contributions]
         mine = contributions[rank]
         for p, pieces in enumerate(portions):
             if p != rank:
@@ -183,11 +205,11 @@ class SharedMemoryAllreduce:
         self._sync()
         lo = bounds[rank]
         step.reduce_own(portions[rank], contributions, rank,
-                        self._results[rank][:nbytes].view(step.wire), lo)
+                        self._results[rank][start:end].view(step.wire), lo)
         self._sync()
         for p, pieces in enumerate(portions):
             if p != rank:
-                step.copy_out(pieces, self._results[p][:nbytes].view(step.wire), bounds[p])
+                step.copy_out(pieces, self._results[p][start:end].view(step.wire), bounds[p])
 
 
     # ----------------------------------------------------------------- allgather

@@ -19,7 +19,7 @@ from core_helpers import same_everywhere, spy_on_shared_memory
 
 import hvdlite as hvd
 from hvdlite import basics
-from hvdlite.shm import SHM_MIN_BYTES, SLOT_BYTES, SharedMemoryAllreduce
+from hvdlite.shm import ROTATION_BYTES, SHM_MIN_BYTES, SLOT_BYTES, SharedMemoryAllreduce
 
 MPI_SIZES = (1, 2, 3)
 
@@ -137,6 +137,43 @@ def test_min_and_max_across_a_chunk_cut():
     np.testing.assert_array_equal(hvd.allreduce(x, name="shm.max", op=hvd.Max),
                                   np.arange(n) * SIZE)
     np.testing.assert_array_equal(hvd.allreduce(x, name="shm.min", op=hvd.Min), np.arange(n))
+
+
+def test_successive_chunks_move_through_the_start_of_the_areas_alike_everywhere():
+    if SIZE == 1:
+        pytest.skip("one rank has no shared-memory reducer")
+    hvd.allreduce(np.ones(SHM_MIN_BYTES // 4, np.float32), name="shm.place.first")
+    reducer = _reducer()
+    before = reducer._next_start
+    starts = []
+    real = reducer._place
+
+    def place(nbytes):
+        starts.append(real(nbytes))
+        return starts[-1]
+
+    reducer._place = place
+    try:
+        n = 4 * (ROTATION_BYTES // 12 + 1)  # bytes a chunk: three do not fit, so it wraps
+        for step in range(4):
+            total = hvd.allreduce(np.full(n // 4, RANK + step, np.float32), op=hvd.Sum,
+                                  name=f"shm.place.{step}")
+            np.testing.assert_array_equal(total, SIZE * step + SIZE * (SIZE - 1) // 2)
+        big = hvd.allreduce(np.full(ROTATION_BYTES // 4 + 1, 1.0, np.float32), op=hvd.Sum,
+                            name="shm.place.big")  # larger than the rotation: at the start
+        np.testing.assert_array_equal(big, SIZE)
+    finally:
+        del reducer._place
+    # Each chunk begins where the last one ended (on a page), back at the start
+    # once it would run past ROTATION_BYTES; one larger than that at the start.
+    expected, at = [], before
+    for nbytes in [n] * 4 + [ROTATION_BYTES + 4]:
+        at = at if at + nbytes <= ROTATION_BYTES else 0
+        expected.append(at)
+        at += -(-nbytes // 4096) * 4096
+    assert starts == expected
+    assert 0 in starts[1:4] and any(starts[:4])  # it wrapped, and it moved
+    assert same_everywhere(starts)
 
 
 def spy_on_shared_allgather(monkeypatch) -> list[bool]:
