@@ -1,7 +1,7 @@
 """Pieces the training benchmarks share: starting their jobs, timing steps, the floor.
 
 A benchmark script is both the launcher and the worker: run plainly, it starts
-one job per mode with :func:`run_job` (2 ranks, the mpiexec beside this
+its jobs with :func:`run_job` (2 ranks, the mpiexec beside this
 Python, the same environment for every mode); each rank of a job runs the
 script again with ``--worker ...`` and rank 0 prints its figures with
 :func:`report`.  Not a benchmark itself (``run_all.py`` runs ``bench_*.py``).
@@ -9,11 +9,18 @@ script again with ``--worker ...`` and rank 0 prints its figures with
 Worker side:
 
 - :func:`median_step`: median seconds per step over blocks of steps;
+  :func:`paired`: the median ratio of two modes that took turns in one job;
 - :func:`torch_floor` / :func:`tf_floor`: what any 2-rank allreduce from
   Python must at least do each step on this machine: a barrier (the ranks run
   in lockstep, so each step waits for the slower one) and one copy plus one
   add over every gradient (each rank must publish its gradients and fold the
   peer's into its own).  The ``floor`` modes run it in place of communication.
+- the same with ``exchange=True``: the copy goes to memory the peer reads
+  (one shared-memory window, :class:`SharedCopies`) and the add takes the
+  peer's copy, so every gradient byte really crosses between the processes
+  once.  The plain floor touches only a rank's own memory; this one also
+  pays what this machine charges for moving data between its cores, which
+  no real allreduce escapes (``exchange`` modes).
 """
 
 from __future__ import annotations
@@ -28,9 +35,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["RANKS", "ROOT", "JobFailed", "free_ports", "job_env", "median_step", "mpiexec",
-           "paired_ratio_line", "rank_and_size", "report", "run_job", "tf_floor",
-           "torch_floor"]
+__all__ = ["RANKS", "ROOT", "JobFailed", "SharedCopies", "free_ports", "job_env",
+           "median_step", "mpiexec", "paired", "rank_and_size", "report",
+           "run_job", "tf_floor", "torch_floor"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = 2
@@ -126,17 +133,10 @@ def report(**fields) -> None:
         print(_RESULT + json.dumps(fields), flush=True)
 
 
-def paired_ratio_line(times: dict, model: str, width: int, target: float = 1.05) -> str:
-    """The hvdlite / floor ratio of *model* taken within each round (the two jobs
-    ran one after the other, so slow drift of the machine's speed cancels), then
-    the median over rounds, as one printed row; *times* maps (model, mode) to
-    each round's step time."""
-    paired = [h / f for h, f in zip(times[model, "hvdlite"], times[model, "floor"],
-                                    strict=True)]
-    r = statistics.median(paired)
-    return (f"{'  the same, median of per-round ratios':{width}s}{'':24s}{r:8.3f}  "
-            f"<= {target:.2f}  {'ok' if r <= target else 'MISSED'}  "
-            f"({', '.join(f'{x:.3f}' for x in paired)})")
+def paired(turns: dict, mode: str, base: str) -> float:
+    """Median over turns of *mode*'s / *base*'s step time, each pair from the same
+    turn of one job (*turns* maps a mode to its turns' step times, in turn order)."""
+    return statistics.median(a / b for a, b in zip(turns[mode], turns[base], strict=True))
 
 
 def median_step(step: Callable[[], object], steps: int, block: int) -> float:
@@ -150,23 +150,116 @@ def median_step(step: Callable[[], object], steps: int, block: int) -> float:
     return statistics.median(times)
 
 
-def torch_floor(params) -> Callable[[], None]:
-    """The floor's per-step work for torch: barrier, then copy and add every ``.grad``."""
+class SharedCopies:
+    """Each rank's published copy of its gradients, in one shared-memory window.
+
+    A step's copies take the next *slot* of a rank's area: successive steps
+    move through the first ``hvdlite.shm.ROTATION_BYTES`` of it, page-aligned,
+    as hvdlite's own shared-memory allreduce places its chunks (writing memory
+    the other core has just read is what is slow here, so a floor that reused
+    one place would be slower than hvdlite and no floor).  :meth:`barrier`
+    makes the copies visible (the MPI-3 ``Win_sync`` + barrier idiom).  With at
+    least two slots a rank never overwrites a copy a peer may still read: it
+    is at most one barrier ahead.  Every rank of the job must share one node
+    and publish the same shapes.
+    """
+
+    def __init__(self, step_bytes: int, align: int = 64):
+        import numpy as np
+        from mpi4py import MPI
+
+        from hvdlite.shm import ROTATION_BYTES
+
+        self._comm = MPI.COMM_WORLD
+        node = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
+        if node.Get_size() != self._comm.Get_size():
+            raise RuntimeError("the exchange floor needs every rank on one node")
+        self.align = align
+        self.slot_bytes = -(-max(step_bytes, 1) // 4096) * 4096
+        self.slots = max(2, ROTATION_BYTES // self.slot_bytes)
+        self._win = MPI.Win.Allocate_shared(self.slots * self.slot_bytes, 1, comm=node)
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        self.rank = node.Get_rank()
+        self.areas = [np.frombuffer(self._win.Shared_query(r)[0], dtype=np.uint8,
+                                    count=self.slots * self.slot_bytes)
+                      for r in range(node.Get_size())]
+        self.peers = [r for r in range(node.Get_size()) if r != self.rank]
+        self._next = 0
+
+    def next_slot(self) -> int:
+        """The byte offset of this step's slot (the same step order on every rank)."""
+        slot, self._next = self._next, (self._next + 1) % self.slots
+        return slot * self.slot_bytes
+
+    def views(self, rank: int, offset: int, layout) -> list:
+        """Arrays over *rank*'s area at *offset*: one per (dtype, shape) of *layout*."""
+        import numpy as np
+
+        out, at = [], offset
+        for dtype, shape in layout:
+            n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            out.append(self.areas[rank][at:at + n].view(dtype).reshape(shape))
+            at += -(-n // self.align) * self.align
+        return out
+
+    @staticmethod
+    def nbytes(layout, align: int = 64) -> int:
+        import numpy as np
+
+        return sum(-(-int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize // align) * align
+                   for d, s in layout)
+
+    def barrier(self) -> None:
+        self._win.Sync()
+        self._comm.Barrier()
+        self._win.Sync()
+
+
+def torch_floor(params, exchange: bool = False) -> Callable[[], None]:
+    """The floor's per-step work for torch: barrier, then copy and add every ``.grad``
+    (with *exchange*, copy into shared memory and add the peer's copy)."""
     import torch
     from mpi4py import MPI
 
-    pairs = [(p, torch.empty_like(p)) for p in params]
+    if not exchange:
+        pairs = [(p, torch.empty_like(p)) for p in params]
 
-    def lockstep_and_touch():
-        MPI.COMM_WORLD.Barrier()
-        for p, shadow in pairs:
-            shadow.copy_(p.grad)
-            p.grad.add_(shadow)
+        def lockstep_and_touch():
+            MPI.COMM_WORLD.Barrier()
+            for p, shadow in pairs:
+                shadow.copy_(p.grad)
+                p.grad.add_(shadow)
 
-    return lockstep_and_touch
+        return lockstep_and_touch
+
+    layout = [(torch.empty((), dtype=p.dtype).numpy().dtype, tuple(p.shape)) for p in params]
+    shared = SharedCopies(SharedCopies.nbytes(layout))
+    slots = []  # per slot: this rank's copies, and each peer's
+    for _ in range(shared.slots):
+        offset = shared.next_slot()
+        slots.append(([torch.from_numpy(v) for v in shared.views(shared.rank, offset, layout)],
+                      [[torch.from_numpy(v) for v in shared.views(r, offset, layout)]
+                       for r in shared.peers]))
+    turn = iter(())
+
+    def exchange_and_add():
+        nonlocal turn
+        slot = next(turn, None)
+        if slot is None:
+            turn = iter(slots)
+            slot = next(turn)
+        mine, theirs = slot
+        for p, copy in zip(params, mine, strict=True):
+            copy.copy_(p.grad)
+        shared.barrier()
+        for peer in theirs:
+            for p, copy in zip(params, peer, strict=True):
+                p.grad.add_(copy)
+
+    return exchange_and_add
 
 
-def tf_floor(tf) -> Callable[[list], list]:
+def tf_floor(tf, exchange: bool = False) -> Callable[[list], list]:
     """The floor's per-step work for TensorFlow, ``grads -> grads``: one
     ``numpy_function`` over all gradients that waits on a barrier, then makes
     one copy and one add of every gradient.  Inside a graph the small
@@ -177,7 +270,10 @@ def tf_floor(tf) -> Callable[[list], list]:
     A sparse gradient (``tf.IndexedSlices``, an embedding's) stays sparse: its
     values are copied and added, its indices copied, and the optimizer gets
     it back as IndexedSlices, so the floor leaves the optimizer's own work
-    as it is."""
+    as it is.  With *exchange*, every array is copied into shared memory and
+    the result is the sum with the peer's copy (integers: the peer's copy);
+    the shared window is made at the first run, collectively, sized for
+    that run's arrays."""
     import numpy as np
     from mpi4py import MPI
 
@@ -193,6 +289,31 @@ def tf_floor(tf) -> Callable[[list], list]:
             out.append(shadow)
         return out
 
+    shared: list = []  # the SharedCopies, once the first run made it
+
+    def exchange_arrays(*arrays):
+        layout = [(a.dtype, a.shape) for a in arrays]
+        if not shared:
+            shared.append(SharedCopies(SharedCopies.nbytes(layout)))
+        copies = shared[0]
+        if SharedCopies.nbytes(layout) > copies.slot_bytes:
+            raise RuntimeError("the exchange floor's arrays grew after its first run")
+        offset = copies.next_slot()
+        for a, copy in zip(arrays, copies.views(copies.rank, offset, layout), strict=True):
+            np.copyto(copy, a)
+        copies.barrier()
+        out = [None] * len(arrays)
+        for r in copies.peers:
+            for i, (a, copy) in enumerate(zip(arrays, copies.views(r, offset, layout),
+                                              strict=True)):
+                if a.dtype.kind != "f":
+                    out[i] = np.array(copy)
+                elif out[i] is None:
+                    out[i] = np.add(a, copy)
+                else:
+                    np.add(out[i], copy, out=out[i])
+        return out
+
     def touch(grads):
         grads = list(grads)
         sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
@@ -202,7 +323,8 @@ def tf_floor(tf) -> Callable[[list], list]:
         packed, _ = packing.pack(dense, everything)
         for i in sparse:
             packed += [grads[i].values, grads[i].indices]
-        outs = tf.numpy_function(touch_arrays, packed, [g.dtype for g in packed], stateful=True)
+        body = exchange_arrays if exchange else touch_arrays
+        outs = tf.numpy_function(body, packed, [g.dtype for g in packed], stateful=True)
         for o, g in zip(outs, packed, strict=True):
             o.set_shape(g.shape)
         n = len(outs) - 2 * len(sparse)

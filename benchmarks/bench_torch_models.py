@@ -1,20 +1,31 @@
 """DistributedOptimizer on real model shapes (~150 parameter tensors) beside the floor and DDP.
 
 Run as ``python benchmarks/bench_torch_models.py``: it starts every job
-itself, 2 ranks each, with the mpiexec beside this Python; each job trains
-both models, one after the other:
+itself, 2 ranks each, with the mpiexec beside this Python.  Two kinds of job
+take turns, each training both models one after the other:
 
-- ``nocomm``: 2 processes each training its own copy, no communication;
-- ``floor``: no communication, but every step what any 2-rank allreduce must
-  at least do here: a barrier (the ranks run in lockstep) and one copy plus
-  one add over every gradient (``_jobs.torch_floor``).  hvdlite cannot be
-  faster than this;
-- ``hvdlite``: ``hvdlite.torch.DistributedOptimizer(named_parameters=...)``
-  with its defaults (gradient buckets);
-- ``hvdlite-pertensor``: the same with ``bucket_cap_mb=0`` (one allreduce per
-  gradient), run only where ``DistributedOptimizer`` takes that argument;
+- ``interleaved``: one process per rank holds one copy of the model per mode
+  below and trains them in turns of a few steps each (order reversed every
+  other turn), so that whatever the machine does meanwhile falls on every
+  mode alike:
+
+  - ``nocomm``: no communication;
+  - ``floor``: no communication, but every step what any 2-rank allreduce
+    must at least do here: a barrier (the ranks run in lockstep) and one copy
+    plus one add over every gradient (``_jobs.torch_floor``).  hvdlite cannot
+    be faster than this;
+  - ``exchange``: the floor with its copy made in shared memory and its add
+    taking the peer's copy (``torch_floor(exchange=True)``): every gradient
+    byte crosses between the two processes once, as in any real allreduce,
+    so it also pays what moving data between the cores costs at that minute;
+  - ``hvdlite``: ``hvdlite.torch.DistributedOptimizer(named_parameters=...)``
+    with its defaults (gradient buckets);
+  - ``hvdlite-pertensor``: the same with ``bucket_cap_mb=0`` (one allreduce
+    per gradient), where ``DistributedOptimizer`` takes that argument;
+
 - ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over gloo on
-  localhost (``broadcast_buffers=False``: neither side syncs BN statistics).
+  localhost (``broadcast_buffers=False``: neither side syncs BN statistics),
+  in jobs of its own.
 
 Workloads (built here, SGD with momentum, one torch thread per rank, CPU-sized
 so a step takes tens of ms):
@@ -26,29 +37,30 @@ so a step takes tens of ms):
   4 heads, feed-forward 128, sequences of 32 tokens, batch 8 per rank (150
   parameter tensors).
 
-Method: the jobs run in rounds (every mode once per round) so load from
-elsewhere on the machine hits all modes alike; a job's figure is the median
-step time over blocks of steps, a mode's figure the best of its rounds (load
-from elsewhere only ever slows a job down); the hvdlite / floor ratio is also
-given as the median over rounds of each round's ratio (the two jobs ran back
-to back, so the machine's slow drift cancels).  Printed per model: each figure
-beside its baseline and the ratio (targets: hvdlite / floor step time <= 1.05,
-hvdlite / DDP throughput >= 1.6), and the floor's own throughput vs DDP: the
-most any allreduce can reach here, so where it is below 1.6 the DDP target is
-out of reach on this machine.
+Method: a turn's figure is its median step time; a ratio is the median over
+all turns of all jobs of the two modes' ratio in the same turn, and each
+job's own median ratio is printed beside it (the machine's speed drifts
+from minute to minute, and separate jobs per mode put the modes minutes
+apart).  DDP's figure is its best job against hvdlite's best job.  Printed
+per model: each figure beside its baseline and the ratio (targets: hvdlite /
+floor step time <= 1.05, hvdlite / DDP throughput >= 1.6), and the floor's
+own throughput vs DDP: the most any allreduce can reach here, so where it is
+below 1.6 the DDP target is out of reach on this machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import statistics
 import sys
 import time
 
 import _jobs
 
 RANKS = _jobs.RANKS
-MODES = ("nocomm", "floor", "hvdlite", "hvdlite-pertensor", "ddp")
+JOBS = ("interleaved", "ddp")
+INTERLEAVED = ("nocomm", "floor", "exchange", "hvdlite", "hvdlite-pertensor")
 MODELS = ("resnet", "transformer")
 BATCH = {"resnet": 8, "transformer": 8}
 SEQ = 32
@@ -130,50 +142,29 @@ def _model_and_batch(name: str, rank: int):
 # ------------------------------------------------------------------ worker side
 
 
-def worker(mode: str, models: list[str], steps: int, block: int, port: int) -> None:
+def worker(job: str, models: list[str], turns: int, block: int, port: int) -> None:
     import torch
 
     torch.set_num_threads(1)
     rank, size = _jobs.rank_and_size()
-    if mode.startswith("hvdlite"):
-        import hvdlite.torch as hvd
-
-        hvd.init()
-        barrier = hvd.barrier
-    elif mode == "ddp":
+    if job == "ddp":
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=size)
-        barrier = dist.barrier
-    else:
-        from mpi4py import MPI
+        for name in models:
+            _time_ddp(name, rank, dist.barrier, turns * block, block)
+        dist.destroy_process_group()
+        return
+    import hvdlite.torch as hvd
 
-        barrier = MPI.COMM_WORLD.Barrier
+    hvd.init()
     for name in models:
-        _time_model(mode, name, rank, barrier, steps, block)
-    if mode == "ddp":
-        torch.distributed.destroy_process_group()
+        _time_interleaved(name, rank, turns, block)
 
 
-def _time_model(mode: str, name: str, rank: int, barrier, steps: int, block: int) -> None:
-    import torch
+def _train_step(model, opt, x, y, after_backward=None):
     import torch.nn.functional as F
-
-    model, x, y = _model_and_batch(name, rank)
-    params = list(model.parameters())
-    opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
-    after_backward = None
-    if mode.startswith("hvdlite"):
-        import hvdlite.torch as hvd
-
-        options = {"bucket_cap_mb": 0} if mode == "hvdlite-pertensor" else {}
-        named = [(f"{name}.{n}", p) for n, p in model.named_parameters()]
-        opt = hvd.DistributedOptimizer(opt, named_parameters=named, **options)
-    elif mode == "ddp":
-        model = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
-    elif mode == "floor":
-        after_backward = _jobs.torch_floor(params)
 
     def step():
         opt.zero_grad()
@@ -182,98 +173,162 @@ def _time_model(mode: str, name: str, rank: int, barrier, steps: int, block: int
             after_backward()
         opt.step()
 
+    return step
+
+
+def _time_interleaved(name: str, rank: int, turns: int, block: int) -> None:
+    """One model per mode in INTERLEAVED, all in this process, trained in turns of
+    *block* steps (the order reversed every other turn)."""
+    import torch
+    from mpi4py import MPI
+
+    import hvdlite.torch as hvd
+
+    steps, tensors = {}, 0
+    for mode in _modes():
+        model, x, y = _model_and_batch(name, rank)
+        params = list(model.parameters())
+        tensors = len(params)
+        opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
+        after_backward = None
+        if mode.startswith("hvdlite"):
+            options = {"bucket_cap_mb": 0} if mode == "hvdlite-pertensor" else {}
+            named = [(f"{mode}.{name}.{n}", p) for n, p in model.named_parameters()]
+            opt = hvd.DistributedOptimizer(opt, named_parameters=named, **options)
+        elif mode in ("floor", "exchange"):
+            after_backward = _jobs.torch_floor(params, exchange=mode == "exchange")
+        steps[mode] = _train_step(model, opt, x, y, after_backward)
+        for _ in range(5):
+            steps[mode]()
+    times: dict[str, list[float]] = {mode: [] for mode in steps}
+    order = list(steps)
+    for turn in range(turns):
+        for mode in order if turn % 2 == 0 else order[::-1]:
+            MPI.COMM_WORLD.Barrier()
+            times[mode].append(_jobs.median_step(steps[mode], block, 1))
+    _jobs.report(model=name, tensors=tensors, turns=times)
+
+
+def _time_ddp(name: str, rank: int, barrier, steps: int, block: int) -> None:
+    import torch
+
+    model, x, y = _model_and_batch(name, rank)
+    model = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+    step = _train_step(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), x, y)
     for _ in range(5):
         step()
     barrier()
     seconds = _jobs.median_step(step, steps, block)
     barrier()
-    _jobs.report(mode=mode, model=name, step=seconds, tensors=len(params))
+    _jobs.report(model=name, step=seconds)
 
 
 # ------------------------------------------------------------------ launcher side
 
 
 def _modes() -> tuple[str, ...]:
-    """MODES, less ``hvdlite-pertensor`` where the optimizer has no ``bucket_cap_mb``."""
+    """INTERLEAVED, less ``hvdlite-pertensor`` where the optimizer has no ``bucket_cap_mb``."""
     import hvdlite.torch as hvd
 
     if "bucket_cap_mb" in inspect.signature(hvd.DistributedOptimizer).parameters:
-        return MODES
-    print("hvdlite.torch.DistributedOptimizer takes no bucket_cap_mb: "
-          "hvdlite-pertensor skipped", flush=True)
-    return tuple(m for m in MODES if m != "hvdlite-pertensor")
+        return INTERLEAVED
+    return tuple(m for m in INTERLEAVED if m != "hvdlite-pertensor")
 
 
-def _print_model(name: str, step: dict[str, float], tensors: int, rounds: int,
-                 steps: int, times: dict) -> None:
-    """*step*: each mode's best job; *times*: (model, mode) -> each round's step time."""
+def _print_model(name: str, tensors: int, turns: dict, jobs: list[dict], ddp: list[float],
+                 block: int) -> None:
+    """*turns*: mode -> every turn's step time over all jobs; *jobs*: each job's
+    turns (mode -> list); *ddp*: each DDP job's step time."""
     batch = BATCH[name]
-    img_s = {m: RANKS * batch / s for m, s in step.items()}
     unit = "img/s" if name == "resnet" else "seq/s"
+    n_turns = len(turns["hvdlite"])
     print(f"\n{name}: {TITLE[name]}; {tensors} parameter tensors, batch {batch}/rank, "
-          f"{RANKS} ranks; best of {rounds} jobs x {steps} steps (median per job)")
+          f"{RANKS} ranks; {len(jobs)} jobs x {n_turns // len(jobs)} turns of {block} steps "
+          "per mode, modes interleaved within each job (median step per turn)")
     print(f"{'':40s}{'hvdlite':>12s}{'baseline':>12s}{'ratio':>8s}  target")
+    median = {m: statistics.median(t) for m, t in turns.items()}
 
-    def row(label, mode, base, note):
-        r = step[mode] / step[base]
+    def row(label, mode, base, note=None):
+        r = _jobs.paired(turns, mode, base)
         if note is None:  # the target
             note = f"<= 1.05  {'ok' if r <= 1.05 else 'MISSED'}"
-        print(f"{label:40s}{step[mode] * 1e3:10.2f}ms{step[base] * 1e3:10.2f}ms{r:8.3f}  {note}")
+        print(f"{label:40s}{median[mode] * 1e3:10.2f}ms{median[base] * 1e3:10.2f}ms{r:8.3f}  "
+              f"{note}")
+        return r
 
-    row("step time vs the floor", "hvdlite", "floor", None)
-    print(_jobs.paired_ratio_line(times, name, 40))
+    def per_job(mode, base):
+        return ", ".join(f"{_jobs.paired(job, mode, base):.3f}" for job in jobs)
+
+    row("step time vs the floor, per turn", "hvdlite", "floor")
+    print(f"{'  the same, each job':40s}{'':24s}  {per_job('hvdlite', 'floor')}")
+    row("step time vs the exchange floor", "hvdlite", "exchange",
+        f"(info; each job: {per_job('hvdlite', 'exchange')})")
+    crossing = _jobs.paired(turns, "exchange", "floor")
+    row("exchange floor vs the floor", "exchange", "floor",
+        "(info; what moving the data between the cores adds; "
+        + ("the 1.05 target is below the exchange floor)" if crossing > 1.05
+           else "room for 1.05)"))
     row("step time vs no communication", "hvdlite", "nocomm",
-        f"(info; floor / no-comm = {step['floor'] / step['nocomm']:.3f})")
-    if "hvdlite-pertensor" in step:
+        f"(info; floor / no-comm = {_jobs.paired(turns, 'floor', 'nocomm'):.3f})")
+    if "hvdlite-pertensor" in turns:
         row("per tensor (bucket_cap_mb=0) vs floor", "hvdlite-pertensor", "floor", "(info)")
-    r = img_s["hvdlite"] / img_s["ddp"]
-    print(f"{'throughput vs torch DDP (gloo)':40s}{img_s['hvdlite']:7.0f}{unit}"
-          f"{img_s['ddp']:7.0f}{unit}{r:8.3f}  >= 1.6   {'ok' if r >= 1.6 else 'MISSED'}")
+    best = {m: min(statistics.median(job[m]) for job in jobs) for m in ("hvdlite", "floor")}
+    d = min(ddp)
+    r = d / best["hvdlite"]
+    print(f"{'throughput vs torch DDP (gloo)':40s}{RANKS * batch / best['hvdlite']:7.0f}{unit}"
+          f"{RANKS * batch / d:7.0f}{unit}{r:8.3f}  >= 1.6   {'ok' if r >= 1.6 else 'MISSED'}"
+          "  (best job of each)")
     # No allreduce beats the floor: where the floor is itself below 1.6x DDP,
     # that target cannot be met here, and the floor's ratio is the ceiling.
-    ceiling = img_s["floor"] / img_s["ddp"]
-    print(f"{'floor throughput vs DDP (the ceiling)':40s}{img_s['floor']:7.0f}{unit}"
-          f"{img_s['ddp']:7.0f}{unit}{ceiling:8.3f}  (info; "
+    ceiling = d / best["floor"]
+    print(f"{'floor throughput vs DDP (the ceiling)':40s}{RANKS * batch / best['floor']:7.0f}"
+          f"{unit}{RANKS * batch / d:7.0f}{unit}{ceiling:8.3f}  (info; "
           f"{'the 1.6 target is above the floor' if ceiling < 1.6 else 'room for 1.6'})")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=JOBS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
-    parser.add_argument("--steps", type=int, default=40, help="timed steps per model and job")
-    parser.add_argument("--block", type=int, default=5, help="steps per timing block")
-    parser.add_argument("--rounds", type=int, default=5, help="jobs per mode, interleaved")
+    parser.add_argument("--turns", type=int, default=8,
+                        help="turns per mode and job (modes take turns within a job)")
+    parser.add_argument("--block", type=int, default=5, help="steps per turn")
+    parser.add_argument("--rounds", type=int, default=3, help="jobs of each kind, alternating")
     args = parser.parse_args(argv)
     models = args.models.split(",")
     if not set(models) <= set(MODELS):
         parser.error(f"--models: choose from {', '.join(MODELS)}")
     if args.worker:
-        worker(args.worker, models, args.steps, args.block, args.port)
+        worker(args.worker, models, args.turns, args.block, args.port)
         return 0
 
-    modes = _modes()
-    times: dict[tuple[str, str], list[float]] = {}
+    jobs: dict[str, list[dict]] = {name: [] for name in models}
+    ddp: dict[str, list[float]] = {name: [] for name in models}
     tensors: dict[str, int] = {}
     try:
         for r in range(args.rounds):
             start = time.perf_counter()
-            for mode in modes:
+            for job in JOBS:
                 for rec in _jobs.run_job(__file__, [
-                        mode, "--models", args.models, "--steps", args.steps,
+                        job, "--models", args.models, "--turns", args.turns,
                         "--block", args.block, "--port", _jobs.free_ports()[0]]):
-                    times.setdefault((rec["model"], mode), []).append(rec["step"])
-                    tensors[rec["model"]] = rec["tensors"]
+                    if job == "ddp":
+                        ddp[rec["model"]].append(rec["step"])
+                    else:
+                        jobs[rec["model"]].append(rec["turns"])
+                        tensors[rec["model"]] = rec["tensors"]
             print(f"round {r + 1}/{args.rounds} ({time.perf_counter() - start:.0f}s): " + "; ".join(
-                f"{name} " + ", ".join(f"{m} {times[name, m][-1] * 1e3:.1f}ms" for m in modes)
+                f"{name} " + ", ".join(
+                    f"{m} {statistics.median(t) * 1e3:.1f}ms" for m, t in jobs[name][-1].items())
+                + f", ddp {ddp[name][-1] * 1e3:.1f}ms"
                 for name in models), flush=True)
     except _jobs.JobFailed as e:
         print(f"FAILED: {e}", file=sys.stderr)
         return 1
     for name in models:
-        _print_model(name, {m: min(times[name, m]) for m in modes}, tensors[name], args.rounds,
-                     args.steps, times)
+        turns = {m: [t for job in jobs[name] for t in job[m]] for m in jobs[name][0]}
+        _print_model(name, tensors[name], turns, jobs[name], ddp[name], args.block)
     return 0
 
 
