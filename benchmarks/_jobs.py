@@ -218,9 +218,12 @@ class SharedCopies:
 def torch_floor(params, exchange: bool = False) -> Callable[[], None]:
     """The floor's per-step work for torch: barrier, then copy and add every ``.grad``
     (with *exchange*, copy into shared memory and add the peer's copy)."""
+    import itertools
+
     import torch
     from mpi4py import MPI
 
+    params = list(params)
     if not exchange:
         pairs = [(p, torch.empty_like(p)) for p in params]
 
@@ -240,15 +243,10 @@ def torch_floor(params, exchange: bool = False) -> Callable[[], None]:
         slots.append(([torch.from_numpy(v) for v in shared.views(shared.rank, offset, layout)],
                       [[torch.from_numpy(v) for v in shared.views(r, offset, layout)]
                        for r in shared.peers]))
-    turn = iter(())
+    turns = itertools.cycle(slots)
 
     def exchange_and_add():
-        nonlocal turn
-        slot = next(turn, None)
-        if slot is None:
-            turn = iter(slots)
-            slot = next(turn)
-        mine, theirs = slot
+        mine, theirs = next(turns)
         for p, copy in zip(params, mine, strict=True):
             copy.copy_(p.grad)
         shared.barrier()
