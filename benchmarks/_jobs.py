@@ -288,22 +288,28 @@ def tf_floor(tf, exchange: bool = False) -> Callable[[list], list]:
         return out
 
     shared: list = []  # the SharedCopies, once the first run made it
+    slots: dict = {}  # (layout, slot offset) -> this rank's copies, each peer's
 
     def exchange_arrays(*arrays):
-        layout = [(a.dtype, a.shape) for a in arrays]
+        layout = tuple((a.dtype, a.shape) for a in arrays)
         if not shared:
             shared.append(SharedCopies(SharedCopies.nbytes(layout)))
         copies = shared[0]
-        if SharedCopies.nbytes(layout) > copies.slot_bytes:
-            raise RuntimeError("the exchange floor's arrays grew after its first run")
         offset = copies.next_slot()
-        for a, copy in zip(arrays, copies.views(copies.rank, offset, layout), strict=True):
+        slot = slots.get((layout, offset))
+        if slot is None:
+            if SharedCopies.nbytes(layout) > copies.slot_bytes:
+                raise RuntimeError("the exchange floor's arrays grew after its first run")
+            slot = slots[layout, offset] = (
+                copies.views(copies.rank, offset, layout),
+                [copies.views(r, offset, layout) for r in copies.peers])
+        mine, theirs = slot
+        for a, copy in zip(arrays, mine, strict=True):
             np.copyto(copy, a)
         copies.barrier()
         out = [None] * len(arrays)
-        for r in copies.peers:
-            for i, (a, copy) in enumerate(zip(arrays, copies.views(r, offset, layout),
-                                              strict=True)):
+        for peer in theirs:
+            for i, (a, copy) in enumerate(zip(arrays, peer, strict=True)):
                 if a.dtype.kind != "f":
                     out[i] = np.array(copy)
                 elif out[i] is None:

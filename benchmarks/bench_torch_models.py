@@ -254,7 +254,6 @@ def _print_model(name: str, tensors: int, turns: dict, jobs: list[dict], ddp: li
             note = f"<= 1.05  {'ok' if r <= 1.05 else 'MISSED'}"
         print(f"{label:40s}{median[mode] * 1e3:10.2f}ms{median[base] * 1e3:10.2f}ms{r:8.3f}  "
               f"{note}")
-        return r
 
     def per_job(mode, base):
         return ", ".join(f"{_jobs.paired(job, mode, base):.3f}" for job in jobs)

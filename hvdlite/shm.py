@@ -211,7 +211,6 @@ class SharedMemoryAllreduce:
             if p != rank:
                 step.copy_out(pieces, self._results[p][start:end].view(step.wire), bounds[p])
 
-
     # ----------------------------------------------------------------- allgather
     def allgather(self, inputs, row_bytes: list[int], outputs_for, phase=None):
         """Gather every rank's rows of each tensor of a batch, in rank order.
