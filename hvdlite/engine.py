@@ -54,7 +54,7 @@ from .fusion import plan_batches
 from .messages import CACHEABLE, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind, Response
 from .process_sets import ProcessSet
 from .response_cache import ResponseCache
-from .status import Flag, Layout, alone, decode, encode
+from .status import Codec, Flag, Layout, alone
 from .submissions import Entry, Inbox
 from .runtime import abort_job
 from .wait_limit import WaitLimit
@@ -113,7 +113,7 @@ class Engine:
         # Autotune (a TuningLink, or None): rank 0's setting arrives in the status vector.
         self.tuning = tuning
         self._planner = planner
-        self._last_plan: tuple = (None, [])  # ((ready bits, cache version), batches)
+        self._last_plan: tuple = (None, [], [])  # ((ready, cache version), batches, runners)
         warn = config.stall_check_time_seconds
         if self.limit.seconds:  # warn (naming the missing ranks) before the limit ends the job
             warn = min(warn, self.limit.seconds / 2)
@@ -124,6 +124,8 @@ class Engine:
         self._stop_reason = ""
         self.cycles = 0
         self.doorbell = Doorbell(self.comm)
+        self._codec = Codec()
+        self._layouts: dict[tuple, tuple] = {}  # (bits, after a wait, root words) -> layout
         cycle_time = config.cycle_time_ms / 1000.0
         self.driver = Driver(self, cycle_time,
                              start_delay=cycle_time if overlap else max(cycle_time, _LAZY_START),
@@ -321,19 +323,24 @@ class Engine:
     def _exchange_status(self, flags: int, after_wait: bool):
         tuning = self.tuning
         root_words, root = (tuning.words, tuning.outgoing()) if tuning is not None else (0, None)
-        layout = Layout.of(self.bits.cache.num_bits, self.size, after_wait, root_words)
-        full = (1 << (layout.bit_words * 64)) - 1
+        shape = (self.bits.cache.num_bits, after_wait, root_words)
+        try:
+            layout, full = self._layouts[shape]
+        except KeyError:
+            layout = Layout.of(shape[0], self.size, after_wait, root_words)
+            full = (1 << (layout.bit_words * 64)) - 1
+            self._layouts[shape] = (layout, full)
         hit_and, hit_or = self.bits.status_masks(self._joined, full)
         invalid = self.bits.invalid_mask
         if self.size == 1:
             return alone(layout, flags, hit_and, hit_or, invalid, self.doorbell.rang, root)
-        vector = encode(layout, flags, hit_and, hit_or, invalid,
-                        self.rank if self.doorbell.rang else None, root)
+        vector = self._codec.encode(layout, flags, hit_and, hit_or, invalid,
+                                    self.rank if self.doorbell.rang else None, root)
         req = self.comm.Iallreduce(MPI.IN_PLACE, vector, MPI.BAND)
         wait = _STATUS_WAIT_THREAD if self.driver.is_engine_thread() else _STATUS_WAIT_CALLER
         if not wait.wait_for(req.Test, timeout=self.limit.seconds):
             raise self.limit.error("in the engine's status exchange")
-        return decode(layout, vector)
+        return self._codec.decode(layout, vector)
 
     def _negotiate(self, stall: bool) -> list[Response]:
         requests = [e.params for e in self._uncached]
@@ -365,13 +372,22 @@ class Engine:
         """Run the cached responses of *bits* (the bits of *ready*, ascending).
 
         A training loop readies the same bits every step, so the fusion plan of
-        the last all-cached cycle is kept while the cache is unchanged.
+        the last all-cached cycle is kept while the cache is unchanged, with the
+        executor's runners of its batches (made on every rank in the same cycle).
         """
         key = (ready, self.bits.cache.version)
-        if self._last_plan[0] != key:
-            responses = [self.bits.cache.get(bit) for bit in bits]
-            self._last_plan = (key, plan_batches(responses, self._threshold))
-        self._run_batches(self._last_plan[1])
+        plan = self._last_plan
+        if plan[0] != key:
+            batches = plan_batches([self.bits.cache.get(bit) for bit in bits], self._threshold)
+            plan = self._last_plan = (key, batches, self.executor.runners(batches))
+        if self.timeline is not None:
+            self._run_batches(plan[1])
+            return
+        self.executor.timeline = None
+        for run in plan[2]:
+            run()
+        if self.tuning is not None:
+            self.tuning.observe(plan[1])
 
     def _execute(self, responses: list[Response]) -> None:
         self._run_batches(plan_batches(responses, self._threshold))
@@ -407,7 +423,7 @@ class Engine:
     def _apply_setting(self, setting) -> None:
         """Autotune: run with *setting* from this cycle on (every rank, same cycle)."""
         self._threshold = setting.fusion_threshold
-        self._last_plan = (None, [])
+        self._last_plan = (None, [], [])
         cycle_time = setting.cycle_time_ms / 1000.0
         self.driver.set_cycle_time(cycle_time, cycle_time if self.overlap
                                    else max(cycle_time, _LAZY_START))

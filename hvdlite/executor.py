@@ -15,6 +15,7 @@ buffers (``Params.device`` other than ``"cpu"``) go to the device path
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -72,6 +73,20 @@ def _flat_bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
+def _allreduce_one(comm, op, inp: np.ndarray, out: np.ndarray, pre: float,
+                   post: float) -> None:
+    """Allreduce *inp* into *out* through MPI, scaled, without the fusion buffer."""
+    if pre != 1.0:
+        np.multiply(inp, pre, out=out, casting="unsafe")
+        comm.Allreduce(MPI.IN_PLACE, out, op)
+    elif inp is out:
+        comm.Allreduce(MPI.IN_PLACE, out, op)
+    else:
+        comm.Allreduce(inp, out, op)
+    if post != 1.0:
+        np.multiply(out, post, out=out, casting="unsafe")
+
+
 class MPIExecutor:
     """Executes batches of OK responses; knows nothing about negotiation."""
 
@@ -122,6 +137,53 @@ class MPIExecutor:
                 self._finish(entry, None)
         else:  # pragma: no cover - the engine handles control kinds itself
             raise RuntimeError(f"executor cannot run {Kind(kind).name}")
+
+    def runners(self, batches: list[list[Response]]) -> list[Callable[[], None]]:
+        """One function per batch that runs it as :meth:`run_batch` would, for a plan
+        the engine runs again and again (its cached responses).
+
+        A batch of one CPU tensor that is allreduced through MPI in its own dtype
+        (a synchronous call's, typically) gets a function with every decision taken
+        here, once; any other batch gets :meth:`run_batch` itself.  Collective:
+        every rank builds the same plan's runners in the same cycle, because
+        deciding the path may make the set's shared-memory window (as the set's
+        first allreduce does in :meth:`run_batch`), and a rank that runs the plan
+        through :meth:`run_batch` (a timeline is on) must have made it too.
+        """
+        return [self._single_allreduce(batch) or functools.partial(self.run_batch, batch)
+                for batch in batches]
+
+    def _single_allreduce(self, batch) -> Callable[[], None] | None:
+        if len(batch) != 1:
+            return None
+        p = batch[0].params
+        if p.kind != Kind.ALLREDUCE or p.device != "cpu" or len(p.dtypes) != 1 \
+                or p.op == ReduceOp.ADASUM:
+            return None
+        comm = self._sets.comm_of(p.set_id)
+        if comm is None:  # not a member: run_batch skips it
+            return None
+        wire = reduce_dtype(p.dtypes[0])
+        count = math.prod(p.shapes[0])
+        if wire.str != p.dtypes[0] or \
+                self._path(p.set_id, comm, count * wire.itemsize) is not Transport.MPI:
+            return None
+        op = _MPI_OPS[p.op]
+        pre = p.prescale
+        post = p.postscale / comm.Get_size() if p.op == ReduceOp.AVERAGE else p.postscale
+        key = batch[0].key
+        keys = (key,)
+        lookup, finish_keys, run_batch = self._lookup, self._finish_keys, self.run_batch
+
+        def run() -> None:
+            entry = lookup(key)
+            if entry is None:  # a joined rank: the general path contributes its zeros
+                run_batch(batch)
+                return
+            _allreduce_one(comm, op, entry.inputs[0], entry.outputs[0], pre, post)
+            finish_keys(keys)
+
+        return run
 
     def use_planner(self, planner) -> None:
         """Take paths from *planner* from the next batch on (autotune: every rank
@@ -231,15 +293,16 @@ class MPIExecutor:
             zeros.fill(0)
             reduce(zeros)
             return
+        if not hierarchical:
+            _allreduce_one(comm, op, inp, out, pre, post)
+            return
         if pre != 1.0:
             np.multiply(inp, pre, out=out, casting="unsafe")
             reduce(out)
         elif inp is out:
             reduce(out)
-        elif hierarchical:
-            self.hierarchical.allreduce(out, op, inp)
         else:
-            comm.Allreduce(inp, out, op)
+            self.hierarchical.allreduce(out, op, inp)
         if post != 1.0:
             np.multiply(out, post, out=out, casting="unsafe")
 

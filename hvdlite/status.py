@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Flag", "Layout", "Status", "encode", "decode", "alone", "combine"]
+__all__ = ["Flag", "Layout", "Status", "Codec", "encode", "decode", "alone", "combine"]
 
 _WORD = 64
 _ALL_ONES = (1 << _WORD) - 1
@@ -133,6 +133,45 @@ def alone(layout: Layout, flags: int, hit_and: int, hit_or: int, invalid: int,
         root_value = root & ((1 << (layout.root_words * _WORD)) - 1)
     return Status(flags, hit_and & full, hit_or, invalid,
                   int(rang) if layout.ringer_words else 0, root_value)
+
+
+class Codec:
+    """:func:`encode` and :func:`decode` with their answers remembered.
+
+    A training loop sends the same few vectors and gets back the same few
+    combinations every step, and the big-integer arithmetic of encoding and
+    decoding costs more than looking the answer up.  Each side remembers at most
+    ``limit`` answers, then starts afresh.
+    """
+
+    __slots__ = ("limit", "_vectors", "_statuses")
+
+    def __init__(self, limit: int = 256):
+        self.limit = limit
+        self._vectors: dict[tuple, bytes] = {}
+        self._statuses: dict[tuple, Status] = {}
+
+    def encode(self, layout: Layout, flags: int, hit_and: int, hit_or: int, invalid: int,
+               ringer_rank: int | None = None, root: int | None = None) -> np.ndarray:
+        """As :func:`encode`: a fresh vector, the caller's to allreduce in place."""
+        key = (layout, flags, hit_and, hit_or, invalid, ringer_rank, root)
+        raw = self._vectors.get(key)
+        if raw is None:
+            if len(self._vectors) >= self.limit:
+                self._vectors.clear()
+            raw = self._vectors[key] = encode(layout, flags, hit_and, hit_or, invalid,
+                                              ringer_rank, root).tobytes()
+        return np.frombuffer(bytearray(raw), dtype="<u8")
+
+    def decode(self, layout: Layout, vector: np.ndarray) -> Status:
+        """As :func:`decode`."""
+        key = (layout, vector.tobytes())
+        status = self._statuses.get(key)
+        if status is None:
+            if len(self._statuses) >= self.limit:
+                self._statuses.clear()
+            status = self._statuses[key] = decode(layout, vector)
+        return status
 
 
 def combine(vectors) -> np.ndarray:

@@ -20,7 +20,7 @@ from hvdlite.exceptions import HorovodInternalError
 from hvdlite.handles import Handle
 from hvdlite.messages import RESPONSE_OK, Kind, Params, Response
 from hvdlite.response_cache import ResponseCache
-from hvdlite.status import Flag, Layout, alone, combine, decode, encode
+from hvdlite.status import Codec, Flag, Layout, alone, combine, decode, encode
 from hvdlite.submissions import Entry, Inbox
 from hvdlite.transport import SHM_MIN_BYTES, Planner, Transport
 
@@ -70,6 +70,24 @@ def test_a_status_without_a_wait_has_no_ringer_field():
     assert layout.ringer_words == 0 and layout.nbytes == 8 * 4
     status = decode(layout, encode(layout, Flag.SHUTDOWN, 0b101, 0b101, 0))
     assert status.flags == Flag.SHUTDOWN and status.all_hit == 0b101 and status.ringers == 0
+
+
+def test_the_codec_answers_as_encode_and_decode_do_and_forgets_past_its_limit():
+    codec = Codec(limit=4)
+    rng = random.Random(3)
+    for _ in range(40):
+        layout = Layout.of(rng.choice([0, 5, 70]), 3, rng.random() < 0.5,
+                           rng.choice([0, 1]))
+        full = (1 << (layout.bit_words * 64)) - 1
+        args = (rng.choice([0, Flag.NEW, Flag.STALL]), rng.getrandbits(3) & full,
+                rng.getrandbits(3) & full, 0, rng.choice([None, 1]),
+                rng.choice([None, 7]) if layout.root_words else None)
+        vector = codec.encode(layout, *args)
+        assert vector.tobytes() == encode(layout, *args).tobytes()
+        vector[0] = 0  # the caller's to reduce in place: the remembered answer stays
+        assert codec.encode(layout, *args).tobytes() == encode(layout, *args).tobytes()
+        assert codec.decode(layout, vector) == decode(layout, vector)
+        assert len(codec._vectors) <= 4 and len(codec._statuses) <= 4
 
 
 # --------------------------------------------------------------------- cache bits

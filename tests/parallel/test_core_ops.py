@@ -173,6 +173,48 @@ def test_repeated_names_hit_the_cache():
     assert len(state().engine.bits.cache) > 0
 
 
+def test_a_repeated_named_allreduce_stays_right_as_its_arguments_change():
+    # One name, called again and again as a metric would be, while its op, dtype,
+    # shape, scales and output change: each change is a new negotiation, each repeat
+    # runs from the cache (through the executor's runner for a single tensor, or
+    # run_batch where the dtype is widened); every result must be the current call's.
+    import functools
+
+    from hvdlite.basics import state
+
+    calls = [
+        dict(op=hvd.Sum, dtype=np.float32, shape=(5,)),
+        dict(op=hvd.Average, dtype=np.float32, shape=(5,)),
+        dict(op=hvd.Sum, dtype=np.float32, shape=(5,), prescale_factor=2.0,
+             postscale_factor=0.5),
+        dict(op=hvd.Max, dtype=np.int32, shape=(5,)),
+        dict(op=hvd.Sum, dtype=np.float16, shape=(5,)),
+        dict(op=hvd.Product, dtype=np.float64, shape=(2, 3)),
+        # a 0-d array as a scale cannot be a key of the remembered arguments
+        dict(op=hvd.Sum, dtype=np.float32, shape=(5,), prescale_factor=np.array(3.0)),
+        dict(op=hvd.Sum, dtype=np.float32, shape=(5,), in_place=True),
+    ]
+    for call in calls:
+        op, dtype, shape = call["op"], call["dtype"], call["shape"]
+        pre = float(call.get("prescale_factor", 1.0))
+        post = call.get("postscale_factor", 1.0)
+        expected = (reference(op, dtype, shape).astype(np.float64) * pre * post).astype(dtype)
+        for _ in range(3):
+            x = contribution(op, dtype, RANK, shape)
+            kwargs = dict(op=op, name="ar.metric", prescale_factor=call.get("prescale_factor", 1.0),
+                          postscale_factor=post)
+            if call.get("in_place"):
+                out = hvd.allreduce(x, output=x, **kwargs)
+                assert out is x
+            else:
+                out = hvd.allreduce(x, **kwargs)
+            assert_same(out, expected, dtype)
+        plan = state().engine._last_plan
+        if dtype != np.float16:
+            # the cached plan of one single allreduce has its own runner
+            assert len(plan[2]) == 1 and not isinstance(plan[2][0], functools.partial)
+
+
 def test_more_cached_names_than_one_status_word():
     # 150 names: the cache bit vectors span three 64-bit words; the second and third
     # rounds are answered from the cache, in a rank-dependent submission order.
