@@ -41,6 +41,8 @@ __all__ = [
 
 # ------------------------------------------------------------------ helpers
 _ALLREDUCE = int(Kind.ALLREDUCE)
+#: How many argument combinations of named allreduces are remembered (then afresh).
+_KNOWN_LIMIT = 1024
 
 
 def _members(st, process_set: ProcessSet, what: str) -> tuple[int, list[int]]:
@@ -121,8 +123,12 @@ def waiting_caller():
 def call_and_wait(async_fn, *args, **kwargs):
     """Run *async_fn* (any function that submits and returns a handle, a
     framework adapter's too) and wait for it, as a :func:`waiting_caller`."""
-    with waiting_caller():
+    calling = _calling  # waiting_caller() without its context manager: per call, it shows
+    calling.sync = True
+    try:
         handle = async_fn(*args, **kwargs)
+    finally:
+        calling.sync = False
     return synchronize(handle)
 
 
@@ -207,15 +213,31 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     Pass ``output=tensor`` to reduce in place.
     """
     st = state()
+    array = _array(tensor, "allreduce")
+    out = _output(output, array, "allreduce")
+    # A named allreduce of the global set is usually called again with the same
+    # arguments (a metric, each step): its checked Params are remembered.
+    known = st.allreduce_params
+    key = None
+    if name is not None and process_set is global_process_set:
+        key = (name, op, average, prescale_factor, postscale_factor, array.dtype, array.shape)
+        try:
+            params = known.get(key)
+        except TypeError:  # an unhashable argument: checked below, every time
+            params = key = None
+        if params is not None:
+            return _submit(st, params, (array,), (out,))
     set_id, ranks = _members(st, process_set, "allreduce")
     rop = _reduction_op(op, average, "allreduce", len(ranks))
     pre, post = _scales(prescale_factor, postscale_factor)
-    array = _array(tensor, "allreduce")
-    out = _output(output, array, "allreduce")
     dtype = check_dtype(array, "allreduce", rop)
     name = _name(st, "allreduce", name, set_id)
     params = Params(set_id=set_id, name=name, kind=_ALLREDUCE, dtypes=(dtype,),
                     shapes=(array.shape,), op=int(rop), prescale=pre, postscale=post)
+    if key is not None:
+        if len(known) >= _KNOWN_LIMIT:
+            known.clear()
+        known[key] = params
     # Tuples of arrays: the garbage collector stops tracking them (lists it would not).
     return _submit(st, params, (array,), (out,))
 

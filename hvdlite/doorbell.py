@@ -42,9 +42,12 @@ class Doorbell:
 
     def ring(self) -> None:
         """Wake every peer (once per wait)."""
-        if self.peers:
+        peers = self.peers
+        if len(peers) == 1:
+            self.comm.Send(self._outbox, dest=peers[0], tag=_TAG)
+        elif peers:
             MPI.Request.Waitall([self.comm.Isend(self._outbox, dest=r, tag=_TAG)
-                                 for r in self.peers])
+                                 for r in peers])
         self.rang = True
         self.rings += 1
 

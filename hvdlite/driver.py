@@ -100,7 +100,7 @@ class Driver:
         # A caller that waits longer than this for another thread's step to end
         # takes the step for stuck (HVDLITE_COLLECTIVE_TIMEOUT; None: no limit).
         self.step_limit = step_limit
-        self.state = State.RUNNING
+        self._set_state(State.RUNNING)
         self.event = threading.Event()  # rouses the engine thread
         self._spare_core = spare_core
         self._thread_poll = self._poll_backoff(cycle_time)
@@ -116,6 +116,7 @@ class Driver:
         self._wait_start = self._thread_worked = time.monotonic()
         self._wakes_at = 0.0  # when the waiting thread looks next (monotonic)
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread_id: int | None = None  # the engine thread's, once it runs
 
     def start(self) -> None:
         self._thread.start()
@@ -130,12 +131,14 @@ class Driver:
         first = min(cycle_time, _THREAD_CAP) if self._spare_core else _THREAD_CAP
         return Backoff(floor=first, cap=_THREAD_CAP)
 
-    @property
-    def finished(self) -> bool:
-        return self.state in (State.STOPPED, State.FAILED)
+    def _set_state(self, state: State) -> None:
+        self.state = state
+        # A plain attribute, not a property: a waiting caller reads it several
+        # times per collective.
+        self.finished = state in (State.STOPPED, State.FAILED)
 
     def is_engine_thread(self) -> bool:
-        return threading.get_ident() == self._thread.ident
+        return threading.get_ident() == self._thread_id
 
     def wake(self) -> None:
         if not self.event.is_set():
@@ -157,7 +160,7 @@ class Driver:
     def request_stop(self, timeout: float | None) -> bool:
         """Ask for a stop on every rank; wait for this rank's. True if it stopped in time."""
         if self.state is State.RUNNING:
-            self.state = State.DRAINING
+            self._set_state(State.DRAINING)
         self.event.set()
         if self._thread.ident is None:  # never started: nothing runs to stop
             return False
@@ -166,6 +169,7 @@ class Driver:
 
     # ------------------------------------------------------------- the thread
     def _main(self) -> None:
+        self._thread_id = threading.get_ident()
         try:
             if self.core is not None and hasattr(os, "sched_setaffinity"):
                 os.sched_setaffinity(0, {self.core})  # Linux: this thread only
@@ -252,7 +256,8 @@ class Driver:
         """One cycle, or one look for work while waiting (under the step lock)."""
         self._owner = threading.get_ident()
         try:
-            self.event.clear()
+            if self.event.is_set():  # clear() takes the event's lock even when unset
+                self.event.clear()
             if self.waiting:
                 if not self.loop.work_arrived():
                     return
@@ -261,7 +266,7 @@ class Driver:
             after_wait, self._after_wait = self._after_wait, False
             progress, stop = self.loop.cycle(after_wait)
             if stop:
-                self.state = State.STOPPED
+                self._set_state(State.STOPPED)
                 self.event.set()
             elif not progress:
                 self.waiting = True
@@ -270,7 +275,7 @@ class Driver:
             if self.is_engine_thread():  # not a signal: raised by code the engine ran
                 self._failed(exc)
                 return
-            self.state = State.FAILED
+            self._set_state(State.FAILED)
             self.event.set()
             self.loop.interrupt(exc)
             raise
@@ -282,6 +287,6 @@ class Driver:
     def _failed(self, exc: BaseException) -> None:
         """Report *exc*, stop, and let the loop fail its work (and end the job)."""
         log.error("hvdlite engine failed:\n%s", "".join(traceback.format_exception(exc)))
-        self.state = State.FAILED
+        self._set_state(State.FAILED)
         self.event.set()
         self.loop.fail(exc)

@@ -42,6 +42,8 @@ class State:
         self.timeline = None
         self.dynamic = False
         self.names = AutoNames()  # automatic names, counted per thread
+        # Params of named allreduces on the global set, by their arguments (collectives)
+        self.allreduce_params: dict = {}
 
 
 _state: State | None = None
