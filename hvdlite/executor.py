@@ -73,16 +73,23 @@ def _flat_bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
-def _allreduce_one(comm, op, inp: np.ndarray, out: np.ndarray, pre: float,
+def _mpi_allreduce(comm, op) -> Callable:
+    """``allreduce(buf, src=None)``: reduce *src* (default: *buf* itself) into *buf*
+    across *comm* with MPI op *op*, as the hierarchical helper's ``allreduce`` does."""
+    def allreduce(buf: np.ndarray, src: np.ndarray | None = None) -> None:
+        comm.Allreduce(MPI.IN_PLACE if src is None or src is buf else src, buf, op)
+
+    return allreduce
+
+
+def _allreduce_one(allreduce, inp: np.ndarray, out: np.ndarray, pre: float,
                    post: float) -> None:
-    """Allreduce *inp* into *out* through MPI, scaled, without the fusion buffer."""
+    """Reduce *inp* into *out* with *allreduce* (``_mpi_allreduce``'s signature),
+    scaled, without the fusion buffer."""
     if pre != 1.0:
         np.multiply(inp, pre, out=out, casting="unsafe")
-        comm.Allreduce(MPI.IN_PLACE, out, op)
-    elif inp is out:
-        comm.Allreduce(MPI.IN_PLACE, out, op)
-    else:
-        comm.Allreduce(inp, out, op)
+        inp = out
+    allreduce(out, inp)
     if post != 1.0:
         np.multiply(out, post, out=out, casting="unsafe")
 
@@ -168,7 +175,7 @@ class MPIExecutor:
         if wire.str != p.dtypes[0] or \
                 self._path(p.set_id, comm, count * wire.itemsize) is not Transport.MPI:
             return None
-        op = _MPI_OPS[p.op]
+        allreduce = _mpi_allreduce(comm, _MPI_OPS[p.op])
         pre = p.prescale
         post = p.postscale / comm.Get_size() if p.op == ReduceOp.AVERAGE else p.postscale
         key = batch[0].key
@@ -180,7 +187,7 @@ class MPIExecutor:
             if entry is None:  # a joined rank: the general path contributes its zeros
                 run_batch(batch)
                 return
-            _allreduce_one(comm, op, entry.inputs[0], entry.outputs[0], pre, post)
+            _allreduce_one(allreduce, entry.inputs[0], entry.outputs[0], pre, post)
             finish_keys(keys)
 
         return run
@@ -250,11 +257,11 @@ class MPIExecutor:
             self._shm[p0.set_id].allreduce(tensors, wire, p0.op, layout_key=batch)
             self._finish_batch(batch)
             return
-        hierarchical = path is Transport.HIERARCHICAL
-        if hierarchical:
-            reduce = lambda buf: self.hierarchical.allreduce(buf, op)  # noqa: E731
+        if path is Transport.HIERARCHICAL:
+            def allreduce(buf, src=None):
+                self.hierarchical.allreduce(buf, op, src)
         else:
-            reduce = lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, op)  # noqa: E731
+            allreduce = _mpi_allreduce(comm, op)
         # Tensors of the wire dtype that are alone or large are reduced where they
         # are (no copy through the fusion buffer); the rest is fused.  The split
         # depends only on the agreed shapes and dtypes, so it is the same everywhere.
@@ -266,7 +273,7 @@ class MPIExecutor:
             if dtype == wire.str and (alone or nbytes >= _ZERO_COPY_BYTES):
                 if tl is not None:
                     tl.phase(COLLECTIVE)
-                self._reduce_in_place(tensors, i, wire, op, comm, reduce, hierarchical)
+                self._reduce_in_place(tensors, i, wire, allreduce)
             else:
                 fused.append(i)
         if fused:
@@ -277,34 +284,21 @@ class MPIExecutor:
             _copy_in(part, buf)
             if tl is not None:
                 tl.phase(COLLECTIVE)
-            reduce(buf)
+            allreduce(buf)
             if tl is not None:
                 tl.phase(COPY_OUT)
             _copy_out(part, buf)
         self._finish_batch(batch)
 
-    def _reduce_in_place(self, tensors: Reduction, i: int, wire, op, comm, reduce,
-                         hierarchical: bool) -> None:
+    def _reduce_in_place(self, tensors: Reduction, i: int, wire, allreduce) -> None:
         """Reduce tensor *i* straight into its output, without the fusion buffer."""
         inp, out = tensors.inputs[i], tensors.outputs[i]
-        pre, post = tensors.prescales[i], tensors.postscales[i]
         if inp is None:  # a joined rank contributes zeros
             zeros = self.pool.get(wire, tensors.counts[i], slot=2)
             zeros.fill(0)
-            reduce(zeros)
+            allreduce(zeros)
             return
-        if not hierarchical:
-            _allreduce_one(comm, op, inp, out, pre, post)
-            return
-        if pre != 1.0:
-            np.multiply(inp, pre, out=out, casting="unsafe")
-            reduce(out)
-        elif inp is out:
-            reduce(out)
-        else:
-            self.hierarchical.allreduce(out, op, inp)
-        if post != 1.0:
-            np.multiply(out, post, out=out, casting="unsafe")
+        _allreduce_one(allreduce, inp, out, tensors.prescales[i], tensors.postscales[i])
 
     def _allreduce_mixed(self, batch, comm, op) -> None:
         """A group of tensors with different wire dtypes (never fused with other
