@@ -88,6 +88,8 @@ def _array(x, what: str) -> np.ndarray:
 
 
 def _output(out, like: np.ndarray, what: str) -> np.ndarray:
+    if out is like and type(like) is np.ndarray and like.flags.writeable:
+        return out  # in place: _array has checked the rest
     if not isinstance(like, np.ndarray):
         return _device_submission().engine_output(out, like, what)
     if out is None:

@@ -217,17 +217,15 @@ class MPIExecutor:
     def _reduction(self, batch, set_size) -> Reduction:
         """Every tensor of the batch, with Average's division folded into the postscale."""
         tensors = Reduction()
-        add = tensors.add
         for response in batch:
             p = response.params
             entry = self._lookup(response.key)
             post = p.postscale / set_size if p.op == ReduceOp.AVERAGE else p.postscale
-            for i, shape in enumerate(p.shapes):
-                if entry is None:
-                    add(None, None, None, math.prod(shape), p.prescale, post)
-                else:
-                    add(entry, entry.inputs[i], entry.outputs[i], math.prod(shape),
-                        p.prescale, post)
+            if entry is None:
+                tensors.extend(None, None, None, _counts(p.shapes), p.prescale, post)
+            else:
+                tensors.extend(entry, entry.inputs, entry.outputs, _counts(p.shapes),
+                               p.prescale, post)
         return tensors
 
     def _path(self, set_id: int, comm, nbytes: int) -> Transport:
@@ -243,7 +241,7 @@ class MPIExecutor:
         p0 = batch[0].params
         wire = reduce_dtype(p0.dtypes[0])
         op = _MPI_OPS[p0.op]  # ReduceOp is an IntEnum: the int finds it
-        if len(p0.dtypes) > 1 and any(reduce_dtype(d) != wire for d in p0.dtypes):
+        if len(p0.dtypes) > 1 and _mixed_wire(p0.dtypes):
             self._allreduce_mixed(batch, comm, op)
             return
         tensors = self._reduction(batch, comm.Get_size())
@@ -504,6 +502,18 @@ class MPIExecutor:
             for j, out in zip(index, shards, strict=True):
                 outputs[j] = out
         self._finish_per_entry([t.entry for t in tensors], outputs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _counts(shapes: tuple) -> tuple[int, ...]:
+    """The element count of each shape (an entry's shapes repeat step after step)."""
+    return tuple(math.prod(shape) for shape in shapes)
+
+
+@functools.lru_cache(maxsize=1024)
+def _mixed_wire(dtypes: tuple) -> bool:
+    """Whether a grouped entry's dtypes reduce in more than one wire dtype."""
+    return len({reduce_dtype(d) for d in dtypes}) > 1
 
 
 def _copy_in(tensors: Reduction, buf) -> None:

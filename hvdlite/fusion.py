@@ -106,6 +106,17 @@ class Reduction:
         self.prescales.append(prescale)
         self.postscales.append(postscale)
 
+    def extend(self, entry, inputs, outputs, counts, prescale: float, postscale: float) -> None:
+        """Add the tensors of one entry (*inputs*/*outputs* None on a joined
+        rank), all with the same factors."""
+        n = len(counts)
+        self.entries.extend([entry] * n)
+        self.inputs.extend(inputs if inputs is not None else [None] * n)
+        self.outputs.extend(outputs if outputs is not None else [None] * n)
+        self.counts.extend(counts)
+        self.prescales.extend([prescale] * n)
+        self.postscales.extend([postscale] * n)
+
     def subset(self, indices) -> Reduction:
         """The tensors at *indices*, in that order."""
         part = Reduction()

@@ -100,6 +100,25 @@ def _allreduce(sources, outputs, average, name, op, prescale_factor, postscale_f
     return _attach(handle, convert)
 
 
+def _plain_views(tensors) -> list | None:
+    """The numpy views of *tensors* when every one is a contiguous CPU tensor
+    that the engine reduces as it is (not float16 or bfloat16, which travel
+    widened), else None: the caller takes the general path, which also names
+    what is wrong with a tensor."""
+    arrays = []
+    for t in tensors:
+        if t.__class__ is not torch.Tensor or not t.is_cpu or t.layout is not torch.strided \
+                or t.dtype not in _AS_IS or not t.is_contiguous():
+            return None
+        arrays.append((t.detach() if t.requires_grad else t).numpy())
+    return arrays
+
+
+#: Dtypes whose tensors the engine reduces through their own numpy view.
+_AS_IS = frozenset({torch.uint8, torch.int8, torch.uint16, torch.int16, torch.int32,
+                    torch.int64, torch.float32, torch.float64, torch.bool})
+
+
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
     """Start reducing *tensor* over the process set into a new tensor; returns a handle.
@@ -135,6 +154,12 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                              postscale_factor=1.0, process_set=global_process_set):
     """In-place :func:`grouped_allreduce_async`."""
     tensors = list(tensors)
+    arrays = _plain_views(tensors)
+    if arrays is not None:  # the common case (a gradient bucket): no per-tensor conversions
+        handle = _collectives.grouped_allreduce_async(
+            arrays, average, _named("allreduce", name), op, prescale_factor, postscale_factor,
+            process_set, outputs=arrays)
+        return _attach(handle, lambda _result: tensors)
     dsts = [_target(t, "grouped_allreduce_async_") for t in tensors]
     return _allreduce(dsts, dsts, average, name, op, prescale_factor, postscale_factor,
                       process_set, grouped=True, returned=tensors)

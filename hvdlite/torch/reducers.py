@@ -422,11 +422,15 @@ class AllreduceReducer(GradientReducer):
         ``ctx.keys``, whose buffer is kept for the next step."""
         if self.compression not in _ELEMENTWISE:
             return None
-        grads = [_grad_or_zeros(p) for p in params]
-        dtype = grads[0].dtype
-        for grad in grads:
-            if grad.dtype != dtype or grad.layout != torch.strided:
+        dtype = _grad_or_zeros(params[0]).dtype
+        grads = []
+        for p in params:
+            grad = p.grad
+            if grad is None:
+                grad = _grad_or_zeros(p)
+            if grad.dtype is not dtype or grad.layout is not torch.strided:
                 return None
+            grads.append(grad)
         buffer = self._buffers.get(id(params)) if keep else None
         if buffer is None or not buffer.fits(grads):
             buffer = _BucketBuffer(grads)

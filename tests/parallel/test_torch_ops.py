@@ -142,6 +142,39 @@ def test_grouped_allreduce_spellings():
         close(out, exp, exp.dtype)
 
 
+def test_grouped_allreduce_in_place_of_plain_tensors():
+    """Contiguous CPU tensors of numpy dtypes go to the engine as their own
+    views (a gradient bucket's case); the results, the scales and the returned
+    list are those of the general path, and a tensor that requires grad is
+    reduced through a detached view."""
+    dtypes = [torch.float32, torch.int64, torch.float64, torch.int32]
+    shapes = [(2, 3), (4,), (1,), (2, 2)]
+    mine = [data(R, shape=s, dtype=d, seed=30 + i)
+            for i, (s, d) in enumerate(zip(shapes, dtypes, strict=True))]
+    copies = [m.clone() for m in mine]
+    copies[0].requires_grad_()
+    returned = hvd.synchronize(hvd.grouped_allreduce_async_(
+        copies, op=hvd.Sum, name="grp.plain", prescale_factor=2.0, postscale_factor=0.5))
+    assert len(returned) == len(copies) and all(a is b for a, b in zip(returned, copies))
+    for i, (out, d) in enumerate(zip(copies, dtypes, strict=True)):
+        exp = torch.stack([t.double() for t in everyone(shape=shapes[i], dtype=d,
+                                                         seed=30 + i)]).sum(0)
+        close(out.detach(), exp.to(d), d)
+    averaged = [m.clone() for m in mine[:1]] + [torch.full((3,), float(R), dtype=torch.float64)]
+    hvd.grouped_allreduce_(averaged, name="grp.plain.avg")
+    close(averaged[1], torch.full((3,), (N - 1) / 2, dtype=torch.float64), torch.float64)
+
+
+def test_grouped_allreduce_in_place_misuse_is_named():
+    """A tensor the lean path cannot take goes to the checks that name the problem."""
+    with pytest.raises(ValueError, match="contiguous"):
+        hvd.grouped_allreduce_([torch.ones(2), torch.ones(4, 4).t()], name="grp.bad.t")
+    with pytest.raises(ValueError, match="sparse"):
+        hvd.grouped_allreduce_([torch.ones(2), torch.ones(2).to_sparse()], name="grp.bad.s")
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        hvd.grouped_allreduce_([torch.ones(2), [1.0, 2.0]], name="grp.bad.list")
+
+
 def test_allreduce_is_differentiable():
     x = data(R, seed=11).requires_grad_()
     y = hvd.allreduce(x * (R + 1), op=hvd.Sum)
