@@ -28,6 +28,7 @@ from hvdlite import collectives as _collectives
 from hvdlite.ops import Average, Sum
 from hvdlite.process_sets import global_process_set
 from hvdlite.torch._handles import (
+    _NUMPY_DTYPES,
     _all_of,
     _array,
     _attach,
@@ -100,6 +101,10 @@ def _allreduce(sources, outputs, average, name, op, prescale_factor, postscale_f
     return _attach(handle, convert)
 
 
+#: Dtypes whose tensors the engine reduces through their own numpy view.
+_AS_IS = _NUMPY_DTYPES - frozenset(_WIDENED)
+
+
 def _plain_views(tensors) -> list | None:
     """The numpy views of *tensors* when every one is a contiguous CPU tensor
     that the engine reduces as it is (not float16 or bfloat16, which travel
@@ -112,11 +117,6 @@ def _plain_views(tensors) -> list | None:
             return None
         arrays.append((t.detach() if t.requires_grad else t).numpy())
     return arrays
-
-
-#: Dtypes whose tensors the engine reduces through their own numpy view.
-_AS_IS = frozenset({torch.uint8, torch.int8, torch.uint16, torch.int16, torch.int32,
-                    torch.int64, torch.float32, torch.float64, torch.bool})
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
