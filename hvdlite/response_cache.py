@@ -61,8 +61,9 @@ class ResponseCache:
         self._responses: list[Response | None] = []
         self._free: list[int] = []
         self._lru: OrderedDict[int, None] = OrderedDict()
-        #: Changes whenever a bit comes to stand for another response (or none), so a
-        #: caller may keep what it derived from a set of bits while this stays equal.
+        #: Changes whenever a bit that stood for a response comes to stand for another
+        #: one (or none), so a caller may keep what it derived from a set of bits while
+        #: this stays equal.  A name put under a bit never used before changes nothing.
         self.version = 0
 
     @property
@@ -90,8 +91,8 @@ class ResponseCache:
         if self.capacity <= 0:
             return None
         key = response.key
-        self.version += 1
         if key in self._bit_of:
+            self.version += 1
             bit = self._bit_of[key]
             self._responses[bit] = response
             self._lru.move_to_end(bit)
@@ -101,7 +102,7 @@ class ResponseCache:
             evicted, _ = self._lru.popitem(last=False)
             self._drop(evicted)
         if self._free:
-            bit = self._free.pop()
+            bit = self._free.pop()  # its drop changed the version
         else:
             bit = len(self._responses)
             self._responses.append(None)
