@@ -11,7 +11,13 @@ communicator:
    becomes a request for the coordinator;
 2. one non-blocking bitwise-AND allreduce of the status vector
    (:mod:`hvdlite.status`): flags, the cache bits every rank is ready for,
-   invalidations and, right after a wait, which ranks rang the doorbell;
+   invalidations and, right after a wait, which ranks rang the doorbell.
+   Just before it, a rank whose waiting cache bits are exactly those of a
+   cached plan (:mod:`hvdlite.plans`) copies that plan's batch into shared
+   memory where the plan allows it (a *staged* allreduce, see
+   :mod:`hvdlite.shm`); when the exchange says every rank did and that every
+   bit any rank waits on is ready, every rank staged the plan now due, and the
+   exchange has been its first barrier;
 3. if any rank has requests (or a stall check is due): gather them to rank 0,
    whose :class:`~hvdlite.coordinator.Coordinator` answers with a response
    list that is broadcast;
@@ -52,6 +58,7 @@ from .exceptions import HorovodInternalError, MismatchError
 from .executor import MPIExecutor
 from .fusion import plan_batches
 from .messages import CACHEABLE, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind, Response
+from .plans import Plan, PlanCache
 from .process_sets import ProcessSet
 from .response_cache import ResponseCache
 from .status import Codec, Flag, Layout, alone
@@ -113,7 +120,7 @@ class Engine:
         # Autotune (a TuningLink, or None): rank 0's setting arrives in the status vector.
         self.tuning = tuning
         self._planner = planner
-        self._last_plan: tuple = (None, [], [])  # ((ready, cache version), batches, runners)
+        self._plans = PlanCache()  # the plans of all-cached cycles
         warn = config.stall_check_time_seconds
         if self.limit.seconds:  # warn (naming the missing ranks) before the limit ends the job
             warn = min(warn, self.limit.seconds / 2)
@@ -235,7 +242,10 @@ class Engine:
         tl = self.timeline
         if tl is not None:
             tl.cycle_began(self.cycles, new)
-        status = self._exchange_status(self._flags(bool(new)), after_wait)
+        flags = self._flags(bool(new))
+        if not self._stage():
+            flags |= Flag.UNSTAGED
+        status = self._exchange_status(flags, after_wait)
         if self.tuning is not None and status.root:
             setting = self.tuning.receive(status.root, self.cycles)
             if setting is not None:
@@ -267,7 +277,10 @@ class Engine:
             if responses:
                 self._execute([bits.cache.get(bit) for bit in ready_bits] + responses)
             else:
-                self._execute_cached(ready, ready_bits)
+                # Every rank staged the plan of its own waiting bits (no UNSTAGED),
+                # and every waiting bit is ready: so each staged the plan now due.
+                staged = not flags & Flag.UNSTAGED and ready == status.any_hit
+                self._execute_cached(ready, ready_bits, staged)
         elif responses:
             self._execute(responses)
         for response in responses:
@@ -320,6 +333,16 @@ class Engine:
             self._stall_wanted = False
         return flags
 
+    def _stage(self) -> bool:
+        """Before the status exchange: stage the batch of the cached plan whose
+        ready bits are exactly the bits this rank waits on, where that plan has a
+        stager (True when staged).  Every rank's answer goes into the exchange."""
+        if self.timeline is not None or self._joined:
+            return False
+        bits = self.bits
+        plan = self._plans.peek(bits.hit_mask, bits.cache.version)
+        return plan is not None and plan.stager is not None and plan.stager.stage()
+
     def _exchange_status(self, flags: int, after_wait: bool):
         tuning = self.tuning
         root_words, root = (tuning.words, tuning.outgoing()) if tuning is not None else (0, None)
@@ -368,26 +391,31 @@ class Engine:
         return self.comm.bcast(responses, root=0)
 
     # ---------------------------------------------------------------- execution
-    def _execute_cached(self, ready: int, bits: list[int]) -> None:
-        """Run the cached responses of *bits* (the bits of *ready*, ascending).
-
-        A training loop readies the same bits every step, so the fusion plan of
-        the last all-cached cycle is kept while the cache is unchanged, with the
-        executor's runners of its batches (made on every rank in the same cycle).
-        """
-        key = (ready, self.bits.cache.version)
-        plan = self._last_plan
-        if plan[0] != key:
+    def _execute_cached(self, ready: int, bits: list[int], staged: bool) -> None:
+        """Run the cached responses of *bits* (the bits of *ready*, ascending), by
+        their plan (made here on every rank the first time these bits are ready
+        at this cache version).  *staged*: every rank staged this plan's batch
+        before this cycle's exchange."""
+        version = self.bits.cache.version
+        plan = self._plans.get(ready, version)
+        if plan is None:
             batches = plan_batches([self.bits.cache.get(bit) for bit in bits], self._threshold)
-            plan = self._last_plan = (key, batches, self.executor.runners(batches))
+            executor = self.executor
+            plan = self._plans.add(ready, Plan(batches, executor.runners(batches),
+                                               executor.stager(batches)))
+        elif staged and plan.stager is not None:
+            plan.stager.run()
+            if self.tuning is not None:
+                self.tuning.observe(plan.batches)
+            return
         if self.timeline is not None:
-            self._run_batches(plan[1])
+            self._run_batches(plan.batches)
             return
         self.executor.timeline = None
-        for run in plan[2]:
+        for run in plan.runners:
             run()
         if self.tuning is not None:
-            self.tuning.observe(plan[1])
+            self.tuning.observe(plan.batches)
 
     def _execute(self, responses: list[Response]) -> None:
         self._run_batches(plan_batches(responses, self._threshold))
@@ -423,7 +451,7 @@ class Engine:
     def _apply_setting(self, setting) -> None:
         """Autotune: run with *setting* from this cycle on (every rank, same cycle)."""
         self._threshold = setting.fusion_threshold
-        self._last_plan = (None, [], [])
+        self._plans.clear()
         cycle_time = setting.cycle_time_ms / 1000.0
         self.driver.set_cycle_time(cycle_time, cycle_time if self.overlap
                                    else max(cycle_time, _LAZY_START))

@@ -28,7 +28,7 @@ from .dtypes import reduce_dtype
 from .fusion import BufferPool, Reduction
 from .messages import Kind, Response
 from .ops import ReduceOp
-from .shm import SharedMemoryAllreduce
+from .shm import SLOT_BYTES, SharedMemoryAllreduce
 from .splits import even_split, offsets
 from .timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
 from .transport import Transport
@@ -191,6 +191,30 @@ class MPIExecutor:
             finish_keys(keys)
 
         return run
+
+    def stager(self, batches: list[list[Response]]) -> _Stager | None:
+        """For a plan the engine runs again and again: a :class:`_Stager` when the
+        plan is one allreduce batch that this rank's set reduces through shared
+        memory in one chunk, which can then run staged
+        (:meth:`SharedMemoryAllreduce.stage`), else None.
+        Collective as :meth:`runners` is (it may make the set's window), and every
+        member answers alike."""
+        if len(batches) != 1:
+            return None
+        batch = batches[0]
+        p = batch[0].params
+        if p.kind != Kind.ALLREDUCE or p.device != "cpu" or p.op == ReduceOp.ADASUM \
+                or (len(p.dtypes) > 1 and _mixed_wire(p.dtypes)):
+            return None
+        comm = self._sets.comm_of(p.set_id)
+        if comm is None:
+            return None
+        wire = reduce_dtype(p.dtypes[0])
+        nbytes = sum(sum(_counts(r.params.shapes)) for r in batch) * wire.itemsize
+        if nbytes > SLOT_BYTES \
+                or self._path(p.set_id, comm, nbytes) is not Transport.SHARED_MEMORY:
+            return None
+        return _Stager(self, batch, comm.Get_size(), wire, self._shm[p.set_id])
 
     def use_planner(self, planner) -> None:
         """Take paths from *planner* from the next batch on (autotune: every rank
@@ -502,6 +526,35 @@ class MPIExecutor:
             for j, out in zip(index, shards, strict=True):
                 outputs[j] = out
         self._finish_per_entry([t.entry for t in tensors], outputs)
+
+
+class _Stager:
+    """One cached allreduce batch, run staged: :meth:`stage` before the engine's
+    status exchange, :meth:`run` after it, on every member, where every member
+    staged (the exchange tells)."""
+
+    __slots__ = ("_executor", "_batch", "_set_size", "_wire", "_op", "_shm")
+
+    def __init__(self, executor: MPIExecutor, batch, set_size: int, wire, shm):
+        self._executor = executor
+        self._batch = batch
+        self._set_size = set_size
+        self._wire = wire
+        self._op = ReduceOp(batch[0].params.op)
+        self._shm = shm
+
+    def stage(self) -> bool:
+        """Copy this rank's batch in ahead of the exchange; False where it cannot be
+        (an entry of the batch is not here: a joined rank's)."""
+        tensors = self._executor._reduction(self._batch, self._set_size)
+        if None in tensors.entries:
+            return False
+        return self._shm.stage(tensors, self._wire, self._op, layout_key=self._batch)
+
+    def run(self) -> None:
+        """Collective: reduce the staged batch and finish its entries."""
+        self._shm.run_staged()
+        self._executor._finish_batch(self._batch)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -45,6 +45,18 @@ rows); a rank whose rows do not fit its area says so in its header, and every
 rank then gathers through MPI.  Both collectives begin after the other's last
 barrier, so they share the areas safely.
 
+A *staged* allreduce saves the first barrier where the engine can tell ahead
+of its cycle what will run (a training loop's cached plan, see
+:meth:`~SharedMemoryAllreduce.stage`): a rank ready for that batch does step 1
+before the engine's status exchange, while it would otherwise wait for its
+peers there, and the exchange then stands in for the barrier of step 2: no
+rank completes it before every peer has entered it, so every peer's copy is
+complete and visible.  Steps 3-5 follow as above, so the work and the result
+are those of an unstaged chunk.  The early copy is safe for the same reason:
+a peer completes the exchange only after it has finished every collective
+before it, and after a collective's last barrier nobody reads a contribution
+area.
+
 The path is used for 2 to :data:`MAX_RANKS` ranks on one node; the executor
 decides which tensors of a batch come here (see its docstring).
 
@@ -54,6 +66,9 @@ dtype and op) and :meth:`~SharedMemoryAllreduce.allgather` (the same tensors
 and row sizes) in the same order (the engine's response list guarantees it),
 and :meth:`~SharedMemoryAllreduce.free` together.  A joined rank passes
 items without arrays: it contributes zeros and still reduces its portion.
+:meth:`~SharedMemoryAllreduce.run_staged` is collective in the same way, and
+only for a batch that every rank of the set staged just before an exchange
+that all of them have completed.
 """
 
 from __future__ import annotations
@@ -113,6 +128,8 @@ class SharedMemoryAllreduce:
         self._results = [a[SLOT_BYTES:] for a in areas]
         self._layout_key = self._layout = None  # the last batch's layout, kept for reuse
         self._next_start = 0  # where in each area the next chunk begins (ROTATION_BYTES)
+        self._staged: tuple | None = None  # (step, start, entries) copied in by stage()
+        self.staged_runs = 0  # how many batches ran staged (for tests and benchmarks)
 
     @classmethod
     def create(cls, comm, limit=None) -> SharedMemoryAllreduce | None:
@@ -149,6 +166,7 @@ class SharedMemoryAllreduce:
     def free(self) -> None:
         """Collective: release the window and the node communicator."""
         self._contributions = self._results = []
+        self._staged = None
         self._win.Unlock_all()
         self._win.Free()
         self._comm.Free()
@@ -163,14 +181,18 @@ class SharedMemoryAllreduce:
         response cache is unchanged); the cut into chunks and portions is kept
         while the same key comes back.
         """
+        step = _Step(tensors, self._layout_of(tensors, wire, layout_key), wire, _UFUNCS[op])
+        self._staged = None  # its area is about to be overwritten
+        for chunk in step.layout.chunks:
+            self._run_chunk(step, chunk)
+
+    def _layout_of(self, tensors, wire: np.dtype, layout_key) -> _Layout:
         layout = self._layout_key is layout_key and self._layout
         if not layout:
             layout = _Layout(tensors, wire, SLOT_BYTES // wire.itemsize, self._size)
             if layout_key is not None:
                 self._layout_key, self._layout = layout_key, layout
-        step = _Step(tensors, layout, wire, _UFUNCS[op])
-        for fill, bounds, portions in layout.chunks:
-            self._run_chunk(step, fill, bounds, portions)
+        return layout
 
     def _sync(self) -> None:
         self._win.Sync()
@@ -182,34 +204,86 @@ class SharedMemoryAllreduce:
                 raise self._limit.error("at the shared-memory allreduce's barrier")
         self._win.Sync()
 
-    def _place(self, nbytes: int) -> int:
-        """Where in each area the next chunk of *nbytes* begins (see ROTATION_BYTES)."""
+    def _peek(self, nbytes: int) -> int:
+        """Where in each area the next chunk of *nbytes* will begin (see ROTATION_BYTES)."""
         start = self._next_start
-        if start + nbytes > ROTATION_BYTES:
-            start = 0
+        return 0 if start + nbytes > ROTATION_BYTES else start
+
+    def _place(self, nbytes: int) -> int:
+        """Where the next chunk of *nbytes* begins; the one after it begins at its end."""
+        start = self._peek(nbytes)
         self._next_start = start + -(-nbytes // _PAGE) * _PAGE
         return start
 
-    def _run_chunk(self, step: _Step, fill: int, bounds: list[int], portions) -> None:
+    def _run_chunk(self, step: _Step, chunk) -> None:
+        start = self._place(chunk[0] * step.wire.itemsize)
+        self._contribute(step, chunk, start)
+        self._sync()
+        self._reduce_and_collect(step, chunk, start)
+
+    def _contribute(self, step: _Step, chunk, start: int) -> None:
+        """Step 1 of a chunk: this rank's data for the peers' portions into its area."""
+        fill, bounds, portions = chunk
         rank = self._rank
-        nbytes = fill * step.wire.itemsize
-        start = self._place(nbytes)
-        end = start + nbytes
-        contributions = [a[start:end].view(step.wire) for a in self._contributions]
-        mine = contributions[rank]
+        mine = self._contributions[rank][start:start + fill * step.wire.itemsize].view(step.wire)
         for p, pieces in enumerate(portions):
             if p != rank:
                 step.copy_in(pieces, mine, bounds[p], bounds[p + 1])
             else:  # this rank's own data is read where it is, unless it needs a cast
                 step.copy_in([piece for piece in pieces if not step.direct[piece[0]]], mine)
-        self._sync()
-        lo = bounds[rank]
+
+    def _reduce_and_collect(self, step: _Step, chunk, start: int) -> None:
+        """Steps 3-5 of a chunk, after its contributions are visible everywhere."""
+        fill, bounds, portions = chunk
+        rank, wire = self._rank, step.wire
+        end = start + fill * wire.itemsize
+        contributions = [a[start:end].view(wire) for a in self._contributions]
         step.reduce_own(portions[rank], contributions, rank,
-                        self._results[rank][start:end].view(step.wire), lo)
+                        self._results[rank][start:end].view(wire), bounds[rank])
         self._sync()
         for p, pieces in enumerate(portions):
             if p != rank:
-                step.copy_out(pieces, self._results[p][start:end].view(step.wire), bounds[p])
+                step.copy_out(pieces, self._results[p][start:end].view(wire), bounds[p])
+
+    # ---------------------------------------------------------- staged allreduce
+    def stage(self, tensors, wire: np.dtype, op: ReduceOp, layout_key) -> bool:
+        """Step 1 of a batch of one chunk ahead of the engine's next status exchange
+        (see the module docstring), for :meth:`run_staged` after it.  *tensors*,
+        *wire*, *op* and *layout_key* are what :meth:`allreduce` would get.  Local:
+        no rank waits.
+
+        Returns False, having copied nothing, where the batch needs more than one
+        chunk.  Staging the same entries again keeps the copy already made.
+        """
+        layout = self._layout_of(tensors, wire, layout_key)
+        if len(layout.chunks) != 1:
+            return False
+        chunk = layout.chunks[0]
+        start = self._peek(chunk[0] * wire.itemsize)
+        entries = tensors.entries
+        staged = self._staged
+        if staged is not None and staged[1] == start and len(staged[2]) == len(entries) \
+                and all(a is b for a, b in zip(staged[2], entries)):
+            return True
+        step = _Step(tensors, layout, wire, _UFUNCS[op])
+        self._contribute(step, chunk, start)
+        self._win.Sync()
+        self._staged = (step, start, entries)
+        return True
+
+    def run_staged(self) -> None:
+        """Collective over the set, after a status exchange that every rank entered
+        having staged the same batch (see :meth:`stage`): steps 3-5 of its chunk."""
+        if self._staged is None:
+            raise RuntimeError("hvdlite internal error: a staged allreduce ran without its "
+                               "batch staged on this rank")
+        step, start, _ = self._staged
+        self._staged = None
+        chunk = step.layout.chunks[0]
+        self._place(chunk[0] * step.wire.itemsize)  # == start: nothing ran since stage()
+        self._win.Sync()
+        self._reduce_and_collect(step, chunk, start)
+        self.staged_runs += 1
 
     # ----------------------------------------------------------------- allgather
     def allgather(self, inputs, row_bytes: list[int], outputs_for, phase=None):
@@ -236,6 +310,7 @@ class SharedMemoryAllreduce:
         head = area[:header].view(np.int64)
         head[0] = nbytes if fits else -1
         head[1:] = rows
+        self._staged = None  # its area is about to be overwritten
         if fits and nbytes:
             np.concatenate([x.reshape(-1).view(np.uint8) for x in inputs
                             if x is not None and x.size], out=area[start:start + nbytes])

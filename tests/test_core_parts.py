@@ -19,6 +19,7 @@ from hvdlite.driver import Driver, State
 from hvdlite.exceptions import HorovodInternalError
 from hvdlite.handles import Handle
 from hvdlite.messages import RESPONSE_OK, Kind, Params, Response
+from hvdlite.plans import Plan, PlanCache
 from hvdlite.response_cache import ResponseCache
 from hvdlite.status import Codec, Flag, Layout, alone, combine, decode, encode
 from hvdlite.submissions import Entry, Inbox
@@ -134,6 +135,40 @@ def test_take_ready_marks_bits_used_and_releases_their_entries():
     assert bits.take_ready(0b101) == [0, 2]
     assert bits.hit_mask == 0b010 and entries[0].bit == -1 and entries[1].bit == 1
     assert bits.unhit_all() == [entries[1]] and bits.hit_mask == 0
+
+
+# -------------------------------------------------------------------------- plans
+def _plan(tag: str) -> Plan:
+    return Plan([[tag]], [], None)
+
+
+def test_plans_are_kept_per_ready_bits_while_the_cache_version_stays():
+    plans = PlanCache(limit=3)
+    assert plans.get(0b11, version=7) is None
+    loop, loss = plans.add(0b11, _plan("loop")), plans.add(0b100, _plan("loss"))
+    assert plans.get(0b11, 7) is loop and plans.get(0b100, 7) is loss
+    assert plans.get(0b1, 7) is None and len(plans) == 2
+
+
+def test_a_peek_guesses_without_dropping_and_a_new_version_drops_every_plan():
+    plans = PlanCache()
+    plans.get(0b1, version=1)
+    plan = plans.add(0b1, _plan("a"))
+    assert plans.peek(0b1, 1) is plan
+    assert plans.peek(0b1, 2) is None and plans.get(0b1, 1) is plan  # peek kept it
+    assert plans.get(0b1, 2) is None and len(plans) == 0
+    assert plans.peek(0b1, 1) is None
+
+
+def test_plans_past_the_limit_start_afresh_and_clear_forgets_the_version():
+    plans = PlanCache(limit=2)
+    plans.get(0, version=5)
+    for ready in (1, 2):
+        plans.add(ready, _plan(str(ready)))
+    plans.add(4, _plan("4"))
+    assert len(plans) == 1 and plans.get(4, 5) is not None and plans.get(1, 5) is None
+    plans.clear()
+    assert plans.peek(4, 5) is None and plans.get(4, 5) is None
 
 
 # -------------------------------------------------------------------------- inbox

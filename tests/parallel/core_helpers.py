@@ -88,16 +88,21 @@ def same_everywhere(value) -> bool:
 
 
 def spy_on_shared_memory(monkeypatch) -> list[int]:
-    """Record the item count of every batch this rank reduces through shared memory
-    (the reduction itself still runs)."""
+    """Record the item count of every batch this rank reduces through shared memory,
+    staged or not (the reduction itself still runs)."""
     from hvdlite.shm import SharedMemoryAllreduce
 
     calls = []
-    real = SharedMemoryAllreduce.allreduce
+    real, real_staged = SharedMemoryAllreduce.allreduce, SharedMemoryAllreduce.run_staged
 
     def spy(self, items, wire, op, **kwargs):
         calls.append(len(items))
         return real(self, items, wire, op, **kwargs)
 
+    def spy_staged(self):
+        calls.append(len(self._staged[0].layout.counts))
+        return real_staged(self)
+
     monkeypatch.setattr(SharedMemoryAllreduce, "allreduce", spy)
+    monkeypatch.setattr(SharedMemoryAllreduce, "run_staged", spy_staged)
     return calls

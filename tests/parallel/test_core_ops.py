@@ -209,10 +209,11 @@ def test_a_repeated_named_allreduce_stays_right_as_its_arguments_change():
             else:
                 out = hvd.allreduce(x, **kwargs)
             assert_same(out, expected, dtype)
-        plan = state().engine._last_plan
+        plan = list(state().engine._plans._plans.values())[-1]  # the last one made
         if dtype != np.float16:
             # the cached plan of one single allreduce has its own runner
-            assert len(plan[2]) == 1 and not isinstance(plan[2][0], functools.partial)
+            assert len(plan.runners) == 1 \
+                and not isinstance(plan.runners[0], functools.partial)
 
 
 def test_more_cached_names_than_one_status_word():

@@ -8,14 +8,18 @@ what only it has: batches cut into slot-sized chunks (a tensor split across
 chunks, casts and scale factors on both sides of a cut), the reducer of a
 removed set being freed, and the knob that turns the path off; allgathers of
 uneven rows through the window, interleaved with allreduces that share it, and
-the fall-back to MPI on every rank when one rank's rows do not fit its area.
+the fall-back to MPI on every rank when one rank's rows do not fit its area;
+a training loop's batch run *staged* (copied in before the engine's status
+exchange), with late ranks and other collectives through the window between
+its steps.
 """
 
 import os
+import time
 
 import numpy as np
 import pytest
-from core_helpers import same_everywhere, spy_on_shared_memory
+from core_helpers import assert_same, same_everywhere, spy_on_shared_memory
 
 import hvdlite as hvd
 from hvdlite import basics
@@ -174,6 +178,88 @@ def test_successive_chunks_move_through_the_start_of_the_areas_alike_everywhere(
     assert starts == expected
     assert 0 in starts[1:4] and any(starts[:4])  # it wrapped, and it moved
     assert same_everywhere(starts)
+
+
+def _staged_runs() -> int:
+    reducer = _reducer()
+    return 0 if reducer is None else reducer.staged_runs
+
+
+def _loop_step(step: int, sizes, in_place: bool, name: str):
+    """One step of a loop's grouped allreduce: float32 and float16 (cast to a float32
+    wire), prescaled and averaged; returns the outputs and what they must be."""
+    xs = [(np.arange(n) % 251 + RANK + step).astype(np.float32 if i % 2 else np.float16)
+          for i, n in enumerate(sizes)]
+    outs = hvd.grouped_allreduce(xs, name=name, op=hvd.Average, prescale_factor=2.0,
+                                 outputs=xs if in_place else None)
+    expected = [2 * (np.arange(n) % 251 + step) + (SIZE - 1) for n in sizes]
+    return xs, outs, expected
+
+
+def test_a_training_loop_s_batch_runs_staged_from_its_third_step():
+    # Step 1 is negotiated, step 2 makes the cached plan; from then on every rank
+    # copies its part in before the status exchange.  Casts, scale factors and
+    # outputs in place come out as they do unstaged.  A loss averaged every step
+    # (a plan of its own, through MPI) and a check negotiated anew every step
+    # come between the steps.
+    sizes = [16_384, 5, 70_001, 33, 9_999]
+    before = _staged_runs()
+    steps = 6
+    for step in range(steps):
+        xs, outs, expected = _loop_step(step, sizes, bool(step % 2), "shm.staged.loop")
+        loss = hvd.allreduce(np.float32(RANK + step), name="shm.staged.loss", op=hvd.Sum)
+        assert loss == SIZE * step + SIZE * (SIZE - 1) // 2
+        for x, o, e in zip(xs, outs, expected, strict=True):
+            assert (o is x) == bool(step % 2)
+            assert o.dtype == x.dtype
+            assert_same(o, e)
+        assert same_everywhere(b"".join(o.tobytes() for o in outs))
+    assert _staged_runs() - before == (0 if SIZE == 1 else steps - 2)
+
+
+def test_ranks_that_arrive_late_find_the_early_ranks_batch_staged():
+    # Each step a different rank comes late: the others stage, exchange, find the
+    # batch not ready everywhere, wait, and run it staged once the late rank has
+    # staged too, with the copy they made before.
+    sizes = [40_000, 3, 20_000]
+    before = _staged_runs()
+    steps = 2 + 2 * SIZE
+    for step in range(steps):
+        if step >= 2 and step % SIZE == RANK:
+            time.sleep(0.05)
+        xs, outs, expected = _loop_step(step, sizes, False, "shm.staged.late")
+        for o, e in zip(outs, expected, strict=True):
+            assert_same(o, e)
+    assert _staged_runs() - before == (0 if SIZE == 1 else steps - 2)
+
+
+def test_other_collectives_through_the_window_between_staged_steps():
+    # An allgather and a large unstaged allreduce between a loop's steps take the
+    # areas in turn; the loop's batch is staged again two steps after each.
+    sizes = [30_000, 17, 50_000]
+    for step in range(8):
+        _, outs, expected = _loop_step(step, sizes, False, "shm.staged.mixed")
+        for o, e in zip(outs, expected, strict=True):
+            assert_same(o, e)
+        if step in (3, 5):
+            rows = hvd.allgather(np.full((RANK + 1, 4), RANK + step, np.int32),
+                                 name=f"shm.staged.gather.{step}")
+            np.testing.assert_array_equal(
+                rows, np.concatenate([np.full((r + 1, 4), r + step) for r in range(SIZE)]))
+            big = hvd.allreduce(np.full(SHM_MIN_BYTES, RANK + step, np.float32),
+                                name=f"shm.staged.between.{step}", op=hvd.Sum)
+            np.testing.assert_array_equal(big, SIZE * step + SIZE * (SIZE - 1) // 2)
+
+
+def test_a_loop_s_batch_of_more_than_one_chunk_is_never_staged():
+    n = SLOT_BYTES // 4 + 1000
+    before = _staged_runs()
+    for step in range(4):
+        total = hvd.allreduce(np.arange(n, dtype=np.int32) % 1000 + RANK + step,
+                              name="shm.staged.chunks", op=hvd.Sum)
+        np.testing.assert_array_equal(
+            total, (np.arange(n) % 1000 + step) * SIZE + SIZE * (SIZE - 1) // 2)
+    assert _staged_runs() == before
 
 
 def spy_on_shared_allgather(monkeypatch) -> list[bool]:
