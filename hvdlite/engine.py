@@ -13,8 +13,8 @@ communicator:
    (:mod:`hvdlite.status`): flags, the cache bits every rank is ready for,
    invalidations and, right after a wait, which ranks rang the doorbell.
    Just before it, a rank whose waiting cache bits are exactly those of a
-   cached plan (:mod:`hvdlite.plans`) copies that plan's batch into shared
-   memory where the plan allows it (a *staged* allreduce, see
+   cached plan (:mod:`hvdlite.plans`) copies that plan's first batch into
+   shared memory where the plan allows it (a *staged* allreduce, see
    :mod:`hvdlite.shm`); when the exchange says every rank did and that every
    bit any rank waits on is ready, every rank staged the plan now due, and the
    exchange has been its first barrier;
@@ -334,9 +334,10 @@ class Engine:
         return flags
 
     def _stage(self) -> bool:
-        """Before the status exchange: stage the batch of the cached plan whose
-        ready bits are exactly the bits this rank waits on, where that plan has a
-        stager (True when staged).  Every rank's answer goes into the exchange."""
+        """Before the status exchange: stage the first batch of the cached plan
+        whose ready bits are exactly the bits this rank waits on, where that plan
+        has a stager (True when staged).  Every rank's answer goes into the
+        exchange."""
         if self.timeline is not None or self._joined:
             return False
         bits = self.bits
@@ -394,25 +395,25 @@ class Engine:
     def _execute_cached(self, ready: int, bits: list[int], staged: bool) -> None:
         """Run the cached responses of *bits* (the bits of *ready*, ascending), by
         their plan (made here on every rank the first time these bits are ready
-        at this cache version).  *staged*: every rank staged this plan's batch
-        before this cycle's exchange."""
+        at this cache version).  *staged*: every rank staged this plan's first
+        batch before this cycle's exchange."""
         version = self.bits.cache.version
         plan = self._plans.get(ready, version)
-        if plan is None:
+        if plan is None:  # (then nothing staged it: a changed version drops staged plans)
+            staged = False
             batches = plan_batches([self.bits.cache.get(bit) for bit in bits], self._threshold)
             executor = self.executor
             plan = self._plans.add(ready, Plan(batches, executor.runners(batches),
                                                executor.stager(batches)))
-        elif staged and plan.stager is not None:
-            plan.stager.run()
-            if self.tuning is not None:
-                self.tuning.observe(plan.batches)
-            return
         if self.timeline is not None:
             self._run_batches(plan.batches)
             return
         self.executor.timeline = None
-        for run in plan.runners:
+        runners = plan.runners
+        if staged and plan.stager is not None:
+            plan.stager.run()  # the first batch
+            runners = runners[1:]
+        for run in runners:
             run()
         if self.tuning is not None:
             self.tuning.observe(plan.batches)

@@ -194,12 +194,12 @@ class MPIExecutor:
 
     def stager(self, batches: list[list[Response]]) -> _Stager | None:
         """For a plan the engine runs again and again: a :class:`_Stager` when the
-        plan is one allreduce batch that this rank's set reduces through shared
-        memory in one chunk, which can then run staged
-        (:meth:`SharedMemoryAllreduce.stage`), else None.
-        Collective as :meth:`runners` is (it may make the set's window), and every
-        member answers alike."""
-        if len(batches) != 1:
+        plan's first batch is an allreduce that this rank's set reduces through
+        shared memory in one chunk, which can then run staged
+        (:meth:`SharedMemoryAllreduce.stage`), else None.  Collective as
+        :meth:`runners` is (it may make the set's window), and every member
+        answers alike."""
+        if not batches:
             return None
         batch = batches[0]
         p = batch[0].params

@@ -251,6 +251,26 @@ def test_other_collectives_through_the_window_between_staged_steps():
             np.testing.assert_array_equal(big, SIZE * step + SIZE * (SIZE - 1) // 2)
 
 
+def test_a_plan_of_an_allreduce_and_an_allgather_stages_its_first_batch():
+    # A Keras step with a sparse embedding gradient: a grouped allreduce and an
+    # allgather ready in the same cycle, one plan of two batches.  The allreduce
+    # runs staged, then the allgather through the same window as usual.
+    sizes = [25_000, 11, 8_000]
+    before = _staged_runs()
+    steps = 6
+    for step in range(steps):
+        xs = [np.full(n, RANK + step, np.float32) for n in sizes]
+        rows = np.full((RANK + 2, 3), 10 * RANK + step, np.int64)
+        reduced = hvd.grouped_allreduce_async(xs, name="shm.staged.dense", op=hvd.Sum)
+        gathered = hvd.allgather_async(rows, name="shm.staged.sparse")
+        for o, n in zip(hvd.synchronize(reduced), sizes, strict=True):
+            np.testing.assert_array_equal(o, np.full(n, SIZE * step + SIZE * (SIZE - 1) // 2))
+        np.testing.assert_array_equal(hvd.synchronize(gathered), np.concatenate(
+            [np.full((r + 2, 3), 10 * r + step) for r in range(SIZE)]))
+    if SIZE > 1:
+        assert _staged_runs() - before >= 1
+
+
 def test_a_loop_s_batch_of_more_than_one_chunk_is_never_staged():
     n = SLOT_BYTES // 4 + 1000
     before = _staged_runs()
