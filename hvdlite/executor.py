@@ -529,9 +529,10 @@ class MPIExecutor:
 
 
 class _Stager:
-    """One cached allreduce batch, run staged: :meth:`stage` before the engine's
-    status exchange, :meth:`run` after it, on every member, where every member
-    staged (the exchange tells)."""
+    """A cached plan's first batch (an allreduce), run staged: :meth:`stage`
+    before the engine's status exchange, :meth:`run` after it, on every member,
+    where every member staged (the exchange tells); the plan's other batches
+    then run as usual."""
 
     __slots__ = ("_executor", "_batch", "_set_size", "_wire", "_op", "_shm")
 

@@ -45,7 +45,7 @@ class Flag:
     JOINED = 8  # a rank has joined: everything goes through the coordinator
     STALL = 16  # a rank wants a stall check
     INVALID = 32  # a rank saw changed parameters under a cached name
-    UNSTAGED = 64  # a rank did not stage the last cached plan's batch (see Engine._stage)
+    UNSTAGED = 64  # a rank staged no cached plan's first batch this cycle (see Engine._stage)
 
 
 class Layout(NamedTuple):
