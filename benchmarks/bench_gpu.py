@@ -26,7 +26,7 @@ import time
 def _no_gpu() -> str | None:
     if importlib.util.find_spec("cupy") is None:
         return "CuPy is not installed (pip install hvdlite[cuda12] or hvdlite[cuda13])"
-    from hvdlite.devices import cuda_available
+    from hvdlite.device.capabilities import cuda_available
 
     return None if cuda_available() else "CuPy sees no CUDA device"
 
@@ -141,7 +141,7 @@ def main() -> int:
 
     hvd.init()
     cp.cuda.Device(hvd.local_rank() % cp.cuda.runtime.getDeviceCount()).use()
-    from hvdlite.transport import plan_for
+    from hvdlite.engine.transport import plan_for
 
     lines = [f"device path: {plan_for(hvd.global_process_set).device.describe()}"]
     if hvd.size() == 1:

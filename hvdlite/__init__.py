@@ -1,20 +1,20 @@
 """hvdlite: Horovod's API for data-parallel training, in pure Python over MPI.
 
 Layers, from the outside in (imports only point inward; ``make lint`` and a
-test check that hvdlite's modules import no cycle):
+test check the layering and that hvdlite's modules import no cycle):
 
 - framework adapters: ``hvdlite.torch``, ``hvdlite.tensorflow`` (and ``.keras``),
-  which turn tensors into numpy views and wrap optimizers; they import the core
-  modules they use (``collectives``, ``handles``, ``basics``...) by name;
-- this package's public API: basics (init, ranks), process sets, the
-  collectives on numpy arrays (``hvdlite.allreduce`` ...), plus
-  :func:`DistributedOptimizer`, which dispatches on the optimizer's framework;
+  which turn tensors into numpy views and wrap optimizers; they import the
+  public modules they use (``collectives``, ``handles``, ``basics``...) by name;
+- this package's public API, the modules at its top level: basics (init,
+  ranks), process sets, the collectives on numpy arrays (``hvdlite.allreduce``
+  ...), handles, ops, exceptions, config, plus :func:`DistributedOptimizer`,
+  which dispatches on the optimizer's framework;
 - the engine (``hvdlite.engine``): the cycle that negotiates readiness with
-  rank 0 (``coordinator``) or the response cache (``cache_bits``), fuses ready
-  tensors (``fusion``) and runs them (``executor``) on the path the set's
-  ``transport`` plan names, driven by ``driver`` on its thread or a waiting
-  caller's;
-- at the bottom, ``runtime``: the live state that ``init()`` builds.
+  rank 0 or through the response cache, fuses ready tensors and runs them on
+  the path the set's transport names; at its bottom, ``runtime``, the live
+  state that ``init()`` builds;
+- the device path (``hvdlite.device``): the same batches on GPU buffers.
 
 ARCHITECTURE.md follows one gradient through these modules.
 

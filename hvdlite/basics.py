@@ -15,15 +15,16 @@ import sys
 import threading
 
 from . import config as _config
-from . import runtime
+from .engine import runtime
 from .device.selection import agree as agree_device_choice
-from .devices import cuda_available, nccl_version
-from .init_agreement import Preparation, agree
-from .process_sets import ProcessSet, ProcessSetTable
-from .runtime import State, is_running, live, state
-from .thread_affinity import core_for
+from .device.capabilities import cuda_available, nccl_version
+from .engine.init_agreement import Preparation, agree
+from .engine.process_set_table import ProcessSetTable
+from .process_sets import ProcessSet
+from .engine.runtime import State, is_running, live, state
+from .engine.thread_affinity import core_for
 from .timeline import Timeline
-from .transport import Planner, Transport, plan_for
+from .engine.transport import Planner, Transport, plan_for
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
@@ -128,7 +129,7 @@ def init(comm=None, process_sets=None) -> None:
     Every rank succeeds or every rank raises: what can fail on one rank alone
     (a bad knob, knobs that differ between ranks, ``process_sets`` that differ,
     rank 0's timeline file) is agreed on before any collective set-up (see
-    :mod:`hvdlite.init_agreement`); a failure in the set-up itself ends the job.
+    :mod:`hvdlite.engine.init_agreement`); a failure in the set-up itself ends the job.
     """
     global _atexit_registered
     with _init_lock:
@@ -252,8 +253,8 @@ def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None)
                           device=agree_device_choice(world, cfg.hierarchical_allreduce,
                                                      new.homogeneous))
     # The engine and the two-level helper import mpi4py.MPI: only once MPI is set up.
-    from .engine import Engine
-    from .hierarchical import Hierarchical
+    from .engine.cycle import Engine
+    from .engine.hierarchical import Hierarchical
 
     hierarchical = None
     if cfg.hierarchical_allreduce or cfg.hierarchical_allgather:
@@ -315,8 +316,8 @@ def _build_topology(st: State, MPI, cfg) -> None:
 
 def allreduce_uses_shared_memory(process_set) -> bool:
     """Whether large allreduces over *process_set* are planned to run through the
-    node's shared memory (:mod:`hvdlite.shm`); the set's
-    :class:`~hvdlite.transport.TransportPlan` decides, the same on every member."""
+    node's shared memory (:mod:`hvdlite.engine.shm`); the set's
+    :class:`~hvdlite.engine.transport.TransportPlan` decides, the same on every member."""
     return plan_for(process_set).allreduce is Transport.SHARED_MEMORY
 
 

@@ -20,13 +20,13 @@ import threading
 import numpy as np
 
 from .device import arrays as _device
-from .runtime import state
-from .dtypes import check_dtype
+from .engine.runtime import state
+from .engine.dtypes import check_dtype
 from .handles import Handle, synchronize
-from .messages import JOIN_PARAMS, Kind, Params
+from .engine.messages import JOIN_PARAMS, Kind, Params
 from .ops import Adasum, Average, ReduceOp, resolve_op
 from .process_sets import ProcessSet, global_process_set
-from .submissions import Entry
+from .engine.submissions import Entry
 from .exceptions import ArgumentError
 
 __all__ = [
@@ -67,7 +67,7 @@ def _name(st, op: str, name: str | None, set_id: int = 0) -> str:
 
     Counting per process set keeps automatic names in step across the members of
     a set even when some of them also call unnamed collectives on other sets;
-    counting per thread (:mod:`hvdlite.auto_names`) keeps threads apart.
+    counting per thread (:mod:`hvdlite.engine.auto_names`) keeps threads apart.
     """
     if name is not None:
         if not isinstance(name, str) or not name:

@@ -8,9 +8,9 @@ a collective, so ids agree on every rank.
 from __future__ import annotations
 
 from .collectives import submit_control
-from .messages import Kind
+from .engine.messages import Kind
 from .process_sets import ProcessSet, global_process_set
-from .runtime import state
+from .engine.runtime import state
 
 __all__ = ["add_process_set", "remove_process_set"]
 

@@ -13,7 +13,7 @@ import pickle
 
 import numpy as np
 
-from .runtime import state
+from .engine.runtime import state
 from .collectives import _name, allgather, broadcast
 from .process_sets import global_process_set
 

@@ -15,7 +15,7 @@ from hvdlite.autotune import (
     require_scikit_learn,
 )
 from hvdlite.autotune.setting import WORDS, from_words, to_words
-from hvdlite.status import Layout, combine, decode, encode
+from hvdlite.engine.status import Layout, combine, decode, encode
 
 pytestmark = pytest.mark.timeout(60)
 

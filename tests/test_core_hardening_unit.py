@@ -16,16 +16,16 @@ import pytest
 from test_core_parts import _ScriptedLoop
 
 from hvdlite import config
-from hvdlite.auto_names import AutoNames
-from hvdlite.backoff import Backoff
-from hvdlite.driver import Driver, State
+from hvdlite.engine.auto_names import AutoNames
+from hvdlite.engine.backoff import Backoff
+from hvdlite.engine.driver import Driver, State
 from hvdlite.exceptions import CollectiveTimeoutError, HorovodInternalError
-from hvdlite.fusion import BufferPool
+from hvdlite.engine.fusion import BufferPool
 from hvdlite.handles import Handle
-from hvdlite.init_agreement import Preparation, check
-from hvdlite.messages import Kind, Params, Response
+from hvdlite.engine.init_agreement import Preparation, check
+from hvdlite.engine.messages import Kind, Params, Response
 from hvdlite.timeline import MAX_ROWS, Timeline
-from hvdlite.wait_limit import WaitLimit
+from hvdlite.engine.wait_limit import WaitLimit
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from hvdlite.backoff import Backoff
-from hvdlite.cache_bits import CacheBits
-from hvdlite.coordinator import StallClock
-from hvdlite.driver import Driver, State
+from hvdlite.engine.backoff import Backoff
+from hvdlite.engine.cache_bits import CacheBits
+from hvdlite.engine.coordinator import StallClock
+from hvdlite.engine.driver import Driver, State
 from hvdlite.exceptions import HorovodInternalError
 from hvdlite.handles import Handle
-from hvdlite.messages import RESPONSE_OK, Kind, Params, Response
-from hvdlite.plans import Plan, PlanCache
-from hvdlite.response_cache import ResponseCache
-from hvdlite.status import Codec, Flag, Layout, alone, combine, decode, encode
-from hvdlite.submissions import Entry, Inbox
-from hvdlite.transport import SHM_MIN_BYTES, Planner, Transport
+from hvdlite.engine.messages import RESPONSE_OK, Kind, Params, Response
+from hvdlite.engine.plans import Plan, PlanCache
+from hvdlite.engine.response_cache import ResponseCache
+from hvdlite.engine.status import Codec, Flag, Layout, alone, combine, decode, encode
+from hvdlite.engine.submissions import Entry, Inbox
+from hvdlite.engine.transport import SHM_MIN_BYTES, Planner, Transport
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parent.parent
@@ -317,7 +317,7 @@ def test_a_waiting_thread_without_a_core_of_its_own_looks_for_doorbells_every_20
 def test_a_thread_whose_cycles_run_no_work_looks_less_and_less_often():
     import time
 
-    from hvdlite import driver as driver_module
+    from hvdlite.engine import driver as driver_module
 
     driver = Driver(_ScriptedLoop([]), cycle_time=0.001, start_delay=0.02, spare_core=False)
     now = time.monotonic()

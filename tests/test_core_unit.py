@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 
 from hvdlite import config
-from hvdlite.coordinator import Coordinator, check_agreement
-from hvdlite.dtypes import SUPPORTED, check_dtype, reduce_dtype
-from hvdlite.fusion import BufferPool, nbytes_of, plan_batches
-from hvdlite.messages import (
+from hvdlite.engine.coordinator import Coordinator, check_agreement
+from hvdlite.engine.dtypes import SUPPORTED, check_dtype, reduce_dtype
+from hvdlite.engine.fusion import BufferPool, nbytes_of, plan_batches
+from hvdlite.engine.messages import (
     CACHEABLE, JOINABLE, RESPONSE_ERROR, RESPONSE_OK, Kind, Params, Response, describe,
     field_label,
 )
 from hvdlite.ops import ReduceOp, resolve_op
-from hvdlite.response_cache import HIT, INVALID, MISS, ResponseCache, set_bits
+from hvdlite.engine.response_cache import HIT, INVALID, MISS, ResponseCache, set_bits
 
 F32, F64, F16, I32, U8, B = (np.dtype(t).str for t in
                              (np.float32, np.float64, np.float16, np.int32, np.uint8, np.bool_))
@@ -46,8 +46,8 @@ def ok(params: Params) -> Response:
 def test_pure_modules_do_not_start_mpi():
     # The modules tested here are pure logic: importing them must not initialize MPI.
     # (Checked in a fresh interpreter: other test files in this run may have started it.)
-    code = ("import sys, hvdlite.coordinator, hvdlite.response_cache, hvdlite.fusion, "
-            "hvdlite.config, hvdlite.messages, hvdlite.handles; "
+    code = ("import sys, hvdlite.engine.coordinator, hvdlite.engine.response_cache, "
+            "hvdlite.engine.fusion, hvdlite.config, hvdlite.engine.messages, hvdlite.handles; "
             "assert 'mpi4py.MPI' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
                    env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})

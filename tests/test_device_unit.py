@@ -10,15 +10,15 @@ import sys
 import numpy as np
 import pytest
 
-from hvdlite.coordinator import check_agreement
+from hvdlite.engine.coordinator import check_agreement
 from hvdlite.device import HostDeviceArray, device_of, host_device_array
 from hvdlite.device.backend import HostBackend
 from hvdlite.device.packing import pack, unpack
 from hvdlite.device.selection import (Capabilities, DeviceChoice, read_request)
-from hvdlite.devices import cuda_aware_mpi
-from hvdlite.fusion import Reduction, plan_batches
-from hvdlite.messages import RESPONSE_OK, Kind, Params, Response
-from hvdlite.transport import Transport
+from hvdlite.device.capabilities import cuda_aware_mpi
+from hvdlite.engine.fusion import Reduction, plan_batches
+from hvdlite.engine.messages import RESPONSE_OK, Kind, Params, Response
+from hvdlite.engine.transport import Transport
 
 
 class _FakeCudaArray:

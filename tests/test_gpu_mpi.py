@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 def _gpu() -> bool:
     if importlib.util.find_spec("cupy") is None:
         return False
-    from hvdlite.devices import cuda_available
+    from hvdlite.device.capabilities import cuda_available
 
     return cuda_available()
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from hvdlite import thread_affinity
+from hvdlite.engine import thread_affinity
 
 
 def test_one_core_per_local_rank():

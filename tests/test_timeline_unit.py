@@ -12,13 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from hvdlite.messages import Kind, Params, Response
+from hvdlite.engine.messages import Kind, Params, Response
 from hvdlite.timeline import Timeline, Trace, load
 from hvdlite.timeline import schema as s
 from hvdlite.timeline.__main__ import main as timeline_main
 from hvdlite.timeline.events import MAX_OPEN, TraceBuilder
 from hvdlite.timeline.summary import format_summary, summarize
-from hvdlite.transport import Transport
+from hvdlite.engine.transport import Transport
 
 T0 = 1000.0
 

@@ -60,10 +60,10 @@ def tuning_for(cfg, rank: int, world_size: int, planner, hierarchical,
     """The engine's link for this rank (with the tuner on rank 0), starting from
     the knobs *cfg* the job was started with.
 
-    *planner*: the job's :class:`~hvdlite.transport.Planner`; *hierarchical*:
+    *planner*: the job's :class:`~hvdlite.engine.transport.Planner`; *hierarchical*:
     the two-level helper or None.  Every rank derives the same start.
     """
-    from ..transport import Transport
+    from ..engine.transport import Transport
 
     start = Setting(cfg.fusion_threshold, cfg.cycle_time_ms, planner.shared_memory,
                     planner.hierarchical_allreduce)

@@ -22,8 +22,8 @@ tuner and measures (:meth:`observe`).
 
 from __future__ import annotations
 
-from ..fusion import nbytes_of
-from ..messages import RESPONSE_OK
+from ..engine.fusion import nbytes_of
+from ..engine.messages import RESPONSE_OK
 from .setting import WORDS, Setting, from_words, to_words
 
 __all__ = ["TuningLink"]

@@ -2,7 +2,7 @@
 
 A :class:`Setting` is what every rank runs with while autotune is on.  Rank 0
 decides it; the other ranks learn it from three 64-bit words that rank 0 puts
-into the engine's status vector (:mod:`hvdlite.status`, the ``root`` field),
+into the engine's status vector (:mod:`hvdlite.engine.status`, the ``root`` field),
 so every rank receives the same setting in the same cycle.  :func:`to_words`
 and :func:`from_words` are that wire form: exact for every value (the cycle
 time travels as the bits of a float64), with one more bit saying that tuning

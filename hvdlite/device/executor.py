@@ -1,6 +1,6 @@
 """Running agreed device responses: the engine's executor for device buffers.
 
-The host executor (:class:`hvdlite.executor.MPIExecutor`) hands every batch
+The host executor (:class:`hvdlite.engine.executor.MPIExecutor`) hands every batch
 whose ``Params.device`` is not ``"cpu"`` to :meth:`DeviceExecutor.run_batch`
 (fusion never mixes devices, so a batch is all one device).  For a batch:
 
@@ -31,12 +31,12 @@ import math
 
 import numpy as np
 
-from ..adasum import adasum_allreduce
-from ..fusion import Reduction
-from ..messages import Kind
+from ..engine.adasum import adasum_allreduce
+from ..engine.fusion import Reduction
+from ..engine.messages import Kind
 from ..ops import ReduceOp
-from ..splits import even_split
-from ..transport import Transport
+from ..engine.splits import even_split
+from ..engine.transport import Transport
 from .arrays import CUDA
 from .links import HierarchicalLink, MpiLink, StagedLink
 from .packing import flat_bytes, pack, reduce_alone, unpack

@@ -26,9 +26,9 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from ..dtypes import reduce_dtype
+from ..engine.dtypes import reduce_dtype
 from ..ops import ReduceOp
-from ..splits import offsets
+from ..engine.splits import offsets
 
 __all__ = ["Link", "MpiLink", "StagedLink", "HierarchicalLink", "MPI_OPS"]
 

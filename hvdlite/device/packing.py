@@ -2,7 +2,7 @@
 
 Written once against :class:`~hvdlite.device.backend.ArrayBackend`, so the
 same code packs CuPy arrays on the engine stream and numpy arrays on CPU CI.
-A :class:`~hvdlite.fusion.Reduction` lists the tensors; a joined rank's
+A :class:`~hvdlite.engine.fusion.Reduction` lists the tensors; a joined rank's
 tensors (input None) contribute zeros and receive nothing.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..fusion import Reduction
+from ..engine.fusion import Reduction
 
 __all__ = ["pack", "unpack", "flat_bytes", "reduce_alone"]
 

@@ -26,7 +26,7 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from ..transport import Transport
+from ..engine.transport import Transport
 
 __all__ = ["OPERATIONS", "Capabilities", "DeviceChoice", "DevicePlan", "read_request",
            "local_capabilities", "agree"]
@@ -124,7 +124,7 @@ def read_request(environ: Mapping[str, str] | None = None) -> tuple:
 
 def local_capabilities(environ: Mapping[str, str] | None = None) -> Capabilities:
     """What this process can use (imports CuPy only where it is installed)."""
-    from ..devices import cuda_available, cuda_aware_mpi, nccl_version
+    from .capabilities import cuda_available, cuda_aware_mpi, nccl_version
 
     cuda = cuda_available()
     aware, reason = cuda_aware_mpi(environ)

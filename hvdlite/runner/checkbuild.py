@@ -40,7 +40,7 @@ try:
               MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE"}
     out["thread_level"] = levels.get(MPI.Query_thread(), str(MPI.Query_thread()))
     try:
-        from hvdlite.devices import cuda_aware_mpi
+        from hvdlite.device.capabilities import cuda_aware_mpi
         out["cuda_aware"], out["cuda_aware_reason"] = cuda_aware_mpi()
     except Exception as exc:
         out["cuda_aware_reason"] = "not asked: %s" % exc

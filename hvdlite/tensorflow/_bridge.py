@@ -54,7 +54,7 @@ import tensorflow as tf
 from hvdlite import basics as _basics
 from hvdlite import ops as _ops
 from hvdlite import process_sets as _process_sets
-from hvdlite import runtime as _runtime
+from hvdlite.engine import runtime as _runtime
 from hvdlite.exceptions import HorovodInternalError
 
 from . import _device, _errors

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from hvdlite import runtime as _runtime
+from hvdlite.engine import runtime as _runtime
 
 __all__ = ["wants_device_path", "run_eager"]
 

@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from hvdlite import collectives as _collectives
 from hvdlite import handles as _handles
-from hvdlite.transport import Transport, plan_for
+from hvdlite.engine.transport import Transport, plan_for
 
 from . import _bridge
 from .compression import Compression

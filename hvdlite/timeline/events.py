@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 
-from ..messages import CACHEABLE, Kind
+from ..engine.messages import CACHEABLE, Kind
 from ..ops import ReduceOp
 from . import schema as s
 

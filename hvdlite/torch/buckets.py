@@ -22,7 +22,7 @@ for.
 
 from __future__ import annotations
 
-from hvdlite import runtime
+from hvdlite.engine import runtime
 
 __all__ = ["bucket_cap_bytes", "build_buckets", "FIRST_BUCKET_BYTES"]
 

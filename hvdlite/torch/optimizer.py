@@ -53,7 +53,7 @@ from collections import Counter
 import torch
 
 from hvdlite import basics as _basics
-from hvdlite import runtime as _runtime
+from hvdlite.engine import runtime as _runtime
 from hvdlite.ops import Adasum, Average
 from hvdlite.process_sets import global_process_set
 from hvdlite._subclass import with_mixin

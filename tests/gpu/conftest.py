@@ -19,7 +19,7 @@ def _no_gpu_reason():
     if importlib.util.find_spec("cupy") is None:
         return ("no CUDA device here: CuPy is not installed "
                 "(pip install hvdlite[cuda12] or hvdlite[cuda13])")
-    from hvdlite.devices import cuda_available
+    from hvdlite.device.capabilities import cuda_available
 
     if not cuda_available():
         return "no CUDA device here: CuPy sees none"

@@ -88,7 +88,7 @@ def test_transport_is_the_planned_one(cp):
     from helpers import expected_link_names
 
     from hvdlite.basics import state
-    from hvdlite.transport import plan_for
+    from hvdlite.engine.transport import plan_for
 
     plan = plan_for(hvd.global_process_set).device
     used = set(state().engine.executor.device.used)

@@ -115,10 +115,10 @@ elif mode == "shm-barrier":
     from mpi4py import MPI
 
     from hvdlite.exceptions import CollectiveTimeoutError
-    from hvdlite.fusion import Reduction
+    from hvdlite.engine.fusion import Reduction
     from hvdlite.ops import ReduceOp
-    from hvdlite.shm import SharedMemoryAllreduce
-    from hvdlite.wait_limit import WaitLimit
+    from hvdlite.engine.shm import SharedMemoryAllreduce
+    from hvdlite.engine.wait_limit import WaitLimit
 
     comm = MPI.COMM_WORLD.Dup()
     shm = SharedMemoryAllreduce.create(comm, WaitLimit(3.0, RANK))
@@ -225,7 +225,7 @@ elif mode == "timeline-full":
 elif mode == "memory":
     import resource
 
-    from hvdlite import runtime
+    from hvdlite.engine import runtime
 
     st = runtime.state()
     engine = st.engine

@@ -110,7 +110,8 @@ def test_async_work_rouses_an_engine_thread_that_looks_rarely(monkeypatch):
     # next look forward; here the look would otherwise be an hour away.
     import time
 
-    from hvdlite import basics, driver
+    from hvdlite import basics
+    from hvdlite.engine import driver
 
     hvd.shutdown()
     os.environ["HVDLITE_OVERLAP"] = "off"

@@ -105,7 +105,7 @@ def test_removing_a_set_fails_its_pending_collectives():
 
 def registry_everywhere():
     """(id, ranks) of every registered set, the same on every rank when consistent."""
-    from hvdlite import runtime
+    from hvdlite.engine import runtime
 
     table = runtime.state().sets
     return sorted((ps.process_set_id, tuple(ps.ranks)) for ps in table.all())

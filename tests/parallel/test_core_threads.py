@@ -1,7 +1,7 @@
 """Collectives submitted from several threads of each rank, without names.
 
 Runs under mpiexec at 2 and 3 ranks.  Automatic names are counted per thread
-(see hvdlite.auto_names), so the unnamed collectives of thread "A" on one rank
+(see hvdlite.engine.auto_names), so the unnamed collectives of thread "A" on one rank
 pair up with those of thread "A" on the others, whatever order the threads of
 each rank happen to run in.  Here the order is made to differ on purpose: on
 even ranks thread A submits first, on odd ranks thread B does.  With one
@@ -89,7 +89,7 @@ def test_two_live_threads_with_one_name_are_refused_before_anything_is_sent():
 
 
 def test_the_engine_thread_is_pinned_to_its_local_ranks_core():
-    from hvdlite import runtime
+    from hvdlite.engine import runtime
 
     engine_thread = runtime.state().engine.driver._thread
     with open(f"/proc/self/task/{engine_thread.native_id}/status") as status:

@@ -21,9 +21,9 @@ from hvdlite.device import registry
 from hvdlite.device.executor import DeviceExecutor
 from hvdlite.device.selection import DevicePlan
 from hvdlite.handles import Handle
-from hvdlite.messages import RESPONSE_OK, Kind, Params, Response
-from hvdlite.submissions import Entry
-from hvdlite.transport import Transport, TransportPlan
+from hvdlite.engine.messages import RESPONSE_OK, Kind, Params, Response
+from hvdlite.engine.submissions import Entry
+from hvdlite.engine.transport import Transport, TransportPlan
 
 MPI_SIZES = (1, 2, 3)
 

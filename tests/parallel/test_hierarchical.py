@@ -20,8 +20,8 @@ from mpi4py import MPI  # noqa: E402
 
 import hvdlite  # noqa: E402
 from hvdlite.basics import state  # noqa: E402
-from hvdlite.hierarchical import Hierarchical  # noqa: E402
-from hvdlite.transport import Planner, Transport  # noqa: E402
+from hvdlite.engine.hierarchical import Hierarchical  # noqa: E402
+from hvdlite.engine.transport import Planner, Transport  # noqa: E402
 
 MPI_SIZES = (3, 4)
 

@@ -123,7 +123,7 @@ def test_tape_training_with_each_submission_plan(plan, monkeypatch):
 
     batches = spy_on_shared_memory(monkeypatch)
     if plan == "packed":
-        from hvdlite.transport import Transport, TransportPlan
+        from hvdlite.engine.transport import Transport, TransportPlan
 
         monkeypatch.setattr(gradient_reduction, "plan_for",
                             lambda process_set: TransportPlan(Transport.MPI, Transport.MPI))

@@ -12,7 +12,7 @@ once by every rank at the same point of ``init()``.
 
 from __future__ import annotations
 
-from . import config as _config
+from .. import config as _config
 
 __all__ = ["Preparation", "agree", "check"]
 

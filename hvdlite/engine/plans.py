@@ -4,13 +4,13 @@ A training loop readies the same cache bits step after step (its gradients,
 perhaps a loss it averages every step), so each set of ready bits gets its
 fusion plan once: the batches, the executor's runners of them and, where the
 plan's first batch is a shared-memory allreduce of one chunk, its stager (see
-:mod:`hvdlite.shm`'s staged allreduce).  A plan is looked up by its ready bits and the cache's
-version; any other version drops every plan.
+:mod:`hvdlite.engine.shm`'s staged allreduce).  A plan is looked up by its
+ready bits and the cache's version; any other version drops every plan.
 
 Cross-rank contract: the engine makes and looks up plans only from globally
 agreed facts (the ready bits of the status exchange, the cache version), so
 every rank holds the same plans, made in the same cycles (making runners can
-be collective: :meth:`~hvdlite.executor.MPIExecutor.runners`).
+be collective: :meth:`~hvdlite.engine.executor.MPIExecutor.runners`).
 :meth:`PlanCache.peek` is the exception, local and without effect on what is
 held.  Pure Python, no MPI.
 """

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from .exceptions import CollectiveTimeoutError
+from ..exceptions import CollectiveTimeoutError
 
 __all__ = ["WaitLimit"]
 

@@ -13,7 +13,7 @@ import collections
 import threading
 import time
 
-from .exceptions import HorovodInternalError
+from ..exceptions import HorovodInternalError
 from .messages import Params
 
 __all__ = ["Entry", "Inbox"]

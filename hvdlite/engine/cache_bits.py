@@ -1,6 +1,6 @@
 """This rank's side of the response cache: which cached names it is ready to run.
 
-:class:`CacheBits` wraps the :class:`~hvdlite.response_cache.ResponseCache` and
+:class:`CacheBits` wraps the :class:`~hvdlite.engine.response_cache.ResponseCache` and
 keeps, per cycle, the bit masks this rank puts into the status vector:
 
 - ``hit_mask``: bits of entries submitted here whose parameters match the cache;

@@ -18,9 +18,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from .messages import (
-    JOIN_KEY, JOIN_PARAMS, JOINABLE, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind, Params,
+    JOIN_KEY,
+    JOIN_PARAMS,
+    JOINABLE,
+    MISMATCH,
+    RESPONSE_ERROR,
+    RESPONSE_OK,
+    Kind,
+    Params,
     Response,
-    describe, field_label,
+    describe,
+    field_label,
 )
 
 __all__ = ["Coordinator", "StallClock", "check_agreement"]

@@ -1,25 +1,25 @@
 """The engine: the cycle that negotiates and runs collectives, wired to MPI.
 
-Framework threads call :meth:`Engine.submit`; a :class:`~hvdlite.driver.Driver`
+Framework threads call :meth:`Engine.submit`; a :class:`~hvdlite.engine.driver.Driver`
 runs *cycles* on the engine's thread, or on a caller that waits on a handle.
 A cycle, on every rank at once over the engine's private copy of the world
 communicator:
 
-1. take newly submitted entries from the :class:`~hvdlite.submissions.Inbox`;
-   look each up in the response cache (:class:`~hvdlite.cache_bits.CacheBits`):
+1. take newly submitted entries from the :class:`~hvdlite.engine.submissions.Inbox`;
+   look each up in the response cache (:class:`~hvdlite.engine.cache_bits.CacheBits`):
    a hit waits on its bit, changed parameters invalidate the bit, a miss
    becomes a request for the coordinator;
 2. one non-blocking bitwise-AND allreduce of the status vector
-   (:mod:`hvdlite.status`): flags, the cache bits every rank is ready for,
+   (:mod:`hvdlite.engine.status`): flags, the cache bits every rank is ready for,
    invalidations and, right after a wait, which ranks rang the doorbell.
    Just before it, a rank whose waiting cache bits are exactly those of a
-   cached plan (:mod:`hvdlite.plans`) copies that plan's first batch into
+   cached plan (:mod:`hvdlite.engine.plans`) copies that plan's first batch into
    shared memory where the plan allows it (a *staged* allreduce, see
-   :mod:`hvdlite.shm`); when the exchange says every rank did and that every
+   :mod:`hvdlite.engine.shm`); when the exchange says every rank did and that every
    bit any rank waits on is ready, every rank staged the plan now due, and the
    exchange has been its first barrier;
 3. if any rank has requests (or a stall check is due): gather them to rank 0,
-   whose :class:`~hvdlite.coordinator.Coordinator` answers with a response
+   whose :class:`~hvdlite.engine.coordinator.Coordinator` answers with a response
    list that is broadcast;
 4. run cached responses that every rank is ready for, then the coordinator's
    responses, fused into batches (identical on every rank) by the executor;
@@ -31,15 +31,15 @@ blocking data collectives of different sets can never deadlock each other.
 
 Idle cost: after a cycle that needs no follow-up anywhere (work that is not
 ready on every rank needs none: the rank that completes it will submit), every
-rank stops cycling and waits (see :class:`~hvdlite.driver.Driver` for how
+rank stops cycling and waits (see :class:`~hvdlite.engine.driver.Driver` for how
 often it looks); the first rank with new work rings the
-:class:`~hvdlite.doorbell.Doorbell` and cycling resumes.  A training step that
+:class:`~hvdlite.engine.doorbell.Doorbell` and cycling resumes.  A training step that
 submits its gradients in one burst therefore costs one cycle, and one doorbell
 (or, where some rank's engine thread overlaps the framework's compute, one
 empty follow-up cycle, which lets a loop of synchronous calls go on without
 doorbells).  No MPI call
 spins for long while a peer is slow: the status allreduce is non-blocking and
-tested with a :class:`~hvdlite.backoff.Backoff`.
+tested with a :class:`~hvdlite.engine.backoff.Backoff`.
 """
 
 from __future__ import annotations
@@ -54,12 +54,12 @@ from .cache_bits import CacheBits
 from .coordinator import Coordinator, StallClock
 from .doorbell import Doorbell
 from .driver import Driver, State
-from .exceptions import HorovodInternalError, MismatchError
+from ..exceptions import HorovodInternalError, MismatchError
 from .executor import MPIExecutor
 from .fusion import plan_batches
 from .messages import CACHEABLE, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind, Response
 from .plans import Plan, PlanCache
-from .process_sets import ProcessSet
+from ..process_sets import ProcessSet
 from .response_cache import ResponseCache
 from .status import Codec, Flag, Layout, alone
 from .submissions import Entry, Inbox
@@ -146,7 +146,7 @@ class Engine:
         *wake*: rouse the engine thread now (an asynchronous caller); a caller
         that is about to wait on the handle passes False and drives the engine.
         Without overlap it is roused only where its next look would come later
-        than its start delay (:meth:`~hvdlite.driver.Driver.nudge`): the
+        than its start delay (:meth:`~hvdlite.engine.driver.Driver.nudge`): the
         submitting thread is about to run on the same core, and a waiting
         caller usually drives the work before that look.
         """

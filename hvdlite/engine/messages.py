@@ -111,7 +111,7 @@ def describe(field: str, value) -> str:
     if field == "kind":
         return Kind(value).name.lower()
     if field == "op":
-        from .ops import ReduceOp
+        from ..ops import ReduceOp
 
         return ReduceOp(value).name.capitalize()
     if field == "dtypes" and isinstance(value, tuple):

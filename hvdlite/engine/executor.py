@@ -5,9 +5,9 @@ same order (the engine guarantees it); ranks outside a batch's process set skip
 it.  Single tensors move without a copy (MPI reads the caller's array and
 writes the output array); fused batches are copied into a persistent buffer,
 moved by one collective and copied out, with the pre/post scale factors applied
-during the copies.  Which path an allreduce takes (:mod:`hvdlite.shm`,
-:mod:`hvdlite.hierarchical` or MPI) is the set's
-:class:`~hvdlite.transport.TransportPlan`.  A joined rank (no local entry)
+during the copies.  Which path an allreduce takes (:mod:`hvdlite.engine.shm`,
+:mod:`hvdlite.engine.hierarchical` or MPI) is the set's
+:class:`~hvdlite.engine.transport.TransportPlan`.  A joined rank (no local entry)
 contributes zeros to reductions and no rows to allgathers.  Batches of device
 buffers (``Params.device`` other than ``"cpu"``) go to the device path
 (:class:`hvdlite.device.executor.DeviceExecutor`), made on the first one.
@@ -27,10 +27,10 @@ from .adasum import adasum_allreduce
 from .dtypes import reduce_dtype
 from .fusion import BufferPool, Reduction
 from .messages import Kind, Response
-from .ops import ReduceOp
+from ..ops import ReduceOp
 from .shm import SLOT_BYTES, SharedMemoryAllreduce
 from .splits import even_split, offsets
-from .timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
+from ..timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
 from .transport import Transport
 
 __all__ = ["MPIExecutor"]
@@ -224,7 +224,7 @@ class MPIExecutor:
 
     def _device_executor(self):
         if self.device is None:
-            from .device.executor import DeviceExecutor
+            from ..device.executor import DeviceExecutor
 
             self.device = DeviceExecutor(self._lookup, self._finish, self._finish_keys,
                                          self._sets, self._plan, self.hierarchical)

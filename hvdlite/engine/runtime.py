@@ -11,7 +11,7 @@ its exceptions and automatic names.
 from __future__ import annotations
 
 from .auto_names import AutoNames
-from .exceptions import HorovodInternalError
+from ..exceptions import HorovodInternalError
 
 __all__ = ["State", "state", "live", "current", "install", "clear", "forget_after_fork",
            "refuse_in_forked_child", "abort_job"]
@@ -34,7 +34,7 @@ class State:
         self.world = None
         self.local_comm = None
         self.cross_comm = None
-        self.sets = None  # process_sets.ProcessSetTable
+        self.sets = None  # process_set_table.ProcessSetTable
         self.planner = None  # transport.Planner
         self.homogeneous = True
         self.node_ranks: frozenset[int] = frozenset()  # ranks sharing this rank's memory

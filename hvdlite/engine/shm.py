@@ -80,8 +80,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .backoff import Backoff
-from .ops import ReduceOp
-from .timeline.schema import COLLECTIVE, COPY_OUT
+from ..ops import ReduceOp
+from ..timeline.schema import COLLECTIVE, COPY_OUT
 from .transport import SHM_MAX_RANKS, SHM_MIN_BYTES
 
 __all__ = ["SharedMemoryAllreduce", "MAX_RANKS", "SHM_MIN_BYTES", "SLOT_BYTES"]
@@ -135,7 +135,7 @@ class SharedMemoryAllreduce:
     def create(cls, comm, limit=None) -> SharedMemoryAllreduce | None:
         """Collective over *comm*: the reducer, or None on every rank when the ranks
         do not all share one node (or are too few or too many for this path).
-        *limit*: a :class:`~hvdlite.wait_limit.WaitLimit` for the barrier, or None."""
+        *limit*: a :class:`~hvdlite.engine.wait_limit.WaitLimit` for the barrier, or None."""
         size = comm.Get_size()
         if not 2 <= size <= MAX_RANKS:
             return None
@@ -173,7 +173,7 @@ class SharedMemoryAllreduce:
 
     # ----------------------------------------------------------------- allreduce
     def allreduce(self, tensors, wire: np.dtype, op: ReduceOp, layout_key=None) -> None:
-        """Reduce *tensors* (a :class:`~hvdlite.fusion.Reduction`; inputs and outputs
+        """Reduce *tensors* (a :class:`~hvdlite.engine.fusion.Reduction`; inputs and outputs
         are None on a joined rank) element-wise across the set.
 
         *layout_key*: an object standing for the batch's agreed sizes, dtypes and

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ops import ReduceOp
-from .exceptions import ArgumentError
+from ..ops import ReduceOp
+from ..exceptions import ArgumentError
 
 __all__ = ["SUPPORTED", "check_dtype", "reduce_dtype"]
 
