@@ -46,7 +46,7 @@ def worker(mode: str, steps: int) -> None:
     import torch.nn.functional as F
 
     import hvdlite.torch as hvd
-    from hvdlite.basics import state
+    from hvdlite.engine.runtime import state
 
     torch.set_num_threads(1)
     hvd.init()

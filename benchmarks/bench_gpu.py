@@ -141,9 +141,9 @@ def main() -> int:
 
     hvd.init()
     cp.cuda.Device(hvd.local_rank() % cp.cuda.runtime.getDeviceCount()).use()
-    from hvdlite.engine.transport import plan_for
+    from hvdlite.engine.transport import routes_of
 
-    lines = [f"device path: {plan_for(hvd.global_process_set).device.describe()}"]
+    lines = [f"device path: {routes_of(hvd.global_process_set).device.describe()}"]
     if hvd.size() == 1:
         comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
 

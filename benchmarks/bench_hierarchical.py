@@ -51,7 +51,7 @@ def _worker(args) -> None:
     from mpi4py import MPI
 
     import hvdlite
-    from hvdlite.basics import state
+    from hvdlite.engine.runtime import state
 
     hvdlite.init()
     helper = state().engine.executor.hierarchical

@@ -21,17 +21,16 @@ from .device.capabilities import cuda_available, nccl_version
 from .engine.init_agreement import Preparation, agree
 from .engine.process_set_table import ProcessSetTable
 from .process_sets import ProcessSet
-from .engine.runtime import State, is_running, live, state
+from .engine.runtime import Runtime, is_running, live, state
 from .engine.thread_affinity import core_for
 from .timeline import Timeline
-from .engine.transport import Planner, Transport, plan_for
+from .engine.transport import Router, Transport, routes_of
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
-    "ddl_built", "ccl_built", "start_timeline", "stop_timeline", "state",
-    "allreduce_uses_shared_memory",
+    "ddl_built", "ccl_built", "start_timeline", "stop_timeline",
 ]
 
 #: The names every framework module re-exports from the engine (Horovod's "basics").
@@ -225,10 +224,10 @@ def _resolve_sets(process_sets, world, MPI) -> list[tuple[ProcessSet, list[int]]
     return resolved
 
 
-def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None) -> State:
+def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None) -> Runtime:
     """The collective set-up every rank runs once they agreed: topology, process
     sets, the engine."""
-    new = State()
+    new = Runtime()
     new.config = cfg
     new.world = world
     new.thread_level = MPI.Query_thread()
@@ -246,7 +245,7 @@ def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None)
         color = 0 if world.Get_rank() in ranks else MPI.UNDEFINED
         sub = world.Split(color, world.Get_rank())
         new.sets.register(ps, ranks, None if sub == MPI.COMM_NULL else sub)
-    new.planner = Planner(world.Get_size(), new.node_ranks,
+    new.router = Router(world.Get_size(), new.node_ranks,
                           shared_memory=not cfg.shm_allreduce_disable,
                           hierarchical_allreduce=cfg.hierarchical_allreduce,
                           hierarchical_allgather=cfg.hierarchical_allgather,
@@ -264,9 +263,9 @@ def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None)
     if cfg.autotune:
         from . import autotune
 
-        tuning = autotune.tuning_for(cfg, world.Get_rank(), world.Get_size(), new.planner,
+        tuning = autotune.tuning_for(cfg, world.Get_rank(), world.Get_size(), new.router,
                                      hierarchical, sample_log)
-    new.engine = Engine(world, cfg, new.sets, new.planner, timeline=new.timeline,
+    new.engine = Engine(world, cfg, new.sets, new.router, timeline=new.timeline,
                         hierarchical=hierarchical, overlap=_overlap(cfg, new), core=core,
                         tuning=tuning)
     return new
@@ -300,7 +299,7 @@ def _tune_malloc() -> None:
         pass
 
 
-def _build_topology(st: State, MPI, cfg) -> None:
+def _build_topology(st: Runtime, MPI, cfg) -> None:
     world = st.world
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
     st.node_ranks = frozenset(node.allgather(world.Get_rank()))
@@ -314,14 +313,44 @@ def _build_topology(st: State, MPI, cfg) -> None:
     st.homogeneous = len(set(sizes)) == 1
 
 
+# --- the running job, as the framework adapters see it ------------------------
+# The adapters (hvdlite.torch, hvdlite.tensorflow, hvdlite.keras) reach the engine
+# only through the public modules and these functions, which are not exported:
+# ``make lint`` (tools/import_graph.py) fails when an adapter imports hvdlite.engine.
+
+
 def allreduce_uses_shared_memory(process_set) -> bool:
     """Whether large allreduces over *process_set* are planned to run through the
     node's shared memory (:mod:`hvdlite.engine.shm`); the set's
-    :class:`~hvdlite.engine.transport.TransportPlan` decides, the same on every member."""
-    return plan_for(process_set).allreduce is Transport.SHARED_MEMORY
+    :class:`~hvdlite.engine.transport.Routes` decide, the same on every member."""
+    return routes_of(process_set).allreduce is Transport.SHARED_MEMORY
 
 
-def _overlap(cfg, st: State) -> bool:
+def reductions_overlap_compute() -> bool:
+    """Whether some rank's engine thread has a core of its own (agreed at
+    ``init()``, the same on every rank): then an adapter starts reductions while
+    the framework still computes; otherwise it hands them over together."""
+    return live().engine.overlap_anywhere
+
+
+def job_config():
+    """The knobs the running job was initialized with (a :class:`hvdlite.config.Config`)."""
+    return state().config
+
+
+def registered_process_set(set_id: int) -> ProcessSet | None:
+    """The registered process set with id *set_id*, or None."""
+    return state().sets.get(int(set_id))
+
+
+def device_choice():
+    """The device path the job agreed on at ``init()`` (a
+    :class:`hvdlite.device.selection.DeviceChoice`), or None where no rank could
+    take one."""
+    return getattr(live().router, "device", None)
+
+
+def _overlap(cfg, st: Runtime) -> bool:
     """HVDLITE_OVERLAP resolved: auto means on when this process may use more cores
     than there are ranks on its node (a core is left for the engine thread)."""
     if cfg.overlap != "auto":

@@ -25,7 +25,7 @@ from .engine.dtypes import check_dtype
 from .handles import Handle, synchronize
 from .engine.messages import JOIN_PARAMS, Kind, Params
 from .ops import Adasum, Average, ReduceOp, resolve_op
-from .process_sets import ProcessSet, global_process_set
+from .process_sets import GLOBAL_SET_ID, ProcessSet, global_process_set
 from .engine.submissions import Entry
 from .exceptions import ArgumentError
 
@@ -34,8 +34,7 @@ __all__ = [
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
     "broadcast", "broadcast_async", "alltoall", "alltoall_async", "reducescatter",
     "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
-    "barrier", "join", "submit_control", "call_and_wait",
-    "waiting_caller",
+    "barrier", "join",
 ]
 
 
@@ -47,7 +46,7 @@ _KNOWN_LIMIT = 1024
 
 def _members(st, process_set: ProcessSet, what: str) -> tuple[int, list[int]]:
     if process_set is global_process_set:  # the common case: every rank is a member
-        return 0, st.sets.ranks[0]
+        return GLOBAL_SET_ID, st.sets.ranks[GLOBAL_SET_ID]
     if not isinstance(process_set, ProcessSet):
         raise ArgumentError(f"{what}: process_set must be a hvd.ProcessSet, got "
                          f"{type(process_set).__name__}.")
@@ -73,7 +72,7 @@ def _name(st, op: str, name: str | None, set_id: int = 0) -> str:
         if not isinstance(name, str) or not name:
             raise ArgumentError(f"{op}: name must be a non-empty string, got {name!r}.")
         return name
-    return f"{op}.noname.{st.names.suffix(op if set_id == 0 else (op, set_id))}"
+    return f"{op}.noname.{st.names.suffix(op if set_id == GLOBAL_SET_ID else (op, set_id))}"
 
 
 def _array(x, what: str) -> np.ndarray:
@@ -157,7 +156,7 @@ def _device_submission():
 def submit_control(kind: Kind, name: str, extra: tuple, payload=None) -> Handle:
     """Submit a control message of the global set (every rank, same *name*)."""
     st = state()
-    params = Params(set_id=0, name=name, kind=int(kind), extra=extra)
+    params = Params(set_id=GLOBAL_SET_ID, name=name, kind=int(kind), extra=extra)
     return _submit(st, params, [], [], payload=payload)
 
 

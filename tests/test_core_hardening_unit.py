@@ -18,7 +18,7 @@ from test_core_parts import _ScriptedLoop
 from hvdlite import config
 from hvdlite.engine.auto_names import AutoNames
 from hvdlite.engine.backoff import Backoff
-from hvdlite.engine.driver import Driver, State
+from hvdlite.engine.driver import Driver, Phase
 from hvdlite.exceptions import CollectiveTimeoutError, HorovodInternalError
 from hvdlite.engine.fusion import BufferPool
 from hvdlite.handles import Handle
@@ -153,7 +153,7 @@ def test_an_interrupt_in_a_callers_step_reaches_the_caller(exc):
     with pytest.raises(type(exc)):
         driver.drive(Handle("h"), timeout=5)
     assert loop.interrupted is exc and loop.failed is None
-    assert driver.state is State.FAILED
+    assert driver.state is Phase.FAILED
 
 
 def test_an_exception_outside_a_step_still_fails_the_loop():
@@ -167,7 +167,7 @@ def test_an_exception_outside_a_step_still_fails_the_loop():
     driver._thread_poll = BrokenPoll()
     driver.start()
     driver._thread.join(10)
-    assert isinstance(loop.failed, OverflowError) and driver.state is State.FAILED
+    assert isinstance(loop.failed, OverflowError) and driver.state is Phase.FAILED
     assert loop.torn_down is False
 
 

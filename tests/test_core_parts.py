@@ -15,7 +15,7 @@ import pytest
 from hvdlite.engine.backoff import Backoff
 from hvdlite.engine.cache_bits import CacheBits
 from hvdlite.engine.coordinator import StallClock
-from hvdlite.engine.driver import Driver, State
+from hvdlite.engine.driver import Driver, Phase
 from hvdlite.exceptions import HorovodInternalError
 from hvdlite.handles import Handle
 from hvdlite.engine.messages import RESPONSE_OK, Kind, Params, Response
@@ -23,7 +23,7 @@ from hvdlite.engine.plans import Plan, PlanCache
 from hvdlite.engine.response_cache import ResponseCache
 from hvdlite.engine.status import Codec, Flag, Layout, alone, combine, decode, encode
 from hvdlite.engine.submissions import Entry, Inbox
-from hvdlite.engine.transport import SHM_MIN_BYTES, Planner, Transport
+from hvdlite.engine.transport import SHM_MIN_BYTES, Router, Transport
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parent.parent
@@ -273,7 +273,7 @@ def test_a_waiting_caller_drives_the_loop_until_its_handle_is_done():
     loop = _ScriptedLoop([(True, False), (True, False)], finish=handle)
     driver = Driver(loop, cycle_time=0.001, start_delay=0.001)
     driver.drive(handle, timeout=10)
-    assert handle.done() and loop.cycles == 2 and driver.state is State.RUNNING
+    assert handle.done() and loop.cycles == 2 and driver.state is Phase.RUNNING
 
 
 def test_agreeing_to_stop_ends_the_thread_with_an_orderly_teardown():
@@ -281,7 +281,7 @@ def test_agreeing_to_stop_ends_the_thread_with_an_orderly_teardown():
     driver = Driver(loop, cycle_time=0.001, start_delay=0.001)
     driver.start()
     assert driver.request_stop(timeout=10)
-    assert driver.state is State.STOPPED and loop.torn_down is True
+    assert driver.state is Phase.STOPPED and loop.torn_down is True
 
 
 def test_a_failing_cycle_fails_the_loop_and_tears_down_without_collectives():
@@ -289,7 +289,7 @@ def test_a_failing_cycle_fails_the_loop_and_tears_down_without_collectives():
     driver = Driver(loop, cycle_time=0.001, start_delay=0.001)
     driver.start()
     driver._thread.join(10)
-    assert driver.state is State.FAILED and loop.torn_down is False
+    assert driver.state is Phase.FAILED and loop.torn_down is False
     assert isinstance(loop.failed, RuntimeError)
 
 
@@ -297,7 +297,7 @@ def test_a_stop_request_is_announced_as_draining():
     loop = _ScriptedLoop([])
     driver = Driver(loop, cycle_time=0.001, start_delay=0.001)
     assert not driver.request_stop(timeout=0)  # its thread never started
-    assert driver.state is State.DRAINING
+    assert driver.state is Phase.DRAINING
 
 
 @pytest.mark.parametrize("spare_core", [True, False])
@@ -378,27 +378,27 @@ def test_waiting_on_a_handle_inside_a_step_is_refused():
 
 # ------------------------------------------------------------------------ transport
 def test_the_plan_names_one_path_per_set_from_shared_facts():
-    planner = Planner(world_size=4, node_ranks=[0, 1], shared_memory=True,
+    router = Router(world_size=4, node_ranks=[0, 1], shared_memory=True,
                       hierarchical_allreduce=False, hierarchical_allgather=True)
-    node_pair = planner.plan([1, 0])
+    node_pair = router.routes([1, 0])
     assert node_pair.allreduce is Transport.SHARED_MEMORY
     assert node_pair.allgather is Transport.SHARED_MEMORY
     assert node_pair.allreduce_path(SHM_MIN_BYTES - 1) is Transport.MPI
     assert node_pair.allreduce_path(SHM_MIN_BYTES) is Transport.SHARED_MEMORY
-    assert planner.plan([0, 2]).allreduce is Transport.MPI  # not all on this node
-    assert planner.plan([0, 2]).allgather is Transport.MPI
-    assert planner.plan([0]).allreduce is Transport.MPI  # one rank: nothing to share
-    whole = planner.plan(range(4))
+    assert router.routes([0, 2]).allreduce is Transport.MPI  # not all on this node
+    assert router.routes([0, 2]).allgather is Transport.MPI
+    assert router.routes([0]).allreduce is Transport.MPI  # one rank: nothing to share
+    whole = router.routes(range(4))
     assert whole.allreduce is Transport.MPI and whole.allgather is Transport.HIERARCHICAL
-    hier = Planner(4, [0, 1, 2, 3], True, True, False)
-    assert hier.plan(range(4)).allreduce is Transport.HIERARCHICAL
-    assert hier.plan([0, 1]).allreduce is Transport.SHARED_MEMORY  # subsets run flat
-    off = Planner(2, [0, 1], False, False, False).plan([0, 1])
+    hier = Router(4, [0, 1, 2, 3], True, True, False)
+    assert hier.routes(range(4)).allreduce is Transport.HIERARCHICAL
+    assert hier.routes([0, 1]).allreduce is Transport.SHARED_MEMORY  # subsets run flat
+    off = Router(2, [0, 1], False, False, False).routes([0, 1])
     assert off.allreduce is Transport.MPI and off.allgather is Transport.MPI
 
 
 # ----------------------------------------------------------------------- imports
-def test_no_import_cycles_among_hvdlites_modules():
+def test_no_import_cycles_or_layering_violations_among_hvdlites_modules():
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "import_graph.py")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -417,3 +417,23 @@ def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function(tmp_path):
     (package / "b.py").write_text("def f():\n    from .a import x\n")
     (package / "c.py").write_text("import hvdlite.a\n")
     assert import_graph.cycles(import_graph.graph(tmp_path)) == [["hvdlite.a", "hvdlite.b"]]
+
+
+def test_the_layering_check_names_an_adapter_that_imports_the_engine(tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import import_graph
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    for package in ("hvdlite", "hvdlite/engine", "hvdlite/torch"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "hvdlite/collectives.py").write_text("from .engine import runtime\n")
+    (tmp_path / "hvdlite/engine/runtime.py").write_text("")
+    (tmp_path / "hvdlite/engine/cycle.py").write_text("from .. import collectives\n")
+    (tmp_path / "hvdlite/torch/optimizer.py").write_text(
+        "def f():\n    from hvdlite.engine import runtime\n")
+    found = import_graph.layering_violations(import_graph.graph(tmp_path))
+    assert len(found) == 2
+    assert found[0].startswith("hvdlite.engine.cycle imports hvdlite.collectives")
+    assert found[1].startswith("hvdlite.torch.optimizer imports hvdlite.engine.runtime")

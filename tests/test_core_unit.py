@@ -2,7 +2,7 @@
 
 Message wording, the coordinator's agreement checks and decisions (including
 join and the stall report), the response cache's determinism, the fusion
-planner, knob parsing and dtype rules.  These modules import no mpi4py, and
+router, knob parsing and dtype rules.  These modules import no mpi4py, and
 this file must not import the ones that do (engine, executor, collectives):
 the outer pytest process starts mpiexec jobs and must stay MPI-free.
 """
@@ -614,3 +614,17 @@ def test_queries_before_init_say_to_call_init():
             query()
     # (That the queries do not start MPI is checked in a fresh interpreter by
     # tests/mpi_scripts/core_import_light.py, run from test_core_launch.py.)
+
+
+def test_hvdlite_serves_only_its_documented_names():
+    # Everything hvdlite serves lazily is in its __all__, and the engine's seams for
+    # the adapters (submit_control, call_and_wait, waiting_caller) are not served.
+    import hvdlite
+    from hvdlite import basics, collectives, dynamic_sets, objects
+
+    lazily_served = set(collectives.__all__) | set(objects.__all__) | set(dynamic_sets.__all__)
+    assert lazily_served <= set(hvdlite.__all__)
+    for seam in ("submit_control", "call_and_wait", "waiting_caller", "state"):
+        assert seam not in hvdlite.__all__ and seam not in basics.__all__
+        with pytest.raises(AttributeError):
+            getattr(hvdlite, seam)

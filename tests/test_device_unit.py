@@ -96,7 +96,7 @@ def test_read_request():
     (Capabilities(False, False, False), {}, Transport.STAGED),
 ])
 def test_plan_rules(caps, env, expect):
-    plan = DeviceChoice(caps, read_request(env)).plan()
+    plan = DeviceChoice(caps, read_request(env)).routes()
     assert plan.allreduce is expect and plan.alltoall is expect
     assert plan.fallback in (Transport.CUDA_AWARE_MPI, Transport.STAGED)
     assert expect.value in plan.describe()
@@ -104,9 +104,9 @@ def test_plan_rules(caps, env, expect):
 
 def test_hierarchical_only_for_the_whole_homogeneous_job():
     caps = Capabilities(True, True, False)
-    assert DeviceChoice(caps, read_request({}), True, True).plan(True).hierarchical
-    assert not DeviceChoice(caps, read_request({}), True, True).plan(False).hierarchical
-    assert not DeviceChoice(caps, read_request({}), True, False).plan(True).hierarchical
+    assert DeviceChoice(caps, read_request({}), True, True).routes(True).hierarchical
+    assert not DeviceChoice(caps, read_request({}), True, True).routes(False).hierarchical
+    assert not DeviceChoice(caps, read_request({}), True, False).routes(True).hierarchical
 
 
 def test_capabilities_agree_only_on_what_everyone_has():

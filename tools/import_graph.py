@@ -7,8 +7,20 @@ edge goes from the importing module to the hvdlite module it names (for
 package's implicit import by its submodules is not an edge; importing the
 package by name (``import hvdlite``) is.
 
-Run ``python tools/import_graph.py`` to print the cycles (exit 1 when there
-are any); ``make lint`` does, and ``tests/test_core_unit.py`` asserts none.
+Besides cycles it checks the layering (:func:`layering_violations`):
+
+- the framework adapters and the launcher (``hvdlite.torch``,
+  ``hvdlite.tensorflow``, ``hvdlite.keras``, ``hvdlite.runner``) import nothing
+  from ``hvdlite.engine``: they reach it through the public modules and the
+  seams ``hvdlite.basics`` and ``hvdlite.collectives`` name for them;
+- the engine imports only itself and the modules below it: the value modules
+  of the API (exceptions, ops, config, process sets), the device path, the
+  timeline's schema; never the API that drives it (basics, collectives, ...)
+  nor an adapter.
+
+Run ``python tools/import_graph.py`` to print the cycles and violations (exit 1
+when there are any); ``make lint`` does, and ``tests/test_core_unit.py``
+asserts none.
 """
 
 from __future__ import annotations
@@ -101,13 +113,45 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+#: Packages that must not import the engine.
+ADAPTERS = ("hvdlite.torch", "hvdlite.tensorflow", "hvdlite.keras", "hvdlite.runner")
+ENGINE = "hvdlite.engine"
+#: What the engine may import besides itself (a module or a package's modules).
+ENGINE_MAY_IMPORT = ("hvdlite.exceptions", "hvdlite.ops", "hvdlite.config",
+                     "hvdlite.process_sets", "hvdlite.device", "hvdlite.timeline.schema")
+
+
+def _within(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def layering_violations(edges: dict[str, set[str]]) -> list[str]:
+    """One line per import that crosses the layers the wrong way."""
+    found = []
+    for source in sorted(edges):
+        for target in sorted(edges[source]):
+            if _within(source, ADAPTERS) and _within(target, (ENGINE,)):
+                found.append(f"{source} imports {target}: adapters reach the engine through "
+                             "hvdlite.basics / hvdlite.collectives, not hvdlite.engine")
+            elif _within(source, (ENGINE,)) and not _within(target, (ENGINE, *ENGINE_MAY_IMPORT)):
+                found.append(f"{source} imports {target}: the engine imports only itself and "
+                             f"{', '.join(ENGINE_MAY_IMPORT)}")
+    return found
+
+
 def main() -> int:
-    found = cycles(graph())
+    edges = graph()
+    found = cycles(edges)
     for component in found:
         print("import cycle among:", ", ".join(component))
     if not found:
         print("no import cycles among hvdlite's modules")
-    return 1 if found else 0
+    wrong = layering_violations(edges)
+    for line in wrong:
+        print("layering:", line)
+    if not wrong:
+        print("no import crosses hvdlite's layers the wrong way")
+    return 1 if found or wrong else 0
 
 
 if __name__ == "__main__":

@@ -55,21 +55,21 @@ def prepare(cfg, rank: int) -> SampleLog | None:
     return None
 
 
-def tuning_for(cfg, rank: int, world_size: int, planner, hierarchical,
+def tuning_for(cfg, rank: int, world_size: int, router, hierarchical,
                sample_log: SampleLog | None = None) -> TuningLink:
     """The engine's link for this rank (with the tuner on rank 0), starting from
     the knobs *cfg* the job was started with.
 
-    *planner*: the job's :class:`~hvdlite.engine.transport.Planner`; *hierarchical*:
+    *router*: the job's :class:`~hvdlite.engine.transport.Router`; *hierarchical*:
     the two-level helper or None.  Every rank derives the same start.
     """
     from ..engine.transport import Transport
 
-    start = Setting(cfg.fusion_threshold, cfg.cycle_time_ms, planner.shared_memory,
-                    planner.hierarchical_allreduce)
-    flat = planner.variant(shared_memory=True, hierarchical_allreduce=False)
-    shared_memory = planner.shared_memory \
-        and flat.plan(range(world_size)).allreduce is Transport.SHARED_MEMORY
+    start = Setting(cfg.fusion_threshold, cfg.cycle_time_ms, router.shared_memory,
+                    router.hierarchical_allreduce)
+    flat = router.variant(shared_memory=True, hierarchical_allreduce=False)
+    shared_memory = router.shared_memory \
+        and flat.routes(range(world_size)).allreduce is Transport.SHARED_MEMORY
     multi_node = hierarchical is not None and hierarchical.allreduce_enabled \
         and len(hierarchical.nodes) > 1
     tuner = None

@@ -15,7 +15,7 @@ whose ``Params.device`` is not ``"cpu"`` to :meth:`DeviceExecutor.run_batch`
    one buffer; alltoall moves bytes with the counts exchanged over MPI;
 3. the producers' streams wait for the engine stream, then the handles finish.
 
-Which link a set uses is its :class:`~hvdlite.device.selection.DevicePlan`
+Which link a set uses is its :class:`~hvdlite.device.selection.DeviceRoutes`
 (per collective); links are made on first use, collectively (every member of
 the set runs the same batches in the same order).
 
@@ -41,23 +41,23 @@ from .arrays import CUDA
 from .links import HierarchicalLink, MpiLink, StagedLink
 from .packing import flat_bytes, pack, reduce_alone, unpack
 from .registry import backend as backend_of
-from .selection import DevicePlan
+from .selection import DeviceRoutes
 
-__all__ = ["DeviceExecutor", "STAGED_PLAN"]
+__all__ = ["DeviceExecutor", "STAGED_ROUTES"]
 
-#: The plan of a set the planner made without device knowledge.
-STAGED_PLAN = DevicePlan(*([Transport.STAGED] * 6))
+#: The routes of a set the router made without device knowledge.
+STAGED_ROUTES = DeviceRoutes(*([Transport.STAGED] * 6))
 
 
 class DeviceExecutor:
     """Executes batches of OK device responses; knows nothing about negotiation."""
 
-    def __init__(self, lookup, finish, finish_keys, sets, plan_of, hierarchical=None):
+    def __init__(self, lookup, finish, finish_keys, sets, routes_of, hierarchical=None):
         self._lookup = lookup  # key -> local Entry or None (joined)
         self._finish = finish  # (entry, value) -> None
         self._finish_keys = finish_keys  # keys -> None (finish with their outputs)
         self._sets = sets
-        self._plan_of = plan_of  # set id -> TransportPlan
+        self._routes_of = routes_of  # set id -> Routes
         self._hierarchical = hierarchical  # the engine's two-level helper (comms), or None
         self._links: dict = {}
         #: link name -> batches it ran (diagnostics and tests)
@@ -69,9 +69,9 @@ class DeviceExecutor:
         backend = backend_of(p0.device)
         entries = [self._lookup(response.key) for response in batch]
         present = [e for e in entries if e is not None]
-        plan = self._plan_of(p0.set_id).device or STAGED_PLAN
+        routes = self._routes_of(p0.set_id).device or STAGED_ROUTES
         with backend.activate([a for e in present for a in e.inputs]):
-            results = self._run(p0, batch, entries, comm, backend, plan)
+            results = self._run(p0, batch, entries, comm, backend, routes)
             backend.publish([e.ready for e in present])
         if results is None:
             self._finish_keys([response.key for response in batch])
@@ -79,43 +79,43 @@ class DeviceExecutor:
             for entry, value in results:
                 self._finish(entry, value)
 
-    def _run(self, p0, batch, entries, comm, backend, plan):
+    def _run(self, p0, batch, entries, comm, backend, routes):
         kind = p0.kind
         if kind == Kind.ALLREDUCE:
             if p0.op == ReduceOp.ADASUM:
                 return self._adasum(batch, entries, comm, backend)
-            return self._allreduce(batch, entries, comm, backend, plan)
+            return self._allreduce(batch, entries, comm, backend, routes)
         if kind == Kind.ALLGATHER:
             return self._allgather(batch, entries, comm, backend,
-                                   self._link(p0.set_id, comm, backend, plan, "allgather"))
+                                   self._link(p0.set_id, comm, backend, routes, "allgather"))
         if kind == Kind.BROADCAST:
             root = self._sets.ranks[p0.set_id].index(p0.root)
             return self._broadcast(entries, comm, backend,
-                                   self._link(p0.set_id, comm, backend, plan, "broadcast"), root)
+                                   self._link(p0.set_id, comm, backend, routes, "broadcast"), root)
         if kind == Kind.ALLTOALL:
             return self._alltoall(entries[0], comm, backend,
-                                  self._link(p0.set_id, comm, backend, plan, "alltoall"))
+                                  self._link(p0.set_id, comm, backend, routes, "alltoall"))
         if kind == Kind.REDUCESCATTER:
             return self._reducescatter(batch, entries, comm, backend,
-                                       self._link(p0.set_id, comm, backend, plan,
+                                       self._link(p0.set_id, comm, backend, routes,
                                                   "reducescatter"))
         raise RuntimeError(f"the device executor cannot run {Kind(kind).name}")
 
     # --------------------------------------------------------------------- links
-    def _link(self, set_id: int, comm, backend, plan: DevicePlan, op: str):
-        transport = getattr(plan, op)
+    def _link(self, set_id: int, comm, backend, routes: DeviceRoutes, op: str):
+        transport = getattr(routes, op)
         helper = self._hierarchical
-        two_level = (op == "allreduce" and plan.hierarchical and helper is not None
+        two_level = (op == "allreduce" and routes.hierarchical and helper is not None
                      and helper.homogeneous and set_id == 0)
         key = (set_id, backend.device, transport, two_level)
         link = self._links.get(key)
         if link is None:
-            flat = self._make(("set", set_id), comm, backend, transport, plan.fallback)
+            flat = self._make(("set", set_id), comm, backend, transport, routes.fallback)
             link = flat
             if two_level:
-                local = self._make(("local",), helper.local, backend, transport, plan.fallback)
-                cross = self._make(("cross",), helper.cross, backend, plan.fallback,
-                                   plan.fallback)
+                local = self._make(("local",), helper.local, backend, transport, routes.fallback)
+                cross = self._make(("cross",), helper.cross, backend, routes.fallback,
+                                   routes.fallback)
                 link = HierarchicalLink(local, cross, flat, backend)
             self._links[key] = link
         self.used[link.name] += 1
@@ -148,7 +148,7 @@ class DeviceExecutor:
             del self._links[key]
 
     # ----------------------------------------------------------------- allreduce
-    def _allreduce(self, batch, entries, comm, backend, plan) -> None:
+    def _allreduce(self, batch, entries, comm, backend, routes) -> None:
         p0 = batch[0].params
         size = comm.Get_size()
         tensors, dtypes = Reduction(), []
@@ -162,7 +162,7 @@ class DeviceExecutor:
                     tensors.add(entry, entry.inputs[i], entry.outputs[i], math.prod(shape),
                                 p.prescale, post)
                 dtypes.append(p.dtypes[i])
-        link = self._link(p0.set_id, comm, backend, plan, "allreduce")
+        link = self._link(p0.set_id, comm, backend, routes, "allreduce")
         backend.wait_ready([e.ready for e in entries if e is not None])
         wires = [link.wire(d) for d in dtypes]
         for wire in dict.fromkeys(wires):

@@ -162,7 +162,7 @@ class HierarchicalLink(Link):
 
     *local*: a link over this rank's node; *cross*: a link over the ranks with
     this rank's local rank on every node.  Every node must have the same number
-    of ranks (the planner only chooses this link then).
+    of ranks (the router only chooses this link then).
     """
 
     name = "hierarchical"

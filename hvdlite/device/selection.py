@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from ..engine.transport import Transport
 
-__all__ = ["OPERATIONS", "Capabilities", "DeviceChoice", "DevicePlan", "read_request",
+__all__ = ["OPERATIONS", "Capabilities", "DeviceChoice", "DeviceRoutes", "read_request",
            "local_capabilities", "agree"]
 
 log = logging.getLogger("hvdlite")
@@ -52,7 +52,7 @@ class Capabilities(NamedTuple):
                             self.reason if self.reason == other.reason else "not on every rank")
 
 
-class DevicePlan(NamedTuple):
+class DeviceRoutes(NamedTuple):
     """One process set's device transports."""
 
     allreduce: Transport
@@ -76,21 +76,21 @@ class DevicePlan(NamedTuple):
 
 
 class DeviceChoice(NamedTuple):
-    """The agreed knobs and capabilities; :meth:`plan` gives a set's plan."""
+    """The agreed knobs and capabilities; :meth:`routes` gives a set's routes."""
 
     capabilities: Capabilities
     request: tuple  # ((operation, "NCCL" | "MPI" | ""), ...)
     hierarchical_allreduce: bool = False
     homogeneous: bool = True
 
-    def plan(self, whole_job: bool = True) -> DevicePlan:
+    def routes(self, whole_job: bool = True) -> DeviceRoutes:
         caps = self.capabilities
         fallback = Transport.CUDA_AWARE_MPI if caps.cuda_aware_mpi else Transport.STAGED
         chosen = {}
         for op, asked in self.request:
             chosen[op] = Transport.NCCL if caps.nccl and asked != "MPI" else fallback
         hierarchical = self.hierarchical_allreduce and whole_job and self.homogeneous
-        return DevicePlan(fallback=fallback, hierarchical=hierarchical, **chosen)
+        return DeviceRoutes(fallback=fallback, hierarchical=hierarchical, **chosen)
 
 
 def _env(environ: Mapping[str, str], suffix: str) -> str:

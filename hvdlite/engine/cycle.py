@@ -53,13 +53,13 @@ from .backoff import Backoff
 from .cache_bits import CacheBits
 from .coordinator import Coordinator, StallClock
 from .doorbell import Doorbell
-from .driver import Driver, State
+from .driver import Driver, Phase
 from ..exceptions import HorovodInternalError, MismatchError
 from .executor import MPIExecutor
 from .fusion import plan_batches
 from .messages import CACHEABLE, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind, Response
 from .plans import Plan, PlanCache
-from ..process_sets import ProcessSet
+from ..process_sets import GLOBAL_SET_ID, ProcessSet
 from .response_cache import ResponseCache
 from .status import Codec, Flag, Layout, alone
 from .submissions import Entry, Inbox
@@ -89,7 +89,7 @@ _SHUTDOWN_MESSAGE = (
 class Engine:
     """The per-process engine (see the module docstring for the cycle)."""
 
-    def __init__(self, world, config, sets, planner, timeline=None, hierarchical=None,
+    def __init__(self, world, config, sets, router, timeline=None, hierarchical=None,
                  overlap=True, core=None, tuning=None):
         self.sets = sets
         self.comm = world.Dup()  # control traffic only: status, gather/bcast, doorbells
@@ -113,13 +113,13 @@ class Engine:
         self._some_joined = False  # some rank is, as of the last cycle
         self.bits = CacheBits(ResponseCache(config.cache_capacity), self.rank)
         self.coordinator = Coordinator(self.size, sets.members.get) if self.rank == 0 else None
-        self.executor = MPIExecutor(self._pending.get, self._finish, sets, planner,
+        self.executor = MPIExecutor(self._pending.get, self._finish, sets, router,
                                     self._finish_keys, hierarchical,
                                     self.limit if self.limit.seconds else None)
         self._threshold = config.fusion_threshold
         # Autotune (a TuningLink, or None): rank 0's setting arrives in the status vector.
         self.tuning = tuning
-        self._planner = planner
+        self._router = router
         self._plans = PlanCache()  # the plans of all-cached cycles
         warn = config.stall_check_time_seconds
         if self.limit.seconds:  # warn (naming the missing ranks) before the limit ends the job
@@ -186,7 +186,7 @@ class Engine:
         self.limit.check_pending(self._pending)
         if self._stall.due(self._pending):
             self._stall_wanted = True
-        if self.inbox or self.driver.state is State.DRAINING or self._stall_wanted:
+        if self.inbox or self.driver.state is Phase.DRAINING or self._stall_wanted:
             self.doorbell.ring()
             return True
         return self.doorbell.heard()
@@ -322,7 +322,7 @@ class Engine:
             flags |= Flag.NEW
         if self._uncached:
             flags |= Flag.UNCACHED
-        if self.driver.state is State.DRAINING:
+        if self.driver.state is Phase.DRAINING:
             flags |= Flag.SHUTDOWN
         if self._joined:
             flags |= Flag.JOINED
@@ -456,9 +456,9 @@ class Engine:
         cycle_time = setting.cycle_time_ms / 1000.0
         self.driver.set_cycle_time(cycle_time, cycle_time if self.overlap
                                    else max(cycle_time, _LAZY_START))
-        planner = self._planner.variant(setting.shared_memory_allreduce,
+        router = self._router.variant(setting.shared_memory_allreduce,
                                         setting.hierarchical_allreduce)
-        self.executor.use_planner(planner)
+        self.executor.use_router(router)
 
     # ---------------------------------------------------------- process sets
     def _add_process_set(self, response: Response) -> None:
@@ -479,7 +479,7 @@ class Engine:
     def _remove_process_set(self, response: Response) -> None:
         set_id = response.params.extra[0]
         entry = self._pending.get(response.key)
-        if set_id == 0 or self.sets.get(set_id) is None:
+        if set_id == GLOBAL_SET_ID or self.sets.get(set_id) is None:
             if entry is not None:
                 self._fail(entry, f"process set {set_id} cannot be removed "
                                   "(it is the global set or not registered).")

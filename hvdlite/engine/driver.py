@@ -7,7 +7,7 @@ lock while no other thread does), which saves two thread hand-offs per
 collective.  The loop it drives is any object with the :class:`Loop` methods;
 the driver knows nothing about MPI, so it is unit-tested with a scripted loop.
 
-Its life is one explicit :class:`State`: RUNNING; DRAINING once a stop was
+Its life is one explicit :class:`Phase`: RUNNING; DRAINING once a stop was
 asked for here (cycles go on until every rank agreed to stop); STOPPED when
 they agreed, so collective clean-up is safe; FAILED when a step raised.
 
@@ -29,7 +29,7 @@ from typing import Protocol
 
 from .backoff import Backoff
 
-__all__ = ["Driver", "Loop", "State"]
+__all__ = ["Driver", "Loop", "Phase"]
 
 log = logging.getLogger("hvdlite")
 
@@ -57,7 +57,7 @@ _QUIET_CAP = 0.2
 _CALLER_POLL = Backoff(floor=0.00005, cap=0.005, ratio=0.1)
 
 
-class State(enum.Enum):
+class Phase(enum.Enum):
     RUNNING = "running"
     DRAINING = "draining"  # a stop was asked for on this rank
     STOPPED = "stopped"  # every rank agreed to stop
@@ -100,7 +100,7 @@ class Driver:
         # A caller that waits longer than this for another thread's step to end
         # takes the step for stuck (HVDLITE_COLLECTIVE_TIMEOUT; None: no limit).
         self.step_limit = step_limit
-        self._set_state(State.RUNNING)
+        self._set_state(Phase.RUNNING)
         self.event = threading.Event()  # rouses the engine thread
         self._spare_core = spare_core
         self._thread_poll = self._poll_backoff(cycle_time)
@@ -131,11 +131,11 @@ class Driver:
         first = min(cycle_time, _THREAD_CAP) if self._spare_core else _THREAD_CAP
         return Backoff(floor=first, cap=_THREAD_CAP)
 
-    def _set_state(self, state: State) -> None:
+    def _set_state(self, state: Phase) -> None:
         self.state = state
         # A plain attribute, not a property: a waiting caller reads it several
         # times per collective.
-        self.finished = state in (State.STOPPED, State.FAILED)
+        self.finished = state in (Phase.STOPPED, Phase.FAILED)
 
     def is_engine_thread(self) -> bool:
         return threading.get_ident() == self._thread_id
@@ -159,8 +159,8 @@ class Driver:
 
     def request_stop(self, timeout: float | None) -> bool:
         """Ask for a stop on every rank; wait for this rank's. True if it stopped in time."""
-        if self.state is State.RUNNING:
-            self._set_state(State.DRAINING)
+        if self.state is Phase.RUNNING:
+            self._set_state(Phase.DRAINING)
         self.event.set()
         if self._thread.ident is None:  # never started: nothing runs to stop
             return False
@@ -177,7 +177,7 @@ class Driver:
         except BaseException as exc:  # noqa: BLE001 - outside a step: still reported
             self._failed(exc)
         with self._step_lock:
-            self.loop.teardown(orderly=self.state is State.STOPPED)
+            self.loop.teardown(orderly=self.state is Phase.STOPPED)
 
     def _run_thread(self) -> None:
         loop = self.loop
@@ -266,7 +266,7 @@ class Driver:
             after_wait, self._after_wait = self._after_wait, False
             progress, stop = self.loop.cycle(after_wait)
             if stop:
-                self._set_state(State.STOPPED)
+                self._set_state(Phase.STOPPED)
                 self.event.set()
             elif not progress:
                 self.waiting = True
@@ -275,7 +275,7 @@ class Driver:
             if self.is_engine_thread():  # not a signal: raised by code the engine ran
                 self._failed(exc)
                 return
-            self._set_state(State.FAILED)
+            self._set_state(Phase.FAILED)
             self.event.set()
             self.loop.interrupt(exc)
             raise
@@ -287,6 +287,6 @@ class Driver:
     def _failed(self, exc: BaseException) -> None:
         """Report *exc*, stop, and let the loop fail its work (and end the job)."""
         log.error("hvdlite engine failed:\n%s", "".join(traceback.format_exception(exc)))
-        self._set_state(State.FAILED)
+        self._set_state(Phase.FAILED)
         self.event.set()
         self.loop.fail(exc)

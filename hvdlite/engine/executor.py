@@ -7,7 +7,7 @@ writes the output array); fused batches are copied into a persistent buffer,
 moved by one collective and copied out, with the pre/post scale factors applied
 during the copies.  Which path an allreduce takes (:mod:`hvdlite.engine.shm`,
 :mod:`hvdlite.engine.hierarchical` or MPI) is the set's
-:class:`~hvdlite.engine.transport.TransportPlan`.  A joined rank (no local entry)
+:class:`~hvdlite.engine.transport.Routes`.  A joined rank (no local entry)
 contributes zeros to reductions and no rows to allgathers.  Batches of device
 buffers (``Params.device`` other than ``"cpu"``) go to the device path
 (:class:`hvdlite.device.executor.DeviceExecutor`), made on the first one.
@@ -97,19 +97,19 @@ def _allreduce_one(allreduce, inp: np.ndarray, out: np.ndarray, pre: float,
 class MPIExecutor:
     """Executes batches of OK responses; knows nothing about negotiation."""
 
-    def __init__(self, lookup: Callable, finish: Callable, sets, planner,
+    def __init__(self, lookup: Callable, finish: Callable, sets, router,
                  finish_keys: Callable, hierarchical=None, limit=None):
         self._lookup = lookup  # key -> local Entry or None (joined / not a member)
         self._finish = finish  # (entry, value) -> None
         # keys -> None: finish the local entries of these keys with their outputs
         self._finish_keys = finish_keys
         self._sets = sets  # the ProcessSetTable: communicators and members
-        self._planner = planner  # the set's TransportPlan: which path each batch takes
+        self._router = router  # the set's Routes: which path each batch takes
         self.hierarchical = hierarchical  # the two-level helper, where enabled
         self._limit = limit  # a WaitLimit for the shared-memory barrier, or None
         self.pool = BufferPool()
         self._shm: dict[int, object] = {}  # set id -> SharedMemoryAllreduce or None
-        self._plans: dict[int, object] = {}  # set id -> its TransportPlan
+        self._routes: dict[int, object] = {}  # set id -> its Routes
         # The engine's Timeline while one is on (set before each batch), else None.
         self.timeline = None
         self.device = None  # the DeviceExecutor, made by the first device batch
@@ -131,7 +131,7 @@ class MPIExecutor:
             else:
                 self._allreduce(batch, comm)
         elif kind == Kind.ALLGATHER:
-            self._allgather(batch, comm, self._plan(set_id).allgather)
+            self._allgather(batch, comm, self._routes_of(set_id).allgather)
         elif kind == Kind.BROADCAST:
             self._broadcast(batch, comm, self._sets.ranks[set_id].index(params.root))
         elif kind == Kind.ALLTOALL:
@@ -216,26 +216,26 @@ class MPIExecutor:
             return None
         return _Stager(self, batch, comm.Get_size(), wire, self._shm[p.set_id])
 
-    def use_planner(self, planner) -> None:
-        """Take paths from *planner* from the next batch on (autotune: every rank
+    def use_router(self, router) -> None:
+        """Take paths from *router* from the next batch on (autotune: every rank
         switches in the same cycle, so every member of a set picks the same path)."""
-        self._planner = planner
-        self._plans.clear()
+        self._router = router
+        self._routes.clear()
 
     def _device_executor(self):
         if self.device is None:
             from ..device.executor import DeviceExecutor
 
             self.device = DeviceExecutor(self._lookup, self._finish, self._finish_keys,
-                                         self._sets, self._plan, self.hierarchical)
+                                         self._sets, self._routes_of, self.hierarchical)
         return self.device
 
-    def _plan(self, set_id: int):
+    def _routes_of(self, set_id: int):
         try:
-            return self._plans[set_id]
+            return self._routes[set_id]
         except KeyError:
-            plan = self._plans[set_id] = self._planner.plan(self._sets.ranks[set_id])
-            return plan
+            routes = self._routes[set_id] = self._router.routes(self._sets.ranks[set_id])
+            return routes
 
     # ----------------------------------------------------------------- allreduce
     def _reduction(self, batch, set_size) -> Reduction:
@@ -253,13 +253,13 @@ class MPIExecutor:
         return tensors
 
     def _path(self, set_id: int, comm, nbytes: int) -> Transport:
-        """The set's planned allreduce path for *nbytes*.  Where the plan names shared
+        """The set's planned allreduce path for *nbytes*.  Where the routes name shared
         memory, the set's first allreduce makes the window (collective); where it
         could not be made, every member falls back to MPI alike."""
-        plan = self._plan(set_id)
-        if plan.allreduce is Transport.SHARED_MEMORY and self._shm_of(set_id, comm) is None:
+        routes = self._routes_of(set_id)
+        if routes.allreduce is Transport.SHARED_MEMORY and self._shm_of(set_id, comm) is None:
             return Transport.MPI
-        return plan.allreduce_path(nbytes)
+        return routes.allreduce_path(nbytes)
 
     def _allreduce(self, batch, comm) -> None:
         p0 = batch[0].params
@@ -363,7 +363,7 @@ class MPIExecutor:
 
     def forget_set(self, set_id: int) -> None:
         """Collective over the set's members: release what was made for it."""
-        self._plans.pop(set_id, None)
+        self._routes.pop(set_id, None)
         if self.device is not None:
             self.device.forget_set(set_id)
         shm = self._shm.pop(set_id, None)

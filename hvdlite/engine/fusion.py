@@ -14,10 +14,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..ops import ReduceOp
 from .dtypes import reduce_dtype
 from .messages import RESPONSE_OK, Kind, Response
 
 __all__ = ["plan_batches", "BufferPool", "nbytes_of", "Reduction"]
+
+_ADASUM = int(ReduceOp.ADASUM)  # Adasum batches run one tensor at a time
 
 _FUSABLE = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.REDUCESCATTER)
 
@@ -58,7 +61,7 @@ def plan_batches(responses: Sequence[Response], threshold: int) -> list[list[Res
     open_bytes: dict = {}
     for response in responses:
         key = _fusion_key(response)
-        if key is None or threshold <= 0 or response.params.op == 2:  # 2 = Adasum
+        if key is None or threshold <= 0 or response.params.op == _ADASUM:
             batches.append([response])
             continue
         size = nbytes_of(response.params)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
+from ..process_sets import GLOBAL_SET_ID
+
 __all__ = ["Kind", "Params", "Response", "RESPONSE_OK", "RESPONSE_ERROR", "describe",
            "JOIN_NAME", "JOIN_PARAMS", "JOIN_KEY", "CACHEABLE", "JOINABLE", "MISMATCH"]
 
@@ -69,7 +71,7 @@ class Params(NamedTuple):
 
 #: The name every rank's join() is negotiated under (in the global set).
 JOIN_NAME = "__join__"
-JOIN_PARAMS = Params(set_id=0, name=JOIN_NAME, kind=int(Kind.JOIN))
+JOIN_PARAMS = Params(set_id=GLOBAL_SET_ID, name=JOIN_NAME, kind=int(Kind.JOIN))
 JOIN_KEY = JOIN_PARAMS.key
 
 

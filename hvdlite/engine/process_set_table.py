@@ -1,6 +1,6 @@
 """The registered process sets of this process: ids, members, communicators.
 
-The table belongs to the state ``init()`` builds (``runtime.State.sets``).
+The table belongs to the state ``init()`` builds (``runtime.Runtime.sets``).
 Registration is collective: every rank registers the same sets in the same
 order, so a set's id means the same ranks everywhere.  The values it hands out
 are the public :class:`~hvdlite.process_sets.ProcessSet` objects.

@@ -1,6 +1,6 @@
 """The live state of hvdlite in this process: the bottom of the import graph.
 
-``init()`` builds one :class:`State` (communicators, topology, process sets,
+``init()`` builds one :class:`Runtime` (communicators, topology, process sets,
 the engine) and installs it here; ``shutdown()`` clears it.  Every other
 module reads it through :func:`state` (for collectives: it must be running)
 or :func:`live` (for queries: it must have been initialized), so none of them
@@ -13,7 +13,7 @@ from __future__ import annotations
 from .auto_names import AutoNames
 from ..exceptions import HorovodInternalError
 
-__all__ = ["State", "state", "live", "current", "install", "clear", "forget_after_fork",
+__all__ = ["Runtime", "state", "live", "current", "install", "clear", "forget_after_fork",
            "refuse_in_forked_child", "abort_job"]
 
 _NOT_INITIALIZED = "hvdlite has not been initialized; use hvd.init() first."
@@ -25,7 +25,7 @@ _FORKED = (
 )
 
 
-class State:
+class Runtime:
     """Everything init() creates; replaced as a whole by the next init()."""
 
     def __init__(self):
@@ -35,7 +35,7 @@ class State:
         self.local_comm = None
         self.cross_comm = None
         self.sets = None  # process_set_table.ProcessSetTable
-        self.planner = None  # transport.Planner
+        self.router = None  # transport.Router
         self.homogeneous = True
         self.node_ranks: frozenset[int] = frozenset()  # ranks sharing this rank's memory
         self.thread_level = 0
@@ -46,17 +46,17 @@ class State:
         self.allreduce_params: dict = {}
 
 
-_state: State | None = None
+_state: Runtime | None = None
 _was_shut_down = False  # shutdown() ran and init() was not called again
 _forked = False  # this process was forked from one that had initialized hvdlite
 
 
-def current() -> State | None:
+def current() -> Runtime | None:
     """The installed state, running or stopped, or None."""
     return _state
 
 
-def state() -> State:
+def state() -> Runtime:
     """The running state, for collectives.
 
     ValueError (Horovod's wording) before ``init()``; HorovodInternalError after
@@ -75,7 +75,7 @@ def state() -> State:
     return st
 
 
-def live() -> State:
+def live() -> Runtime:
     """The state for queries (rank, size, ...): initialized, stopped or not."""
     st = _state
     if st is None or st.engine is None:
@@ -89,7 +89,7 @@ def is_running() -> bool:
     return st is not None and st.engine is not None and not st.engine.stopped
 
 
-def install(new: State) -> None:
+def install(new: Runtime) -> None:
     global _state, _was_shut_down
     _state = new
     _was_shut_down = False

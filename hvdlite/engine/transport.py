@@ -1,15 +1,15 @@
 """Which path a process set's collectives take: shared memory, hierarchical, MPI.
 
-One :class:`Planner` per process (made at ``init``) decides a
-:class:`TransportPlan` per process set from facts that every member of the set
+One :class:`Router` per process (made at ``init``) decides the
+:class:`Routes` of each process set from facts that every member of the set
 shares: the knobs, the set's ranks, the job's size and which ranks share this
 node.  So every member decides alike without communicating.  The executor
-follows the plan; framework adapters ask it (:func:`plan_for`) to shape their
+follows them; framework adapters ask it (:func:`routes_of`) to shape their
 submissions, instead of deciding again.  Device (GPU) buffers get their own
 paths, decided at ``init`` by :mod:`hvdlite.device.selection` from the knobs and
-from what every rank can do, and kept in :attr:`TransportPlan.device`.
+from what every rank can do, and kept in :attr:`Routes.device`.
 
-A plan may still meet a fallback at first use (a /dev/shm too small for the
+A route may still meet a fallback at first use (a /dev/shm too small for the
 shared window makes every member reduce through MPI): that costs speed, never
 correctness, and every member falls back together.
 """
@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from . import runtime
 
-__all__ = ["Transport", "TransportPlan", "Planner", "plan_for", "SHM_MIN_BYTES",
+__all__ = ["Transport", "Routes", "Router", "routes_of", "SHM_MIN_BYTES",
            "SHM_MAX_RANKS"]
 
 #: Smallest batch (in wire bytes) worth the shared-memory path: below it, one MPI
@@ -41,12 +41,12 @@ class Transport(enum.Enum):
     STAGED = "staged through host memory"
 
 
-class TransportPlan(NamedTuple):
+class Routes(NamedTuple):
     """The paths of one process set."""
 
     allreduce: Transport
     allgather: Transport
-    device: object = None  # a hvdlite.device.selection.DevicePlan, or None (staged)
+    device: object = None  # a hvdlite.device.selection.DeviceRoutes, or None (staged)
 
     def allreduce_path(self, nbytes: int) -> Transport:
         """The path of an allreduce batch of *nbytes* (agreed sizes: every member
@@ -56,8 +56,8 @@ class TransportPlan(NamedTuple):
         return self.allreduce
 
 
-class Planner:
-    """Decides plans from the knobs and the job's layout (no communication)."""
+class Router:
+    """Decides routes from the knobs and the job's layout (no communication)."""
 
     def __init__(self, world_size: int, node_ranks, shared_memory: bool,
                  hierarchical_allreduce: bool, hierarchical_allgather: bool, device=None):
@@ -67,23 +67,23 @@ class Planner:
         self.hierarchical_allreduce = hierarchical_allreduce
         self.hierarchical_allgather = hierarchical_allgather
         self.device = device  # a hvdlite.device.selection.DeviceChoice, or None
-        self._plans: dict[tuple, TransportPlan] = {}
+        self._routes: dict[tuple, Routes] = {}
 
-    def plan(self, ranks) -> TransportPlan:
-        """The plan of the set with these global *ranks*."""
+    def routes(self, ranks) -> Routes:
+        """The routes of the set with these global *ranks*."""
         ranks = tuple(sorted(ranks))
-        plan = self._plans.get(ranks)
-        if plan is None:
-            plan = self._plans[ranks] = self._decide(ranks)
-        return plan
+        routes = self._routes.get(ranks)
+        if routes is None:
+            routes = self._routes[ranks] = self._decide(ranks)
+        return routes
 
-    def variant(self, shared_memory: bool, hierarchical_allreduce: bool) -> Planner:
-        """A planner for the same job with these two switches (autotune changes them
+    def variant(self, shared_memory: bool, hierarchical_allreduce: bool) -> Router:
+        """A router for the same job with these two switches (autotune changes them
         for the executor, on every rank in the same cycle; adapters keep this one)."""
-        return Planner(self.world_size, self.node_ranks, shared_memory,
+        return Router(self.world_size, self.node_ranks, shared_memory,
                        hierarchical_allreduce, self.hierarchical_allgather, self.device)
 
-    def _decide(self, ranks: tuple) -> TransportPlan:
+    def _decide(self, ranks: tuple) -> Routes:
         # The node topology describes the whole job only: hierarchical paths serve
         # the set that spans it; other sets run flat.
         whole_job = len(ranks) == self.world_size
@@ -99,11 +99,11 @@ class Planner:
             allgather = Transport.HIERARCHICAL
         elif one_node:
             allgather = Transport.SHARED_MEMORY
-        device = self.device.plan(whole_job) if self.device is not None else None
-        return TransportPlan(allreduce, allgather, device)
+        device = self.device.routes(whole_job) if self.device is not None else None
+        return Routes(allreduce, allgather, device)
 
 
-def plan_for(process_set) -> TransportPlan:
-    """The plan of a registered *process_set* in the running job."""
+def routes_of(process_set) -> Routes:
+    """The routes of a registered *process_set* in the running job."""
     st = runtime.live()
-    return st.planner.plan(st.sets.ranks_of(process_set))
+    return st.router.routes(st.sets.ranks_of(process_set))

@@ -230,6 +230,6 @@ def _gpu_transport_row(cupy: dict, mpi: dict, environ: Mapping[str, str]) -> str
         return _row("GPU tensors", False, f"cannot be moved: {why} (pip install "
                                           "hvdlite[cuda12] or hvdlite[cuda13])")
     caps = Capabilities(True, bool(cupy.get("nccl")), bool(mpi.get("cuda_aware")))
-    plan = DeviceChoice(caps, request).plan()
-    return _row("GPU tensors", True, f"would use {plan.describe()} "
+    routes = DeviceChoice(caps, request).routes()
+    return _row("GPU tensors", True, f"would use {routes.describe()} "
                                      "(HVDLITE_GPU_OPERATIONS=NCCL|MPI chooses)")

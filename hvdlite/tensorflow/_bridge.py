@@ -54,7 +54,6 @@ import tensorflow as tf
 from hvdlite import basics as _basics
 from hvdlite import ops as _ops
 from hvdlite import process_sets as _process_sets
-from hvdlite.engine import runtime as _runtime
 from hvdlite.exceptions import HorovodInternalError
 
 from . import _device, _errors
@@ -315,7 +314,7 @@ def process_set_by_id(process_set_id: int):
     (ValueError when there is none)."""
     if process_set_id == 0:
         return _process_sets.global_process_set
-    found = _runtime.state().sets.get(int(process_set_id))
+    found = _basics.registered_process_set(process_set_id)
     if found is None:
         raise ValueError(
             f"hvdlite: no process set with id {process_set_id} is registered; register it "

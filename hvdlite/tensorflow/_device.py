@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from hvdlite.engine import runtime as _runtime
+from hvdlite import basics as _basics
 
 __all__ = ["wants_device_path", "run_eager"]
 
@@ -27,7 +27,7 @@ def wants_device_path(inputs) -> bool:
     """Eager *inputs* include a GPU tensor, and every rank can take the device path."""
     if not any("GPU" in getattr(t, "device", "") for t in inputs):
         return False
-    choice = getattr(_runtime.live().planner, "device", None)
+    choice = _basics.device_choice()
     return bool(choice is not None and choice.capabilities.cuda)
 
 

@@ -33,9 +33,9 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
+from hvdlite import basics as _basics
 from hvdlite import collectives as _collectives
 from hvdlite import handles as _handles
-from hvdlite.engine.transport import Transport, plan_for
 
 from . import _bridge
 from .compression import Compression
@@ -237,7 +237,7 @@ class GradientReducer:
         copies.  The shared-memory path reads each gradient where it is and writes
         each output directly, so there the pack would be one more pass over the data.
         """
-        if plan_for(self.process_set).allreduce is Transport.SHARED_MEMORY:
+        if _basics.allreduce_uses_shared_memory(self.process_set):
             return [("each", members) for members in dense_groups]
         plans = []
         for members in dense_groups:

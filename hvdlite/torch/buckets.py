@@ -22,7 +22,7 @@ for.
 
 from __future__ import annotations
 
-from hvdlite.engine import runtime
+from hvdlite import basics
 
 __all__ = ["bucket_cap_bytes", "build_buckets", "FIRST_BUCKET_BYTES"]
 
@@ -35,7 +35,7 @@ def bucket_cap_bytes(bucket_cap_mb) -> int:
     knob read at ``init()`` (default 25; every rank must run with the same); 0
     turns buckets off (one allreduce per gradient, as Horovod does)."""
     if bucket_cap_mb is None:
-        return int(runtime.state().config.bucket_cap_mb * (1 << 20))
+        return int(basics.job_config().bucket_cap_mb * (1 << 20))
     if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
             or not 0 <= bucket_cap_mb < float("inf"):
         raise ValueError(f"bucket_cap_mb must be a finite number of MB >= 0 (0: one "

@@ -53,7 +53,6 @@ from collections import Counter
 import torch
 
 from hvdlite import basics as _basics
-from hvdlite.engine import runtime as _runtime
 from hvdlite.ops import Adasum, Average
 from hvdlite.process_sets import global_process_set
 from hvdlite._subclass import with_mixin
@@ -358,7 +357,7 @@ def _hooks_start_work(reducer: GradientReducer, param_groups) -> bool:
         return False
     if ready is not AllreduceReducer.gradient_ready:
         return True
-    if _runtime.live().engine.overlap_anywhere:
+    if _basics.reductions_overlap_compute():
         return True
     return any(p.device.type != "cpu" for group in param_groups for p in group["params"])
 

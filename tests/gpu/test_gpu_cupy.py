@@ -87,10 +87,10 @@ def test_result_ordered_on_producer_stream(cp):
 def test_transport_is_the_planned_one(cp):
     from helpers import expected_link_names
 
-    from hvdlite.basics import state
-    from hvdlite.engine.transport import plan_for
+    from hvdlite.engine.runtime import state
+    from hvdlite.engine.transport import routes_of
 
-    plan = plan_for(hvd.global_process_set).device
+    plan = routes_of(hvd.global_process_set).device
     used = set(state().engine.executor.device.used)
     assert used and used <= expected_link_names(plan, hvd.size()) | {
         n for n in used if n.startswith("hierarchical")}, (used, plan)

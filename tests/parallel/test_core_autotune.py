@@ -30,7 +30,7 @@ os.environ.update({"HOROVOD_AUTOTUNE": "1", "HVDLITE_AUTOTUNE_LOG": LOG,
 
 import hvdlite as hvd  # noqa: E402
 from hvdlite.autotune import Setting  # noqa: E402
-from hvdlite.basics import state  # noqa: E402
+from hvdlite.engine.runtime import state  # noqa: E402
 
 MPI_SIZES = (2, 3)
 

@@ -18,7 +18,7 @@ os.environ["HVDLITE_FUSION_THRESHOLD"] = "256"
 os.environ["HVDLITE_CACHE_CAPACITY"] = "2"
 
 import hvdlite as hvd  # noqa: E402
-from hvdlite.basics import state  # noqa: E402
+from hvdlite.engine.runtime import state  # noqa: E402
 from hvdlite.engine.dtypes import reduce_dtype  # noqa: E402
 from hvdlite.engine.fusion import nbytes_of  # noqa: E402
 

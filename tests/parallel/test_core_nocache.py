@@ -21,7 +21,7 @@ os.environ["HVDLITE_FUSION_THRESHOLD"] = "0"
 os.environ["HOROVOD_CYCLE_TIME"] = "2.5"
 
 import hvdlite as hvd  # noqa: E402
-from hvdlite.basics import state  # noqa: E402
+from hvdlite.engine.runtime import state  # noqa: E402
 
 MPI_SIZES = (1, 2, 3)
 

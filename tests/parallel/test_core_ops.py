@@ -165,7 +165,7 @@ def test_automatic_names_in_call_order():
 
 
 def test_repeated_names_hit_the_cache():
-    from hvdlite.basics import state
+    from hvdlite.engine.runtime import state
 
     for i in range(4):
         out = hvd.allreduce(np.full(8, i + RANK, np.float32), op=hvd.Sum, name="ar.repeat")
@@ -180,7 +180,7 @@ def test_a_repeated_named_allreduce_stays_right_as_its_arguments_change():
     # run_batch where the dtype is widened); every result must be the current call's.
     import functools
 
-    from hvdlite.basics import state
+    from hvdlite.engine.runtime import state
 
     calls = [
         dict(op=hvd.Sum, dtype=np.float32, shape=(5,)),

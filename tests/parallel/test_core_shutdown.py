@@ -61,7 +61,7 @@ def test_bad_knob_value_fails_init_with_value_error(var, value):
 
 
 def test_init_is_idempotent():
-    from hvdlite.basics import state
+    from hvdlite.engine.runtime import state
 
     hvd.init()
     first = state().engine

@@ -25,7 +25,7 @@ os.environ["HVDLITE_TIMELINE_MARK_CYCLES"] = "1"
 os.environ["HVDLITE_CYCLE_TIME"] = "100"
 
 import hvdlite as hvd  # noqa: E402
-from hvdlite.basics import state  # noqa: E402
+from hvdlite.engine.runtime import state  # noqa: E402
 from hvdlite.timeline import Trace, load  # noqa: E402
 
 MPI_SIZES = (2,)

@@ -15,15 +15,15 @@ import pytest
 from mpi4py import MPI
 
 import hvdlite as hvd
-from hvdlite.basics import state
+from hvdlite.engine.runtime import state
 from hvdlite.device import HostDeviceArray, host_device_array
 from hvdlite.device import registry
 from hvdlite.device.executor import DeviceExecutor
-from hvdlite.device.selection import DevicePlan
+from hvdlite.device.selection import DeviceRoutes
 from hvdlite.handles import Handle
 from hvdlite.engine.messages import RESPONSE_OK, Kind, Params, Response
 from hvdlite.engine.submissions import Entry
-from hvdlite.engine.transport import Transport, TransportPlan
+from hvdlite.engine.transport import Transport, Routes
 
 MPI_SIZES = (1, 2, 3)
 
@@ -204,12 +204,12 @@ def test_batch_is_ordered_after_producers_and_published_after():
 class _Run:
     """One batch through a DeviceExecutor built here, with a chosen plan."""
 
-    def __init__(self, plan: DevicePlan, hierarchical=None):
+    def __init__(self, plan: DeviceRoutes, hierarchical=None):
         self.entries = {}
         self.plan = plan
         self.executor = DeviceExecutor(self.entries.get, self._finish, self._finish_keys,
                                        SimpleNamespace(ranks={0: list(range(SIZE))}),
-                                       lambda set_id: TransportPlan(Transport.MPI,
+                                       lambda set_id: Routes(Transport.MPI,
                                                                     Transport.MPI, plan),
                                        hierarchical)
 
@@ -238,7 +238,7 @@ def _allreduce_params(name, a, op=hvd.Sum):
 
 
 def _plan(transport, hierarchical=False):
-    return DevicePlan(*([transport] * 5), fallback=Transport.STAGED, hierarchical=hierarchical)
+    return DeviceRoutes(*([transport] * 5), fallback=Transport.STAGED, hierarchical=hierarchical)
 
 
 @pytest.mark.parametrize("transport,name", [

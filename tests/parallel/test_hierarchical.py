@@ -19,9 +19,9 @@ import pytest  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import hvdlite  # noqa: E402
-from hvdlite.basics import state  # noqa: E402
+from hvdlite.engine.runtime import state  # noqa: E402
 from hvdlite.engine.hierarchical import Hierarchical  # noqa: E402
-from hvdlite.engine.transport import Planner, Transport  # noqa: E402
+from hvdlite.engine.transport import Router, Transport  # noqa: E402
 
 MPI_SIZES = (3, 4)
 
@@ -98,13 +98,13 @@ def test_simulated_nodes(helper):
     assert helper is not None and helper.allgather_enabled
     assert helper.nodes == ([(0, 1), (2, 3)] if SIZE == 4 else [(0, 1), (2,)])
     # The global set takes the two-level paths (the plan that the executor follows).
-    plan = state().planner.plan(range(SIZE))
+    plan = state().router.routes(range(SIZE))
     assert plan.allreduce is Transport.HIERARCHICAL
     assert plan.allgather is Transport.HIERARCHICAL
 
 
 def test_other_sets_run_flat(helper):
-    pair = state().planner.plan([r for r in range(SIZE) if r // 2 == RANK // 2])
+    pair = state().router.routes([r for r in range(SIZE) if r // 2 == RANK // 2])
     assert pair.allreduce is not Transport.HIERARCHICAL
     assert pair.allgather is not Transport.HIERARCHICAL
 
@@ -116,8 +116,8 @@ def test_each_collective_has_its_own_switch():
                            homogeneous=st.homogeneous, config=only_gather)
     h = Hierarchical.create(fake)
     assert h.allgather_enabled and not h.allreduce_enabled
-    plan = Planner(SIZE, st.node_ranks, shared_memory=True, hierarchical_allreduce=False,
-                   hierarchical_allgather=True).plan(range(SIZE))
+    plan = Router(SIZE, st.node_ranks, shared_memory=True, hierarchical_allreduce=False,
+                   hierarchical_allgather=True).routes(range(SIZE))
     assert plan.allgather is Transport.HIERARCHICAL
     assert plan.allreduce is not Transport.HIERARCHICAL
 

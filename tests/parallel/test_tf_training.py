@@ -123,10 +123,10 @@ def test_tape_training_with_each_submission_plan(plan, monkeypatch):
 
     batches = spy_on_shared_memory(monkeypatch)
     if plan == "packed":
-        from hvdlite.engine.transport import Transport, TransportPlan
+        from hvdlite.engine.transport import Transport, Routes
 
-        monkeypatch.setattr(gradient_reduction, "plan_for",
-                            lambda process_set: TransportPlan(Transport.MPI, Transport.MPI))
+        monkeypatch.setattr(gradient_reduction, "routes_of",
+                            lambda process_set: Routes(Transport.MPI, Transport.MPI))
     x, y = global_data(seed=5)
     model = make_model(hidden=4096)
     opt = keras.optimizers.SGD(0.1, momentum=0.9)
