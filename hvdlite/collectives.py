@@ -10,12 +10,34 @@ Cross-rank contract: every rank of ``process_set`` must submit the same
 collectives under the same names (automatic names count calls per op, so ranks
 must call in the same order); shapes, dtypes, ops, roots and scale factors must
 agree, else every rank gets HorovodInternalError naming the difference.
+
+Arguments shared by the collectives (each function lists only its own):
+
+- *tensor* / *tensors*: a C-contiguous numpy array (or a list of them for the
+  ``grouped_*`` forms), or a device array (CuPy, a torch CUDA tensor); never
+  copied silently, so a non-contiguous array is refused.
+- *name*: the name the ranks agree on; None takes the next automatic name of
+  the op (counted per thread and process set, so ranks must then call in the
+  same order).
+- *op*: :data:`~hvdlite.ops.Average` (the default of the reductions),
+  :data:`~hvdlite.ops.Sum`, :data:`~hvdlite.ops.Adasum`, ``Min``, ``Max``,
+  ``Product``; *average*: Horovod's older boolean spelling (True = Average).
+- *prescale_factor*, *postscale_factor*: multiply every input before the
+  reduction and the result after it.
+- *process_set*: a registered :class:`~hvdlite.process_sets.ProcessSet`; only
+  its members call, and ranks are global ranks.
+- *output* / *outputs* (keyword only): where the result goes; pass the input
+  itself to work in place.
+
+Every ``*_async`` function returns a :class:`~hvdlite.handles.Handle`, a
+``concurrent.futures.Future`` whose result is what the blocking form returns.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -177,13 +199,16 @@ def _scales(prescale_factor, postscale_factor) -> tuple[float, float]:
 
 
 # ----------------------------------------------------------------- allreduce
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=global_process_set, *,
-                            outputs=None) -> Handle:
-    """Reduce a list of arrays as one unit (negotiated and fused together).
+def grouped_allreduce_async(tensors: Sequence, average: bool | None = None,
+                            name: str | None = None, op: ReduceOp | None = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set, *,
+                            outputs: Sequence | None = None) -> Handle:
+    """Start reducing a list of arrays as one unit (negotiated and fused together).
 
-    The handle's result is the list of outputs.  Each rank gets the element-wise
-    reduction over the ranks of *process_set* (Average divides by its size).
+    Returns:
+        A handle whose result is the list of outputs: each the element-wise
+        reduction over the ranks of *process_set* (Average divides by its size).
     """
     st = state()
     what = "grouped_allreduce" if isinstance(tensors, (list, tuple)) else "allreduce"
@@ -206,12 +231,15 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     return _submit(st, params, arrays, outs, grouped=True, keepalive=(arrays, outs))
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0, process_set=global_process_set, *,
-                    output=None) -> Handle:
-    """Start an allreduce of *tensor*; the handle's result is the output array.
+def allreduce_async(tensor, average: bool | None = None, name: str | None = None,
+                    op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
+                    *, output=None) -> Handle:
+    """Start an allreduce of *tensor* (``output=tensor`` reduces in place).
 
-    Pass ``output=tensor`` to reduce in place.
+    Returns:
+        A handle whose result is the output array: the element-wise reduction
+        over the ranks of *process_set*.
     """
     st = state()
     array = _array(tensor, "allreduce")
@@ -243,23 +271,42 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     return _submit(st, params, (array,), (out,))
 
 
-def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=global_process_set, *, output=None):
-    """Reduce *tensor* over the ranks of *process_set* (default op: Average)."""
+def allreduce(tensor, average: bool | None = None, name: str | None = None,
+              op: ReduceOp | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set, *,
+              output=None):
+    """Reduce *tensor* over the ranks of *process_set* (default op: Average).
+
+    Returns:
+        The output array (*output* itself where given), the same on every rank.
+    """
     return call_and_wait(allreduce_async, tensor, average, name, op, prescale_factor,
                                        postscale_factor, process_set, output=output)
 
 
-def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=global_process_set, *, outputs=None):
+def grouped_allreduce(tensors: Sequence, average: bool | None = None, name: str | None = None,
+                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set, *,
+                      outputs: Sequence | None = None) -> list:
+    """Reduce a list of arrays as one unit.
+
+    Returns:
+        The list of outputs, in the order of *tensors*.
+    """
     return call_and_wait(grouped_allreduce_async, tensors, average, name, op, prescale_factor,
                                                postscale_factor, process_set,
                                                outputs=outputs)
 
 
 # ----------------------------------------------------------------- allgather
-def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
-    """Concatenate each array along dim 0 over the ranks (dim 0 may differ per rank)."""
+def grouped_allgather_async(tensors: Sequence, name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> Handle:
+    """Start gathering a list of arrays as one unit (see :func:`allgather_async`).
+
+    Returns:
+        A handle whose result is the list of gathered arrays.
+    """
     st = state()
     set_id, _ = _members(st, process_set, "allgather")
     arrays = [_array(t, "allgather") for t in tensors]
@@ -276,7 +323,15 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
     return _submit(st, params, arrays, None, grouped=True, keepalive=arrays)
 
 
-def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
+def allgather_async(tensor, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Start concatenating *tensor* along dim 0 over the ranks, in rank order.
+
+    Dim 0 may differ between ranks; the other dimensions must agree.
+
+    Returns:
+        A handle whose result is the concatenated array, the same on every rank.
+    """
     st = state()
     set_id, _ = _members(st, process_set, "allgather")
     array = _array(tensor, "allgather")
@@ -290,20 +345,36 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
     return _submit(st, params, [array], None, keepalive=array)
 
 
-def allgather(tensor, name=None, process_set=global_process_set) -> np.ndarray:
+def allgather(tensor, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Concatenate *tensor* along dim 0 over the ranks of *process_set*, in rank order.
+
+    Returns:
+        The concatenated array, the same on every rank.
+    """
     return call_and_wait(allgather_async, tensor, name, process_set)
 
 
-def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
+def grouped_allgather(tensors: Sequence, name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list:
+    """Gather a list of arrays as one unit.
+
+    Returns:
+        The list of concatenated arrays, in the order of *tensors*.
+    """
     return call_and_wait(grouped_allgather_async, list(tensors), name, process_set)
 
 
 # ----------------------------------------------------------------- broadcast
-def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set, *,
-                    output=None) -> Handle:
-    """Copy *tensor* from *root_rank* (a global rank) to every rank of the set.
+def broadcast_async(tensor, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set, *, output=None) -> Handle:
+    """Start copying *tensor* from *root_rank* to every rank of the set.
 
-    Pass ``output=tensor`` to broadcast in place.
+    Arguments:
+        root_rank: the global rank whose array everyone receives; a member of the set.
+
+    Returns:
+        A handle whose result is the root's array (in *output* where given).
     """
     st = state()
     set_id, ranks = _members(st, process_set, "broadcast")
@@ -323,16 +394,28 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     return _submit(st, params, [array], [out], keepalive=(array, out))
 
 
-def broadcast(tensor, root_rank, name=None, process_set=global_process_set, *, output=None):
+def broadcast(tensor, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set, *, output=None) -> np.ndarray:
+    """Copy *tensor* from the global rank *root_rank* to every rank of the set.
+
+    Returns:
+        The root's array (*output* itself where given).
+    """
     return call_and_wait(broadcast_async, tensor, root_rank, name, process_set, output=output)
 
 
 # ------------------------------------------------------------------ alltoall
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
-    """Scatter dim-0 slices of *tensor* to the ranks (``splits[i]`` rows to rank i).
+def alltoall_async(tensor, splits=None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> Handle:
+    """Start sending dim-0 slices of *tensor* to the ranks of the set.
 
-    The handle's result is ``(output, received_splits)``.  Without *splits*, dim 0
-    must divide evenly by the set size.
+    Arguments:
+        splits: how many rows go to each rank of the set, in set order (ints
+            summing to dim 0); None splits dim 0 evenly (it must divide).
+
+    Returns:
+        A handle whose result is ``(output, received_splits)``: the rows every
+        rank sent here, in rank order, and how many came from each.
     """
     st = state()
     set_id, ranks = _members(st, process_set, "alltoall")
@@ -357,18 +440,27 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     return _submit(st, params, [array], None, splits=split_arr, keepalive=array)
 
 
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    """Returns ``output`` if *splits* is None, else ``(output, received_splits)``."""
+def alltoall(tensor, splits=None, name: str | None = None,
+             process_set: ProcessSet = global_process_set):
+    """Send dim-0 slices of *tensor* to the ranks (see :func:`alltoall_async`).
+
+    Returns:
+        ``output`` where *splits* is None, else ``(output, received_splits)``.
+    """
     output, received = call_and_wait(alltoall_async, tensor, splits, name, process_set)
     return output if splits is None else (output, received)
 
 
 # ------------------------------------------------------------- reducescatter
-def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=1.0,
-                                postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    """Reduce each array over the ranks and give rank i its i-th dim-0 shard.
+def grouped_reducescatter_async(tensors: Sequence, name: str | None = None,
+                                op: ReduceOp = Average, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0,
+                                process_set: ProcessSet = global_process_set) -> Handle:
+    """Start a reducescatter of each array of *tensors*, as one unit.
 
-    Shards are as even as possible; the first ``rows % size`` ranks get one more row.
+    Returns:
+        A handle whose result is the list of this rank's shards (see
+        :func:`reducescatter_async`).
     """
     return _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor,
                                 process_set, grouped=True)
@@ -396,28 +488,52 @@ def _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor, p
     return _submit(st, params, arrays, None, grouped=grouped, keepalive=arrays)
 
 
-def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0,
-                        postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    """Start a reducescatter of *tensor*; the handle's result is this rank's shard."""
+def reducescatter_async(tensor, name: str | None = None, op: ReduceOp = Average,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                        process_set: ProcessSet = global_process_set) -> Handle:
+    """Start reducing *tensor* over the ranks, each keeping one dim-0 shard (op:
+    Average or Sum).
+
+    Returns:
+        A handle whose result is this rank's shard: the i-th member of the set
+        gets the i-th block of rows, as even as possible (the first
+        ``rows % size`` members get one row more).
+    """
     return _reducescatter_async([tensor], name, op, prescale_factor, postscale_factor,
                                 process_set, grouped=False)
 
 
-def reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
-                  process_set=global_process_set):
+def reducescatter(tensor, name: str | None = None, op: ReduceOp = Average,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                  process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Reduce *tensor* over the ranks and keep this rank's dim-0 shard.
+
+    Returns:
+        This rank's shard (see :func:`reducescatter_async`).
+    """
     return call_and_wait(reducescatter_async, tensor, name, op, prescale_factor,
                                            postscale_factor, process_set)
 
 
-def grouped_reducescatter(tensors, name=None, op=Average, prescale_factor=1.0,
-                          postscale_factor=1.0, process_set=global_process_set):
+def grouped_reducescatter(tensors: Sequence, name: str | None = None, op: ReduceOp = Average,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          process_set: ProcessSet = global_process_set) -> list:
+    """Reducescatter each array of *tensors*, as one unit.
+
+    Returns:
+        The list of this rank's shards, in the order of *tensors*.
+    """
     return call_and_wait(grouped_reducescatter_async, tensors, name, op, prescale_factor,
                                                    postscale_factor, process_set)
 
 
 # --------------------------------------------------------- barrier and join
-def barrier(process_set=global_process_set) -> None:
-    """Return once every rank of *process_set* has called barrier()."""
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Return once every rank of *process_set* has called barrier().
+
+    Returns:
+        None.
+    """
     st = state()
     set_id, _ = _members(st, process_set, "barrier")
     name = _name(st, "barrier", None, set_id)
@@ -428,9 +544,16 @@ def barrier(process_set=global_process_set) -> None:
 def join(device: int = -1) -> int:
     """This rank has no more data: until every rank joined, contribute zeros.
 
-    Meanwhile the other ranks' allreduce/allgather/reducescatter keep working
-    (a joined rank adds zeros or no rows; Average still divides by the full
-    size).  Returns the rank that joined last, the same on every rank.
+    Meanwhile the other ranks' allreduces keep working (Adasum included): a
+    joined rank adds zeros, and Average still divides by the full size.  Any
+    other collective submitted while a rank of its set has joined fails on
+    every rank that submitted it, as in Horovod.
+
+    Arguments:
+        device: accepted for Horovod's signature; unused.
+
+    Returns:
+        The rank that joined last, the same on every rank.
     """
     st = state()
     return synchronize(_submit(st, JOIN_PARAMS, [], []))

@@ -10,20 +10,23 @@ communicator:
    a hit waits on its bit, changed parameters invalidate the bit, a miss
    becomes a request for the coordinator;
 2. one non-blocking bitwise-AND allreduce of the status vector
-   (:mod:`hvdlite.engine.status`): flags, the cache bits every rank is ready for,
-   invalidations and, right after a wait, which ranks rang the doorbell.
+   (:mod:`hvdlite.engine.status`, :mod:`hvdlite.engine.status_exchange`):
+   flags, the cache bits every rank is ready for, invalidations and, right
+   after a wait, which ranks rang the doorbell.
    Just before it, a rank whose waiting cache bits are exactly those of a
-   cached plan (:mod:`hvdlite.engine.plans`) copies that plan's first batch into
+   cached plan (:mod:`hvdlite.engine.plans`, :mod:`hvdlite.engine.execution`)
+   copies that plan's first batch into
    shared memory where the plan allows it (a *staged* allreduce, see
    :mod:`hvdlite.engine.shm`); when the exchange says every rank did and that every
    bit any rank waits on is ready, every rank staged the plan now due, and the
    exchange has been its first barrier;
 3. if any rank has requests (or a stall check is due): gather them to rank 0,
    whose :class:`~hvdlite.engine.coordinator.Coordinator` answers with a response
-   list that is broadcast;
+   list that is broadcast (:mod:`hvdlite.engine.negotiation`);
 4. run cached responses that every rank is ready for, then the coordinator's
-   responses, fused into batches (identical on every rank) by the executor;
-   complete the handles.
+   responses, fused into batches (identical on every rank) by the executor
+   (:mod:`hvdlite.engine.execution`); control responses that add or remove a
+   process set go to :mod:`hvdlite.engine.set_control`; complete the handles.
 
 All process sets negotiate through this one global cycle, and every rank runs
 the same responses in the same order (skipping sets it is not in), so the
@@ -40,50 +43,58 @@ empty follow-up cycle, which lets a loop of synchronous calls go on without
 doorbells).  No MPI call
 spins for long while a peer is slow: the status allreduce is non-blocking and
 tested with a :class:`~hvdlite.engine.backoff.Backoff`.
+
+Another cycle: work submitted but not ready everywhere needs no further cycle,
+since the rank that completes it submits later and rings the doorbell.  Another
+cycle is due when this one moved entries back to the coordinator (invalidated
+cache bits, a rank joining or leaving), ran a stall check, or ran work while
+some rank overlaps: what ran is the same on every rank, and where work just ran
+more usually follows (the next synchronous call, the rest of a burst), which
+then needs no doorbell.  A burst's end costs one empty cycle before the wait.
+Where no rank overlaps, that empty cycle would fall to the engine threads in
+the middle of the framework's next compute, on cores it needs; there the next
+work rings the doorbell instead.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-
 from mpi4py import MPI
 
-from .backoff import Backoff
 from .cache_bits import CacheBits
 from .coordinator import Coordinator, StallClock
 from .doorbell import Doorbell
 from .driver import Driver, Phase
 from ..exceptions import HorovodInternalError, MismatchError
 from .executor import MPIExecutor
-from .fusion import plan_batches
+from .execution import Execution
 from .messages import CACHEABLE, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind, Response
-from .plans import Plan, PlanCache
-from ..process_sets import GLOBAL_SET_ID, ProcessSet
 from .response_cache import ResponseCache
-from .status import Codec, Flag, Layout, alone
+from .negotiation import negotiate
+from .set_control import SetControl
+from .status import Flag
+from .status_exchange import StatusExchange
 from .submissions import Entry, Inbox
 from .runtime import abort_job
 from .wait_limit import WaitLimit
 
 __all__ = ["Engine"]
 
-log = logging.getLogger("hvdlite")
-
 _JOIN = int(Kind.JOIN)
 #: Without overlap, the engine thread starts negotiating asynchronous work itself
 #: after this many seconds, so work that nobody waits on still completes.
 _LAZY_START = 0.02
-#: The status allreduce: peers in step arrive within microseconds, so a waiter
-#: first looks in a loop that yields the core (long for a caller blocked on a
-#: handle, short on the engine thread, beside the framework's compute), then
-#: sleeps between looks, so a slow peer never costs this rank a core.
-_STATUS_WAIT_CALLER = Backoff(floor=0.00002, cap=0.001, ratio=0.5, spin=0.005)
-_STATUS_WAIT_THREAD = Backoff(floor=0.00002, cap=0.001, ratio=0.5, spin=0.0002)
 _SHUTDOWN_MESSAGE = (
     "hvdlite has been shut down. This was caused by shutdown() on this or another "
     "rank, or an exception on another rank; call hvd.init() again to restart."
 )
+
+
+def _interrupted_message(exc: BaseException, rank: int, size: int) -> str:
+    return (f"hvdlite engine stopped on rank {rank}: {type(exc).__name__} arrived in the "
+            "middle of an engine cycle, which cannot be finished. "
+            + ("The other ranks wait inside it, so the job ends when this process exits or "
+               "calls hvd.shutdown()." if size > 1
+               else "Call hvd.shutdown() and hvd.init() to start again."))
 
 
 class Engine:
@@ -97,10 +108,8 @@ class Engine:
         self.size = self.comm.Get_size()
         self.timeline = timeline
         self.overlap = overlap
-        # Whether some rank's engine thread has a core of its own: the same on every
-        # rank.  It decides whether a cycle that ran work is followed by another (see
-        # cycle(); so ranks wait together) and whether the framework adapters start
-        # reductions while the framework still computes.
+        # Some rank's engine thread has a core of its own (the same on every rank): it
+        # decides whether a cycle that ran work is followed by another, see cycle().
         self.overlap_anywhere = (overlap if self.size == 1
                                  else self.comm.allreduce(overlap, op=MPI.LOR))
         self.inbox = Inbox()
@@ -116,11 +125,10 @@ class Engine:
         self.executor = MPIExecutor(self._pending.get, self._finish, sets, router,
                                     self._finish_keys, hierarchical,
                                     self.limit if self.limit.seconds else None)
-        self._threshold = config.fusion_threshold
         # Autotune (a TuningLink, or None): rank 0's setting arrives in the status vector.
         self.tuning = tuning
-        self._router = router
-        self._plans = PlanCache()  # the plans of all-cached cycles
+        self._execution = Execution(self.executor, self.bits, config.fusion_threshold, router,
+                                    timeline, tuning, self._control)
         warn = config.stall_check_time_seconds
         if self.limit.seconds:  # warn (naming the missing ranks) before the limit ends the job
             warn = min(warn, self.limit.seconds / 2)
@@ -131,8 +139,9 @@ class Engine:
         self._stop_reason = ""
         self.cycles = 0
         self.doorbell = Doorbell(self.comm)
-        self._codec = Codec()
-        self._layouts: dict[tuple, tuple] = {}  # (bits, after a wait, root words) -> layout
+        self._status = StatusExchange(self.comm, self.limit)
+        self._set_control = SetControl(sets, self.bits, self.executor, self.rank,
+                                       self._pending, self._fail, self._finish)
         cycle_time = config.cycle_time_ms / 1000.0
         self.driver = Driver(self, cycle_time,
                              start_delay=cycle_time if overlap else max(cycle_time, _LAZY_START),
@@ -207,13 +216,7 @@ class Engine:
         (:mod:`hvdlite.basics` aborts it then).
         """
         self.interrupted = exc
-        self._stop_reason = (
-            f"hvdlite engine stopped on rank {self.rank}: {type(exc).__name__} arrived in the "
-            "middle of an engine cycle, which cannot be finished. "
-            + ("The other ranks wait inside it, so the job ends when this process exits or "
-               "calls hvd.shutdown()." if self.size > 1
-               else "Call hvd.shutdown() and hvd.init() to start again.")
-        )
+        self._stop_reason = _interrupted_message(exc, self.rank, self.size)
         self._fail_everything(self._stop_reason)
 
     def teardown(self, orderly: bool) -> None:
@@ -243,9 +246,11 @@ class Engine:
         if tl is not None:
             tl.cycle_began(self.cycles, new)
         flags = self._flags(bool(new))
-        if not self._stage():
+        if self._joined or not self._execution.stage():
             flags |= Flag.UNSTAGED
-        status = self._exchange_status(flags, after_wait)
+        status = self._status.exchange(flags, self.bits, self._joined, after_wait,
+                                       self.doorbell.rang, self.tuning,
+                                       self.driver.is_engine_thread())
         if self.tuning is not None and status.root:
             setting = self.tuning.receive(status.root, self.cycles)
             if setting is not None:
@@ -275,14 +280,14 @@ class Engine:
         if ready:
             ready_bits = bits.take_ready(ready)
             if responses:
-                self._execute([bits.cache.get(bit) for bit in ready_bits] + responses)
+                self._execution.run([bits.cache.get(bit) for bit in ready_bits] + responses)
             else:
                 # Every rank staged the plan of its own waiting bits (no UNSTAGED),
                 # and every waiting bit is ready: so each staged the plan now due.
                 staged = not flags & Flag.UNSTAGED and ready == status.any_hit
-                self._execute_cached(ready, ready_bits, staged)
+                self._execution.run_cached(ready, ready_bits, staged)
         elif responses:
-            self._execute(responses)
+            self._execution.run(responses)
         for response in responses:
             if response.status == RESPONSE_OK and response.params.kind in CACHEABLE:
                 evicted = bits.put(response, self.sets.members.get(response.key[0], ()))
@@ -290,17 +295,8 @@ class Engine:
                     self._uncached.append(evicted)
         if flags & Flag.SHUTDOWN:
             return True, True
-        # Only globally known facts decide progress, so every rank waits (or not) together.
-        # Work that was submitted but is not ready everywhere needs no further cycle:
-        # the rank that completes it submits later and rings the doorbell.  Another
-        # cycle is due when this one moved entries back to the coordinator
-        # (invalidated cache bits, a rank joining or leaving), ran a stall check, or
-        # ran work while some rank overlaps: what ran is the same on every rank, and
-        # where work just ran more usually follows (the next synchronous call, the
-        # rest of a burst), which then needs no doorbell.  A burst's end costs one
-        # empty cycle before the wait.  Where no rank overlaps, that empty cycle
-        # would fall to the engine threads in the middle of the framework's next
-        # compute, on cores it needs; there the next work rings the doorbell instead.
+        # Only globally known facts decide progress, so every rank waits (or not)
+        # together: see "Another cycle" in the module docstring.
         ran = self.overlap_anywhere and (bool(ready) or bool(responses))
         return bool(flags & (Flag.INVALID | Flag.STALL)) or joined_changed or ran, False
 
@@ -333,167 +329,33 @@ class Engine:
             self._stall_wanted = False
         return flags
 
-    def _stage(self) -> bool:
-        """Before the status exchange: stage the first batch of the cached plan
-        whose ready bits are exactly the bits this rank waits on, where that plan
-        has a stager (True when staged).  Every rank's answer goes into the
-        exchange."""
-        if self.timeline is not None or self._joined:
-            return False
-        bits = self.bits
-        plan = self._plans.peek(bits.hit_mask, bits.cache.version)
-        return plan is not None and plan.stager is not None and plan.stager.stage()
-
-    def _exchange_status(self, flags: int, after_wait: bool):
-        tuning = self.tuning
-        root_words, root = (tuning.words, tuning.outgoing()) if tuning is not None else (0, None)
-        shape = (self.bits.cache.num_bits, after_wait, root_words)
-        try:
-            layout, full = self._layouts[shape]
-        except KeyError:
-            layout = Layout.of(shape[0], self.size, after_wait, root_words)
-            full = (1 << (layout.bit_words * 64)) - 1
-            self._layouts[shape] = (layout, full)
-        hit_and, hit_or = self.bits.status_masks(self._joined, full)
-        invalid = self.bits.invalid_mask
-        if self.size == 1:
-            return alone(layout, flags, hit_and, hit_or, invalid, self.doorbell.rang, root)
-        vector = self._codec.encode(layout, flags, hit_and, hit_or, invalid,
-                                    self.rank if self.doorbell.rang else None, root)
-        req = self.comm.Iallreduce(MPI.IN_PLACE, vector, MPI.BAND)
-        wait = _STATUS_WAIT_THREAD if self.driver.is_engine_thread() else _STATUS_WAIT_CALLER
-        if not wait.wait_for(req.Test, timeout=self.limit.seconds):
-            raise self.limit.error("in the engine's status exchange")
-        return self._codec.decode(layout, vector)
-
     def _negotiate(self, stall: bool) -> list[Response]:
-        requests = [e.params for e in self._uncached]
-        for e in self._uncached:
-            e.sent = True
-        self._uncached = []
-        now = time.monotonic()
-        pending = ([(key, now - e.submitted) for key, e in self._pending.items()]
-                   if stall else None)
-        gathered = self.comm.gather((requests, pending), root=0)
-        responses = None
-        if self.coordinator is not None:
-            tl = self.timeline
-            if tl is not None:
-                tl.reports(gathered)  # the instant each rank's requests reached rank 0
-            responses = self.coordinator.process(
-                (rank, item[0]) for rank, item in enumerate(gathered))
-            if stall:
-                report, errors = self.coordinator.stall_report(
-                    {r: item[1] or [] for r, item in enumerate(gathered)},
-                    self._stall.warn_seconds, self._stall.fail_seconds)
-                if report:
-                    log.warning(report)
-                responses += errors
-        return self.comm.bcast(responses, root=0)
+        uncached, self._uncached = self._uncached, []
+        return negotiate(self.comm, uncached, self._pending, self.coordinator, stall,
+                         self._stall, self.timeline)
 
     # ---------------------------------------------------------------- execution
-    def _execute_cached(self, ready: int, bits: list[int], staged: bool) -> None:
-        """Run the cached responses of *bits* (the bits of *ready*, ascending), by
-        their plan (made here on every rank the first time these bits are ready
-        at this cache version).  *staged*: every rank staged this plan's first
-        batch before this cycle's exchange."""
-        version = self.bits.cache.version
-        plan = self._plans.get(ready, version)
-        if plan is None:  # (then nothing staged it: a changed version drops staged plans)
-            staged = False
-            batches = plan_batches([self.bits.cache.get(bit) for bit in bits], self._threshold)
-            executor = self.executor
-            plan = self._plans.add(ready, Plan(batches, executor.runners(batches),
-                                               executor.stager(batches)))
-        if self.timeline is not None:
-            self._run_batches(plan.batches)
-            return
-        self.executor.timeline = None
-        runners = plan.runners
-        if staged and plan.stager is not None:
-            plan.stager.run()  # the first batch
-            runners = runners[1:]
-        for run in runners:
-            run()
-        if self.tuning is not None:
-            self.tuning.observe(plan.batches)
-
-    def _execute(self, responses: list[Response]) -> None:
-        self._run_batches(plan_batches(responses, self._threshold))
-
-    def _run_batches(self, batches: list[list[Response]]) -> None:
-        for batch in batches:
-            first = batch[0]
-            if first.status == RESPONSE_ERROR:
-                entry = self._pending.get(first.key)
-                if entry is not None:
-                    self._fail(entry, first.error,
-                               MismatchError if first.value == MISMATCH else HorovodInternalError)
-                continue
-            kind = first.params.kind
-            if kind == _JOIN:
-                self._joined = False
-                self._finish_key(first.key, first.value)
-            elif kind == Kind.ADD_PROCESS_SET:
-                self._add_process_set(first)
-            elif kind == Kind.REMOVE_PROCESS_SET:
-                self._remove_process_set(first)
-            else:
-                tl = self.executor.timeline = self.timeline
-                if tl is None:
-                    self.executor.run_batch(batch)
-                else:
-                    tl.batch_began()
-                    self.executor.run_batch(batch)
-                    tl.batch_ended(batch)
-        if self.tuning is not None:
-            self.tuning.observe(batches)  # rank 0 measures; a no-op elsewhere and once settled
+    def _control(self, response: Response) -> None:
+        """An error response, or one of a kind without tensors (join, process sets)."""
+        if response.status == RESPONSE_ERROR:
+            entry = self._pending.get(response.key)
+            if entry is not None:
+                self._fail(entry, response.error,
+                           MismatchError if response.value == MISMATCH else HorovodInternalError)
+        elif response.params.kind == _JOIN:
+            self._joined = False
+            self._finish_key(response.key, response.value)
+        elif response.params.kind == Kind.ADD_PROCESS_SET:
+            self._set_control.add(response)
+        else:
+            self._set_control.remove(response)
 
     def _apply_setting(self, setting) -> None:
         """Autotune: run with *setting* from this cycle on (every rank, same cycle)."""
-        self._threshold = setting.fusion_threshold
-        self._plans.clear()
+        self._execution.apply_setting(setting)
         cycle_time = setting.cycle_time_ms / 1000.0
         self.driver.set_cycle_time(cycle_time, cycle_time if self.overlap
                                    else max(cycle_time, _LAZY_START))
-        router = self._router.variant(setting.shared_memory_allreduce,
-                                        setting.hierarchical_allreduce)
-        self.executor.use_router(router)
-
-    # ---------------------------------------------------------- process sets
-    def _add_process_set(self, response: Response) -> None:
-        """Collective: every rank splits the new set's communicator off the world."""
-        ranks = list(response.params.extra)
-        entry = self._pending.get(response.key)
-        existing = self.sets.find_ranks(ranks)
-        if existing is not None:
-            if entry is not None:
-                self._fail(entry, f"a process set with ranks {ranks} already exists "
-                                  f"(id {existing.process_set_id}).")
-            return
-        ps = entry.payload if entry is not None else ProcessSet(ranks)
-        self.sets.create(ps, ranks)
-        if entry is not None:
-            self._finish(entry, ps)
-
-    def _remove_process_set(self, response: Response) -> None:
-        set_id = response.params.extra[0]
-        entry = self._pending.get(response.key)
-        if set_id == GLOBAL_SET_ID or self.sets.get(set_id) is None:
-            if entry is not None:
-                self._fail(entry, f"process set {set_id} cannot be removed "
-                                  "(it is the global set or not registered).")
-            return
-        self.bits.erase_set(set_id)
-        for key, other in list(self._pending.items()):
-            if key[0] == set_id:
-                self._fail(other, f"process set {set_id} was removed while {key[1]!r} was "
-                                  "pending.")
-        if self.rank in self.sets.members.get(set_id, ()):
-            self.executor.forget_set(set_id)
-        ps = self.sets.remove(set_id)
-        if entry is not None:
-            self._finish(entry, ps)
 
     # --------------------------------------------------------------- completion
     def _finish(self, entry: Entry, value) -> None:

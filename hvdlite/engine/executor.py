@@ -30,6 +30,7 @@ from .messages import Kind, Response
 from ..ops import ReduceOp
 from .shm import SLOT_BYTES, SharedMemoryAllreduce
 from .splits import even_split, offsets
+from .staging import Stager
 from ..timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
 from .transport import Transport
 
@@ -192,10 +193,11 @@ class MPIExecutor:
 
         return run
 
-    def stager(self, batches: list[list[Response]]) -> _Stager | None:
-        """For a plan the engine runs again and again: a :class:`_Stager` when the
-        plan's first batch is an allreduce that this rank's set reduces through
-        shared memory in one chunk, which can then run staged
+    def stager(self, batches: list[list[Response]]) -> Stager | None:
+        """For a plan the engine runs again and again: a
+        :class:`~hvdlite.engine.staging.Stager` when the plan's first batch is an
+        allreduce that this rank's set reduces through shared memory in one
+        chunk, which can then run staged
         (:meth:`SharedMemoryAllreduce.stage`), else None.  Collective as
         :meth:`runners` is (it may make the set's window), and every member
         answers alike."""
@@ -214,7 +216,7 @@ class MPIExecutor:
         if nbytes > SLOT_BYTES \
                 or self._path(p.set_id, comm, nbytes) is not Transport.SHARED_MEMORY:
             return None
-        return _Stager(self, batch, comm.Get_size(), wire, self._shm[p.set_id])
+        return Stager(self, batch, comm.Get_size(), wire, self._shm[p.set_id])
 
     def use_router(self, router) -> None:
         """Take paths from *router* from the next batch on (autotune: every rank
@@ -238,7 +240,7 @@ class MPIExecutor:
             return routes
 
     # ----------------------------------------------------------------- allreduce
-    def _reduction(self, batch, set_size) -> Reduction:
+    def reduction(self, batch, set_size) -> Reduction:
         """Every tensor of the batch, with Average's division folded into the postscale."""
         tensors = Reduction()
         for response in batch:
@@ -268,7 +270,7 @@ class MPIExecutor:
         if len(p0.dtypes) > 1 and _mixed_wire(p0.dtypes):
             self._allreduce_mixed(batch, comm, op)
             return
-        tensors = self._reduction(batch, comm.Get_size())
+        tensors = self.reduction(batch, comm.Get_size())
         path = self._path(p0.set_id, comm, tensors.total() * wire.itemsize)
         tl = self.timeline
         if tl is not None:
@@ -277,7 +279,7 @@ class MPIExecutor:
             # The batch list stands for its layout: the engine reuses it while the
             # response cache is unchanged, so the cut is computed once.
             self._shm[p0.set_id].allreduce(tensors, wire, p0.op, layout_key=batch)
-            self._finish_batch(batch)
+            self.finish_batch(batch)
             return
         if path is Transport.HIERARCHICAL:
             def allreduce(buf, src=None):
@@ -310,7 +312,7 @@ class MPIExecutor:
             if tl is not None:
                 tl.phase(COPY_OUT)
             _copy_out(part, buf)
-        self._finish_batch(batch)
+        self.finish_batch(batch)
 
     def _reduce_in_place(self, tensors: Reduction, i: int, wire, allreduce) -> None:
         """Reduce tensor *i* straight into its output, without the fusion buffer."""
@@ -326,7 +328,7 @@ class MPIExecutor:
         """A group of tensors with different wire dtypes (never fused with other
         responses): one reduction per wire dtype, in order of first appearance."""
         set_id = batch[0].params.set_id
-        tensors = self._reduction(batch, comm.Get_size())
+        tensors = self.reduction(batch, comm.Get_size())
         wires = [reduce_dtype(d) for r in batch for d in r.params.dtypes]
         tl = self.timeline
         for wire in dict.fromkeys(wires):
@@ -349,7 +351,7 @@ class MPIExecutor:
             if tl is not None:
                 tl.phase(COPY_OUT)
             _copy_out(part, buf)
-        self._finish_batch(batch)
+        self.finish_batch(batch)
 
     def _shm_of(self, set_id: int, comm):
         """The shared-memory window of a set, made on first use (collective: every
@@ -375,7 +377,7 @@ class MPIExecutor:
         for set_id in list(self._shm):
             self.forget_set(set_id)
 
-    def _finish_batch(self, batch) -> None:
+    def finish_batch(self, batch) -> None:
         self._finish_keys([response.key for response in batch])
 
     def _allreduce_adasum(self, batch, comm) -> None:
@@ -484,7 +486,7 @@ class MPIExecutor:
             entry = self._lookup(response.key)
             pairs.extend(zip(entry.inputs, entry.outputs))
         _broadcast_pairs(self.pool, pairs, comm, root)
-        self._finish_batch(batch)
+        self.finish_batch(batch)
 
     # ------------------------------------------------------------------ alltoall
     def _alltoall(self, response, comm) -> None:
@@ -526,36 +528,6 @@ class MPIExecutor:
             for j, out in zip(index, shards, strict=True):
                 outputs[j] = out
         self._finish_per_entry([t.entry for t in tensors], outputs)
-
-
-class _Stager:
-    """A cached plan's first batch (an allreduce), run staged: :meth:`stage`
-    before the engine's status exchange, :meth:`run` after it, on every member,
-    where every member staged (the exchange tells); the plan's other batches
-    then run as usual."""
-
-    __slots__ = ("_executor", "_batch", "_set_size", "_wire", "_op", "_shm")
-
-    def __init__(self, executor: MPIExecutor, batch, set_size: int, wire, shm):
-        self._executor = executor
-        self._batch = batch
-        self._set_size = set_size
-        self._wire = wire
-        self._op = ReduceOp(batch[0].params.op)
-        self._shm = shm
-
-    def stage(self) -> bool:
-        """Copy this rank's batch in ahead of the exchange; False where it cannot be
-        (an entry of the batch is not here: a joined rank's)."""
-        tensors = self._executor._reduction(self._batch, self._set_size)
-        if None in tensors.entries:
-            return False
-        return self._shm.stage(tensors, self._wire, self._op, layout_key=self._batch)
-
-    def run(self) -> None:
-        """Collective: reduce the staged batch and finish its entries."""
-        self._shm.run_staged()
-        self._executor._finish_batch(self._batch)
 
 
 @functools.lru_cache(maxsize=1024)

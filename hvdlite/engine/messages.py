@@ -38,10 +38,9 @@ class Kind(enum.IntEnum):
 #: Kinds whose results the response cache may remember (control messages never are).
 CACHEABLE = frozenset({Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.ALLTOALL,
                        Kind.REDUCESCATTER, Kind.BARRIER})
-#: Kinds a joined rank takes part in by contributing nothing (zeros or no rows).
-#: What may run while some rank of the set is inside join() (Horovod: allreduce,
-#: Adasum included; the joined ranks contribute zeros).  Every other kind fails
-#: on the ranks that call it.
+#: What may run while some rank of the set is inside join(): allreduce (Adasum
+#: included), to which the joined ranks contribute zeros, as in Horovod.  Every
+#: other kind fails on the ranks that call it.
 JOINABLE = frozenset({Kind.ALLREDUCE})
 
 

@@ -102,8 +102,8 @@ def test_every_rank_applies_the_same_settings_in_the_same_cycles():
         assert final == link.tuner.setting
     assert link.words == 0  # settled: the status vector no longer carries a setting
     # The engine runs what was applied last, and every rank agrees on it.
-    assert ENGINE._threshold == final.fusion_threshold
-    assert len(set(hvd.allgather_object((ENGINE._threshold, final)))) == 1
+    assert ENGINE._execution._threshold == final.fusion_threshold
+    assert len(set(hvd.allgather_object((ENGINE._execution._threshold, final)))) == 1
     # Some change arrived in a cycle without a coordinator round (response-cache steady
     # state): the status exchange carried it.
     assert any(cycle not in NEGOTIATED_CYCLES for cycle, _ in link.history)

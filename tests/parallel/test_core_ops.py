@@ -209,7 +209,7 @@ def test_a_repeated_named_allreduce_stays_right_as_its_arguments_change():
             else:
                 out = hvd.allreduce(x, **kwargs)
             assert_same(out, expected, dtype)
-        plan = list(state().engine._plans._plans.values())[-1]  # the last one made
+        plan = list(state().engine._execution._plans._plans.values())[-1]  # the last one made
         if dtype != np.float16:
             # the cached plan of one single allreduce has its own runner
             assert len(plan.runners) == 1 \
