@@ -8,18 +8,20 @@ Negotiation
     ``submissions`` (the queue of entries from caller threads), ``auto_names``
     (names for unnamed collectives), ``messages`` (requests and responses),
     ``cycle`` (the :class:`~hvdlite.engine.cycle.Engine`: one cycle of
-    negotiate, fuse, run), ``driver`` (who runs the next cycle, and when),
-    ``backoff``, ``doorbell`` and ``wait_limit`` (how waits are paced, woken and
-    bounded), ``cache_bits`` and ``response_cache`` (names seen before, one bit
-    each), ``status`` (the per-cycle status vector), ``coordinator`` (rank 0's
-    decisions for new names), ``plans`` (fusion plans remembered per set of
-    ready bits), ``staging`` (a cached plan's shared-memory batch copied in
-    early).
+    negotiate, fuse, run, wiring the parts below), ``driver`` (who runs the
+    next cycle, and when), ``backoff``, ``doorbell`` and ``wait_limit`` (how
+    waits are paced, woken and bounded), ``cache_bits`` and ``response_cache``
+    (names seen before, one bit each), ``status`` and ``status_exchange`` (the
+    per-cycle status vector and its allreduce), ``negotiation`` and
+    ``coordinator`` (new names, decided by rank 0).
 
-Data path
-    ``fusion`` (batches of ready responses), ``executor`` (runs a batch on the
-    host), ``transport`` (which path a set's batches take), ``shm``,
-    ``hierarchical``, ``adasum``, ``splits`` and ``dtypes``.
+Running what was agreed
+    ``execution`` (batches, cached ``plans``, control responses),
+    ``set_control`` (adding and removing process sets), ``staging`` (a cached
+    plan's shared-memory batch copied in early), ``fusion`` (batches of ready
+    responses), ``executor`` (runs a batch on the host), ``transport`` (which
+    path a set's batches take), ``shm``, ``hierarchical``, ``adasum``,
+    ``splits`` and ``dtypes``.
 
 State
     ``runtime`` (what ``init()`` built; the bottom of the import graph),
