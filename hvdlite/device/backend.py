@@ -31,36 +31,10 @@ import itertools
 
 import numpy as np
 
+from ..engine.fusion import BufferPool
 from .arrays import HOST, HostDeviceArray
 
-__all__ = ["ArrayBackend", "HostBackend", "Pool", "HostEvent"]
-
-
-class Pool:
-    """Persistent flat buffers per (dtype, slot), grown geometrically and reused.
-
-    *allocate(count, dtype)* makes one; buffers live as long as the pool (a
-    device fusion buffer is meant to stay, as Horovod's does).
-    """
-
-    def __init__(self, allocate):
-        self._allocate = allocate
-        self._buffers: dict = {}
-
-    def get(self, dtype, count: int, slot: int = 0):
-        dtype = np.dtype(dtype)
-        key = (dtype.str, slot)
-        buf = self._buffers.get(key)
-        if buf is None or buf.size < count:
-            size = max(count, int(buf.size * 1.5) if buf is not None else 0, 1)
-            buf = self._buffers[key] = self._allocate(size, dtype)
-        return buf[:count]
-
-    def nbytes(self) -> int:
-        return sum(buf.nbytes for buf in self._buffers.values())
-
-    def clear(self) -> None:
-        self._buffers.clear()
+__all__ = ["ArrayBackend", "HostBackend", "HostEvent"]
 
 
 class ArrayBackend(abc.ABC):
@@ -164,8 +138,8 @@ class HostBackend(ArrayBackend):
 
     def __init__(self, journal: list | None = None):
         self.journal = journal
-        self._pool = Pool(lambda count, dtype: np.empty(count, dtype))
-        self._staging = Pool(lambda count, dtype: np.empty(count, dtype))
+        self._pool = BufferPool(trim=False)
+        self._staging = BufferPool(trim=False)
 
     def _note(self, *item) -> None:
         if self.journal is not None:

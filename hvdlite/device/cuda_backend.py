@@ -24,7 +24,8 @@ import numpy as np
 
 from ..exceptions import ArgumentError
 from .arrays import CUDA
-from .backend import ArrayBackend, Pool
+from ..engine.fusion import BufferPool
+from .backend import ArrayBackend
 
 __all__ = ["CudaBackend", "Ready"]
 
@@ -58,8 +59,8 @@ class CudaBackend(ArrayBackend):
 
     def __init__(self):
         self._streams: dict[int, cupy.cuda.Stream] = {}
-        self._pools: dict[int, Pool] = {}
-        self._staging = Pool(_pinned)
+        self._pools: dict[int, BufferPool] = {}
+        self._staging = BufferPool(_pinned, trim=False)
         self._current: cupy.cuda.Stream | None = None
 
     # ------------------------------------------------------------ arrays
@@ -92,7 +93,8 @@ class CudaBackend(ArrayBackend):
         device_id = cupy.cuda.Device().id
         pool = self._pools.get(device_id)
         if pool is None:
-            pool = self._pools[device_id] = Pool(lambda n, dt: cupy.empty(n, dt))
+            pool = self._pools[device_id] = BufferPool(lambda n, dt: cupy.empty(n, dt),
+                                                       trim=False)
         return pool.get(dtype, count, slot)
 
     def staging(self, dtype, count: int, slot: int = 0) -> np.ndarray:

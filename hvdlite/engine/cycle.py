@@ -106,7 +106,6 @@ class Engine:
         self.comm = world.Dup()  # control traffic only: status, gather/bcast, doorbells
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        self.timeline = timeline
         self.overlap = overlap
         # Some rank's engine thread has a core of its own (the same on every rank): it
         # decides whether a cycle that ran work is followed by another, see cycle().
@@ -147,6 +146,15 @@ class Engine:
                              start_delay=cycle_time if overlap else max(cycle_time, _LAZY_START),
                              step_limit=self.limit.seconds, core=core, spare_core=overlap)
         self.driver.start()
+
+    @property
+    def timeline(self):
+        """The Timeline being recorded, or None (``hvd.start_timeline()`` sets it)."""
+        return self._execution.timeline
+
+    @timeline.setter
+    def timeline(self, timeline) -> None:
+        self._execution.timeline = timeline
 
     # ============================================================ caller side
     def submit(self, entry: Entry, wake: bool = True):
@@ -313,21 +321,12 @@ class Engine:
             self._uncached.append(entry)
 
     def _flags(self, new: bool) -> int:
-        flags = 0
-        if new:
-            flags |= Flag.NEW
-        if self._uncached:
-            flags |= Flag.UNCACHED
-        if self.driver.state is Phase.DRAINING:
-            flags |= Flag.SHUTDOWN
-        if self._joined:
-            flags |= Flag.JOINED
-        if self.bits.invalid_mask:
-            flags |= Flag.INVALID
-        if self._stall_wanted or self._stall.due(self._pending):
-            flags |= Flag.STALL
-            self._stall_wanted = False
-        return flags
+        stall = self._stall_wanted or self._stall.due(self._pending)
+        self._stall_wanted = False
+        return ((Flag.NEW if new else 0) | (Flag.UNCACHED if self._uncached else 0)
+                | (Flag.SHUTDOWN if self.driver.state is Phase.DRAINING else 0)
+                | (Flag.JOINED if self._joined else 0)
+                | (Flag.INVALID if self.bits.invalid_mask else 0) | (Flag.STALL if stall else 0))
 
     def _negotiate(self, stall: bool) -> list[Response]:
         uncached, self._uncached = self._uncached, []

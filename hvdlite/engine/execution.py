@@ -35,7 +35,7 @@ class Execution:
         self._bits = bits
         self._threshold = threshold
         self._router = router
-        self._timeline = timeline
+        self.timeline = timeline  # the engine's, while one is recorded (it may change)
         self._tuning = tuning
         self._control = control
         self._plans = PlanCache()  # the plans of all-cached cycles
@@ -45,7 +45,7 @@ class Execution:
         whose ready bits are exactly the bits this rank waits on, where that plan
         has a stager (True when staged).  Every rank's answer goes into the
         exchange."""
-        if self._timeline is not None:
+        if self.timeline is not None:
             return False
         bits = self._bits
         plan = self._plans.peek(bits.hit_mask, bits.cache.version)
@@ -64,7 +64,7 @@ class Execution:
             executor = self.executor
             plan = self._plans.add(ready, Plan(batches, executor.runners(batches),
                                                executor.stager(batches)))
-        if self._timeline is not None:
+        if self.timeline is not None:
             self._run_batches(plan.batches)
             return
         self.executor.timeline = None
@@ -82,7 +82,7 @@ class Execution:
         self._run_batches(plan_batches(responses, self._threshold))
 
     def _run_batches(self, batches: list[list[Response]]) -> None:
-        tl = self.executor.timeline = self._timeline
+        tl = self.executor.timeline = self.timeline
         for batch in batches:
             first = batch[0]
             if first.status == RESPONSE_ERROR or first.params.kind in _CONTROL:

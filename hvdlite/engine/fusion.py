@@ -142,12 +142,18 @@ class BufferPool:
     one larger than :data:`KEEP_BYTES` that is over twice the largest request
     of the window shrinks to that request, and one the window did not use is
     freed.
+
+    *allocate(count, dtype)* makes a buffer (numpy's by default; the device
+    backends pass theirs).  *trim*: False keeps every buffer for the pool's life
+    (device buffers, which a stream may still be using when the window ends).
     """
 
     WINDOW = 1000
     KEEP_BYTES = 1 << 20
 
-    def __init__(self):
+    def __init__(self, allocate=None, trim: bool = True):
+        self._allocate = allocate or (lambda count, dtype: np.empty(count, dtype=dtype))
+        self._trims = trim
         self._buffers: dict[tuple[str, int], np.ndarray] = {}
         self._peaks: dict[tuple[str, int], int] = {}  # largest request in this window
         self._calls = 0
@@ -158,9 +164,11 @@ class BufferPool:
         buf = self._buffers.get(key)
         if buf is None or buf.size < count:
             # Grow geometrically so a slowly growing workload does not reallocate each cycle.
-            size = max(count, int(buf.size * 1.5) if buf is not None else 0)
-            buf = np.empty(size, dtype=dtype)
+            size = max(count, int(buf.size * 1.5) if buf is not None else 0, 1)
+            buf = self._allocate(size, dtype)
             self._buffers[key] = buf
+        if not self._trims:
+            return buf[:count]
         if count > self._peaks.get(key, -1):
             self._peaks[key] = count
         self._calls += 1
@@ -175,7 +183,7 @@ class BufferPool:
             if peak is None:
                 del self._buffers[key]
             elif buf.nbytes > self.KEEP_BYTES and buf.size > 2 * peak:
-                self._buffers[key] = np.empty(peak, dtype=buf.dtype)
+                self._buffers[key] = self._allocate(peak, buf.dtype)
         self._peaks.clear()
         self._calls = 0
 
