@@ -20,7 +20,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[all]' ruff
+	$(PY) -m pip install -q -e '.[all]' ruff==0.17.6
 	touch $(STAMP)
 
 $(OMPI_STAMP):
@@ -48,8 +48,11 @@ test-gpu: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
+# Lint: ruff's checks and its formatter (check only), then the import graph: no cycles,
+# and no adapter (torch/, tensorflow/, keras/, runner/) reaching into hvdlite.engine.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check hvdlite tests benchmarks examples tools
+	$(VENV)/bin/ruff format --check hvdlite tests benchmarks examples tools
 	$(PY) tools/import_graph.py
 
 clean:
