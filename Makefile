@@ -14,7 +14,7 @@ TORCH  := torch==2.13.0
 OMPI_VENV := .venv-openmpi
 OMPI_STAMP := $(OMPI_VENV)/.installed
 
-.PHONY: setup demo test test-unit test-gpu bench lint clean
+.PHONY: setup demo test test-unit test-gpu test-horovod bench lint clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,15 @@ test-unit: $(STAMP)
 # (CUDA-aware MPI where the MPI is, and staged through pinned host memory).
 test-gpu: $(STAMP)
 	$(PY) -m pytest tests/gpu tests/test_gpu_mpi.py -m gpu -q -rs
+
+# Horovod's own test_torch.py and test_tensorflow.py, unchanged, at 2, 3 and 4 ranks through
+# tools/horovod_shim (import horovod.torch -> hvdlite.torch). Not part of `make test`: it
+# takes long and needs a checkout of github.com/horovod/horovod (cloned when HOROVOD_SRC is
+# unset and the network allows). Expected failures and why: tools/horovod_expected_failures.txt.
+HOROVOD_SRC ?=
+test-horovod: $(STAMP)
+	$(PY) -m pip install -q mock
+	$(PY) tools/horovod_suites.py --src "$(HOROVOD_SRC)"
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

@@ -13,7 +13,7 @@ import pytest
 from hvdlite.engine.coordinator import check_agreement
 from hvdlite.device import HostDeviceArray, device_of, host_device_array
 from hvdlite.device.backend import HostBackend
-from hvdlite.device.packing import pack, unpack
+from hvdlite.engine.packing import pack, unpack
 from hvdlite.device.selection import (Capabilities, DeviceChoice, read_request)
 from hvdlite.device.capabilities import cuda_aware_mpi
 from hvdlite.engine.fusion import Reduction, plan_batches

@@ -34,12 +34,15 @@ import numpy as np
 from ..engine.adasum import adasum_allreduce
 from ..engine.fusion import Reduction
 from ..engine.messages import Kind
+from ..engine.packing import (
+    Gathered, Scattered, flat_bytes, pack, pack_bytes, pack_rank_major, rank_counts,
+    reduce_alone, unpack, unpack_bytes, unpack_rank_major, unpack_shards,
+)
 from ..ops import ReduceOp
 from ..engine.splits import even_split
 from ..engine.transport import Transport
 from .arrays import CUDA
 from .links import HierarchicalLink, MpiLink, StagedLink
-from .packing import flat_bytes, pack, reduce_alone, unpack
 from .registry import backend as backend_of
 from .selection import DeviceRoutes
 
@@ -170,7 +173,8 @@ class DeviceExecutor:
             part = tensors if len(index) == len(tensors) else tensors.subset(index)
             if len(part) == 1 and part.inputs[0] is not None \
                     and np.dtype(dtypes[index[0]]) == wire:
-                reduce_alone(backend, part, link, p0.op)
+                reduce_alone(backend, part.inputs[0], part.outputs[0], part.prescales[0],
+                             part.postscales[0], _in_place(backend, link, p0.op))
                 continue
             buf = backend.buffer(wire, part.total())
             pack(backend, part, buf)
@@ -203,47 +207,35 @@ class DeviceExecutor:
     # ----------------------------------------------------------------- allgather
     def _allgather(self, batch, entries, comm, backend, link):
         size = comm.Get_size()
-        tensors = []  # (entry, input, trailing, dtype)
+        tensors: list[Gathered] = []
         for response, entry in zip(batch, entries):
             p = response.params
             for i, (dt, trailing) in enumerate(zip(p.dtypes, p.shapes)):
-                tensors.append((entry, entry.inputs[i] if entry else None, tuple(trailing),
-                                np.dtype(dt)))
-        local = np.array([t[1].shape[0] if t[1] is not None else 0 for t in tensors],
+                tensors.append(Gathered(entry, entry.inputs[i] if entry else None,
+                                        tuple(trailing), np.dtype(dt)))
+        local = np.array([t.input.shape[0] if t.input is not None else 0 for t in tensors],
                          dtype=np.int64)
         dims = np.empty((size, len(tensors)), dtype=np.int64)
         comm.Allgather(local, dims)
-        row_bytes = [math.prod(trailing) * dt.itemsize for _, _, trailing, dt in tensors]
+        row_bytes = [math.prod(t.trailing) * t.dtype.itemsize for t in tensors]
         per_rank = [int(sum(int(dims[r, j]) * row_bytes[j] for j in range(len(tensors))))
                     for r in range(size)]
-        block = max(per_rank)
-        outputs = [None if entry is None else
-                   backend.empty((int(dims[:, j].sum()),) + trailing, dt, entry.ready)
-                   for j, (entry, _, trailing, dt) in enumerate(tensors)]
+        block = max(per_rank)  # every rank's region padded to one size: NCCL moves equal blocks
+        outputs = [None if t.entry is None else
+                   backend.empty((int(dims[:, j].sum()),) + t.trailing, t.dtype, t.entry.ready)
+                   for j, t in enumerate(tensors)]
         backend.wait_ready(dict.fromkeys(e.ready for e in entries if e is not None))
-        if block and len(tensors) == 1 and tensors[0][1] is not None \
+        if block and len(tensors) == 1 and tensors[0].input is not None \
                 and len(set(per_rank)) == 1:
-            link.allgather(flat_bytes(tensors[0][1]), flat_bytes(outputs[0]))
+            link.allgather(flat_bytes(tensors[0].input), flat_bytes(outputs[0]))
         elif block:
             send = backend.buffer(np.uint8, block, slot=0)
-            offset = 0
-            for _, inp, _, _ in tensors:
-                if inp is not None and inp.size:
-                    backend.copy(send[offset:offset + inp.nbytes], flat_bytes(inp))
-                    offset += inp.nbytes
+            pack_bytes(backend, [t.input for t in tensors if t.input is not None], send)
             recv = backend.buffer(np.uint8, block * size, slot=1)
             link.allgather(send, recv)
-            row_at = [0] * len(tensors)
-            for r in range(size):
-                offset = r * block
-                for j, out in enumerate(outputs):
-                    nbytes = int(dims[r, j]) * row_bytes[j]
-                    if nbytes and out is not None:
-                        backend.copy(flat_bytes(out)[row_at[j]:row_at[j] + nbytes],
-                                     recv[offset:offset + nbytes])
-                    row_at[j] += nbytes
-                    offset += nbytes
-        return _per_entry([t[0] for t in tensors], outputs)
+            unpack_rank_major(backend, recv, [r * block for r in range(size)], dims, row_bytes,
+                              outputs)
+        return _per_entry([t.entry for t in tensors], outputs)
 
     # ----------------------------------------------------------------- broadcast
     def _broadcast(self, entries, comm, backend, link, root: int):
@@ -257,17 +249,11 @@ class DeviceExecutor:
             link.broadcast(flat_bytes(out), root)
             return None
         buf = backend.buffer(np.uint8, sum(out.nbytes for _, out in pairs))
-        offset = 0
-        for inp, out in pairs:
-            if is_root:
-                backend.copy(buf[offset:offset + inp.nbytes], flat_bytes(inp))
-            offset += out.nbytes
+        if is_root:
+            pack_bytes(backend, [inp for inp, _ in pairs], buf)
         link.broadcast(buf, root)
-        offset = 0
-        for inp, out in pairs:
-            if not (is_root and inp is out):
-                backend.copy(flat_bytes(out), buf[offset:offset + out.nbytes])
-            offset += out.nbytes
+        skip = {i for i, (inp, out) in enumerate(pairs) if is_root and inp is out}
+        unpack_bytes(backend, buf, [out for _, out in pairs], skip)
         return None
 
     # ------------------------------------------------------------------ alltoall
@@ -288,54 +274,40 @@ class DeviceExecutor:
     def _reducescatter(self, batch, entries, comm, backend, link):
         size, me = comm.Get_size(), comm.Get_rank()
         op = batch[0].params.op
-        tensors = []  # (entry, input, shape, dtype, prescale, postscale, rows)
+        tensors: list[Scattered] = []
         for response, entry in zip(batch, entries):
             p = response.params
             post = p.postscale / size if p.op == ReduceOp.AVERAGE else p.postscale
             for i, (dt, shape) in enumerate(zip(p.dtypes, p.shapes)):
-                tensors.append((entry, entry.inputs[i] if entry else None, tuple(shape),
-                                np.dtype(dt), p.prescale, post, even_split(shape[0], size)))
-        outputs = [None if t[0] is None else
-                   backend.empty((t[6][me],) + t[2][1:], t[3], t[0].ready) for t in tensors]
+                tensors.append(Scattered(entry, entry.inputs[i] if entry else None, tuple(shape),
+                                         np.dtype(dt), p.prescale, post,
+                                         even_split(shape[0], size)))
+        outputs = [None if t.entry is None else
+                   backend.empty((t.rows[me],) + t.shape[1:], t.dtype, t.entry.ready)
+                   for t in tensors]
         backend.wait_ready(dict.fromkeys(e.ready for e in entries if e is not None))
-        wires = [link.wire(t[3].str) for t in tensors]
+        wires = [link.wire(t.dtype.str) for t in tensors]
         for wire in dict.fromkeys(wires):
             index = [j for j, w in enumerate(wires) if w == wire]
             part = [tensors[j] for j in index]
-            row_elems = [math.prod(t[2][1:]) for t in part]
-            counts = [sum(t[6][r] * row_elems[k] for k, t in enumerate(part))
-                      for r in range(size)]
-            block = max(counts)
+            block = max(rank_counts(part, size))  # padded: every link moves equal blocks
             send = backend.buffer(wire, block * size, slot=0)
-            starts = [0] * len(part)
-            for r in range(size):  # rank-major: rank r's rows of every tensor, padded
-                offset = r * block
-                for k, t in enumerate(part):
-                    n = t[6][r] * row_elems[k]
-                    view = send[offset:offset + n]
-                    if t[1] is None:
-                        backend.zero(view)
-                    else:
-                        src = t[1].reshape(-1)[starts[k]:starts[k] + n]
-                        if t[4] != 1.0:
-                            backend.scale(view, src, t[4])
-                        else:
-                            backend.copy(view, src)
-                    starts[k] += n
-                    offset += n
+            pack_rank_major(backend, part, send, [r * block for r in range(size)])
             recv = backend.buffer(wire, block, slot=1)
             link.reduce_scatter(send, recv, op)
-            offset = 0
-            for k, j in enumerate(index):
-                n = part[k][6][me] * row_elems[k]
-                out = outputs[j]
-                if out is not None and n:
-                    if part[k][5] != 1.0:
-                        backend.scale(out.reshape(-1), recv[offset:offset + n], part[k][5])
-                    else:
-                        backend.copy(out.reshape(-1), recv[offset:offset + n])
-                offset += n
-        return _per_entry([t[0] for t in tensors], outputs)
+            unpack_shards(backend, part, recv, me, [outputs[j] for j in index])
+        return _per_entry([t.entry for t in tensors], outputs)
+
+
+def _in_place(backend, link, op):
+    """``allreduce(buf, src)`` for :func:`~hvdlite.engine.packing.reduce_alone` over a
+    device link, which reduces in place."""
+    def allreduce(buf, src) -> None:
+        if src is not buf:
+            backend.copy(buf, src)
+        link.allreduce(buf.reshape(-1), op)
+
+    return allreduce
 
 
 def _per_entry(entries, outputs) -> list:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -27,6 +26,10 @@ from .adasum import adasum_allreduce
 from .dtypes import reduce_dtype
 from .fusion import BufferPool, Reduction
 from .messages import Kind, Response
+from .packing import (
+    NUMPY, Gathered, Scattered, flat_bytes, pack, pack_bytes, pack_rank_major, rank_counts,
+    reduce_alone, unpack, unpack_bytes, unpack_rank_major, unpack_shards,
+)
 from ..ops import ReduceOp
 from .shm import SLOT_BYTES, SharedMemoryAllreduce
 from .splits import even_split, offsets
@@ -49,31 +52,6 @@ _MPI_OPS = {
 }
 
 
-class _Gathered(NamedTuple):
-    """One tensor of an allgather batch (input None on a joined rank)."""
-
-    entry: object
-    input: np.ndarray | None
-    trailing: tuple  # the shape after dim 0
-    dtype: np.dtype
-
-
-class _Scattered(NamedTuple):
-    """One tensor of a reducescatter batch (input None on a joined rank)."""
-
-    entry: object
-    input: np.ndarray | None
-    shape: tuple
-    dtype: np.dtype
-    prescale: float
-    postscale: float
-    rows: list  # dim-0 rows of each rank's shard
-
-
-def _flat_bytes(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1).view(np.uint8)
-
-
 def _mpi_allreduce(comm, op) -> Callable:
     """``allreduce(buf, src=None)``: reduce *src* (default: *buf* itself) into *buf*
     across *comm* with MPI op *op*, as the hierarchical helper's ``allreduce`` does."""
@@ -81,18 +59,6 @@ def _mpi_allreduce(comm, op) -> Callable:
         comm.Allreduce(MPI.IN_PLACE if src is None or src is buf else src, buf, op)
 
     return allreduce
-
-
-def _allreduce_one(allreduce, inp: np.ndarray, out: np.ndarray, pre: float,
-                   post: float) -> None:
-    """Reduce *inp* into *out* with *allreduce* (``_mpi_allreduce``'s signature),
-    scaled, without the fusion buffer."""
-    if pre != 1.0:
-        np.multiply(inp, pre, out=out, casting="unsafe")
-        inp = out
-    allreduce(out, inp)
-    if post != 1.0:
-        np.multiply(out, post, out=out, casting="unsafe")
 
 
 class MPIExecutor:
@@ -188,7 +154,7 @@ class MPIExecutor:
             if entry is None:  # a joined rank: the general path contributes its zeros
                 run_batch(batch)
                 return
-            _allreduce_one(allreduce, entry.inputs[0], entry.outputs[0], pre, post)
+            reduce_alone(NUMPY, entry.inputs[0], entry.outputs[0], pre, post, allreduce)
             finish_keys(keys)
 
         return run
@@ -265,22 +231,34 @@ class MPIExecutor:
 
     def _allreduce(self, batch, comm) -> None:
         p0 = batch[0].params
-        wire = reduce_dtype(p0.dtypes[0])
-        op = _MPI_OPS[p0.op]  # ReduceOp is an IntEnum: the int finds it
-        if len(p0.dtypes) > 1 and _mixed_wire(p0.dtypes):
-            self._allreduce_mixed(batch, comm, op)
-            return
         tensors = self.reduction(batch, comm.Get_size())
+        if len(p0.dtypes) > 1 and _mixed_wire(p0.dtypes):
+            # A group of tensors with different wire dtypes (never fused with other
+            # responses): one reduction per wire dtype, in order of first appearance.
+            dtypes = list(p0.dtypes)
+            wires = [reduce_dtype(d) for d in dtypes]
+            for wire in dict.fromkeys(wires):
+                index = [i for i, w in enumerate(wires) if w == wire]
+                self._allreduce_wire(p0, tensors.subset(index), [dtypes[i] for i in index],
+                                     wire, comm, None)
+        else:
+            dtypes = [d for response in batch for d in response.params.dtypes]
+            # The batch list stands for its layout: the engine reuses it while the
+            # response cache is unchanged, so the shared-memory cut is computed once.
+            self._allreduce_wire(p0, tensors, dtypes, reduce_dtype(p0.dtypes[0]), comm, batch)
+        self.finish_batch(batch)
+
+    def _allreduce_wire(self, p0, tensors: Reduction, dtypes, wire, comm, layout_key) -> None:
+        """Reduce *tensors* (of *dtypes*, all reduced in *wire*) on the set's path for
+        their size: shared memory, or an MPI / two-level allreduce."""
         path = self._path(p0.set_id, comm, tensors.total() * wire.itemsize)
         tl = self.timeline
         if tl is not None:
             tl.via(path)
         if path is Transport.SHARED_MEMORY:
-            # The batch list stands for its layout: the engine reuses it while the
-            # response cache is unchanged, so the cut is computed once.
-            self._shm[p0.set_id].allreduce(tensors, wire, p0.op, layout_key=batch)
-            self.finish_batch(batch)
+            self._shm[p0.set_id].allreduce(tensors, wire, p0.op, layout_key=layout_key)
             return
+        op = _MPI_OPS[p0.op]  # ReduceOp is an IntEnum: the int finds it
         if path is Transport.HIERARCHICAL:
             def allreduce(buf, src=None):
                 self.hierarchical.allreduce(buf, op, src)
@@ -289,7 +267,6 @@ class MPIExecutor:
         # Tensors of the wire dtype that are alone or large are reduced where they
         # are (no copy through the fusion buffer); the rest is fused.  The split
         # depends only on the agreed shapes and dtypes, so it is the same everywhere.
-        dtypes = [d for response in batch for d in response.params.dtypes]
         alone = len(tensors) == 1
         fused = []
         for i, dtype in enumerate(dtypes):
@@ -305,14 +282,13 @@ class MPIExecutor:
             if tl is not None:
                 tl.phase(COPY_IN)
             buf = self.pool.get(wire, part.total())
-            _copy_in(part, buf)
+            pack(NUMPY, part, buf)
             if tl is not None:
                 tl.phase(COLLECTIVE)
             allreduce(buf)
             if tl is not None:
                 tl.phase(COPY_OUT)
-            _copy_out(part, buf)
-        self.finish_batch(batch)
+            unpack(NUMPY, part, buf)
 
     def _reduce_in_place(self, tensors: Reduction, i: int, wire, allreduce) -> None:
         """Reduce tensor *i* straight into its output, without the fusion buffer."""
@@ -322,36 +298,7 @@ class MPIExecutor:
             zeros.fill(0)
             allreduce(zeros)
             return
-        _allreduce_one(allreduce, inp, out, tensors.prescales[i], tensors.postscales[i])
-
-    def _allreduce_mixed(self, batch, comm, op) -> None:
-        """A group of tensors with different wire dtypes (never fused with other
-        responses): one reduction per wire dtype, in order of first appearance."""
-        set_id = batch[0].params.set_id
-        tensors = self.reduction(batch, comm.Get_size())
-        wires = [reduce_dtype(d) for r in batch for d in r.params.dtypes]
-        tl = self.timeline
-        for wire in dict.fromkeys(wires):
-            part = tensors.subset([i for i, w in enumerate(wires) if w == wire])
-            path = self._path(set_id, comm, part.total() * wire.itemsize)
-            if tl is not None:
-                tl.via(path)
-                tl.phase(COLLECTIVE if path is Transport.SHARED_MEMORY else COPY_IN)
-            if path is Transport.SHARED_MEMORY:
-                self._shm[set_id].allreduce(part, wire, ReduceOp(batch[0].params.op))
-                continue
-            buf = self.pool.get(wire, part.total())
-            _copy_in(part, buf)
-            if tl is not None:
-                tl.phase(COLLECTIVE)
-            if path is Transport.HIERARCHICAL:
-                self.hierarchical.allreduce(buf, op)
-            else:
-                comm.Allreduce(MPI.IN_PLACE, buf, op)
-            if tl is not None:
-                tl.phase(COPY_OUT)
-            _copy_out(part, buf)
-        self.finish_batch(batch)
+        reduce_alone(NUMPY, inp, out, tensors.prescales[i], tensors.postscales[i], allreduce)
 
     def _shm_of(self, set_id: int, comm):
         """The shared-memory window of a set, made on first use (collective: every
@@ -400,12 +347,12 @@ class MPIExecutor:
     def _allgather(self, batch, comm, path: Transport) -> None:
         tl = self.timeline
         size = comm.Get_size()
-        tensors: list[_Gathered] = []
+        tensors: list[Gathered] = []
         for response in batch:
             p = response.params
             entry = self._lookup(response.key)
             for i, (dt, trailing) in enumerate(zip(p.dtypes, p.shapes)):
-                tensors.append(_Gathered(entry, entry.inputs[i] if entry else None, trailing,
+                tensors.append(Gathered(entry, entry.inputs[i] if entry else None, trailing,
                                          np.dtype(dt)))
         row_bytes = [math.prod(t.trailing) * t.dtype.itemsize for t in tensors]
 
@@ -438,9 +385,9 @@ class MPIExecutor:
         outputs = outputs_for(dims)
         if len(tensors) == 1:
             inp = tensors[0].input
-            send = _flat_bytes(inp) if inp is not None else np.empty(0, np.uint8)
+            send = flat_bytes(inp) if inp is not None else np.empty(0, np.uint8)
             counts = [int(d) * row_bytes[0] for d in dims[:, 0]]
-            self._allgatherv(comm, path, send, _flat_bytes(outputs[0]), counts)
+            self._allgatherv(comm, path, send, flat_bytes(outputs[0]), counts)
         else:
             if tl is not None:
                 tl.phase(COPY_IN)
@@ -448,19 +395,14 @@ class MPIExecutor:
                         for r in range(size)]
             me = comm.Get_rank()
             send = self.pool.get(np.uint8, per_rank[me], slot=0)
-            offset = 0
-            for t in tensors:
-                if t.input is not None and t.input.size:
-                    nb = t.input.nbytes
-                    send[offset:offset + nb] = _flat_bytes(t.input)
-                    offset += nb
+            pack_bytes(NUMPY, [t.input for t in tensors if t.input is not None], send)
             recv = self.pool.get(np.uint8, sum(per_rank), slot=1)
             if tl is not None:
                 tl.phase(COLLECTIVE)
             self._allgatherv(comm, path, send, recv, per_rank)
             if tl is not None:
                 tl.phase(COPY_OUT)
-            _unpack_gathered(recv, per_rank, dims, row_bytes, outputs)
+            unpack_rank_major(NUMPY, recv, offsets(per_rank), dims, row_bytes, outputs)
         self._finish_per_entry([t.entry for t in tensors], outputs)
 
     def _allgatherv(self, comm, path: Transport, send, recv, counts) -> None:
@@ -500,21 +442,21 @@ class MPIExecutor:
         out = np.empty((int(received.sum()),) + trailing, dtype=inp.dtype)
         sc = [int(s) * row_bytes for s in splits]
         rc = [int(s) * row_bytes for s in received]
-        comm.Alltoallv([_flat_bytes(inp), (sc, offsets(sc)), MPI.BYTE],
-                       [_flat_bytes(out), (rc, offsets(rc)), MPI.BYTE])
+        comm.Alltoallv([flat_bytes(inp), (sc, offsets(sc)), MPI.BYTE],
+                       [flat_bytes(out), (rc, offsets(rc)), MPI.BYTE])
         self._finish(entry, (out, received))
 
     # ------------------------------------------------------------- reducescatter
     def _reducescatter(self, batch, comm) -> None:
         size = comm.Get_size()
         op = _MPI_OPS[ReduceOp(batch[0].params.op)]
-        tensors: list[_Scattered] = []
+        tensors: list[Scattered] = []
         for response in batch:
             p = response.params
             entry = self._lookup(response.key)
             post = p.postscale / size if p.op == ReduceOp.AVERAGE else p.postscale
             for i, (dt, shape) in enumerate(zip(p.dtypes, p.shapes)):
-                tensors.append(_Scattered(entry, entry.inputs[i] if entry else None, shape,
+                tensors.append(Scattered(entry, entry.inputs[i] if entry else None, shape,
                                           np.dtype(dt), p.prescale, post,
                                           even_split(shape[0], size)))
         # One Reduce_scatter per wire dtype (a grouped call may mix dtypes), in order of
@@ -542,94 +484,17 @@ def _mixed_wire(dtypes: tuple) -> bool:
     return len({reduce_dtype(d) for d in dtypes}) > 1
 
 
-def _copy_in(tensors: Reduction, buf) -> None:
-    """Pack *tensors* into *buf*: prescaled, cast to the wire dtype, zeros when joined."""
-    inputs, prescales = tensors.inputs, tensors.prescales
-    if all(inp is not None and inp.dtype == buf.dtype for inp in inputs) \
-            and all(pre == 1.0 for pre in prescales):
-        # The common case (no scaling, one dtype): one C call packs every tensor.
-        np.concatenate([inp.reshape(-1) for inp in inputs], out=buf)
-        return
-    offset = 0
-    for inp, count, pre in zip(inputs, tensors.counts, prescales):
-        view = buf[offset:offset + count]
-        offset += count
-        if inp is None:
-            view.fill(0)
-        elif pre != 1.0:
-            np.multiply(inp.reshape(-1), pre, out=view, casting="unsafe")
-        else:
-            np.copyto(view, inp.reshape(-1), casting="unsafe")
-
-
-def _copy_out(tensors: Reduction, buf) -> None:
-    """Unpack the reduced *buf* into the outputs (postscaled, cast); none when joined."""
-    offset = 0
-    for out, count, post in zip(tensors.outputs, tensors.counts, tensors.postscales):
-        view = buf[offset:offset + count]
-        offset += count
-        if out is None:
-            continue
-        if post != 1.0:
-            np.multiply(view, post, out=out.reshape(-1), casting="unsafe")
-        else:
-            np.copyto(out.reshape(-1), view, casting="unsafe")
-
-
-def _reduce_scatter_rows(pool: BufferPool, tensors: list[_Scattered], wire, op, comm) -> list:
+def _reduce_scatter_rows(pool: BufferPool, tensors: list[Scattered], wire, op, comm) -> list:
     """Reduce *tensors* (all of one wire dtype) and return this rank's dim-0 shards."""
     size, me = comm.Get_size(), comm.Get_rank()
-    row_elems = [math.prod(t.shape[1:]) for t in tensors]
-    counts = [sum(t.rows[r] * row_elems[j] for j, t in enumerate(tensors))
-              for r in range(size)]
+    counts = rank_counts(tensors, size)
     send = pool.get(wire, sum(counts), slot=0)
-    # Rank-major layout: every tensor's rows for rank 0, then for rank 1, ...
-    offset = 0
-    starts = [0] * len(tensors)
-    for r in range(size):
-        for j, t in enumerate(tensors):
-            n = t.rows[r] * row_elems[j]
-            view = send[offset:offset + n]
-            if t.input is None:
-                view.fill(0)
-            else:
-                src = t.input.reshape(-1)[starts[j]:starts[j] + n]
-                if t.prescale != 1.0:
-                    np.multiply(src, t.prescale, out=view, casting="unsafe")
-                else:
-                    np.copyto(view, src, casting="unsafe")
-            starts[j] += n
-            offset += n
+    pack_rank_major(NUMPY, tensors, send, offsets(counts))
     recv = pool.get(wire, counts[me], slot=1)
     comm.Reduce_scatter(send, recv, counts, op)
-    outputs = []
-    offset = 0
-    for j, t in enumerate(tensors):
-        rows = t.rows[me]
-        out = np.empty((rows,) + tuple(t.shape[1:]), dtype=t.dtype)
-        n = rows * row_elems[j]
-        view = recv[offset:offset + n]
-        offset += n
-        if t.postscale != 1.0:
-            np.multiply(view, t.postscale, out=out.reshape(-1), casting="unsafe")
-        else:
-            np.copyto(out.reshape(-1), view, casting="unsafe")
-        outputs.append(out)
+    outputs = [np.empty((t.rows[me],) + tuple(t.shape[1:]), dtype=t.dtype) for t in tensors]
+    unpack_shards(NUMPY, tensors, recv, me, outputs)
     return outputs
-
-
-def _unpack_gathered(recv, per_rank, dims, row_bytes, outputs) -> None:
-    """Split a grouped allgather's bytes (rank-major: each rank's rows of every
-    tensor in turn) into the tensors' *outputs*."""
-    row_offsets = [0] * len(outputs)
-    for r, offset in enumerate(offsets(per_rank)):
-        for j, out in enumerate(outputs):
-            nb = int(dims[r, j]) * row_bytes[j]
-            if nb:
-                start = row_offsets[j]
-                _flat_bytes(out)[start:start + nb] = recv[offset:offset + nb]
-                row_offsets[j] = start + nb
-                offset += nb
 
 
 def _broadcast_pairs(pool: BufferPool, pairs, comm, root: int) -> None:
@@ -640,17 +505,11 @@ def _broadcast_pairs(pool: BufferPool, pairs, comm, root: int) -> None:
         inp, out = pairs[0]
         if is_root and inp is not out:
             np.copyto(out, inp)
-        comm.Bcast([_flat_bytes(out), MPI.BYTE], root=root)
+        comm.Bcast([flat_bytes(out), MPI.BYTE], root=root)
         return
     buf = pool.get(np.uint8, sum(out.nbytes for _, out in pairs))
     if is_root:
-        offset = 0
-        for inp, _ in pairs:
-            buf[offset:offset + inp.nbytes] = _flat_bytes(inp)
-            offset += inp.nbytes
+        pack_bytes(NUMPY, [inp for inp, _ in pairs], buf)
     comm.Bcast([buf, MPI.BYTE], root=root)
-    offset = 0
-    for inp, out in pairs:
-        if not (is_root and inp is out):
-            _flat_bytes(out)[...] = buf[offset:offset + out.nbytes]
-        offset += out.nbytes
+    skip = {i for i, (inp, out) in enumerate(pairs) if is_root and inp is out}
+    unpack_bytes(NUMPY, buf, [out for _, out in pairs], skip)
