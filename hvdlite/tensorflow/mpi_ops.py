@@ -26,9 +26,34 @@ the op's docstring states.  As Horovod's ops, a mismatch across ranks raises
 ``tf.errors.FailedPreconditionError`` (eagerly also a ``HorovodInternalError``)
 and a bad argument ``tf.errors.InvalidArgumentError`` (also a ``ValueError``),
 eagerly and in graphs; see :mod:`hvdlite.tensorflow._errors`.
+
+Arguments shared by the collectives (each function lists only its own):
+
+- *tensor* / *tensors*: anything ``tf.convert_to_tensor`` takes (uint8, int8,
+  uint16, int16, int32, int64, float16, bfloat16, float32, float64 or bool),
+  or a list of them for the ``grouped_*`` forms, which make one engine
+  submission (one graph node) for the whole list.
+- *name*: the name the ranks agree on.  None: eagerly the op's next automatic
+  name, in a graph ``Horovod<Op>_<k>`` counted per graph at trace time; a
+  given name is prefixed with the current name scope.
+- *ignore_name_scope*: True leaves the name scope out of a given *name*
+  (graphs only; eagerly names are used as given).
+- *process_set*: a registered :class:`~hvdlite.process_sets.ProcessSet`; only
+  its members call, and ranks (``root_rank``) are global ranks.
+- *op*, *prescale_factor*, *postscale_factor* (the underscored reductions
+  ``_allreduce``, ``_reducescatter`` and their grouped forms): a
+  :class:`~hvdlite.ops.ReduceOp` (Sum by default), and factors that multiply
+  every input before the reduction and the result after it.
+
+Collective results are new tensors of the input's dtype: eagerly a GPU
+input's result stays on the GPU where the device path is on (see
+:mod:`hvdlite.tensorflow._device`), else it is on the host; in a graph the op
+is a ``tf.numpy_function`` node whose unknown dimensions are None.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
@@ -55,6 +80,11 @@ from hvdlite.process_sets import (  # noqa: F401  (re-exported basics)
 from . import _bridge
 from ._errors import ArgumentError
 
+if TYPE_CHECKING:  # annotations only (postponed by the __future__ import)
+    from collections.abc import Sequence
+
+    from hvdlite.ops import ReduceOp
+
 _no_autograph = tf.autograph.experimental.do_not_convert
 
 __all__ = [
@@ -65,8 +95,19 @@ __all__ = [
 ]
 
 
-def handle_average_backwards_compatibility(op, average):
-    """Resolve Horovod's deprecated ``average=`` against ``op=`` (default Average)."""
+def handle_average_backwards_compatibility(op: ReduceOp | None,
+                                           average: bool | None) -> ReduceOp:
+    """Resolve Horovod's deprecated ``average=`` against ``op=``; local, no collective.
+
+    Arguments:
+        op: the reduction asked for, or None.
+        average: the deprecated boolean spelling (True = Average, False = Sum),
+            or None; giving it warns (DeprecationWarning), giving both raises
+            ValueError.
+
+    Returns:
+        *op* if given, else the op *average* names, else Average.
+    """
     if op is not None:
         if average is not None:
             raise ValueError("The op parameter supersedes average. "
@@ -81,7 +122,14 @@ def handle_average_backwards_compatibility(op, average):
 
 
 def check_num_rank_power_of_2(num_rank: int) -> bool:
-    """True when ``num_rank`` is a power of two (Adasum's requirement)."""
+    """Whether *num_rank* is a power of two (Adasum's requirement); local.
+
+    Arguments:
+        num_rank: a number of ranks.
+
+    Returns:
+        True for 1, 2, 4, 8, ...; False otherwise (0 and negatives included).
+    """
     return num_rank > 0 and (num_rank & (num_rank - 1)) == 0
 
 
@@ -179,12 +227,14 @@ def _grouped_allgather_nograd(tensors, name, process_set):
 
 
 @_no_autograph
-def grouped_allgather(tensors, name=None, ignore_name_scope=False,
-                      process_set=global_process_set):
-    """Concatenate each tensor along dim 0 across the set: one submission for all.
+def grouped_allgather(tensors: Sequence[tf.Tensor], name: str | None = None,
+                      ignore_name_scope: bool = False,
+                      process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
+    """Allgather each tensor of a list, as one unit (see :func:`allgather`).
 
-    First dimensions may differ per rank; the other dimensions must match.
-    Every rank gets the same concatenations, in rank order.
+    Returns:
+        A list of new tensors, the concatenation of each input in order, the
+        same on every rank ([] for an empty list).
     """
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
@@ -226,10 +276,15 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
 
 
 @_no_autograph
-def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Concatenate ``tensor`` along dim 0 across the set (first dims may differ).
+def allgather(tensor: tf.Tensor, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Concatenate every member's *tensor* (rank >= 1) along dim 0, in rank order.
 
-    Every rank gets the same result, rows ordered by rank.
+    Dim 0 may differ between ranks; the other dimensions must agree.
+
+    Returns:
+        A new tensor of shape ``[sum of every member's dim 0, *rest]``, the
+        same on every rank.
     """
     return grouped_allgather([tensor], name=name, ignore_name_scope=ignore_name_scope,
                              process_set=process_set)[0]
@@ -267,11 +322,18 @@ def _check_root(root_rank, process_set, what):
 
 
 @_no_autograph
-def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
-              process_set=global_process_set):
-    """Every rank gets ``tensor``'s value on ``root_rank`` (a global rank).
+def broadcast(tensor: tf.Tensor, root_rank: int, name: str | None = None,
+              ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Copy *root_rank*'s *tensor* to every member of *process_set*.
 
-    Dtype and shape must match on every member of the set.
+    Arguments:
+        root_rank: the global rank whose value every rank receives; a member
+            of *process_set*.  Every member passes a tensor of the same shape
+            and dtype.
+
+    Returns:
+        A new tensor holding the root's value (a copy on the root too).
     """
     tensor = tf.convert_to_tensor(tensor)
     _bridge.check_dtype(tensor.dtype, "broadcast")
@@ -293,13 +355,24 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 
 
 @_no_autograph
-def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
-    """In-place broadcast: assign ``root_rank``'s values to ``variables`` on every rank.
+def broadcast_(variables: tf.Variable | Sequence[tf.Variable], root_rank: int,
+               name: str | None = None, process_set: ProcessSet = global_process_set
+               ) -> tf.Tensor | list[tf.Tensor]:
+    """In-place broadcast: assign *root_rank*'s values to *variables* on every rank.
 
-    One submission for all variables.  Returns the updated values, one per
-    variable (a list when given a list); in a graph they are read after the
-    assignments.  In a ``tf.compat.v1`` graph the node stays out of the chain
-    of collectives (it is meant to be run on its own, to initialise).
+    One submission for all variables.  In a ``tf.compat.v1`` graph the node
+    stays out of the chain of collectives (it is meant to be run on its own,
+    to initialise).
+
+    Arguments:
+        variables: a ``tf.Variable`` or a list of them (anything with
+            ``assign``), the same shapes and dtypes on every member; each is
+            overwritten with the root's value.
+        root_rank: as for :func:`broadcast`.
+
+    Returns:
+        The updated values, a tensor per variable (a list when given a list;
+        [] for an empty one); in a graph they are read after the assignments.
     """
     single = not isinstance(variables, (list, tuple))
     variables = [variables] if single else list(variables)
@@ -331,12 +404,21 @@ def _read(var):
 # --- alltoall ----------------------------------------------------------------
 
 @_no_autograph
-def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
-             process_set=global_process_set):
-    """Send ``splits[i]`` rows of ``tensor`` to member i; receive theirs, in rank order.
+def alltoall(tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor | None = None,
+             name: str | None = None, ignore_name_scope: bool = False,
+             process_set: ProcessSet = global_process_set
+             ) -> tf.Tensor | tuple[tf.Tensor, tf.Tensor]:
+    """Send dim-0 slices of *tensor* to the members and receive theirs.
 
-    Without ``splits`` dim 0 is split evenly.  Returns the received tensor, or
-    ``(received, received_splits)`` when ``splits`` is given.
+    Arguments:
+        splits: how many rows go to each member of *process_set*, in set order
+            (ints summing to dim 0, cast to int32); None splits dim 0 evenly
+            (the set size must divide it).
+
+    Returns:
+        The received rows, a new tensor in rank order; with *splits* given,
+        ``(received, received_splits)``, the second an int32 tensor of shape
+        ``[set size]`` saying how many rows came from each member.
     """
     tensor = tf.convert_to_tensor(tensor)
     _bridge.check_dtype(tensor.dtype, "alltoall")
@@ -460,18 +542,24 @@ def _scalar_op(fn, name, dtype=tf.int32, collective=False):
 
 
 @_no_autograph
-def join():
+def join() -> tf.Tensor:
     """This rank has no more data: until every rank has joined, it contributes
-    zeros to the others' allreduces.  Returns (an int32 scalar) the last rank to
-    join, the same on every rank."""
+    zeros to the others' allreduces; every rank calls it once it is done.
+
+    Returns:
+        An int32 scalar tensor: the global rank that joined last, the same on
+        every rank.
+    """
     return _scalar_op(_collectives.join, "HorovodJoin", collective=True)
 
 
 @_no_autograph
-def barrier(process_set=global_process_set):
-    """Block until every member of ``process_set`` reaches the barrier.
+def barrier(process_set: ProcessSet = global_process_set) -> tf.Tensor | None:
+    """Block until every member of *process_set* has reached the barrier.
 
-    Eagerly returns None; in a graph returns an int32 scalar to depend on.
+    Returns:
+        Eagerly None; in a graph an int32 scalar tensor (0) that runs the
+        barrier, for control dependencies.
     """
     _bridge.check_process_set(process_set, "barrier")
 
@@ -484,32 +572,60 @@ def barrier(process_set=global_process_set):
 
 
 @_no_autograph
-def size_op(process_set_id=0, name=None):
-    """int32 scalar: the size of the process set, read when the graph runs."""
+def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """The number of ranks in a process set, read when the op runs; local.
+
+    Arguments:
+        process_set_id: the set's id (0: the global set).
+        name: the graph op's name (default ``HorovodSize``); the same applies
+            to the other ``*_op`` functions.
+
+    Returns:
+        An int32 scalar tensor.
+    """
     return _scalar_op(lambda: _bridge.process_set_by_id(process_set_id).size(),
                       name or "HorovodSize")
 
 
 @_no_autograph
-def local_size_op(name=None):
-    """int32 scalar: the number of ranks on this node, read when the graph runs."""
+def local_size_op(name: str | None = None) -> tf.Tensor:
+    """The number of ranks on this node, read when the op runs; local.
+
+    Returns:
+        An int32 scalar tensor.
+    """
     return _scalar_op(local_size, name or "HorovodLocalSize")
 
 
 @_no_autograph
-def rank_op(name=None):
-    """int32 scalar: this process's global rank, read when the graph runs."""
+def rank_op(name: str | None = None) -> tf.Tensor:
+    """This process's global rank, read when the op runs; local.
+
+    Returns:
+        An int32 scalar tensor.
+    """
     return _scalar_op(rank, name or "HorovodRank")
 
 
 @_no_autograph
-def local_rank_op(name=None):
-    """int32 scalar: this process's rank on its node, read when the graph runs."""
+def local_rank_op(name: str | None = None) -> tf.Tensor:
+    """This process's rank on its node, read when the op runs; local.
+
+    Returns:
+        An int32 scalar tensor.
+    """
     return _scalar_op(local_rank, name or "HorovodLocalRank")
 
 
 @_no_autograph
-def process_set_included_op(process_set_id=0, name=None):
-    """int32 scalar: 1 if this rank is in the process set, else 0."""
+def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """Whether this rank is a member of a process set, read when the op runs; local.
+
+    Arguments:
+        process_set_id: the set's id (0: the global set).
+
+    Returns:
+        An int32 scalar tensor: 1 for a member, else 0.
+    """
     return _scalar_op(lambda: int(_bridge.process_set_by_id(process_set_id).included()),
                       name or "HorovodProcessSetIncluded")

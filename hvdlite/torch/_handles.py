@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 import numpy as np
 import torch
@@ -107,15 +108,24 @@ def _named(op: str, name):
 
 
 def poll(handle: Future) -> bool:
-    """True when *handle*'s collective has finished (never blocks)."""
+    """Whether the collective behind *handle* (from an ``*_async`` op) has
+    finished, successfully or not; never blocks.
+
+    Returns:
+        True once :func:`synchronize` would return (or raise) without waiting.
+    """
     return handle.done()
 
 
-def synchronize(handle):
-    """Wait for *handle* and return its torch output.
+def synchronize(handle: Future | Callable[[], Any]) -> Any:
+    """Wait for *handle* (from an ``*_async`` op) and return its torch output.
 
     Raises :class:`hvdlite.HorovodInternalError` when the collective failed on
     any rank (mismatched arguments, stall shutdown, shutdown).
+
+    Returns:
+        What the op's docstring names: a tensor, a list of tensors or a tuple
+        (alltoall); for an in-place op, its input tensor(s) themselves.
     """
     if callable(handle) and not isinstance(handle, Future):
         return handle()  # Horovod's sparse handles were plain callables

@@ -1,10 +1,11 @@
-"""Horovod's torch collectives on CPU tensors, on top of the numpy engine.
+"""Horovod's torch collectives on CPU and CUDA tensors, on top of the engine.
 
 Every op is one engine call: the tensor's own memory goes to the engine as a
-numpy view (``Tensor.numpy()`` shares storage), so nothing is copied unless
-the tensor is non-contiguous (out-of-place ops copy it; in-place ops refuse
-it) or bfloat16 (numpy has no bfloat16: reductions run on a float32 copy and
-are cast back; broadcast, allgather and alltoall move the raw bits as int16).
+numpy view (``Tensor.numpy()`` shares storage; a CUDA tensor as a device view),
+so nothing is copied unless the tensor is non-contiguous (out-of-place ops copy
+it; in-place ops refuse it) or float16/bfloat16 (reductions run on a float32
+copy made by torch and are cast back; broadcast, allgather and alltoall move
+bfloat16's raw bits as int16).
 
 An ``*_async`` op returns the engine's :class:`hvdlite.Handle` (a
 ``concurrent.futures.Future``) carrying a converter; ``synchronize(handle)``
@@ -14,19 +15,53 @@ waits and returns torch tensors.  The non-async spellings are
 (their autograd Functions are at the end of this module).
 
 Cross-rank contract (as in Horovod): every rank of the process set submits
-the same collectives; with ``name=None`` names come from per-op counters, so
-unnamed collectives must be submitted in the same order on every rank.
+the same collectives with matching dtypes, shapes (dim 0 excepted for
+allgather and alltoall), ops, roots and scale factors; with ``name=None``
+names come from per-op counters, so unnamed collectives must be submitted in
+the same order on every rank.  A mismatch fails the collective on every rank
+with :class:`hvdlite.HorovodInternalError`; an invalid argument raises
+:class:`hvdlite.ArgumentError` (a ValueError) on the calling rank at once.
+
+Arguments shared by the collectives (each function lists only its own):
+
+- *tensor* / *tensors*: a strided ``torch.Tensor`` on the CPU or a CUDA device
+  (uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32,
+  float64 or bool), or a list of them for the ``grouped_*`` forms, which are
+  negotiated and fused as one unit.  Only the differentiable spellings
+  record gradients.
+- *name*: the name the ranks agree on, qualified by the op (so
+  ``allreduce(x, name="w")`` and ``broadcast(y, 0, name="w")`` never collide);
+  None takes the op's next automatic name.
+- *op*: a :class:`~hvdlite.ops.ReduceOp`: ``Average`` (the default), ``Sum``,
+  ``Adasum`` (a power-of-two number of ranks), ``Min``, ``Max``, ``Product``;
+  reducescatter refuses Adasum.  *average*: Horovod's deprecated
+  boolean spelling (True = Average); giving it with *op* raises ValueError.
+- *prescale_factor*, *postscale_factor*: multiply every input before the
+  reduction and the result after it.
+- *process_set*: a registered :class:`~hvdlite.process_sets.ProcessSet`; only
+  its members call, and ranks (``root_rank``) are global ranks.
+- *compression* (the differentiable reductions): a compressor such as
+  ``Compression.fp16``: the tensor is cast for the wire and the result cast
+  back; every rank must pass the same one.
+
+Results stay on the input's device.  Out-of-place results are new tensors of
+the input's dtype; in-place ops (a trailing ``_``) refuse non-contiguous
+tensors.  Every ``*_async`` op returns a :class:`~hvdlite.handles.Handle`:
+:func:`poll` says whether it is done, :func:`synchronize` waits for it and
+returns the tensor(s) its docstring names.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from hvdlite import basics as _basics
 from hvdlite import collectives as _collectives
-from hvdlite.ops import Average, Sum
-from hvdlite.process_sets import global_process_set
+from hvdlite.ops import Average, ReduceOp, Sum
+from hvdlite.process_sets import ProcessSet, global_process_set
 from hvdlite.torch._handles import (
     _NUMPY_DTYPES,
     _all_of,
@@ -39,8 +74,13 @@ from hvdlite.torch._handles import (
     poll,
     synchronize,
 )
-from hvdlite.torch.casts import NoneCompressor
+from hvdlite.torch.casts import Compressor, NoneCompressor
 from hvdlite.exceptions import ArgumentError
+
+if TYPE_CHECKING:  # annotations only (postponed by the __future__ import)
+    from collections.abc import Sequence
+
+    from hvdlite.handles import Handle
 
 #: Submit and wait at once, driving the engine on this thread (no hand-off).
 _now = _collectives.call_and_wait
@@ -119,13 +159,15 @@ def _plain_views(tensors) -> list | None:
     return arrays
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0, process_set=global_process_set):
-    """Start reducing *tensor* over the process set into a new tensor; returns a handle.
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Start reducing *tensor* over the ranks of *process_set* into a new tensor.
 
-    ``op`` defaults to Average (``average=`` is the deprecated spelling; giving
-    both raises ValueError).  ``prescale_factor`` multiplies the input and
-    ``postscale_factor`` the result.
+    Returns:
+        A handle; ``synchronize(handle)`` returns a new tensor of *tensor*'s
+        shape, dtype and device holding the reduction, the same on every rank.
     """
     src = _source(tensor, "allreduce_async")
     out = torch.empty_like(src)
@@ -133,26 +175,50 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                       process_set, grouped=False, returned=out)
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0, process_set=global_process_set):
-    """In-place :func:`allreduce_async`: *tensor* receives the result."""
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None,
+                     name: str | None = None, op: ReduceOp | None = None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> Handle:
+    """Start an in-place allreduce: the reduction overwrites *tensor* on every rank.
+
+    Returns:
+        A handle; ``synchronize(handle)`` returns *tensor* itself, holding the
+        reduction (float16 and bfloat16 are copied back by that call, so read
+        *tensor* only after it).
+    """
     dst = _target(tensor, "allreduce_async_")
     return _allreduce([dst], [dst], average, name, op, prescale_factor, postscale_factor,
                       process_set, grouped=False, returned=tensor)
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=global_process_set):
-    """Start one allreduce of a list of tensors, negotiated and fused as one unit."""
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                            name: str | None = None, op: ReduceOp | None = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> Handle:
+    """Start one allreduce of a list of tensors into new tensors, as one unit.
+
+    Returns:
+        A handle; ``synchronize(handle)`` returns a list of new tensors, one per
+        input in order, each like :func:`allreduce_async`'s result.
+    """
     srcs = [_source(t, "grouped_allreduce_async") for t in tensors]
     outs = [torch.empty_like(s) for s in srcs]
     return _allreduce(srcs, outs, average, name, op, prescale_factor, postscale_factor,
                       process_set, grouped=True, returned=outs)
 
 
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=global_process_set):
-    """In-place :func:`grouped_allreduce_async`."""
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                             name: str | None = None, op: ReduceOp | None = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> Handle:
+    """Start an in-place allreduce of a list of tensors, as one unit: each
+    reduction overwrites its input on every rank.
+
+    Returns:
+        A handle; ``synchronize(handle)`` returns the list of the input tensors
+        themselves, holding the reductions (float16 and bfloat16 are copied
+        back by that call).
+    """
     tensors = list(tensors)
     arrays = _plain_views(tensors)
     if arrays is not None:  # the common case (a gradient bucket): no per-tensor conversions
@@ -168,16 +234,31 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 # ----------------------------------------------------------- allgather, broadcast
 
 
-def allgather_async(tensor, name=None, process_set=global_process_set):
-    """Start concatenating every rank's *tensor* along dim 0 (first dims may differ)."""
+def allgather_async(tensor: torch.Tensor, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Start concatenating every rank's *tensor* along dim 0, in rank order.
+
+    Dim 0 may differ between ranks; the other dimensions must agree.
+
+    Returns:
+        A handle; ``synchronize(handle)`` returns a new tensor of *tensor*'s
+        dtype and device, of shape ``[sum of every rank's dim 0, *rest]``, the
+        same on every rank.
+    """
     src = _source(tensor, "allgather_async")
     handle = _collectives.allgather_async(_array(src), name=_named("allgather", name),
                                      process_set=process_set)
     return _attach(handle, lambda result: _tensor(result, src.dtype))
 
 
-def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
-    """Start allgathering a list of tensors as one unit; the result is a list."""
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> Handle:
+    """Start allgathering a list of tensors as one unit (see :func:`allgather_async`).
+
+    Returns:
+        A handle; ``synchronize(handle)`` returns a list of new tensors, the
+        concatenation of each input in order, the same on every rank.
+    """
     srcs = [_source(t, "grouped_allgather_async") for t in tensors]
     handle = _collectives.grouped_allgather_async([_array(s) for s in srcs],
                                              name=_named("allgather", name),
@@ -187,8 +268,19 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
         _tensor(r, d) for r, d in zip(result, dtypes, strict=True)])
 
 
-def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
-    """Start copying *root_rank*'s tensor (a global rank) into a new tensor on every rank."""
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Start copying *root_rank*'s *tensor* into a new tensor on every rank.
+
+    Arguments:
+        root_rank: the global rank whose tensor every rank receives; a member
+            of *process_set*.  Every rank passes a tensor of the same shape
+            and dtype.
+
+    Returns:
+        A handle; ``synchronize(handle)`` returns a new tensor holding the
+        root's values (a copy on the root too), on the input's device.
+    """
     src = _source(tensor, "broadcast_async")
     out = torch.empty_like(src)
     handle = _collectives.broadcast_async(_array(src), root_rank, name=_named("broadcast", name),
@@ -196,8 +288,15 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     return _attach(handle, lambda _result: out)
 
 
-def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    """In-place :func:`broadcast_async`: *tensor* is overwritten on non-root ranks."""
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Handle:
+    """Start an in-place broadcast: the root's values overwrite *tensor* on the
+    other ranks (see :func:`broadcast_async` for *root_rank*).
+
+    Returns:
+        A handle; ``synchronize(handle)`` returns *tensor* itself, now holding
+        the root's values.
+    """
     arr = _array(_target(tensor, "broadcast_async_"))
     handle = _collectives.broadcast_async(arr, root_rank, name=_named("broadcast", name),
                                      process_set=process_set, output=arr)
@@ -215,11 +314,21 @@ def _splits(splits) -> list[int] | None:
     return [int(s) for s in np.asarray(splits).reshape(-1)]
 
 
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    """Start scattering dim-0 slices of *tensor* to every rank and gathering theirs.
+def alltoall_async(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None = None,
+                   name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> Handle:
+    """Start sending dim-0 slices of *tensor* to the ranks and receiving theirs.
 
-    ``splits[i]`` rows go to rank i (default: equal slices).  ``synchronize``
-    returns ``(output, received_splits)``, received_splits an int32 tensor.
+    Arguments:
+        splits: how many rows go to each member of *process_set*, in set order
+            (ints summing to dim 0; a list or an int tensor); None splits dim 0
+            evenly (the set size must divide it).
+
+    Returns:
+        A handle; ``synchronize(handle)`` returns ``(output, received_splits)``:
+        a new tensor of *tensor*'s dtype and device with the rows every member
+        sent here, in rank order, and an int32 CPU tensor of how many came
+        from each.
     """
     src = _source(tensor, "alltoall_async")
     handle = _collectives.alltoall_async(_array(src), splits=_splits(splits),
@@ -253,18 +362,34 @@ def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_se
     return _attach(handle, lambda result: back(result, srcs[0]))
 
 
-def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
-                        prescale_factor=1.0, postscale_factor=1.0):
-    """Start reducing *tensor* (Sum or Average) and keeping this rank's dim-0 shard."""
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> Handle:
+    """Start reducing *tensor* over the ranks, each keeping one dim-0 shard.
+
+    Returns:
+        A handle; ``synchronize(handle)`` returns a new tensor of *tensor*'s
+        dtype and device: member i of the set gets the i-th block of rows of
+        the reduction, as even as possible (the first ``rows % size`` members
+        get one row more).
+    """
     src = _source(tensor, "reducescatter_async")
     return _reducescatter([src], name, op, prescale_factor, postscale_factor, process_set,
                           grouped=False)
 
 
-def grouped_reducescatter_async(tensors, name=None, op=Average,
-                                process_set=global_process_set, prescale_factor=1.0,
-                                postscale_factor=1.0):
-    """Start a reducescatter of a list of tensors as one unit; the result is a list."""
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                                op: ReduceOp = Average,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
+    """Start a reducescatter of each tensor of a list, as one unit.
+
+    Returns:
+        A handle; ``synchronize(handle)`` returns the list of this rank's
+        shards, in input order (see :func:`reducescatter_async`).
+    """
     srcs = [_source(t, "grouped_reducescatter_async") for t in tensors]
     return _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_set,
                           grouped=True)
@@ -273,12 +398,19 @@ def grouped_reducescatter_async(tensors, name=None, op=Average,
 # -------------------------------------------------------------------- sparse
 
 
-def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
-    """Start reducing a sparse COO tensor: allgather its indices and values.
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: ReduceOp | None,
+                           process_set: ProcessSet = global_process_set) -> Handle:
+    """Start reducing a sparse COO *tensor*: two allgathers, of its values and indices.
 
-    The result (from ``synchronize``) is a sparse tensor holding every rank's
-    entries (duplicates are summed when it is coalesced); ``op`` Average
-    divides the values by the process set's size.
+    Every rank passes a sparse tensor of the same dense size; the number of
+    entries may differ.  *op* is Average (or None) or Sum; *name* (or None)
+    names both allgathers (``<name>.values``, ``<name>.indices``).
+
+    Returns:
+        A handle; ``synchronize(handle)`` (or ``handle()``, Horovod's spelling)
+        returns a new, uncoalesced sparse tensor of the same size holding every
+        rank's entries (duplicates add up when coalesced), the values divided
+        by the set's size for Average; the same on every rank.
     """
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise ArgumentError("hvdlite.torch.sparse_allreduce_async: expected a sparse COO tensor")
@@ -309,14 +441,25 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 
 
 def join(device: int = -1) -> int:
-    """This rank has no more data: contribute zeros to other ranks' allreduces
-    until every rank has joined.  Returns the last rank to join (same on every
-    rank).  ``device`` is accepted for Horovod compatibility and ignored."""
+    """This rank has no more data: it contributes zeros to the other ranks'
+    allreduces (Average still divides by the full size) until every rank has
+    joined; every rank calls it once it is done.
+
+    Arguments:
+        device: accepted for Horovod's signature; unused.
+
+    Returns:
+        The global rank that joined last, the same on every rank.
+    """
     return _collectives.join()
 
 
-def barrier(process_set=global_process_set) -> None:
-    """Block until every rank of *process_set* has reached the barrier."""
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Block until every rank of *process_set* has called barrier().
+
+    Returns:
+        None.
+    """
     _collectives.barrier(process_set=process_set)
 
 
@@ -467,11 +610,18 @@ class _GroupedReducescatter(torch.autograd.Function):
         return (None,) * 5 + tuple(g * ctx.scale for g in gathered)
 
 
-def allreduce(tensor, average=None, name=None, compression=NoneCompressor, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    """Reduce *tensor* over the process set (default op Average); returns a new
-    tensor.  Differentiable: the gradient is the same allreduce of the gradient.
-    ``compression`` casts the tensor for the wire and back (e.g. Compression.fp16).
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: type[Compressor] = NoneCompressor, op: ReduceOp | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Reduce *tensor* over the ranks of *process_set* (default op: Average).
+
+    Differentiable: the gradient is the same allreduce of the gradient, so
+    every rank must also run the backward pass.
+
+    Returns:
+        A new tensor of *tensor*'s shape, dtype and device holding the
+        reduction, the same on every rank.
     """
     compressed, ctx = compression.compress(tensor)
     if torch.is_grad_enabled() and compressed.requires_grad:
@@ -483,75 +633,155 @@ def allreduce(tensor, average=None, name=None, compression=NoneCompressor, op=No
     return compression.decompress(reduced, ctx)
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0, process_set=global_process_set):
-    """In-place :func:`allreduce` (not differentiable); returns *tensor*."""
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: ReduceOp | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """In-place allreduce (not differentiable): the reduction overwrites *tensor*.
+
+    Returns:
+        *tensor* itself, holding the reduction, the same on every rank.
+    """
     return _now(allreduce_async_, tensor, average, name, op, prescale_factor,
                 postscale_factor, process_set)
 
 
-def grouped_allreduce(tensors, average=None, name=None, compression=NoneCompressor,
-                      op=None, prescale_factor=1.0, postscale_factor=1.0,
-                      process_set=global_process_set):
-    """Allreduce a list of tensors as one negotiated, fused unit; differentiable."""
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                      name: str | None = None,
+                      compression: type[Compressor] = NoneCompressor,
+                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Allreduce a list of tensors as one unit; differentiable (see :func:`allreduce`).
+
+    Returns:
+        A list of new tensors, one per input in order, each like
+        :func:`allreduce`'s result.
+    """
     pairs = [compression.compress(t) for t in tensors]
     reduced = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
                                       process_set, *[t for t, _ in pairs])
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, pairs, strict=True)]
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=global_process_set):
-    """In-place :func:`grouped_allreduce`; returns *tensors*."""
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                       name: str | None = None, op: ReduceOp | None = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """In-place allreduce of a list of tensors, as one unit (not differentiable):
+    each reduction overwrites its input.
+
+    Returns:
+        The list of the input tensors themselves, holding the reductions.
+    """
     return _now(grouped_allreduce_async_, tensors, average, name, op, prescale_factor,
                 postscale_factor, process_set)
 
 
-def allgather(tensor, name=None, process_set=global_process_set):
-    """Concatenate every rank's *tensor* along dim 0; differentiable (the
-    gradient is this rank's rows of the averaged output gradient)."""
+def allgather(tensor: torch.Tensor, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Concatenate every rank's *tensor* along dim 0, in rank order.
+
+    Dim 0 may differ between ranks; the other dimensions must agree.
+    Differentiable: the gradient is this rank's rows of the output gradient
+    averaged over the ranks.
+
+    Returns:
+        A new tensor of *tensor*'s dtype and device, of shape
+        ``[sum of every rank's dim 0, *rest]``, the same on every rank.
+    """
     return _Allgather.apply(tensor, name, process_set)
 
 
-def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    """Allgather a list of tensors as one unit; differentiable."""
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Allgather a list of tensors as one unit; differentiable (see :func:`allgather`).
+
+    Returns:
+        A list of new tensors, the concatenation of each input in order, the
+        same on every rank.
+    """
     return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
-def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
-    """*root_rank*'s tensor (a global rank) as a new tensor on every rank; differentiable."""
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Copy *root_rank*'s *tensor* to every rank of *process_set*.
+
+    Differentiable: the root's gradient is the gradient averaged over the
+    ranks, the other ranks' is zero.
+
+    Arguments:
+        root_rank: the global rank whose tensor every rank receives; a member
+            of *process_set*.  Every rank passes a tensor of the same shape
+            and dtype.
+
+    Returns:
+        A new tensor holding the root's values, on the input's device.
+    """
     return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
-def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
-    """In-place :func:`broadcast` (not differentiable); returns *tensor*."""
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """In-place broadcast (not differentiable): the root's values overwrite
+    *tensor* on the other ranks (see :func:`broadcast` for *root_rank*).
+
+    Returns:
+        *tensor* itself, holding the root's values.
+    """
     return _now(broadcast_async_, tensor, root_rank, name, process_set)
 
 
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    """Send ``splits[i]`` dim-0 rows of *tensor* to rank i, receive theirs.
+def alltoall(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None = None,
+             name: str | None = None, process_set: ProcessSet = global_process_set
+             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Send dim-0 slices of *tensor* to the ranks and receive theirs.
 
-    Returns the received rows, or ``(output, received_splits)`` when *splits*
-    was given.  Differentiable.
+    Differentiable: the gradient goes back to the rank each row came from.
+
+    Arguments:
+        splits: as for :func:`alltoall_async` (None: even slices).
+
+    Returns:
+        The received rows in rank order, a new tensor of *tensor*'s dtype and
+        device; with *splits* given, ``(output, received_splits)`` (an int32
+        CPU tensor of how many rows came from each member).
     """
     output, received = _Alltoall.apply(tensor, splits, name, process_set)
     return output if splits is None else (output, received)
 
 
-def reducescatter(tensor, name=None, compression=NoneCompressor, op=Average,
-                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    """Reduce *tensor* (Sum or Average) and return this rank's dim-0 shard
-    (uneven sizes: the first ranks get one row more).  Differentiable."""
+def reducescatter(tensor: torch.Tensor, name: str | None = None,
+                  compression: type[Compressor] = NoneCompressor, op: ReduceOp = Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce *tensor* over the ranks and keep this rank's dim-0 shard.
+
+    Differentiable, with Horovod's rule: the gradient is every rank's output
+    gradient gathered, times the scale factors (and the set's size for Sum).
+
+    Returns:
+        This rank's shard, a new tensor of *tensor*'s dtype and device (see
+        :func:`reducescatter_async` for which rows).
+    """
     compressed, ctx = compression.compress(tensor)
     shard = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor,
                                  postscale_factor)
     return compression.decompress(shard, ctx)
 
 
-def grouped_reducescatter(tensors, name=None, compression=NoneCompressor, op=Average,
-                          process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0):
-    """Reducescatter a list of tensors as one unit; differentiable."""
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          compression: type[Compressor] = NoneCompressor,
+                          op: ReduceOp = Average, process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """Reducescatter each tensor of a list, as one unit; differentiable (see
+    :func:`reducescatter`).
+
+    Returns:
+        The list of this rank's shards, in input order.
+    """
     pairs = [compression.compress(t) for t in tensors]
     shards = _GroupedReducescatter.apply(name, op, process_set, prescale_factor,
                                          postscale_factor, *[t for t, _ in pairs])
