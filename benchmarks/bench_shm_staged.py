@@ -6,7 +6,7 @@ with the mpiexec beside this Python) or directly under ``mpiexec -n 2``.
 A loop's cached batch is *staged* (``hvdlite/engine/shm.py``): each rank copies its
 part in before the engine's status exchange, which then stands in for the
 first barrier.  The baseline is the same process with the engine's staging
-step declining (``Engine._stage`` returning False), so both modes run the same
+step declining (``Execution.stage`` returning False), so both modes run the same
 code but for that step; their repetitions alternate.  Workloads: one grouped
 in-place allreduce of 20 float32 arrays per step, at three sizes (128 KB, the
 1.6 MB of the transformer in ``bench_torch_models``, 8 MB), back to back, and
@@ -36,7 +36,8 @@ def run_ranks() -> None:
     hvd.init()
     comm = MPI.COMM_WORLD
     engine = basics.state().engine
-    staged_step = engine._stage
+    execution = engine._execution
+    staged_step = execution.stage
     rows = []
     work = np.random.default_rng(0).standard_normal((160, 160))
 
@@ -47,7 +48,7 @@ def run_ranks() -> None:
 
     def mode(fn, staged: bool):
         def run():
-            engine._stage = staged_step if staged else (lambda: False)
+            execution.stage = staged_step if staged else (lambda: False)
             fn()
         return run
 
@@ -65,7 +66,7 @@ def run_ranks() -> None:
             step()
         t_on, t_off = paired_times(mode(step, True), mode(step, False), 20, 21, comm.Barrier)
         rows.append((label, t_on, t_off))
-    engine._stage = staged_step
+    execution.stage = staged_step
     runs = engine.executor._shm[0].staged_runs
 
     if comm.Get_rank() == 0:
