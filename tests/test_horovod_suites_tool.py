@@ -57,3 +57,16 @@ def test_the_expectations_file_parses_and_every_line_has_a_reason(tmp_path):
 def test_a_source_without_the_suites_is_refused_with_the_fix(tmp_path):
     with pytest.raises(SystemExit, match="HOROVOD_SRC must be a checkout"):
         horovod_suites.horovod_source(str(tmp_path))
+
+
+def test_a_run_that_stopped_early_says_where(tmp_path):
+    log = tmp_path / "rank0.log"
+    log.write_text("collecting ... collected 3 items\n"
+                   "test_torch.py::TorchTests::test_a PASSED [ 33%]\n"
+                   "test_torch.py::TorchTests::test_join \n")
+    outcome = horovod_suites.results_of([log])
+    assert horovod_suites.ended_early(log, outcome) == \
+        "1 of 3 tests reported; it stopped in test_join"
+    log.write_text("collected 2 items / 1 deselected\n"
+                   "test_torch.py::TorchTests::test_a PASSED [100%]\n")
+    assert horovod_suites.ended_early(log, horovod_suites.results_of([log])) is None

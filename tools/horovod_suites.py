@@ -35,6 +35,8 @@ CLONE = ROOT / ".horovod-src"
 REPOSITORY = "https://github.com/horovod/horovod"
 SUITES = {"torch": "test_torch.py", "tensorflow": "test_tensorflow.py"}
 _RESULT = re.compile(r"^(\S+\.py::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+_STARTED = re.compile(r"^(\S+\.py::\S+) ")
+_COLLECTED = re.compile(r"collected (\d+) items?(?: / (\d+) deselected)?")
 
 # One rank's pytest: its own log file, so that ranks do not interleave.
 _RANK_MAIN = """
@@ -93,9 +95,24 @@ def results_of(logs: list[Path]) -> dict[str, str]:
     return outcome
 
 
+def ended_early(log: Path, outcome: dict[str, str]) -> str | None:
+    """Where a rank's run stopped before every collected test reported (a hang that
+    pytest-timeout ended, a crash), or None when every test reported."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    match = _COLLECTED.search(text)
+    if match is None:
+        return "before collecting any test"
+    collected = int(match.group(1)) - int(match.group(2) or 0)
+    if len(outcome) >= collected:
+        return None
+    started = [m.group(1) for line in text.splitlines() if (m := _STARTED.match(line))]
+    last = started[-1].rsplit("::", 1)[-1] if started else "?"
+    return f"{len(outcome)} of {collected} tests reported; it stopped in {last}"
+
+
 def run_suite(src: Path, suite: str, size: int, timeout: float, test_timeout: int,
               mpiexec: str, select: str | None) -> tuple[dict[str, str], bool]:
-    """Run one suite at one size; returns (outcomes, whether it finished in time)."""
+    """Run one suite at one size; returns (outcomes, why it ended early or None)."""
     workdir = src / "test" / "parallel"
     logs = Path(tempfile.mkdtemp(prefix=f"hvd-{suite}-np{size}-"))
     env = dict(os.environ)
@@ -119,7 +136,11 @@ def run_suite(src: Path, suite: str, size: int, timeout: float, test_timeout: in
         proc.wait()
         finished = False
     print(f"  logs: {logs}")
-    return results_of(sorted(logs.glob("rank*.log"))), finished
+    outcome = results_of(sorted(logs.glob("rank*.log")))
+    early = ended_early(logs / "rank0.log", outcome)
+    if not finished:
+        early = f"killed after {timeout:.0f} s; " + (early or "every test had reported")
+    return outcome, early
 
 
 def main(argv=None) -> int:
@@ -142,7 +163,7 @@ def main(argv=None) -> int:
     for suite in args.suites:
         for size in args.sizes:
             print(f"== {SUITES[suite]} at {size} ranks", flush=True)
-            outcome, finished = run_suite(src, suite, size, args.timeout, args.test_timeout,
+            outcome, early = run_suite(src, suite, size, args.timeout, args.test_timeout,
                                           mpiexec, args.select)
             counts = {s: sum(1 for v in outcome.values() if v == s)
                       for s in ("PASSED", "FAILED", "SKIPPED")}
@@ -162,7 +183,7 @@ def main(argv=None) -> int:
             line = (f"{SUITES[suite]} np={size}: {counts['PASSED']} passed, "
                     f"{counts['FAILED']} failed ({len(known)} expected), "
                     f"{counts['SKIPPED']} skipped"
-                    + ("" if finished else f"; CUT SHORT after {args.timeout:.0f} s"))
+                    + ("" if early is None else f"; ENDED EARLY: {early}"))
             summary.append(line)
             print(line)
             for name, reason in known:
@@ -171,7 +192,7 @@ def main(argv=None) -> int:
                 print(f"   UNEXPECTED FAILURE: {name}")
             for name in fixed:
                 print(f"   expected to fail but passed: {name}")
-            unexpected_total += len(unexpected) + (0 if finished else 1)
+            unexpected_total += len(unexpected) + (0 if early is None else 1)
     print("\n".join(["", "Horovod's suites through hvdlite:", *summary]))
     return 1 if unexpected_total else 0
 

@@ -69,7 +69,7 @@ from .executor import MPIExecutor
 from .execution import Execution
 from .messages import CACHEABLE, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind, Response
 from .response_cache import ResponseCache
-from .negotiation import negotiate
+from .negotiation import WaitingStacks, negotiate
 from .set_control import SetControl
 from .status import Flag
 from .status_exchange import StatusExchange
@@ -135,6 +135,7 @@ class Engine:
                                  config.stall_shutdown_time_seconds,
                                  enabled=not config.stall_check_disable and self.size > 1)
         self._stall_wanted = False
+        self._stacks = WaitingStacks(self.rank)  # where waiting threads are, at a stall
         self._stop_reason = ""
         self.cycles = 0
         self.doorbell = Doorbell(self.comm)
@@ -331,7 +332,7 @@ class Engine:
     def _negotiate(self, stall: bool) -> list[Response]:
         uncached, self._uncached = self._uncached, []
         return negotiate(self.comm, uncached, self._pending, self.coordinator, stall,
-                         self._stall, self.timeline)
+                         self._stall, self.timeline, self._stacks)
 
     # ---------------------------------------------------------------- execution
     def _control(self, response: Response) -> None:

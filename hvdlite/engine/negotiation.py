@@ -11,20 +11,74 @@ the same ordered list of responses.
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import threading
 import time
+import traceback
 
 from .messages import Response
 
-__all__ = ["negotiate"]
+__all__ = ["negotiate", "WaitingStacks"]
 
 log = logging.getLogger("hvdlite")
 
 
+#: Frames from files under this directory are hvdlite's own: a stack shows the
+#: user's frames, then where hvdlite was entered.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class WaitingStacks:
+    """On a stall check, where this rank's waiting code is: for each thread that
+    submitted a collective still pending after the warning time, its Python stack
+    now, logged once per collective (a later check names only new ones)."""
+
+    def __init__(self, rank: int):
+        self._rank = rank
+        self._told: set[tuple] = set()  # (key, submitted) of entries already shown
+
+    def log(self, pending: dict, older_than: float) -> None:
+        now = time.monotonic()
+        waiting = {(key, e.submitted): e for key, e in pending.items()
+                   if now - e.submitted >= older_than}
+        self._told &= waiting.keys()  # forget what finished
+        new = [e for mark, e in waiting.items() if mark not in self._told]
+        if not new:
+            return
+        self._told |= waiting.keys()
+        by_thread: dict[int, list] = {}
+        for entry in new:
+            by_thread.setdefault(entry.thread, []).append(entry)
+        frames = sys._current_frames()
+        names = {t.ident: t.name for t in threading.enumerate()}
+        for ident, entries in by_thread.items():
+            waited = ", ".join(f"{e.params.name!r} ({now - e.submitted:.1f} s)"
+                               for e in entries[:5])
+            more = f" and {len(entries) - 5} more" if len(entries) > 5 else ""
+            frame = frames.get(ident)
+            where = ("has ended" if frame is None
+                     else "is now at:\n" + _user_stack(frame))
+            log.warning("hvdlite stall: rank %d waits on %s%s; thread %r, which submitted "
+                        "them, %s", self._rank, waited, more, names.get(ident, ident), where)
+
+
+def _user_stack(frame) -> str:
+    """The stack of *frame*, outermost first, cut after the first hvdlite frame."""
+    summary = traceback.extract_stack(frame)
+    for i, item in enumerate(summary):
+        if item.filename.startswith(_PACKAGE_DIR + os.sep):
+            summary = summary[:i + 1]
+            break
+    return "".join(traceback.format_list(summary)).rstrip()
+
+
 def negotiate(comm, uncached: list, pending: dict, coordinator, stall, stall_clock,
-              timeline) -> list[Response]:
+              timeline, stacks: WaitingStacks | None = None) -> list[Response]:
     """Collective: this rank's *uncached* entries (marked sent) against every rank's.
 
-    *pending*: this rank's in-flight entries by key (reported when *stall*);
+    *pending*: this rank's in-flight entries by key (reported when *stall*, and
+    where *stacks* is given, the stacks of the threads waiting on them logged);
     *coordinator*: rank 0's Coordinator (None elsewhere); *stall_clock*: the
     engine's StallClock; *timeline*: the timeline or None."""
     requests = [e.params for e in uncached]
@@ -32,6 +86,8 @@ def negotiate(comm, uncached: list, pending: dict, coordinator, stall, stall_clo
         e.sent = True
     now = time.monotonic()
     waiting = [(key, now - e.submitted) for key, e in pending.items()] if stall else None
+    if stall and stacks is not None:
+        stacks.log(pending, stall_clock.warn_seconds)
     gathered = comm.gather((requests, waiting), root=0)
     responses = None
     if coordinator is not None:

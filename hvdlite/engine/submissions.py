@@ -23,7 +23,7 @@ class Entry:
     """One submitted collective, owned by the engine thread once queued."""
 
     __slots__ = ("params", "key", "inputs", "outputs", "handle", "submitted", "grouped",
-                 "splits", "payload", "bit", "sent", "ready")
+                 "splits", "payload", "bit", "sent", "ready", "thread")
 
     def __init__(self, params: Params, inputs, outputs, handle, grouped=False,
                  splits=None, payload=None):
@@ -39,6 +39,7 @@ class Entry:
         self.bit = -1  # the response-cache bit it waits on, or -1
         self.sent = False  # its request went to the coordinator
         self.ready = None  # device path: where the producers' streams stood at submission
+        self.thread = threading.get_ident()  # the submitting thread (stall reports)
 
     def result(self, value):
         """What the handle returns: *value*, or (None) the outputs; a single tensor's

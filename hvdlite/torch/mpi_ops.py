@@ -310,7 +310,17 @@ def _splits(splits) -> list[int] | None:
     if splits is None:
         return None
     if isinstance(splits, torch.Tensor):
+        kind = "integer" if not splits.is_floating_point() and not splits.is_complex() \
+            and splits.dtype != torch.bool else str(splits.dtype)
         splits = splits.tolist()
+    else:
+        kind = "integer" if np.asarray(splits).dtype.kind in "iu" or len(splits) == 0 \
+            else str(np.asarray(splits).dtype)
+    if kind != "integer":
+        # As Horovod: rows are counted in integers; a float tensor is a mistake to name,
+        # not to round (torch.empty(n) holds whatever the memory held).
+        raise ArgumentError(f"alltoall: splits must hold integers, got {kind}; pass e.g. "
+                            "torch.tensor(splits, dtype=torch.int32).")
     return [int(s) for s in np.asarray(splits).reshape(-1)]
 
 

@@ -87,6 +87,14 @@ def test_stalled_names_warn_then_fail_on_every_rank():
             assert f"rank {r}: [{', '.join(names)}]" in report, report
     else:
         assert not [text for _, text in WARNINGS.records if "Missing ranks" in text]
+    # Every rank waited, and said where: the stack of the thread that submitted the
+    # names it waited on, down to this test function, once per name.
+    stacks = [text for _, text in WARNINGS.records if "which submitted them, is now at" in text]
+    assert stacks, WARNINGS.records
+    assert f"rank {RANK} waits on" in stacks[0]
+    assert "test_stalled_names_warn_then_fail_on_every_rank" in stacks[0], stacks[0]
+    for name in submitted_by(RANK):
+        assert sum(repr(name) in text for text in stacks) == 1, stacks
 
 
 def test_engine_works_after_stall_and_names_are_free_again():

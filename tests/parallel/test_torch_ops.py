@@ -5,6 +5,7 @@ result of each collective is computed locally and compared exactly (or to
 float tolerance for reductions).
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -281,6 +282,17 @@ def test_alltoall_equal_and_split():
     assert received.dtype == torch.int32 and received.tolist() == [r + R + 1 for r in range(N)]
     out, received = hvd.synchronize(hvd.alltoall_async(rows(R), torch.tensor(splits(R))))
     assert torch.equal(out, torch.cat(expected_parts))
+
+
+def test_alltoall_refuses_splits_that_are_not_integers():
+    # Horovod refuses a float splits tensor whatever it holds (torch.empty: anything);
+    # rounding it would send rows where the caller never meant to.
+    for splits in (torch.ones(N, dtype=torch.float32), torch.ones(N, dtype=torch.bool),
+                   [1.0] * N, np.ones(N)):
+        with pytest.raises(ValueError, match="splits must hold integers"):
+            hvd.alltoall(torch.ones(N), splits)
+    out, received = hvd.alltoall(torch.ones(N), np.ones(N, dtype=np.int64))
+    assert received.tolist() == [1] * N
 
 
 def test_alltoall_is_differentiable():
