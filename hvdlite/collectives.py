@@ -23,11 +23,11 @@ from .device import arrays as _device
 from .runtime import state
 from .dtypes import check_dtype
 from .handles import Handle, synchronize
-from .messages import JOIN_PARAMS, Kind, Params
+from .messages import JOIN_PARAMS, LEAVE_PARAMS, Kind, Params
 from .ops import Adasum, Average, ReduceOp, resolve_op
 from .process_sets import ProcessSet, global_process_set
 from .submissions import Entry
-from .exceptions import ArgumentError
+from .exceptions import ArgumentError, HorovodInternalError
 
 __all__ = [
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
@@ -432,6 +432,24 @@ def join(device: int = -1) -> int:
     Meanwhile the other ranks' allreduce/allgather/reducescatter keep working
     (a joined rank adds zeros or no rows; Average still divides by the full
     size).  Returns the rank that joined last, the same on every rank.
+
+    A caller that leaves before it returns (an exception arrives while it
+    waits: a test's timeout, Ctrl-C) takes its join back: this rank is no
+    longer counted as joined, and join() may be called again.
     """
     st = state()
-    return synchronize(_submit(st, JOIN_PARAMS, [], []))
+    handle = _submit(st, JOIN_PARAMS, [], [])
+    try:
+        return synchronize(handle)
+    except BaseException:
+        if not handle.done():
+            _leave_join(st)
+        raise
+
+
+def _leave_join(st) -> None:
+    leave = Entry(LEAVE_PARAMS, [], [], Handle(LEAVE_PARAMS.name))
+    try:
+        st.engine.submit(leave)
+    except (HorovodInternalError, ValueError):
+        pass  # the engine has stopped (nothing is left to take back), or a leave is queued

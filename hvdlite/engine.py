@@ -57,7 +57,9 @@ from .driver import Driver, State
 from .exceptions import HorovodInternalError, MismatchError
 from .executor import MPIExecutor
 from .fusion import plan_batches
-from .messages import CACHEABLE, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind, Response
+from .messages import (
+    CACHEABLE, JOIN_KEY, LEAVE_PARAMS, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind, Response,
+)
 from .plans import Plan, PlanCache
 from .process_sets import ProcessSet
 from .response_cache import ResponseCache
@@ -306,6 +308,9 @@ class Engine:
 
     def _admit(self, entry: Entry) -> None:
         params = entry.params
+        if params.kind == _JOIN and params == LEAVE_PARAMS:
+            self._leave_join(entry)
+            return
         self._pending[entry.key] = entry
         if params.set_id not in self.sets.members:
             self._fail(entry, f"process set {params.set_id} of {params.name!r} is not "
@@ -315,6 +320,21 @@ class Engine:
             self._joined = True
         if self._some_joined or params.kind not in CACHEABLE or not self.bits.admit(entry):
             self._uncached.append(entry)
+
+    def _leave_join(self, leave: Entry) -> None:
+        """This rank's caller left join() before it returned: fail the join here and,
+        where its request went out, have the coordinator stop counting this rank as
+        joined (in the same cycle, before it decides anything)."""
+        self.inbox.release((leave.key,))
+        leave.handle.set_result(None)  # nobody waits on it
+        join = self._pending.get(JOIN_KEY)
+        if join is None:  # it completed (or failed) before the caller left
+            return
+        sent = join.sent
+        self._fail(join, "join() was left before every rank had joined; this rank takes "
+                         "part in collectives again.")
+        if sent:
+            self._uncached.append(leave)
 
     def _flags(self, new: bool) -> int:
         flags = 0
@@ -526,6 +546,8 @@ class Engine:
     def _fail(self, entry: Entry, message: str, error=HorovodInternalError) -> None:
         self._pending.pop(entry.key, None)
         self.inbox.release((entry.key,))
+        if entry.params.kind == _JOIN:
+            self._joined = False
         self.bits.forget(entry)
         if entry in self._uncached:
             self._uncached.remove(entry)
