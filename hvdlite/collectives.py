@@ -45,11 +45,11 @@ from .device import arrays as _device
 from .engine.runtime import state
 from .engine.dtypes import check_dtype
 from .handles import Handle, synchronize
-from .engine.messages import JOIN_PARAMS, Kind, Params
+from .engine.messages import JOIN_PARAMS, LEAVE_PARAMS, Kind, Params
 from .ops import Adasum, Average, ReduceOp, resolve_op
 from .process_sets import GLOBAL_SET_ID, ProcessSet, global_process_set
 from .engine.submissions import Entry
-from .exceptions import ArgumentError
+from .exceptions import ArgumentError, HorovodInternalError
 
 __all__ = [
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
@@ -546,8 +546,12 @@ def join(device: int = -1) -> int:
 
     Meanwhile the other ranks' allreduces keep working (Adasum included): a
     joined rank adds zeros, and Average still divides by the full size.  Any
-    other collective submitted while a rank of its set has joined fails on
-    every rank that submitted it, as in Horovod.
+    other collective submitted while a rank of its set has joined fails at once
+    on every rank that submitted it, whatever its name, as in Horovod.
+
+    A caller that leaves before it returns (an exception arrives while it
+    waits: a test's timeout, Ctrl-C) takes its join back: this rank is no
+    longer counted as joined, and join() may be called again.
 
     Arguments:
         device: accepted for Horovod's signature; unused.
@@ -556,4 +560,18 @@ def join(device: int = -1) -> int:
         The rank that joined last, the same on every rank.
     """
     st = state()
-    return synchronize(_submit(st, JOIN_PARAMS, [], []))
+    handle = _submit(st, JOIN_PARAMS, [], [])
+    try:
+        return synchronize(handle)
+    except BaseException:
+        if not handle.done():
+            _leave_join(st)
+        raise
+
+
+def _leave_join(st) -> None:
+    leave = Entry(LEAVE_PARAMS, [], [], Handle(LEAVE_PARAMS.name))
+    try:
+        st.engine.submit(leave)
+    except (HorovodInternalError, ValueError):
+        pass  # the engine has stopped (nothing is left to take back), or a leave is queued

@@ -23,8 +23,8 @@ from hvdlite.engine.coordinator import Coordinator, check_agreement
 from hvdlite.engine.dtypes import SUPPORTED, check_dtype, reduce_dtype
 from hvdlite.engine.fusion import BufferPool, nbytes_of, plan_batches
 from hvdlite.engine.messages import (
-    CACHEABLE, JOINABLE, RESPONSE_ERROR, RESPONSE_OK, Kind, Params, Response, describe,
-    field_label,
+    CACHEABLE, JOINABLE, LEAVE_PARAMS, RESPONSE_ERROR, RESPONSE_OK, Kind, Params, Response,
+    describe, field_label,
 )
 from hvdlite.ops import ReduceOp, resolve_op
 from hvdlite.engine.response_cache import HIT, INVALID, MISS, ResponseCache, set_bits
@@ -206,11 +206,36 @@ def test_join_in_one_cycle_counts_the_highest_rank_last():
     assert responses[-1].value == 2
 
 
-def test_joined_rank_waits_for_the_rest_before_a_non_joinable_error():
+def test_a_non_joinable_kind_fails_at_once_while_a_rank_has_joined():
+    # Rank 2 may never submit the same name (an unnamed call is numbered by the calls
+    # before it, and rank 0 skipped one): rank 1's broadcast fails without waiting.
     c, _ = coordinator(3)
     c.process([(0, [join_params()])])
-    # only rank 1 submitted the broadcast: no decision yet (rank 2 may still submit it)
-    assert c.process([(1, [P("b", kind=Kind.BROADCAST, root=1)])]) == []
+    responses = c.process([(1, [P("b", kind=Kind.BROADCAST, root=1)])])
+    assert [(r.status, r.key) for r in responses] == [(RESPONSE_ERROR, (0, "b"))]
+    assert "join" in responses[0].error and c.pending_names() == {}
+    # rank 2's call, under another name, fails as well
+    responses = c.process([(2, [P("b2", kind=Kind.ALLGATHER)])])
+    assert [(r.status, r.key) for r in responses] == [(RESPONSE_ERROR, (0, "b2"))]
+
+
+def test_a_left_join_is_no_longer_counted():
+    c, _ = coordinator(3)
+    c.process([(0, [join_params()]), (2, [join_params()])])
+    assert c.joined == [0, 2]
+    c.process([(0, [LEAVE_PARAMS])])
+    assert c.joined == [2]
+    # the join ends once rank 0 has joined again, the last of the three
+    assert c.process([(1, [join_params()])]) == []
+    responses = c.process([(0, [join_params()])])
+    assert [(r.params.kind, r.value) for r in responses] == [(Kind.JOIN, 0)]
+    assert c.joined == []
+
+
+def test_join_and_leave_in_one_cycle_leave_nothing_joined():
+    c, _ = coordinator(2)
+    assert c.process([(0, [join_params(), LEAVE_PARAMS]), (1, [join_params()])]) == []
+    assert c.joined == [1]
 
 
 # ------------------------------------------------------------- stall report

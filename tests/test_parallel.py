@@ -4,7 +4,11 @@ Each module names its world sizes in a line ``MPI_SIZES = (1, 2, 3)``.  Every
 (module, size) pair is one test here: ``mpiexec -n size python -m pytest
 module`` with a hard timeout; the test passes when every rank passed.  On a
 timeout the whole process group is killed, so nothing hangs and nothing is left
-behind.
+behind.  Inside, each rank's per-test time limits use pytest-timeout's thread
+method: a signal is handled only once the main thread runs Python again, which
+a rank blocked in C (an MPI call, a TensorFlow graph waiting on its collective)
+never does; the thread method prints every thread's stack and ends the rank,
+and with it the job.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ def test_module_under_mpi(module: Path, n: int):
     rc, out = run_mpi(
         n,
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+         "-o", "timeout_method=thread",
          "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"), str(module)],
     )
     passed = re.findall(r"(\d+) passed", out)

@@ -6,6 +6,10 @@ name's process set has asked (joined ranks excepted, for the kinds they can
 take part in), it checks that the requests agree and emits one response: run
 it, or an error naming the field that differed and each rank's value (marked
 ``MISMATCH``, which the ranks raise as :class:`~hvdlite.exceptions.MismatchError`).
+A kind that joined ranks cannot take part in fails as soon as it is asked for
+while a member of its set has joined, on whichever ranks asked.  A rank that
+leaves join() before it returned sends ``LEAVE_PARAMS`` and is no longer
+counted as joined.
 
 This module is pure logic (no MPI), so it is unit-tested directly.  Cross-rank
 contract: only rank 0 holds a Coordinator; its response list is broadcast and
@@ -18,17 +22,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from .messages import (
-    JOIN_KEY,
-    JOIN_PARAMS,
-    JOINABLE,
-    MISMATCH,
-    RESPONSE_ERROR,
-    RESPONSE_OK,
-    Kind,
-    Params,
-    Response,
-    describe,
-    field_label,
+    JOIN_KEY, JOIN_PARAMS, JOINABLE, LEAVE_PARAMS, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind,
+    Params, Response, describe, field_label,
 )
 
 __all__ = ["Coordinator", "StallClock", "check_agreement"]
@@ -81,7 +76,12 @@ class Coordinator:
         for rank, requests in gathered:
             for p in requests:
                 if p.kind == Kind.JOIN:
-                    if rank not in self.joined:
+                    if p == LEAVE_PARAMS:  # this rank left join() before it returned
+                        if rank in newly_joined:
+                            newly_joined.remove(rank)
+                        if rank in self.joined:
+                            self.joined.remove(rank)
+                    elif rank not in self.joined and rank not in newly_joined:
                         newly_joined.append(rank)
                     continue
                 self._table.setdefault(p.key, {})[rank] = p
@@ -117,9 +117,12 @@ class Coordinator:
         submitted = set(per_rank)
         kind = next(iter(per_rank.values())).kind
         joined_members = members & joined
-        if joined_members and kind not in JOINABLE and not (members - joined) <= submitted:
-            return None
         if joined_members and kind not in JOINABLE:
+            # Fails at once, on the ranks that submitted it, without waiting for the
+            # other members: they may never submit this name.  An automatic name
+            # counts calls, and a joined rank skipped this call, so from here on
+            # the members' names of one call may differ (rank A's second unnamed
+            # allgather is rank B's first); each rank's own call fails all the same.
             return Response(RESPONSE_ERROR, None, key,
                             f"{Kind(kind).name.lower()} {name!r} cannot run while ranks "
                             f"{sorted(joined_members)} have called join(); only allreduce "

@@ -67,7 +67,9 @@ from .driver import Driver, Phase
 from ..exceptions import HorovodInternalError, MismatchError
 from .executor import MPIExecutor
 from .execution import Execution
-from .messages import CACHEABLE, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind, Response
+from .messages import (
+    CACHEABLE, JOIN_KEY, LEAVE_PARAMS, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind, Response,
+)
 from .response_cache import ResponseCache
 from .negotiation import WaitingStacks, negotiate
 from .set_control import SetControl
@@ -97,6 +99,14 @@ def _interrupted_message(exc: BaseException, rank: int, size: int) -> str:
                else "Call hvd.shutdown() and hvd.init() to start again."))
 
 
+def _stall_clock(config, limit: WaitLimit, size: int) -> StallClock:
+    warn = config.stall_check_time_seconds
+    if limit.seconds:  # warn (naming the missing ranks) before the limit ends the job
+        warn = min(warn, limit.seconds / 2)
+    return StallClock(warn, config.stall_shutdown_time_seconds,
+                      enabled=not config.stall_check_disable and size > 1)
+
+
 class Engine:
     """The per-process engine (see the module docstring for the cycle)."""
 
@@ -107,8 +117,7 @@ class Engine:
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.overlap = overlap
-        # Some rank's engine thread has a core of its own (the same on every rank): it
-        # decides whether a cycle that ran work is followed by another, see cycle().
+        # Some rank's engine thread has a core of its own (decides follow-up cycles).
         self.overlap_anywhere = (overlap if self.size == 1
                                  else self.comm.allreduce(overlap, op=MPI.LOR))
         self.inbox = Inbox()
@@ -124,16 +133,10 @@ class Engine:
         self.executor = MPIExecutor(self._pending.get, self._finish, sets, router,
                                     self._finish_keys, hierarchical,
                                     self.limit if self.limit.seconds else None)
-        # Autotune (a TuningLink, or None): rank 0's setting arrives in the status vector.
-        self.tuning = tuning
+        self.tuning = tuning  # autotune's link, or None: rank 0's setting comes in the status
         self._execution = Execution(self.executor, self.bits, config.fusion_threshold, router,
                                     timeline, tuning, self._control)
-        warn = config.stall_check_time_seconds
-        if self.limit.seconds:  # warn (naming the missing ranks) before the limit ends the job
-            warn = min(warn, self.limit.seconds / 2)
-        self._stall = StallClock(warn,
-                                 config.stall_shutdown_time_seconds,
-                                 enabled=not config.stall_check_disable and self.size > 1)
+        self._stall = _stall_clock(config, self.limit, self.size)
         self._stall_wanted = False
         self._stacks = WaitingStacks(self.rank)  # where waiting threads are, at a stall
         self._stop_reason = ""
@@ -148,26 +151,21 @@ class Engine:
                              step_limit=self.limit.seconds, core=core, spare_core=overlap)
         self.driver.start()
 
-    @property
-    def timeline(self):
-        """The Timeline being recorded, or None (``hvd.start_timeline()`` sets it)."""
-        return self._execution.timeline
-
-    @timeline.setter
-    def timeline(self, timeline) -> None:
+    def _set_timeline(self, timeline) -> None:
         self._execution.timeline = timeline
+
+    timeline = property(lambda self: self._execution.timeline, _set_timeline,
+                        doc="The Timeline being recorded, or None (start_timeline() sets it).")
 
     # ============================================================ caller side
     def submit(self, entry: Entry, wake: bool = True):
         """Queue *entry*; ValueError if its name is already in flight on this rank.
 
-        *wake*: rouse the engine thread now (an asynchronous caller); a caller
-        that is about to wait on the handle passes False and drives the engine.
-        Without overlap it is roused only where its next look would come later
-        than its start delay (:meth:`~hvdlite.engine.driver.Driver.nudge`): the
-        submitting thread is about to run on the same core, and a waiting
-        caller usually drives the work before that look.
-        """
+        *wake*: rouse the engine thread now (an asynchronous caller; a caller
+        about to wait on the handle passes False and drives the engine).  Without
+        overlap only where its next look comes later than its start delay
+        (:meth:`~hvdlite.engine.driver.Driver.nudge`): the waiting caller
+        usually drives the work before that."""
         entry.handle.engine = self
         self.inbox.put(entry)
         if wake:
@@ -311,6 +309,9 @@ class Engine:
 
     def _admit(self, entry: Entry) -> None:
         params = entry.params
+        if params.kind == _JOIN and params == LEAVE_PARAMS:
+            self._leave_join(entry)
+            return
         self._pending[entry.key] = entry
         if params.set_id not in self.sets.members:
             self._fail(entry, f"process set {params.set_id} of {params.name!r} is not "
@@ -320,6 +321,20 @@ class Engine:
             self._joined = True
         if self._some_joined or params.kind not in CACHEABLE or not self.bits.admit(entry):
             self._uncached.append(entry)
+
+    def _leave_join(self, leave: Entry) -> None:
+        """The caller left join() before it returned: fail the join here and, where
+        its request went out, have the coordinator stop counting this rank as joined."""
+        self.inbox.release((leave.key,))
+        leave.handle.set_result(None)  # nobody waits on it
+        join = self._pending.get(JOIN_KEY)
+        if join is None:  # it completed (or failed) before the caller left
+            return
+        sent = join.sent
+        self._fail(join, "join() was left before every rank had joined; this rank takes "
+                         "part in collectives again.")
+        if sent:
+            self._uncached.append(leave)
 
     def _flags(self, new: bool) -> int:
         stall = self._stall_wanted or self._stall.due(self._pending)
@@ -344,7 +359,9 @@ class Engine:
                            MismatchError if response.value == MISMATCH else HorovodInternalError)
         elif response.params.kind == _JOIN:
             self._joined = False
-            self._finish_key(response.key, response.value)
+            entry = self._pending.get(response.key)
+            if entry is not None:
+                self._finish(entry, response.value)
         elif response.params.kind == Kind.ADD_PROCESS_SET:
             self._set_control.add(response)
         else:
@@ -368,11 +385,6 @@ class Engine:
             self._joined = False
         entry.handle.set_result(entry.result(value))
 
-    def _finish_key(self, key, value) -> None:
-        entry = self._pending.get(key)
-        if entry is not None:
-            self._finish(entry, value)
-
     def _finish_keys(self, keys) -> None:
         """Finish the local entries of *keys* with their outputs (a batch that ran):
         what _finish does per entry, with the in-flight names released at once."""
@@ -388,6 +400,8 @@ class Engine:
     def _fail(self, entry: Entry, message: str, error=HorovodInternalError) -> None:
         self._pending.pop(entry.key, None)
         self.inbox.release((entry.key,))
+        if entry.params.kind == _JOIN:
+            self._joined = False
         self.bits.forget(entry)
         if entry in self._uncached:
             self._uncached.remove(entry)

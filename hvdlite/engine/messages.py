@@ -20,7 +20,8 @@ from typing import NamedTuple
 from ..process_sets import GLOBAL_SET_ID
 
 __all__ = ["Kind", "Params", "Response", "RESPONSE_OK", "RESPONSE_ERROR", "describe",
-           "JOIN_NAME", "JOIN_PARAMS", "JOIN_KEY", "CACHEABLE", "JOINABLE", "MISMATCH"]
+           "JOIN_NAME", "JOIN_PARAMS", "JOIN_KEY", "LEAVE_PARAMS", "CACHEABLE", "JOINABLE",
+           "MISMATCH"]
 
 
 class Kind(enum.IntEnum):
@@ -72,6 +73,11 @@ class Params(NamedTuple):
 JOIN_NAME = "__join__"
 JOIN_PARAMS = Params(set_id=GLOBAL_SET_ID, name=JOIN_NAME, kind=int(Kind.JOIN))
 JOIN_KEY = JOIN_PARAMS.key
+#: A rank that left join() before it returned (an exception arrived while it
+#: waited: a test's timeout, Ctrl-C) takes its join back with this request: the
+#: coordinator stops counting it as joined.
+LEAVE_PARAMS = Params(set_id=0, name=JOIN_NAME + ".leave", kind=int(Kind.JOIN),
+                      extra=("leave",))
 
 
 RESPONSE_OK = 0
