@@ -173,16 +173,23 @@ def test_a_corrupt_state_file_is_an_error_not_a_fresh_start(tmp_path, job_env):
 
 
 @pytest.mark.timeout(150)
-def test_fewer_than_min_np_slots_ends_naming_the_lost_host(tmp_path, job_env):
+def test_a_host_that_keeps_failing_is_left_out_naming_it(tmp_path, job_env):
+    # The first failure is a process failure (relaunch there); the second one soon after
+    # on the same host is evidence about the host: it is left out, and with fewer than
+    # --min-np slots the job ends naming it.
     _hostsfile, discover = _discovery(tmp_path, "localhost:2")
     started = time.monotonic()
-    result = _objects(tmp_path, job_env, "--kill-rank", "1", "--kill-at", "3",
+    result = _objects(tmp_path, job_env, "--kill-rank", "1", "--kill-at", "3", "--every-launch",
                       hvdrun_args=("--min-np", "2", "--host-discovery-script", str(discover),
                                    "--elastic-timeout", "1"))
     assert result.returncode == 1, result.output
+    assert "a process failure, not the host's (host localhost is reachable" in result.stderr
+    assert result.stderr.count("launch 1:") == 1 and "launch 2:" not in result.stderr
     assert "error: only 0 slot(s) available (no host), fewer than --min-np 2, after waiting " \
-        "1 s (--elastic-timeout); lost: localhost (rank 1 failed there: killed by signal 9 " \
-        "(SIGKILL); left out for the rest of the job)" in result.stderr, result.output
+        "1 s (--elastic-timeout); lost: localhost (rank 1 failed there (killed by signal 9 " \
+        "(SIGKILL)) and its ranks failed again " in result.stderr, result.output
+    assert "s after the previous failure there; left out for the rest of the job)" \
+        in result.stderr, result.output
     assert "the last commit stays in" in result.stderr
     assert time.monotonic() - started < 60
 
@@ -195,3 +202,33 @@ def test_the_restart_budget_ends_the_job_with_the_failures_code(tmp_path, job_en
     assert "relaunching (restart 1 of 1)" in result.stderr, result.output
     assert "the restart budget is spent (--max-restarts 1)" in result.stderr, result.output
     assert result.stderr.count("launch 1:") == 1 and "launch 2:" not in result.stderr
+
+
+@pytest.mark.timeout(200)
+def test_a_crashed_rank_on_a_single_host_relaunches_there(tmp_path, job_env):
+    # A new user's first elastic job: one host from the discovery script, rank 1 crashes
+    # once (os._exit(9)) mid-epoch.  That is a process failure, not the host's: the job
+    # resumes on the same host from its last commit and ends as an uninterrupted run does.
+    _hostsfile, discover = _discovery(tmp_path, "localhost:2")
+    plain, elastic = tmp_path / "plain", tmp_path / "elastic"
+    plain.mkdir()
+    elastic.mkdir()
+    script = str(SCRIPTS / "torch_train.py")
+    train = ("--epochs", "2", "--batches", "4", "--commit-every", "2")
+    uninterrupted = run(hvdrun_cmd("-np", "2", PY, script, *train, "--out", str(plain)),
+                        timeout=90, env=job_env)
+    assert uninterrupted.returncode == 0, uninterrupted.output
+    result = _hvdrun(tmp_path, job_env, "-np", "2", "--min-np", "2", "--max-np", "2",
+                     "--host-discovery-script", str(discover), "--elastic-timeout", "5", PY,
+                     script, *train, "--kill-rank", "1", "--kill-at", "5", "--exit-code", "9",
+                     "--out", str(elastic), "--compare-with", str(plain / "final.pt"),
+                     timeout=120)
+    log = result.output
+    assert result.returncode == 0, log
+    assert "left out" not in log, log
+    assert "rank 1 on host localhost exited with code 9: a process failure" in log, log
+    assert "resuming from commit 3 (epoch=1, batch=0)" in log, log
+    assert f"weights equal those of {plain / 'final.pt'}: True" in log, log
+    hostname = __import__("socket").gethostname()
+    if hostname != "localhost":  # the report and the decisions name the host alike
+        assert f"host {hostname}" not in log, log

@@ -19,9 +19,12 @@ the unit of recovery is the whole MPI job.  Each turn of the loop is a *launch*
    exit together with ``HOSTS_UPDATED_EXIT``;
 4. then: every rank succeeded -> done (the state directory is removed); the
    ranks left for new hosts -> relaunch (counts against ``--reset-limit``); a
-   rank failed -> blacklist its host (sources that can change only), relaunch
-   (counts against ``--max-restarts`` and ``--reset-limit``), or give up with
-   the failure's exit code when a budget is spent.
+   rank failed -> relaunch (counts against ``--max-restarts`` and
+   ``--reset-limit``), or give up with the failure's exit code when a budget is
+   spent.  A rank's failure leaves its host out (sources that can change only)
+   only on evidence about the host (:class:`.elastic_hosts.FailureHistory`):
+   every rank on it ended at once, it cannot be reached, or it failed again
+   soon after; otherwise the job is relaunched on the same hosts.
 
 Every decision is one ``hvdrun: elastic: ...`` line on stderr.
 """
@@ -44,7 +47,8 @@ from ..elastic.persistence import Commit, CommitStore, ElasticStateError
 from . import sshcheck
 from .blacklist import Blacklist
 from .discovery import DiscoveryError
-from .elastic_hosts import HostPool, describe_change, rank_host
+from .elastic_hosts import (REPEAT_WINDOW_SECONDS, FailureHistory, HostPool, describe_change,
+                            rank_host, ranks_on)
 from .elastic_settings import DEFAULT_STATE_DIR, ElasticSettings
 from .errors import USAGE_EXIT
 from .hosts import Host, format_hosts, total_slots
@@ -153,6 +157,33 @@ def _what_failed(outcome: JobOutcome) -> str:
     return f"the launcher failed (exit code {outcome.code})"
 
 
+def _unreachable(launch) -> Callable[[str], str | None]:
+    """Why a host of *launch* cannot be reached now (an ssh login, for the hosts the
+    launcher reaches through ssh; the others count as reachable)."""
+
+    def why(host: str) -> str | None:
+        if host not in launch.ssh_hosts:
+            return None
+        try:
+            sshcheck.check_hosts([host], launch.ssh_args, launch.env)
+        except sshcheck.HostCheckError as exc:
+            lines = str(exc).splitlines()
+            return lines[1].strip() if len(lines) > 1 else str(exc)
+        return None
+
+    return why
+
+
+def _judge_failure(outcome: JobOutcome, placement: list[Host], history: FailureHistory,
+                   launch) -> tuple[str, str | None]:
+    """``(host, why it is the host's failure or None)`` for a launch a rank failed."""
+    failure = outcome.failure
+    host = rank_host(placement, failure.rank) or failure.host
+    placed = ranks_on(placement, host)
+    failed = {f.rank for f in outcome.failures if not f.stopped}
+    return host, history.judge(host, placed, failed, _unreachable(launch))
+
+
 def _remove_job_dir(job_dir: str, settings: ElasticSettings) -> None:
     shutil.rmtree(job_dir, ignore_errors=True)
     if os.path.basename(settings.state_dir) == DEFAULT_STATE_DIR:
@@ -202,6 +233,8 @@ def run_elastic(settings: ElasticSettings, source,
 def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe,
           job_id: str, job_dir: str, streams: tuple) -> int:
     generation = restarts = resets = 0
+    window = max(REPEAT_WINDOW_SECONDS, (settings.cooldown_range or (0.0, 0.0))[1])
+    history = FailureHistory(window)
     while True:
         hosts = _wait_for_slots(pool, settings)
         placement = pool.placement(hosts)
@@ -224,7 +257,8 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
             outcome = run_job_outcome(launch.cmd, launch.env, np=np,
                                       start_timeout=launch.start_timeout,
                                       out=streams[0], err=streams[1],
-                                      quiet_codes=(HOSTS_UPDATED_EXIT, STATE_ERROR_EXIT))
+                                      quiet_codes=(HOSTS_UPDATED_EXIT, STATE_ERROR_EXIT),
+                                      host_names=_host_names(placement))
         finally:
             if watch.is_alive():
                 watch.stop()
@@ -248,10 +282,14 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
             restarts += 1
             resets += 1
             if outcome.failure is not None and source.dynamic:
-                host = rank_host(placement, outcome.failure.rank) or outcome.failure.host
-                pool.blacklist.add(host, f"rank {outcome.failure.rank} failed there: "
-                                         f"{outcome.failure.how}")
-                say(f"host {host} is left out: {pool.blacklist.reason(host)}")
+                host, why = _judge_failure(outcome, placement, history, launch)
+                if why is None:
+                    say(f"{what}: a process failure, not the host's (host {host} is reachable "
+                        "and its other ranks were healthy); it stays in")
+                else:
+                    pool.blacklist.add(host, f"rank {outcome.failure.rank} failed there "
+                                             f"({outcome.failure.how}) and {why}")
+                    say(f"host {host} is left out: {pool.blacklist.reason(host)}")
             budget = settings.max_restarts
             if budget is not None and restarts > budget:
                 raise GiveUp(f"{what}; the restart budget is spent (--max-restarts {budget})",
@@ -260,6 +298,16 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
             count = f"restart {restarts}" + (f" of {budget}" if budget is not None else "")
             say(f"{what}: relaunching ({count})")
         generation += 1
+
+
+def _host_names(placement: list[Host]) -> dict[int, str]:
+    """rank -> the name of its host in *placement* (how every message names it)."""
+    names, rank = {}, 0
+    for host in placement:
+        for _ in range(host.slots):
+            names[rank] = host.name
+            rank += 1
+    return names
 
 
 def _check_reset_limit(settings: ElasticSettings, resets: int, what: str, code: int = 1
