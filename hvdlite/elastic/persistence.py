@@ -1,11 +1,16 @@
 """The commit file: one elastic job's last committed state, written atomically.
 
-Format 2: a first line ``HVDLITE-ELASTIC-STATE 2``, a second line of JSON (the
+Format 3: a first line ``HVDLITE-ELASTIC-STATE 3``, a second line of JSON (the
 header: job id, commit number, world size, time, a summary of the simple
-values, the payload's length, the lengths of its parts and its checksum,
-:mod:`.checksum`), then the payload (the pickled state, then the tensors'
-bytes).  Format 1 (the same with a CRC-32) is still read; another format is an
-error that names it.
+values, the payload's length, the number of its parts and the checksum,
+:mod:`.checksum`), then the part table (each part's length, 8 bytes
+little-endian), then the payload (the pickled state, then the tensors' bytes).
+The checksum covers the table and the payload.  The header line stays short
+whatever the number of parts (a state of 100,000 tensors has as many), and a
+commit whose header would be longer than a reader takes (``_MAX_HEADER``) is
+refused when it is written, never when it is read back.  Formats 2 (the part
+lengths in the JSON header) and 1 (the same with a CRC-32) are still read;
+another format is an error that names it.
 
 Writing (rank 0 only, see :meth:`CommitStore.write`): the whole file goes to a
 spare name in the same directory (``<state>.spare``: the commit before last,
@@ -35,6 +40,7 @@ import itertools
 import json
 import os
 import pickle
+import struct
 import threading
 import time
 import zlib
@@ -43,7 +49,8 @@ from .checksum import state_sum
 
 __all__ = ["ElasticStateError", "Commit", "CommitStore", "MAGIC"]
 
-MAGIC = b"HVDLITE-ELASTIC-STATE 2\n"
+MAGIC = b"HVDLITE-ELASTIC-STATE 3\n"
+_MAGIC_V2 = b"HVDLITE-ELASTIC-STATE 2\n"  # part lengths in the JSON header: still read
 _MAGIC_V1 = b"HVDLITE-ELASTIC-STATE 1\n"  # CRC-32 over the payload: still read
 _PREFIX = b"HVDLITE-ELASTIC-STATE "
 _SPARE = ".spare"  # the file the next commit is written into (the one before last)
@@ -199,17 +206,25 @@ class CommitStore:
         header = {"job": self.job_id, "commit": int(number), "size": int(size),
                   "time": time.time(), "summary": summary or {},
                   "bytes": sum(view.nbytes for view in views), "sum": _NO_SUM,
-                  "parts": [view.nbytes for view in views]}
+                  "nparts": len(views)}
+        line = _header_line(header)
+        if len(line) > _MAX_HEADER:  # a reader would refuse it: refuse it now
+            raise ElasticStateError(
+                f"commit {number} cannot be written to {self.path}: its header is "
+                f"{len(line)} bytes, more than the {_MAX_HEADER} a reader takes (the job id "
+                "or the state's summary values are too long); shorten them")
+        table = struct.pack(f"<{len(views)}Q", *(view.nbytes for view in views))
         spare = self.path + _SPARE
         fd = os.open(spare, os.O_WRONLY | os.O_CREAT, 0o644)  # in place: see _publish
         try:
-            # The payload goes first, after room for the header line, and is fsync-ed
-            # on a thread while this one computes its checksum (the fsync leaves the
-            # core idle); then the header line, of the same length with the sum in it.
-            offset = len(MAGIC) + len(_header_line(header))
+            # The payload goes first, after room for the header line and the part
+            # table, and is fsync-ed on a thread while this one computes its checksum
+            # (the fsync leaves the core idle); then the header line, of the same
+            # length with the sum in it, and the table.
+            offset = len(MAGIC) + len(line) + len(table)
             with _Alongside(_write_payload, fd, views, offset):
-                header["sum"] = state_sum(views)
-            _write_all(fd, [MAGIC, _header_line(header)])
+                header["sum"] = state_sum([table, *views])
+            _write_all(fd, [MAGIC, _header_line(header), table])
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -234,46 +249,93 @@ class CommitStore:
         return ElasticStateError(f"the elastic state file {self.path} is corrupt ({why}): the "
                                  f"job cannot resume from it; {self._fix()}")
 
-    def _parse(self, data: bytes) -> Commit:
+    def read_header(self) -> Commit | None:
+        """The commit on disk as its header says (number, job, summary), without reading
+        or checking its payload (``payload`` is empty): what hvdrun needs to know.  None
+        when there is no commit; ElasticStateError when the header is unusable."""
+        try:
+            with open(self.path, "rb") as handle:
+                head = handle.read(len(MAGIC) + _MAX_HEADER)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ElasticStateError(f"cannot read the elastic state file {self.path}: "
+                                    f"{exc.strerror}") from None
+        version, header, _end = self._parse_header(head)
+        commit = self._commit_of(header, b"", ())
+        self._check_job(commit)
+        return commit
+
+    def _parse_header(self, data) -> tuple[bytes, dict, int]:
+        """``(first line, header fields, where the header line ends)`` of *data*."""
         if not data.startswith(_PREFIX):
             raise self._corrupt("it does not start with the hvdlite state header")
-        version = data[:len(MAGIC)]
-        if version not in (MAGIC, _MAGIC_V1):
+        version = bytes(data[:len(MAGIC)])
+        if version not in (MAGIC, _MAGIC_V2, _MAGIC_V1):
             raise ElasticStateError(
                 f"the elastic state file {self.path} has the format "
-                f"{bytes(version[len(_PREFIX):]).strip().decode(errors='replace')!r}, which "
-                "this hvdlite does not read (it reads 1 and 2): resume it with the hvdlite "
+                f"{version[len(_PREFIX):].strip().decode(errors='replace')!r}, which "
+                "this hvdlite does not read (it reads 1, 2 and 3): resume it with the hvdlite "
                 f"that wrote it, or {self._fix()}")
         end = data.find(b"\n", len(MAGIC), len(MAGIC) + _MAX_HEADER)
         if end < 0:
             raise self._corrupt("its header line is cut short")
         try:
             header = json.loads(data[len(MAGIC):end])
-            number, size = int(header["commit"]), int(header["size"])
-            length = int(header["bytes"])
-            digest = int(header["crc32"]) if version == _MAGIC_V1 else str(header["sum"])
-            job_id, stamp = str(header.get("job", "")), float(header.get("time", 0.0))
-            summary = header.get("summary") or {}
-            parts = tuple(int(n) for n in header.get("parts", ()))
+            if not isinstance(header, dict):
+                raise TypeError(header)
+            self._commit_of(header, b"", ())  # every field is there and of its type
+            if version == _MAGIC_V1:
+                int(header["crc32"])
+            else:
+                str(header["sum"])
+            int(header.get("nparts", 0))
+            tuple(int(n) for n in header.get("parts", ()))
         except (ValueError, KeyError, TypeError):
             raise self._corrupt("its header is not valid") from None
-        payload = data[end + 1:]
+        return version, header, end
+
+    @staticmethod
+    def _commit_of(header: dict, payload, parts: tuple) -> Commit:
+        return Commit(int(header["commit"]), str(header.get("job", "")), int(header["size"]),
+                      float(header.get("time", 0.0)), dict(header.get("summary") or {}),
+                      payload, parts)
+
+    def _check_job(self, commit: Commit) -> None:
+        if self.job_id and commit.job_id != self.job_id:
+            raise ElasticStateError(
+                f"the elastic state file {self.path} belongs to job {commit.job_id!r}, not to "
+                f"this job ({self.job_id!r}): give each job its own --elastic-state-dir, or "
+                f"{self._fix()}")
+
+    def _parse(self, data: bytes) -> Commit:
+        version, header, end = self._parse_header(data)
+        length = int(header["bytes"])
+        start, table = end + 1, b""
+        if version == MAGIC:
+            count = int(header.get("nparts", 0))
+            if count < 0 or start + 8 * count > len(data):
+                raise self._corrupt(f"its table of {count} parts is cut short")
+            table = bytes(data[start:start + 8 * count])
+            parts = struct.unpack(f"<{count}Q", table)
+            start += 8 * count
+        else:
+            parts = tuple(int(n) for n in header.get("parts", ()))
+        payload = data[start:]
         if len(payload) != length:
             raise self._corrupt(f"it holds {len(payload)} bytes of state, its header says "
                                 f"{length}")
         if parts and sum(parts) != length:
             raise self._corrupt("its parts do not add up to its length")
         if version == _MAGIC_V1:
-            good = zlib.crc32(payload) == digest
+            good = zlib.crc32(payload) == int(header["crc32"])
         else:
             view = memoryview(payload)
             ends = list(itertools.accumulate(parts or (length,)))
-            good = state_sum([view[a:b] for a, b in zip([0] + ends, ends)]) == digest
+            pieces = [view[a:b] for a, b in zip([0] + ends, ends)]
+            good = state_sum([table, *pieces] if table else pieces) == str(header["sum"])
         if not good:
             raise self._corrupt("the checksum of its state does not match")
-        if self.job_id and job_id != self.job_id:
-            raise ElasticStateError(
-                f"the elastic state file {self.path} belongs to job {job_id!r}, not to this "
-                f"job ({self.job_id!r}): give each job its own --elastic-state-dir, or "
-                f"{self._fix()}")
-        return Commit(number, job_id, size, stamp, dict(summary), payload, parts)
+        commit = self._commit_of(header, payload, tuple(parts))
+        self._check_job(commit)
+        return commit

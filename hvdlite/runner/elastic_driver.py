@@ -8,8 +8,10 @@ the unit of recovery is the whole MPI job.  Each turn of the loop is a *launch*
    blacklisted ones (:mod:`.blacklist`); with fewer than ``--min-np`` slots,
    wait up to ``--elastic-timeout`` seconds, then end with an error naming the
    hosts that were lost and why;
-2. read the commit in the job's state directory (:mod:`hvdlite.elastic.persistence`):
-   a corrupt one ends the job with that error, nothing relaunches it;
+2. read the header of the commit in the job's state directory
+   (:mod:`hvdlite.elastic.persistence`): a corrupt one ends the job with that
+   error, nothing relaunches it (a payload that does not match its checksum is
+   found by rank 0 as it resumes, and ends the job the same way);
 3. start ``min(slots, --max-np)`` ranks through the ordinary launch path
    (:func:`.cli.plan`, :func:`.job.run_job_outcome`), with the variables that
    tell each rank where the state is (:mod:`hvdlite.elastic.layout`); while it
@@ -142,8 +144,10 @@ def _wait_for_slots(pool: HostPool, settings: ElasticSettings) -> list[Host]:
 
 
 def _commit_on_disk(job_dir: str, job_id: str) -> Commit | None:
+    """The last commit's header (its number and summary): the payload, however large,
+    is read and checked by rank 0 only, when it resumes."""
     try:
-        return CommitStore(os.path.join(job_dir, STATE_FILE), job_id).read()
+        return CommitStore(os.path.join(job_dir, STATE_FILE), job_id).read_header()
     except ElasticStateError as exc:
         raise GiveUp(str(exc)) from None
 
