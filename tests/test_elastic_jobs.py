@@ -232,3 +232,21 @@ def test_a_crashed_rank_on_a_single_host_relaunches_there(tmp_path, job_env):
     hostname = __import__("socket").gethostname()
     if hostname != "localhost":  # the report and the decisions name the host alike
         assert f"host {hostname}" not in log, log
+
+
+@pytest.mark.timeout(150)
+def test_a_commit_that_cannot_be_written_ends_the_job_once(tmp_path, job_env):
+    # Disk full or a quota: rank 0's write fails (here: a file-size limit, EFBIG). The job
+    # ends with its own code and a message naming the file and the error; it is not
+    # relaunched and its healthy host is not left out.
+    _hostsfile, discover = _discovery(tmp_path, "localhost:2")
+    result = _objects(tmp_path, job_env, "--file-size-limit", "65536", "--ballast", "200000",
+                      "--every-launch",
+                      hvdrun_args=("--min-np", "2", "--host-discovery-script", str(discover),
+                                   "--elastic-timeout", "1", "--max-restarts", "2"))
+    assert result.returncode == 74, result.output
+    assert "writing commit 1 to " in result.stderr and "state.hvdlite failed: File too large " \
+        "(errno 27, EFBIG)" in result.stderr, result.output
+    assert "Free space or raise the quota there" in result.stderr
+    assert "could not write a commit" in result.stderr and "launch 1:" not in result.stderr
+    assert "is left out" not in result.stderr

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 
 __all__ = ["ENABLED_VARIABLE", "JOB_DIR_VARIABLE", "JOB_ID_VARIABLE", "GENERATION_VARIABLE",
            "EXPECT_COMMIT_VARIABLE", "STATE_FILE", "HOSTS_UPDATED_EXIT", "STATE_ERROR_EXIT",
+           "STATE_WRITE_EXIT",
            "WorkerContext", "notice_path", "restart_path", "post_notice", "read_notice",
            "mark_restart"]
 
@@ -46,6 +47,11 @@ HOSTS_UPDATED_EXIT = 75
 # Every rank exits with this code when the commit to resume from cannot be read:
 # hvdrun reports it and does not relaunch (that would fail the same way).
 STATE_ERROR_EXIT = 76
+# Rank 0 exits with this code when a commit cannot be written (a full disk, a
+# quota, a read-only file system): hvdrun ends the job with it, without a
+# relaunch (the next commit would fail the same way) and without leaving the
+# host out (the host is healthy).  74 is sysexits' EX_IOERR.
+STATE_WRITE_EXIT = 74
 
 
 @dataclasses.dataclass(frozen=True)

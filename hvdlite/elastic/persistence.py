@@ -47,7 +47,7 @@ import zlib
 
 from .checksum import state_sum
 
-__all__ = ["ElasticStateError", "Commit", "CommitStore", "MAGIC"]
+__all__ = ["ElasticStateError", "CommitWriteError", "Commit", "CommitStore", "MAGIC"]
 
 MAGIC = b"HVDLITE-ELASTIC-STATE 3\n"
 _MAGIC_V2 = b"HVDLITE-ELASTIC-STATE 2\n"  # part lengths in the JSON header: still read
@@ -64,6 +64,15 @@ class ElasticStateError(RuntimeError):
 
     Raised on every rank, never a silent fresh start: resuming from nothing
     would repeat work and diverge from the committed run without a word.
+    """
+
+
+class CommitWriteError(ElasticStateError):
+    """A commit could not be written (no space, a quota, a read-only file system).
+
+    Nothing is lost yet (the previous commit stays on disk), but relaunching
+    would fail the same way: the job ends (:data:`.layout.STATE_WRITE_EXIT`) and
+    the message names the file, the error and the fix.
     """
 
 

@@ -26,7 +26,9 @@ the unit of recovery is the whole MPI job.  Each turn of the loop is a *launch*
    spent.  A rank's failure leaves its host out (sources that can change only)
    only on evidence about the host (:class:`.elastic_hosts.FailureHistory`):
    every rank on it ended at once, it cannot be reached, or it failed again
-   soon after; otherwise the job is relaunched on the same hosts.
+   soon after; otherwise the job is relaunched on the same hosts.  A rank that
+   could not write a commit (``STATE_WRITE_EXIT``: a full disk, a quota) ends
+   the job with that code: no relaunch, no host left out.
 
 Every decision is one ``hvdrun: elastic: ...`` line on stderr.
 """
@@ -44,7 +46,8 @@ from typing import BinaryIO
 
 from ..elastic.layout import (EXPECT_COMMIT_VARIABLE, GENERATION_VARIABLE, HOSTS_UPDATED_EXIT,
                               JOB_DIR_VARIABLE, JOB_ID_VARIABLE, ENABLED_VARIABLE,
-                              STATE_ERROR_EXIT, STATE_FILE, post_notice, restart_path)
+                              STATE_ERROR_EXIT, STATE_FILE, STATE_WRITE_EXIT, post_notice,
+                              restart_path)
 from ..elastic.persistence import Commit, CommitStore, ElasticStateError
 from . import sshcheck
 from .blacklist import Blacklist
@@ -271,6 +274,11 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
         if STATE_ERROR_EXIT in outcome.quiet_exits.values():
             raise GiveUp("the ranks could not load the commit to resume from (their message "
                          "is above); not relaunching")
+        unwritable = [f for f in outcome.failures if f.code == STATE_WRITE_EXIT]
+        if unwritable:
+            raise GiveUp(f"rank {unwritable[0].rank} could not write a commit (its message "
+                         "is above: the file, the error and the fix); not relaunching, and its "
+                         "host stays in (it is not the host's failure)", STATE_WRITE_EXIT)
         if os.path.exists(restart_path(job_dir, generation)):
             resets += 1
             _check_reset_limit(settings, resets, "the hosts changed")

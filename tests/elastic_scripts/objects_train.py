@@ -9,7 +9,9 @@ Faults (only in launch 0, i.e. ``HVDLITE_ELASTIC_GENERATION`` 0, unless
 step S), ``--crash-in-commit N`` (rank 0 dies inside commit N, after the state
 is written to its temporary file and before the rename), ``--corrupt-after N``
 (rank 0 flips a byte of the state file after commit N, then dies),
-``--kill-after-commit N`` (rank 0 SIGKILLs itself as soon as commit N returns).
+``--kill-after-commit N`` (rank 0 SIGKILLs itself as soon as commit N returns),
+``--file-size-limit BYTES`` (rank 0 may write no file larger: with ``--ballast
+BYTES`` of numpy array in the state its commits fail with EFBIG).
 """
 
 import argparse
@@ -33,12 +35,24 @@ parser.add_argument("--corrupt-after", type=int, default=0)
 parser.add_argument("--kill-after-commit", type=int, default=0)
 parser.add_argument("--every-launch", action="store_true")
 parser.add_argument("--step-seconds", type=float, default=0.0)
+parser.add_argument("--file-size-limit", type=int, default=0)
+parser.add_argument("--ballast", type=int, default=0)
 args = parser.parse_args()
 
 hvdlite.init()
 launch = int(os.environ.get("HVDLITE_ELASTIC_GENERATION", "0"))
 faulty = launch == 0 or args.every_launch
-state = hvdlite.elastic.ObjectState(step=0, total=0.0)
+ballast = {"ballast": np.zeros(args.ballast, np.uint8)} if args.ballast else {}
+state = hvdlite.elastic.ObjectState(step=0, total=0.0, **ballast)
+
+
+def limit_file_size():
+    """From now on rank 0 writes no file larger than --file-size-limit (after the first
+    collective: MPI's shared-memory segments are files too)."""
+    if faulty and args.file_size_limit and hvdlite.rank() == 0:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (args.file_size_limit, resource.RLIM_INFINITY))
 
 if faulty and args.crash_in_commit and hvdlite.rank() == 0:
     publish, commits = persistence._publish, [0]
@@ -65,6 +79,7 @@ def train(state):
         state.step += 1
         time.sleep(args.step_seconds)
         if state.step % args.commit_every == 0:
+            limit_file_size()
             state.commit()
             if (faulty and hvdlite.rank() == 0 and args.kill_after_commit
                     and state._commit_number == args.kill_after_commit):
