@@ -7,7 +7,9 @@ hvdrun jobs in test_elastic_jobs.py and test_runner_jobs.py.
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import stat
 
 import pytest
 
@@ -132,3 +134,38 @@ def test_hvdrun_reads_only_the_header_of_a_commit(tmp_path):
     assert commit.describe() == "commit 4 (epoch=1)" and commit.payload == b""
     with pytest.raises(GiveUp, match="belongs to job 'j'"):
         _commit_on_disk(str(tmp_path), "other")
+
+
+# -- item 7: state files are private, and a reader refuses what others could have written ----
+def test_commits_are_owner_only_whatever_the_umask(tmp_path):
+    old = os.umask(0o002)
+    try:
+        store = CommitStore(str(tmp_path / "job" / "state"), "j")
+        store.write(b"one", 1, 1)
+        store.write(b"two", 2, 1)
+        layout.post_notice(str(tmp_path / "job"), 0, "hosts changed")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "job").st_mode) == 0o700
+    for name in ("state", "state.spare", "hosts-updated.0"):
+        assert stat.S_IMODE(os.stat(tmp_path / "job" / name).st_mode) == 0o600, name
+
+
+@pytest.mark.parametrize("target,change,problem", [
+    ("state", lambda p: os.chmod(p, 0o664), "may be written by its group or others (mode 0664)"),
+    ("", lambda p: os.chmod(p, 0o770), "may be written by its group or others (mode 0770)"),
+    ("state", lambda p: os.chown(p, 12345, -1), "is owned by user id 12345, not by you"),
+])
+def test_a_state_others_could_have_written_is_refused(tmp_path, target, change, problem):
+    if target == "state" and "owned" in problem and os.geteuid() != 0:
+        pytest.skip("only root can give a file away")
+    store = CommitStore(str(tmp_path / "job" / "state"), "j")
+    store.write(b"payload", 1, 1)
+    path = tmp_path / "job" / target if target else tmp_path / "job"
+    change(str(path))
+    for read in (store.read, store.read_header):
+        with pytest.raises(ElasticStateError) as info:
+            read()
+        message = str(info.value)
+        assert f"{path.as_posix().rstrip('/')} {problem}" in message, message
+        assert "refusing to load the state" in message and "run code as you" in message

@@ -9,7 +9,9 @@ rank outlived the job.  The discovery interval is 0.2 s
 from __future__ import annotations
 
 import json
+import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -239,12 +241,22 @@ def test_a_commit_that_cannot_be_written_ends_the_job_once(tmp_path, job_env):
     # Disk full or a quota: rank 0's write fails (here: a file-size limit, EFBIG). The job
     # ends with its own code and a message naming the file and the error; it is not
     # relaunched and its healthy host is not left out.
+    # Under umask 002 (a shared group): the kept state is still the user's alone.
     _hostsfile, discover = _discovery(tmp_path, "localhost:2")
-    result = _objects(tmp_path, job_env, "--file-size-limit", "65536", "--ballast", "200000",
-                      "--every-launch",
-                      hvdrun_args=("--min-np", "2", "--host-discovery-script", str(discover),
-                                   "--elastic-timeout", "1", "--max-restarts", "2"))
+    old = os.umask(0o002)
+    try:
+        result = _objects(tmp_path, job_env, "--file-size-limit", "65536", "--ballast",
+                          "200000", "--every-launch",
+                          hvdrun_args=("--min-np", "2", "--host-discovery-script",
+                                       str(discover), "--elastic-timeout", "1",
+                                       "--max-restarts", "2"))
+    finally:
+        os.umask(old)
     assert result.returncode == 74, result.output
+    (job_dir,) = (tmp_path / "state").iterdir()
+    assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700
+    assert [stat.S_IMODE(p.stat().st_mode) for p in job_dir.iterdir()] == [0o600], \
+        list(job_dir.iterdir())
     assert "writing commit 1 to " in result.stderr and "state.hvdlite failed: File too large " \
         "(errno 27, EFBIG)" in result.stderr, result.output
     assert "Free space or raise the quota there" in result.stderr

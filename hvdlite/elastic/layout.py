@@ -109,8 +109,16 @@ def restart_path(job_dir: str, generation: int) -> str:
 
 
 def _write_small(path: str, text: str) -> None:
+    """Write *path* whole (a new owner-only file renamed over it; a link at the temporary
+    name is never followed)."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                 0o600)
+    with open(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())

@@ -27,7 +27,12 @@ anything else that is not a complete commit of this job -- a wrong first line,
 a broken header, a short payload, a checksum that differs, another job's id --
 raises :class:`ElasticStateError` naming the file and what is wrong with it.
 The payload is unpickled by the caller: a state file must come from a
-trusted job, as any pickle.
+trusted job, as any pickle.  So the job directory is made ``0700`` and the
+commit ``0600`` whatever the umask, and a reader refuses (before it reads
+anything) a file or directory that another user owns or that its group or
+others may write (:func:`check_private`): with write access there, another
+user could put a crafted pickle in place and run code as this one at the next
+restore.
 
 The standard library and numpy (for the checksum) only: hvdrun reads commits
 with it.
@@ -40,6 +45,7 @@ import itertools
 import json
 import os
 import pickle
+import stat
 import struct
 import threading
 import time
@@ -47,7 +53,8 @@ import zlib
 
 from .checksum import state_sum
 
-__all__ = ["ElasticStateError", "CommitWriteError", "Commit", "CommitStore", "MAGIC"]
+__all__ = ["ElasticStateError", "CommitWriteError", "Commit", "CommitStore", "MAGIC",
+           "check_private", "make_private_dir"]
 
 MAGIC = b"HVDLITE-ELASTIC-STATE 3\n"
 _MAGIC_V2 = b"HVDLITE-ELASTIC-STATE 2\n"  # part lengths in the JSON header: still read
@@ -57,6 +64,7 @@ _SPARE = ".spare"  # the file the next commit is written into (the one before la
 _PREVIOUS = ".previous"  # a second name of the last commit, for a moment
 _MAX_HEADER = 64 * 1024
 _NO_SUM = "0" * 32  # stands in for the checksum (32 hex digits) until it is known
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class ElasticStateError(RuntimeError):
@@ -179,6 +187,37 @@ class _Alongside:
             raise self._error
 
 
+def make_private_dir(path: str) -> None:
+    """Create directory *path* (and its missing parents), readable and writable by its
+    owner only (``0700``, whatever the umask); an existing *path* is left as it is."""
+    try:
+        os.makedirs(path, mode=0o700)
+    except FileExistsError:
+        return
+    os.chmod(path, 0o700)
+
+
+def check_private(path: str, info: os.stat_result | None = None) -> None:
+    """Raise ElasticStateError when *path* (a state file or its directory) is owned by
+    another user or writable by its group or others: whoever may write it can replace
+    a commit with a pickle of their own, which runs as this user at the next restore."""
+    info = os.stat(path) if info is None else info
+    what = "directory" if stat.S_ISDIR(info.st_mode) else "file"
+    problem = None
+    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+        problem = f"is owned by user id {info.st_uid}, not by you ({os.geteuid()})"
+    elif info.st_mode & 0o022:
+        problem = (f"may be written by its group or others (mode "
+                   f"{stat.S_IMODE(info.st_mode):04o})")
+    if problem:
+        fix = ("chmod go-w" if "mode" in problem else "take a copy you own, or delete it")
+        raise ElasticStateError(
+            f"the elastic state {what} {path} {problem}: refusing to load the state, a "
+            "pickle that anyone who can write there could have replaced to run code as you. "
+            f"Check who changed it; if you trust it, {fix} {path} (hvdrun makes state "
+            "directories 0700 and files 0600)")
+
+
 def _fsync_directory(directory: str) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -211,7 +250,7 @@ class CommitStore:
         parts = [payload] if isinstance(payload, (bytes, bytearray)) else list(payload)
         views = [memoryview(part).cast("B") for part in parts]
         directory = os.path.dirname(self.path) or "."
-        os.makedirs(directory, exist_ok=True)
+        make_private_dir(directory)
         header = {"job": self.job_id, "commit": int(number), "size": int(size),
                   "time": time.time(), "summary": summary or {},
                   "bytes": sum(view.nbytes for view in views), "sum": _NO_SUM,
@@ -224,8 +263,10 @@ class CommitStore:
                 "or the state's summary values are too long); shorten them")
         table = struct.pack(f"<{len(views)}Q", *(view.nbytes for view in views))
         spare = self.path + _SPARE
-        fd = os.open(spare, os.O_WRONLY | os.O_CREAT, 0o644)  # in place: see _publish
+        # in place (see _publish); never through a symbolic link, and owner-only
+        fd = os.open(spare, os.O_WRONLY | os.O_CREAT | _NOFOLLOW, 0o600)
         try:
+            os.fchmod(fd, 0o600)
             # The payload goes first, after room for the header line and the part
             # table, and is fsync-ed on a thread while this one computes its checksum
             # (the fsync leaves the core idle); then the header line, of the same
@@ -244,6 +285,7 @@ class CommitStore:
         """The commit on disk, None when there is none; ElasticStateError when unusable."""
         try:
             with open(self.path, "rb") as handle:
+                self._check_private(handle)
                 # writable bytes: the loaded tensors are made on them, in place
                 data = bytearray(os.fstat(handle.fileno()).st_size)
                 del data[handle.readinto(data):]
@@ -253,6 +295,10 @@ class CommitStore:
             raise ElasticStateError(f"cannot read the elastic state file {self.path}: "
                                     f"{exc.strerror}") from None
         return self._parse(data)
+
+    def _check_private(self, handle) -> None:
+        check_private(os.path.dirname(self.path) or ".")
+        check_private(self.path, os.fstat(handle.fileno()))
 
     def _corrupt(self, why: str) -> ElasticStateError:
         return ElasticStateError(f"the elastic state file {self.path} is corrupt ({why}): the "
@@ -264,6 +310,7 @@ class CommitStore:
         when there is no commit; ElasticStateError when the header is unusable."""
         try:
             with open(self.path, "rb") as handle:
+                self._check_private(handle)
                 head = handle.read(len(MAGIC) + _MAX_HEADER)
         except FileNotFoundError:
             return None

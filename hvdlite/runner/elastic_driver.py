@@ -48,7 +48,7 @@ from ..elastic.layout import (EXPECT_COMMIT_VARIABLE, GENERATION_VARIABLE, HOSTS
                               JOB_DIR_VARIABLE, JOB_ID_VARIABLE, ENABLED_VARIABLE,
                               STATE_ERROR_EXIT, STATE_FILE, STATE_WRITE_EXIT, post_notice,
                               restart_path)
-from ..elastic.persistence import Commit, CommitStore, ElasticStateError
+from ..elastic.persistence import Commit, CommitStore, ElasticStateError, make_private_dir
 from . import sshcheck
 from .blacklist import Blacklist
 from .discovery import DiscoveryError
@@ -227,7 +227,8 @@ def run_elastic(settings: ElasticSettings, source,
                            rank_environment(job_dir, job_id, 0, None))
         sys.stdout.write(launch.shell_line() + "\n")
         return 0
-    os.makedirs(job_dir, exist_ok=True)
+    make_private_dir(settings.state_dir)  # 0700 when hvdrun makes it; kept as it is
+    make_private_dir(job_dir)
     try:
         return _loop(settings, source, pool, make_plan, describe, job_id, job_dir, (out, err))
     except GiveUp as exc:
