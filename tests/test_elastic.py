@@ -531,7 +531,7 @@ def test_dry_run_shows_the_elastic_variables(tmp_path, capsys):
     assert cli.main(["--dry-run", "--host-discovery-script", str(script), "--max-np", "2",
                      PY, "train.py"]) == 0
     line = capsys.readouterr().out
-    assert " -n 2 " in line and "HVDLITE_ELASTIC_JOB_DIR" in line and "HOROVOD_ELASTIC 1" in line
+    assert " -n 2 " in line and "HVDLITE_ELASTIC_JOB_DIR=" in line and "HOROVOD_ELASTIC=1 " in line
 
 
 # -- hosts: discovery, blacklist, pool --------------------------------------------------------
