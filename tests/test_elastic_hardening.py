@@ -169,3 +169,39 @@ def test_a_state_others_could_have_written_is_refused(tmp_path, target, change, 
         message = str(info.value)
         assert f"{path.as_posix().rstrip('/')} {problem}" in message, message
         assert "refusing to load the state" in message and "run code as you" in message
+
+
+# -- item 9: files hvdlite streams into are never opened through a link -------------------------
+def test_output_files_refuse_links_and_other_names(tmp_path):
+    from hvdlite.runner.safe_files import open_for_writing
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    link = tmp_path / "timeline.json"
+    link.symlink_to(victim)
+    with pytest.raises(OSError, match="timeline.json is a symbolic link: hvdlite does not "
+                                      "write through links"):
+        open_for_writing(str(link))
+    hard = tmp_path / "log.csv"
+    os.link(victim, hard)
+    with pytest.raises(OSError, match="log.csv has 2 names"):
+        open_for_writing(str(hard), newline="")
+    assert victim.read_text() == "precious\n"
+    plain = tmp_path / "plain"
+    plain.write_text("old and longer\n")
+    with open_for_writing(str(plain)) as handle:
+        handle.write("new\n")
+    assert plain.read_text() == "new\n"
+
+
+def test_the_autotune_log_and_the_timeline_refuse_a_link(tmp_path):
+    from hvdlite.autotune.tuner import SampleLog
+    from hvdlite.timeline.recorder import Timeline
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    for name, opener in (("tune.csv", SampleLog), ("timeline.json", Timeline)):
+        (tmp_path / name).symlink_to(victim)
+        with pytest.raises(OSError, match="is a symbolic link"):
+            opener(str(tmp_path / name))
+    assert victim.read_text() == "precious\n"
