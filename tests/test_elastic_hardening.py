@@ -10,12 +10,14 @@ import json
 import os
 import pickle
 import stat
+import time
 
 import pytest
 
 from hvdlite.elastic import layout, persistence
 from hvdlite.elastic.checksum import state_sum
 from hvdlite.elastic.persistence import CommitStore, ElasticStateError
+from hvdlite.runner.discovery import DiscoveryError, ScriptDiscovery
 from hvdlite.runner.elastic_hosts import FailureHistory, ranks_on
 from hvdlite.runner.hosts import Host
 
@@ -205,3 +207,55 @@ def test_the_autotune_log_and_the_timeline_refuse_a_link(tmp_path):
         with pytest.raises(OSError, match="is a symbolic link"):
             opener(str(tmp_path / name))
     assert victim.read_text() == "precious\n"
+
+
+# -- item 10: the discovery script: no shell, its own session, bounded time and output ---------
+def _script(path, body):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def test_a_discovery_script_path_is_never_read_by_a_shell(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    script = _script(tmp_path / "d;touch PWNED;" / "my discover.sh", "echo h1:2\n")
+    assert ScriptDiscovery(str(script)).discover() == [Host("h1", 2)]
+    assert not (tmp_path / "PWNED").exists()
+    _script(tmp_path / "local.sh", "echo h2\n")  # a bare file name in the working directory
+    assert ScriptDiscovery("local.sh").discover() == [Host("h2", 1)]
+    settings_values = {"host_discovery_script": str(script), "np": None}
+    from hvdlite.runner.elastic_settings import settings_from
+
+    assert settings_from(settings_values, {}).discovery_script == str(script)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_discovery_script_that_hangs_is_killed_with_what_it_started(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    script = _script(tmp_path / "slow.sh", f"sleep 300 &\necho $! > {pidfile}\nsleep 300\n")
+    started = time.monotonic()
+    with pytest.raises(DiscoveryError, match="did not finish within 0.5 s .it and what it "
+                                             "started were killed"):
+        ScriptDiscovery(str(script), timeout=0.5).discover()
+    assert time.monotonic() - started < 5
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(child), "the script's background child outlived the timeout"
+
+
+def test_a_discovery_script_that_prints_without_end_is_stopped(tmp_path):
+    script = _script(tmp_path / "loud.sh", "exec yes localhost:1\n")
+    started = time.monotonic()
+    with pytest.raises(DiscoveryError, match="printed more than 65536 bytes"):
+        ScriptDiscovery(str(script), max_output=65536, timeout=20).discover()
+    assert time.monotonic() - started < 5

@@ -76,6 +76,11 @@ def _seconds(environ: Mapping[str, str], names: tuple[str, ...], default: float)
 
 
 def _check_script(script: str, environ: Mapping[str, str]) -> None:
+    if os.path.isfile(script):  # a path, whatever it holds: run as it is, no shell
+        if not os.access(script, os.X_OK):
+            raise UsageError(f"--host-discovery-script {script!r} is not executable (chmod +x "
+                             "it, or give its interpreter: 'sh discover.sh')")
+        return
     try:
         words = shlex.split(script)
     except ValueError as exc:
