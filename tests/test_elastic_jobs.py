@@ -166,12 +166,43 @@ def test_rank_0_killed_as_commit_returns_resumes_from_that_commit(tmp_path, job_
 
 
 @pytest.mark.timeout(150)
-def test_a_corrupt_state_file_is_an_error_not_a_fresh_start(tmp_path, job_env):
+def test_a_corrupt_commit_resumes_from_its_verified_spare_saying_so(tmp_path, job_env):
     result = _objects(tmp_path, job_env, "--corrupt-after", "2")
+    assert result.returncode == 0, result.output
+    assert "is corrupt (the checksum of its state does not match)" in result.stderr
+    assert "Resuming instead from the commit before it, commit 1 (step=2, total=3.0), in " \
+        in result.stderr and "state.hvdlite.spare, whose checksum matches" in result.stderr
+    assert "final total=78 steps=12" in result.stdout, result.output  # nothing lost twice
+
+
+@pytest.mark.timeout(150)
+def test_a_corrupt_commit_and_spare_are_an_error_not_a_fresh_start(tmp_path, job_env):
+    result = _objects(tmp_path, job_env, "--corrupt-after", "2", "--corrupt-spare-too")
     assert result.returncode == 1, result.output
     assert "is corrupt (the checksum of its state does not match): the job cannot resume " \
         "from it" in result.stderr, result.output
-    assert "launch 1:" not in result.stderr and "final total" not in result.stdout
+    assert "state.hvdlite.spare cannot be used either" in result.stderr, result.output
+    assert "launch 2:" not in result.stderr and "final total" not in result.stdout
+
+
+@pytest.mark.timeout(150)
+def test_elastic_resume_continues_a_job_whose_hvdrun_ended(tmp_path, job_env):
+    # hvdrun ends (here: its restart budget is spent; in life a reboot or a batch time
+    # limit) and its last commit stays; a new hvdrun resumes that job by its id.
+    first = _objects(tmp_path, job_env, "--kill-rank", "0", "--kill-at", "5",
+                     hvdrun_args=("-np", "2", "--max-restarts", "0"))
+    assert first.returncode == 128 + signal.SIGKILL, first.output
+    job_id = first.stderr.split("resume with --elastic-resume ", 1)[1].split(")")[0]
+    again = _objects(tmp_path, job_env,
+                     hvdrun_args=("-np", "2", "--max-restarts", "1", "--elastic-resume", job_id))
+    assert again.returncode == 0, again.output
+    assert "launch 1: 2 rank(s) on localhost:2, resuming from commit 2 (step=4, total=10.0)" \
+        in again.stderr, again.output
+    assert "final total=78 steps=12" in again.stdout, again.output
+    missing = _objects(tmp_path, job_env, hvdrun_args=("-np", "2", "--max-restarts", "1",
+                                                       "--elastic-resume", "no-such-job"))
+    assert missing.returncode == 2 and "--elastic-resume no-such-job: no commit of that job" \
+        in missing.stderr, missing.output
 
 
 @pytest.mark.timeout(150)

@@ -33,7 +33,7 @@ __all__ = ["ENABLED_VARIABLE", "JOB_DIR_VARIABLE", "JOB_ID_VARIABLE", "GENERATIO
            "EXPECT_COMMIT_VARIABLE", "STATE_FILE", "HOSTS_UPDATED_EXIT", "STATE_ERROR_EXIT",
            "STATE_WRITE_EXIT",
            "WorkerContext", "notice_path", "restart_path", "post_notice", "read_notice",
-           "mark_restart"]
+           "mark_restart", "record_launch", "last_launch"]
 
 ENABLED_VARIABLE = "HVDLITE_ELASTIC"
 JOB_DIR_VARIABLE = "HVDLITE_ELASTIC_JOB_DIR"
@@ -41,6 +41,7 @@ JOB_ID_VARIABLE = "HVDLITE_ELASTIC_JOB_ID"
 GENERATION_VARIABLE = "HVDLITE_ELASTIC_GENERATION"
 EXPECT_COMMIT_VARIABLE = "HVDLITE_ELASTIC_EXPECT_COMMIT"
 STATE_FILE = "state.hvdlite"
+LAUNCH_FILE = "launch"  # the number of the job's latest launch (hvdrun writes it)
 # Every rank exits with this code after HostsUpdatedInterrupt, once the state is
 # persisted: hvdrun relaunches on the new hosts (75 is sysexits' EX_TEMPFAIL).
 HOSTS_UPDATED_EXIT = 75
@@ -140,6 +141,20 @@ def read_notice(job_dir: str, generation: int) -> str | None:
             return handle.read().strip() or "hosts changed"
     except OSError:
         return "hosts changed"
+
+
+def record_launch(job_dir: str, generation: int) -> None:
+    """hvdrun: launch *generation* starts (a resumed job's launches count on from it)."""
+    _write_small(os.path.join(job_dir, LAUNCH_FILE), f"{generation}\n")
+
+
+def last_launch(job_dir: str) -> int | None:
+    """The number of the job's latest launch, None when hvdrun recorded none."""
+    try:
+        with open(os.path.join(job_dir, LAUNCH_FILE), encoding="utf-8") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def mark_restart(job_dir: str, generation: int, commit: int) -> None:

@@ -53,8 +53,8 @@ import zlib
 
 from .checksum import state_sum
 
-__all__ = ["ElasticStateError", "CommitWriteError", "Commit", "CommitStore", "MAGIC",
-           "check_private", "make_private_dir"]
+__all__ = ["ElasticStateError", "CommitWriteError", "CorruptStateError", "Commit",
+           "CommitStore", "MAGIC", "check_private", "make_private_dir"]
 
 MAGIC = b"HVDLITE-ELASTIC-STATE 3\n"
 _MAGIC_V2 = b"HVDLITE-ELASTIC-STATE 2\n"  # part lengths in the JSON header: still read
@@ -82,6 +82,11 @@ class CommitWriteError(ElasticStateError):
     would fail the same way: the job ends (:data:`.layout.STATE_WRITE_EXIT`) and
     the message names the file, the error and the fix.
     """
+
+
+class CorruptStateError(ElasticStateError):
+    """The commit file is damaged (a wrong header, a short payload, a checksum that
+    differs); the spare copy beside it may still hold the commit before."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,8 +305,13 @@ class CommitStore:
         check_private(os.path.dirname(self.path) or ".")
         check_private(self.path, os.fstat(handle.fileno()))
 
+    def spare(self) -> CommitStore:
+        """The store of the spare copy beside this commit: the commit before it, kept to
+        be overwritten by the next one (a torn one, should a write have stopped)."""
+        return CommitStore(self.path + _SPARE, self.job_id)
+
     def _corrupt(self, why: str) -> ElasticStateError:
-        return ElasticStateError(f"the elastic state file {self.path} is corrupt ({why}): the "
+        return CorruptStateError(f"the elastic state file {self.path} is corrupt ({why}): the "
                                  f"job cannot resume from it; {self._fix()}")
 
     def read_header(self) -> Commit | None:

@@ -46,8 +46,8 @@ from typing import BinaryIO
 
 from ..elastic.layout import (EXPECT_COMMIT_VARIABLE, GENERATION_VARIABLE, HOSTS_UPDATED_EXIT,
                               JOB_DIR_VARIABLE, JOB_ID_VARIABLE, ENABLED_VARIABLE,
-                              STATE_ERROR_EXIT, STATE_FILE, STATE_WRITE_EXIT, post_notice,
-                              restart_path)
+                              STATE_ERROR_EXIT, STATE_FILE, STATE_WRITE_EXIT, last_launch,
+                              post_notice, record_launch, restart_path)
 from ..elastic.persistence import Commit, CommitStore, ElasticStateError, make_private_dir
 from . import sshcheck
 from .blacklist import Blacklist
@@ -216,8 +216,13 @@ def run_elastic(settings: ElasticSettings, source,
     except DiscoveryError as exc:
         sys.stderr.write(f"hvdrun: error: {exc}\n")
         return USAGE_EXIT
-    job_id = new_job_id()
+    job_id = settings.resume or new_job_id()
     job_dir = os.path.join(settings.state_dir, job_id)
+    if settings.resume and not os.path.exists(os.path.join(job_dir, STATE_FILE)):
+        sys.stderr.write(f"hvdrun: error: --elastic-resume {job_id}: no commit of that job in "
+                         f"{job_dir}; give the job id hvdrun printed at its start, and the "
+                         "same --elastic-state-dir\n")
+        return USAGE_EXIT
     if dry_run:
         placement = pool.placement(first)
         if not placement:
@@ -229,6 +234,9 @@ def run_elastic(settings: ElasticSettings, source,
         return 0
     make_private_dir(settings.state_dir)  # 0700 when hvdrun makes it; kept as it is
     make_private_dir(job_dir)
+    if not settings.resume:
+        say(f"job {job_id}: commits go to {job_dir} (should hvdrun itself end, resume with "
+            f"--elastic-resume {job_id})")
     try:
         return _loop(settings, source, pool, make_plan, describe, job_id, job_dir, (out, err))
     except GiveUp as exc:
@@ -241,6 +249,9 @@ def run_elastic(settings: ElasticSettings, source,
 def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe,
           job_id: str, job_dir: str, streams: tuple) -> int:
     generation = restarts = resets = 0
+    if settings.resume:  # count on from the launches of the hvdrun that ended
+        generation = (last_launch(job_dir) or 0) + 1
+    first = generation
     window = max(REPEAT_WINDOW_SECONDS, (settings.cooldown_range or (0.0, 0.0))[1])
     history = FailureHistory(window)
     while True:
@@ -251,6 +262,7 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
         commit = _commit_on_disk(job_dir, job_id)
         start = f"resuming from {commit.describe()}" if commit else "from the start"
         say(f"launch {generation}: {np} rank(s) on {format_hosts(placement)}, {start}")
+        record_launch(job_dir, generation)
         launch = make_plan(np, placement, rank_environment(job_dir, job_id, generation, commit))
         if describe is not None:
             sys.stderr.write(describe(launch))
@@ -286,8 +298,8 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
             say(f"the ranks left for new hosts ({watch.notice or 'notice posted'}): "
                 "relaunching")
         elif outcome.code == 0 and outcome.reason is None:
-            if generation:
-                say(f"the job finished after {generation} relaunch(es)")
+            if generation > first:
+                say(f"the job finished after {generation - first} relaunch(es)")
             _remove_job_dir(job_dir, settings)
             return 0
         else:

@@ -8,7 +8,8 @@ Faults (only in launch 0, i.e. ``HVDLITE_ELASTIC_GENERATION`` 0, unless
 ``--every-launch``): ``--kill-rank R --kill-at S`` (rank R SIGKILLs itself before
 step S), ``--crash-in-commit N`` (rank 0 dies inside commit N, after the state
 is written to its temporary file and before the rename), ``--corrupt-after N``
-(rank 0 flips a byte of the state file after commit N, then dies),
+(rank 0 flips a byte of the state file after commit N, then dies; with
+``--corrupt-spare-too`` of its spare copy too),
 ``--kill-after-commit N`` (rank 0 SIGKILLs itself as soon as commit N returns),
 ``--file-size-limit BYTES`` (rank 0 may write no file larger: with ``--ballast
 BYTES`` of numpy array in the state its commits fail with EFBIG).
@@ -33,6 +34,7 @@ parser.add_argument("--kill-at", type=int, default=-1)
 parser.add_argument("--crash-in-commit", type=int, default=0)
 parser.add_argument("--corrupt-after", type=int, default=0)
 parser.add_argument("--kill-after-commit", type=int, default=0)
+parser.add_argument("--corrupt-spare-too", action="store_true")
 parser.add_argument("--every-launch", action="store_true")
 parser.add_argument("--step-seconds", type=float, default=0.0)
 parser.add_argument("--file-size-limit", type=int, default=0)
@@ -89,11 +91,12 @@ def train(state):
                     and state._commit_number == args.corrupt_after):
                 state.flush()  # commit N is on disk
                 path = os.path.join(os.environ["HVDLITE_ELASTIC_JOB_DIR"], "state.hvdlite")
-                with open(path, "r+b") as handle:
-                    handle.seek(-3, os.SEEK_END)
-                    byte = handle.read(1)
-                    handle.seek(-3, os.SEEK_END)
-                    handle.write(bytes([byte[0] ^ 0xFF]))
+                for name in [path] + ([path + ".spare"] if args.corrupt_spare_too else []):
+                    with open(name, "r+b") as handle:
+                        handle.seek(-3, os.SEEK_END)
+                        byte = handle.read(1)
+                        handle.seek(-3, os.SEEK_END)
+                        handle.write(bytes([byte[0] ^ 0xFF]))
                 print(f"corrupted {path} after commit {args.corrupt_after}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
     return state.total
