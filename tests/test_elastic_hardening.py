@@ -259,3 +259,67 @@ def test_a_discovery_script_that_prints_without_end_is_stopped(tmp_path):
     with pytest.raises(DiscoveryError, match="printed more than 65536 bytes"):
         ScriptDiscovery(str(script), max_output=65536, timeout=20).discover()
     assert time.monotonic() - started < 5
+
+
+# -- item 14: bounded host memory, failures said once, notices retried -----------------------
+class _Churning:
+    """A discovery source whose host names never repeat (cloud instances coming and going)."""
+
+    dynamic, label = True, "churning"
+
+    def __init__(self):
+        self.calls = 0
+
+    def discover(self):
+        self.calls += 1
+        return [Host(f"h{self.calls}-{i}", 1) for i in range(3)]
+
+
+def test_host_memory_stays_bounded_when_names_churn():
+    from hvdlite.runner.blacklist import Blacklist
+    from hvdlite.runner.elastic_hosts import HostPool
+
+    pool = HostPool(_Churning(), Blacklist(limit=10), None, limit=10)
+    for _ in range(100):
+        hosts = pool.available()
+        assert len(hosts) == 3  # what is offered now always stays
+        pool.record(hosts)
+        pool.blacklist.add(hosts[0].name, "failed")
+    assert len(pool._order) <= 10 and len(pool.used) <= 10
+    assert len(pool.blacklist._entries) <= 100 and pool.blacklist.blocked("h100-0")
+
+
+def test_a_notice_that_cannot_be_posted_is_retried(tmp_path, capsys):
+    from hvdlite.runner.elastic_driver import _HostWatch
+    from hvdlite.runner.blacklist import Blacklist
+    from hvdlite.runner.discovery import FixedHosts
+    from hvdlite.runner.elastic_hosts import HostPool
+
+    job_dir = tmp_path / "job"  # missing at first: posting fails
+    pool = HostPool(FixedHosts([Host("a", 2)], "test"), Blacklist(), None)
+    watch = _HostWatch(pool, [Host("a", 1)], str(job_dir), 0, 0.05)
+    watch.start()
+    time.sleep(0.3)
+    assert watch.is_alive() and watch.notice is None
+    job_dir.mkdir()
+    watch.join(timeout=5)
+    assert watch.notice == "a:1 -> a:2" and (job_dir / "hosts-updated.0").exists()
+    err = capsys.readouterr().err
+    assert err.count("cannot post the host-update notice") == 1, err
+
+
+def test_a_directory_fsync_failure_is_said_once(tmp_path, monkeypatch, capsys):
+    def refuse(fd):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(22, "Invalid argument")
+        return real(fd)
+
+    real = os.fsync
+    monkeypatch.setattr(persistence, "_fsync_warned", False)
+    monkeypatch.setattr(os, "fsync", refuse)
+    store = CommitStore(str(tmp_path / "state"), "j")
+    store.write(b"a", 1, 1)
+    store.write(b"b", 2, 1)
+    err = capsys.readouterr().err
+    assert err.count(f"cannot fsync the directory {tmp_path} (Invalid argument)") == 1, err
+    assert store.read().payload == b"b"

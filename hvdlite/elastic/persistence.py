@@ -47,6 +47,7 @@ import os
 import pickle
 import stat
 import struct
+import sys
 import threading
 import time
 import zlib
@@ -223,17 +224,30 @@ def check_private(path: str, info: os.stat_result | None = None) -> None:
             "directories 0700 and files 0600)")
 
 
+_fsync_warned = False
+
+
 def _fsync_directory(directory: str) -> None:
+    """Make the rename durable; a file system that refuses is named once per process."""
+    global _fsync_warned
     try:
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems refuse fsync on a directory: the rename still holds
-        pass
-    finally:
-        os.close(fd)
+    except OSError as exc:
+        failure = exc
+    else:
+        try:
+            os.fsync(fd)
+            return
+        except OSError as exc:
+            failure = exc
+        finally:
+            os.close(fd)
+    if not _fsync_warned:  # some file systems refuse fsync on a directory
+        _fsync_warned = True
+        sys.stderr.write(f"hvdlite.elastic: warning: cannot fsync the directory {directory} "
+                         f"({failure.strerror or failure}): each commit is renamed into "
+                         "place, but a crash of the machine right after a commit may lose "
+                         "that rename (said once)\n")
 
 
 class CommitStore:

@@ -97,7 +97,17 @@ class _HostWatch(threading.Thread):
         self.job_dir, self.generation, self.interval = job_dir, generation, interval
         self.notice: str | None = None
         self._stop_event = threading.Event()
-        self._warned: set[str] = set()
+        self._warned: set[str] = set()  # at most _MAX_WARNINGS distinct messages
+
+    def _warn(self, text: str) -> None:
+        """Say *text* once (a bounded number of distinct warnings, then one last line)."""
+        if text in self._warned or len(self._warned) > _MAX_WARNINGS:
+            return
+        self._warned.add(text)
+        if len(self._warned) > _MAX_WARNINGS:
+            say("warning: more distinct warnings follow; not shown")
+            return
+        say(f"warning: {text}")
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -108,15 +118,23 @@ class _HostWatch(threading.Thread):
             try:
                 wanted = self.pool.placement(self.pool.available())
             except DiscoveryError as exc:
-                if str(exc) not in self._warned:
-                    self._warned.add(str(exc))
-                    say(f"warning: {exc} (the job goes on; hvdrun keeps asking)")
+                self._warn(f"{exc} (the job goes on; hvdrun keeps asking)")
                 continue
             if wanted != self.placement:
-                self.notice = describe_change(self.placement, wanted)
-                post_notice(self.job_dir, self.generation, self.notice)
+                notice = describe_change(self.placement, wanted)
+                try:
+                    post_notice(self.job_dir, self.generation, notice)
+                except OSError as exc:  # the ranks must still hear of it: try again
+                    self._warn(f"cannot post the host-update notice in {self.job_dir} "
+                               f"({exc.strerror or exc}); retrying every "
+                               f"{self.interval:g} s")
+                    continue
+                self.notice = notice
                 say(f"hosts changed: {self.notice}; the ranks leave at their next commit")
                 return
+
+
+_MAX_WARNINGS = 32
 
 
 def _wait_for_slots(pool: HostPool, settings: ElasticSettings) -> list[Host]:

@@ -24,24 +24,33 @@ __all__ = ["HostPool", "FailureHistory", "describe_change", "rank_host", "ranks_
 # A host whose ranks fail twice within this many seconds (or within the cooldown
 # range's MAX, when larger) is left out, though each failure alone was a rank's.
 REPEAT_WINDOW_SECONDS = 300.0
+# Host names remembered (order, hosts used): a source whose names churn (cloud
+# instances) must not grow hvdrun's memory for the length of the job.
+MAX_REMEMBERED_HOSTS = 4096
 
 
 class HostPool:
     """See the module doc.  *source* has ``discover()``, ``dynamic`` and ``label``."""
 
-    def __init__(self, source, blacklist: Blacklist, max_np: int | None) -> None:
+    def __init__(self, source, blacklist: Blacklist, max_np: int | None,
+                 limit: int = MAX_REMEMBERED_HOSTS) -> None:
         self.source, self.blacklist, self.max_np = source, blacklist, max_np
-        self._order: list[str] = []
-        self.used: dict[str, int] = {}  # every host a launch used -> its slots then
+        self.limit = limit
+        self._order: dict[str, None] = {}  # host names in the order they first came
+        self.used: dict[str, int] = {}  # hosts launches used -> their slots then (latest last)
 
     def available(self) -> list[Host]:
         """The usable hosts now (DiscoveryError when the source fails)."""
         found = [host for host in self.source.discover()
                  if not self.blacklist.blocked(host.name)]
         for host in found:
-            if host.name not in self._order:
-                self._order.append(host.name)
+            self._order.setdefault(host.name)
         by_name = {host.name: host for host in found}
+        if len(self._order) > self.limit:  # forget the oldest names not offered now
+            for name in [name for name in self._order if name not in by_name]:
+                if len(self._order) <= self.limit:
+                    break
+                del self._order[name]
         return [by_name[name] for name in self._order if name in by_name]
 
     def placement(self, hosts: Sequence[Host]) -> list[Host]:
@@ -51,7 +60,10 @@ class HostPool:
 
     def record(self, placement: Sequence[Host]) -> None:
         for host in placement:
+            self.used.pop(host.name, None)
             self.used[host.name] = host.slots
+        while len(self.used) > self.limit:
+            del self.used[next(iter(self.used))]
 
     def lost(self, hosts_now: Sequence[Host]) -> list[str]:
         """``host (why)`` for each host an earlier launch used that is not usable now."""
