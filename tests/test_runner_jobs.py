@@ -258,3 +258,17 @@ def test_open_mpi_for_real():
         assert f"[1,{rank}]<stdout>: rank {rank} of 3 sum 3" in result.stdout, result.output
     failed = hvdrun("-np", "2", python, str(RANKS), "exit", "1", env=env)
     assert failed.returncode == 1 and "rank 1 on host" in failed.stderr, failed.output
+
+
+@pytest.mark.timeout(60)
+def test_a_timeline_path_that_is_a_link_fails_init_and_leaves_its_target(tmp_path):
+    # Another user's link at the timeline's path (a shared directory) must not make rank 0
+    # truncate the file it points to.
+    victim, link = tmp_path / "victim", tmp_path / "timeline.json"
+    victim.write_text("precious\n")
+    link.symlink_to(victim)
+    result = hvdrun("-np", "2", "--timeline-filename", str(link), sys.executable, "-c",
+                    "import hvdlite; hvdlite.init()")
+    assert result.returncode != 0, result.output
+    assert f"{link} is a symbolic link: hvdlite does not write through links" in result.output
+    assert victim.read_text() == "precious\n"

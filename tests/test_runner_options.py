@@ -120,7 +120,7 @@ def test_config_file_precedence(tmp_path):
                  HOROVOD_HIERARCHICAL_ALLREDUCE="1",   # ... in either spelling
                  HOROVOD_TIMELINE="/tmp/keep.json")    # untouched when nobody sets it
     assert plan.np == 2
-    genv = _genv(plan.cmd)
+    genv = _genv(plan)
     assert genv == {"HVDLITE_FUSION_THRESHOLD": str(8 * 1024 * 1024),
                     "HVDLITE_CYCLE_TIME": "7.0",  # the command line beats the file
                     "HVDLITE_CACHE_CAPACITY": "20", "HVDLITE_HIERARCHICAL_ALLREDUCE": "0",

@@ -78,6 +78,33 @@ def _always_fails_on_rank_1():
     hvdlite.barrier()
 
 
+def _secret_seen(name, secret):
+    """Whether this rank has *secret* in its environment, and every process on this machine
+    whose command line holds it (what any local user sees with ``ps``)."""
+    needle, shown = secret.encode(), []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                if needle in handle.read():
+                    shown.append(entry)
+        except OSError:
+            continue
+    return os.environ.get(name) == secret, shown
+
+
+@pytest.mark.timeout(120)
+def test_secrets_from_env_never_reach_a_command_line(capfd):
+    # hvdlite.run(env=...) values used to be mpiexec arguments (-genv NAME VALUE): any local
+    # user saw them in ps, and --verbose printed them into the job's log.
+    secret = "s3cr3t-" + os.urandom(6).hex()
+    values = hvdlite.run(_secret_seen, args=("MY_API_TOKEN", secret), np=2,
+                         env={"MY_API_TOKEN": secret, "HVDLITE_CYCLE_TIME": "3"}, verbose=True)
+    assert values == [(True, []), (True, [])]
+    printed = capfd.readouterr()
+    assert "MY_API_TOKEN='***' " in printed.err and "HVDLITE_CYCLE_TIME=3" in printed.err
+    assert secret not in printed.out + printed.err
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_values_come_back_in_rank_order(n, tmp_path, capfd):

@@ -51,11 +51,11 @@ def test_mpich_with_ucx_and_ofi_runs_jobs_across_hosts_on_ofi():
     if info.flavour != "mpich" or not {"ucx", "ofi"} <= set(info.netmods):
         pytest.skip(f"needs an MPICH built with ucx and ofi (pip's mpich), not {info}")
     across = _plan(["-H", "n1:1,n2:1", PY])
-    assert _genv(across.cmd)["MPIR_CVAR_CH4_NETMOD"] == "ofi"
-    assert "MPIR_CVAR_CH4_NETMOD" not in _genv(_plan(["-np", "2", PY]).cmd)
+    assert _genv(across)["MPIR_CVAR_CH4_NETMOD"] == "ofi"
+    assert "MPIR_CVAR_CH4_NETMOD" not in _genv(_plan(["-np", "2", PY]))
     chosen = _plan(["-H", "n1:1,n2:1", PY], MPIR_CVAR_CH4_NETMOD="ucx")
-    assert "MPIR_CVAR_CH4_NETMOD" not in _genv(chosen.cmd)  # the user's choice stays
-    nics = _genv(_plan(["-H", "n1:1,n2:1", "--network-interface", "eth1,eth2", PY]).cmd)
+    assert "MPIR_CVAR_CH4_NETMOD" not in _genv(chosen)  # the user's choice stays
+    nics = _genv(_plan(["-H", "n1:1,n2:1", "--network-interface", "eth1,eth2", PY]))
     assert (nics["FI_TCP_IFACE"], nics["FI_SOCKETS_IFACE"], nics["UCX_NET_DEVICES"]) == (
         "eth1", "eth1", "eth1,eth2")
 

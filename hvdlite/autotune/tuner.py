@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+from ..runner.safe_files import open_for_writing
 from .setting import Setting
 from .space import SearchSpace
 
@@ -49,7 +50,7 @@ class SampleLog:
 
     def __init__(self, path: str):
         self.path = path
-        self._file = open(path, "w", newline="", encoding="utf-8")  # noqa: SIM115
+        self._file = open_for_writing(path, newline="", encoding="utf-8")
         self._writer = csv.writer(self._file)
         self._row(_COLUMNS)
 

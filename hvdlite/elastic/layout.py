@@ -31,8 +31,9 @@ from collections.abc import Mapping
 
 __all__ = ["ENABLED_VARIABLE", "JOB_DIR_VARIABLE", "JOB_ID_VARIABLE", "GENERATION_VARIABLE",
            "EXPECT_COMMIT_VARIABLE", "STATE_FILE", "HOSTS_UPDATED_EXIT", "STATE_ERROR_EXIT",
+           "STATE_WRITE_EXIT",
            "WorkerContext", "notice_path", "restart_path", "post_notice", "read_notice",
-           "mark_restart"]
+           "mark_restart", "record_launch", "last_launch"]
 
 ENABLED_VARIABLE = "HVDLITE_ELASTIC"
 JOB_DIR_VARIABLE = "HVDLITE_ELASTIC_JOB_DIR"
@@ -40,12 +41,18 @@ JOB_ID_VARIABLE = "HVDLITE_ELASTIC_JOB_ID"
 GENERATION_VARIABLE = "HVDLITE_ELASTIC_GENERATION"
 EXPECT_COMMIT_VARIABLE = "HVDLITE_ELASTIC_EXPECT_COMMIT"
 STATE_FILE = "state.hvdlite"
+LAUNCH_FILE = "launch"  # the number of the job's latest launch (hvdrun writes it)
 # Every rank exits with this code after HostsUpdatedInterrupt, once the state is
 # persisted: hvdrun relaunches on the new hosts (75 is sysexits' EX_TEMPFAIL).
 HOSTS_UPDATED_EXIT = 75
 # Every rank exits with this code when the commit to resume from cannot be read:
 # hvdrun reports it and does not relaunch (that would fail the same way).
 STATE_ERROR_EXIT = 76
+# Rank 0 exits with this code when a commit cannot be written (a full disk, a
+# quota, a read-only file system): hvdrun ends the job with it, without a
+# relaunch (the next commit would fail the same way) and without leaving the
+# host out (the host is healthy).  74 is sysexits' EX_IOERR.
+STATE_WRITE_EXIT = 74
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +110,16 @@ def restart_path(job_dir: str, generation: int) -> str:
 
 
 def _write_small(path: str, text: str) -> None:
+    """Write *path* whole (a new owner-only file renamed over it; a link at the temporary
+    name is never followed)."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                 0o600)
+    with open(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
@@ -126,6 +141,20 @@ def read_notice(job_dir: str, generation: int) -> str | None:
             return handle.read().strip() or "hosts changed"
     except OSError:
         return "hosts changed"
+
+
+def record_launch(job_dir: str, generation: int) -> None:
+    """hvdrun: launch *generation* starts (a resumed job's launches count on from it)."""
+    _write_small(os.path.join(job_dir, LAUNCH_FILE), f"{generation}\n")
+
+
+def last_launch(job_dir: str) -> int | None:
+    """The number of the job's latest launch, None when hvdrun recorded none."""
+    try:
+        with open(os.path.join(job_dir, LAUNCH_FILE), encoding="utf-8") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def mark_restart(job_dir: str, generation: int, commit: int) -> None:

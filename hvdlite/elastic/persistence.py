@@ -1,11 +1,16 @@
 """The commit file: one elastic job's last committed state, written atomically.
 
-Format 2: a first line ``HVDLITE-ELASTIC-STATE 2``, a second line of JSON (the
+Format 3: a first line ``HVDLITE-ELASTIC-STATE 3``, a second line of JSON (the
 header: job id, commit number, world size, time, a summary of the simple
-values, the payload's length, the lengths of its parts and its checksum,
-:mod:`.checksum`), then the payload (the pickled state, then the tensors'
-bytes).  Format 1 (the same with a CRC-32) is still read; another format is an
-error that names it.
+values, the payload's length, the number of its parts and the checksum,
+:mod:`.checksum`), then the part table (each part's length, 8 bytes
+little-endian), then the payload (the pickled state, then the tensors' bytes).
+The checksum covers the table and the payload.  The header line stays short
+whatever the number of parts (a state of 100,000 tensors has as many), and a
+commit whose header would be longer than a reader takes (``_MAX_HEADER``) is
+refused when it is written, never when it is read back.  Formats 2 (the part
+lengths in the JSON header) and 1 (the same with a CRC-32) are still read;
+another format is an error that names it.
 
 Writing (rank 0 only, see :meth:`CommitStore.write`): the whole file goes to a
 spare name in the same directory (``<state>.spare``: the commit before last,
@@ -22,7 +27,12 @@ anything else that is not a complete commit of this job -- a wrong first line,
 a broken header, a short payload, a checksum that differs, another job's id --
 raises :class:`ElasticStateError` naming the file and what is wrong with it.
 The payload is unpickled by the caller: a state file must come from a
-trusted job, as any pickle.
+trusted job, as any pickle.  So the job directory is made ``0700`` and the
+commit ``0600`` whatever the umask, and a reader refuses (before it reads
+anything) a file or directory that another user owns or that its group or
+others may write (:func:`check_private`): with write access there, another
+user could put a crafted pickle in place and run code as this one at the next
+restore.
 
 The standard library and numpy (for the checksum) only: hvdrun reads commits
 with it.
@@ -35,21 +45,27 @@ import itertools
 import json
 import os
 import pickle
+import stat
+import struct
+import sys
 import threading
 import time
 import zlib
 
 from .checksum import state_sum
 
-__all__ = ["ElasticStateError", "Commit", "CommitStore", "MAGIC"]
+__all__ = ["ElasticStateError", "CommitWriteError", "CorruptStateError", "Commit",
+           "CommitStore", "MAGIC", "check_private", "make_private_dir"]
 
-MAGIC = b"HVDLITE-ELASTIC-STATE 2\n"
+MAGIC = b"HVDLITE-ELASTIC-STATE 3\n"
+_MAGIC_V2 = b"HVDLITE-ELASTIC-STATE 2\n"  # part lengths in the JSON header: still read
 _MAGIC_V1 = b"HVDLITE-ELASTIC-STATE 1\n"  # CRC-32 over the payload: still read
 _PREFIX = b"HVDLITE-ELASTIC-STATE "
 _SPARE = ".spare"  # the file the next commit is written into (the one before last)
 _PREVIOUS = ".previous"  # a second name of the last commit, for a moment
 _MAX_HEADER = 64 * 1024
 _NO_SUM = "0" * 32  # stands in for the checksum (32 hex digits) until it is known
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class ElasticStateError(RuntimeError):
@@ -58,6 +74,20 @@ class ElasticStateError(RuntimeError):
     Raised on every rank, never a silent fresh start: resuming from nothing
     would repeat work and diverge from the committed run without a word.
     """
+
+
+class CommitWriteError(ElasticStateError):
+    """A commit could not be written (no space, a quota, a read-only file system).
+
+    Nothing is lost yet (the previous commit stays on disk), but relaunching
+    would fail the same way: the job ends (:data:`.layout.STATE_WRITE_EXIT`) and
+    the message names the file, the error and the fix.
+    """
+
+
+class CorruptStateError(ElasticStateError):
+    """The commit file is damaged (a wrong header, a short payload, a checksum that
+    differs); the spare copy beside it may still hold the commit before."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,17 +193,61 @@ class _Alongside:
             raise self._error
 
 
+def make_private_dir(path: str) -> None:
+    """Create directory *path* (and its missing parents), readable and writable by its
+    owner only (``0700``, whatever the umask); an existing *path* is left as it is."""
+    try:
+        os.makedirs(path, mode=0o700)
+    except FileExistsError:
+        return
+    os.chmod(path, 0o700)
+
+
+def check_private(path: str, info: os.stat_result | None = None) -> None:
+    """Raise ElasticStateError when *path* (a state file or its directory) is owned by
+    another user or writable by its group or others: whoever may write it can replace
+    a commit with a pickle of their own, which runs as this user at the next restore."""
+    info = os.stat(path) if info is None else info
+    what = "directory" if stat.S_ISDIR(info.st_mode) else "file"
+    problem = None
+    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+        problem = f"is owned by user id {info.st_uid}, not by you ({os.geteuid()})"
+    elif info.st_mode & 0o022:
+        problem = (f"may be written by its group or others (mode "
+                   f"{stat.S_IMODE(info.st_mode):04o})")
+    if problem:
+        fix = ("chmod go-w" if "mode" in problem else "take a copy you own, or delete it")
+        raise ElasticStateError(
+            f"the elastic state {what} {path} {problem}: refusing to load the state, a "
+            "pickle that anyone who can write there could have replaced to run code as you. "
+            f"Check who changed it; if you trust it, {fix} {path} (hvdrun makes state "
+            "directories 0700 and files 0600)")
+
+
+_fsync_warned = False
+
+
 def _fsync_directory(directory: str) -> None:
+    """Make the rename durable; a file system that refuses is named once per process."""
+    global _fsync_warned
     try:
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems refuse fsync on a directory: the rename still holds
-        pass
-    finally:
-        os.close(fd)
+    except OSError as exc:
+        failure = exc
+    else:
+        try:
+            os.fsync(fd)
+            return
+        except OSError as exc:
+            failure = exc
+        finally:
+            os.close(fd)
+    if not _fsync_warned:  # some file systems refuse fsync on a directory
+        _fsync_warned = True
+        sys.stderr.write(f"hvdlite.elastic: warning: cannot fsync the directory {directory} "
+                         f"({failure.strerror or failure}): each commit is renamed into "
+                         "place, but a crash of the machine right after a commit may lose "
+                         "that rename (said once)\n")
 
 
 class CommitStore:
@@ -195,21 +269,31 @@ class CommitStore:
         parts = [payload] if isinstance(payload, (bytes, bytearray)) else list(payload)
         views = [memoryview(part).cast("B") for part in parts]
         directory = os.path.dirname(self.path) or "."
-        os.makedirs(directory, exist_ok=True)
+        make_private_dir(directory)
         header = {"job": self.job_id, "commit": int(number), "size": int(size),
                   "time": time.time(), "summary": summary or {},
                   "bytes": sum(view.nbytes for view in views), "sum": _NO_SUM,
-                  "parts": [view.nbytes for view in views]}
+                  "nparts": len(views)}
+        line = _header_line(header)
+        if len(line) > _MAX_HEADER:  # a reader would refuse it: refuse it now
+            raise ElasticStateError(
+                f"commit {number} cannot be written to {self.path}: its header is "
+                f"{len(line)} bytes, more than the {_MAX_HEADER} a reader takes (the job id "
+                "or the state's summary values are too long); shorten them")
+        table = struct.pack(f"<{len(views)}Q", *(view.nbytes for view in views))
         spare = self.path + _SPARE
-        fd = os.open(spare, os.O_WRONLY | os.O_CREAT, 0o644)  # in place: see _publish
+        # in place (see _publish); never through a symbolic link, and owner-only
+        fd = os.open(spare, os.O_WRONLY | os.O_CREAT | _NOFOLLOW, 0o600)
         try:
-            # The payload goes first, after room for the header line, and is fsync-ed
-            # on a thread while this one computes its checksum (the fsync leaves the
-            # core idle); then the header line, of the same length with the sum in it.
-            offset = len(MAGIC) + len(_header_line(header))
+            os.fchmod(fd, 0o600)
+            # The payload goes first, after room for the header line and the part
+            # table, and is fsync-ed on a thread while this one computes its checksum
+            # (the fsync leaves the core idle); then the header line, of the same
+            # length with the sum in it, and the table.
+            offset = len(MAGIC) + len(line) + len(table)
             with _Alongside(_write_payload, fd, views, offset):
-                header["sum"] = state_sum(views)
-            _write_all(fd, [MAGIC, _header_line(header)])
+                header["sum"] = state_sum([table, *views])
+            _write_all(fd, [MAGIC, _header_line(header), table])
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -220,6 +304,7 @@ class CommitStore:
         """The commit on disk, None when there is none; ElasticStateError when unusable."""
         try:
             with open(self.path, "rb") as handle:
+                self._check_private(handle)
                 # writable bytes: the loaded tensors are made on them, in place
                 data = bytearray(os.fstat(handle.fileno()).st_size)
                 del data[handle.readinto(data):]
@@ -230,50 +315,107 @@ class CommitStore:
                                     f"{exc.strerror}") from None
         return self._parse(data)
 
+    def _check_private(self, handle) -> None:
+        check_private(os.path.dirname(self.path) or ".")
+        check_private(self.path, os.fstat(handle.fileno()))
+
+    def spare(self) -> CommitStore:
+        """The store of the spare copy beside this commit: the commit before it, kept to
+        be overwritten by the next one (a torn one, should a write have stopped)."""
+        return CommitStore(self.path + _SPARE, self.job_id)
+
     def _corrupt(self, why: str) -> ElasticStateError:
-        return ElasticStateError(f"the elastic state file {self.path} is corrupt ({why}): the "
+        return CorruptStateError(f"the elastic state file {self.path} is corrupt ({why}): the "
                                  f"job cannot resume from it; {self._fix()}")
 
-    def _parse(self, data: bytes) -> Commit:
+    def read_header(self) -> Commit | None:
+        """The commit on disk as its header says (number, job, summary), without reading
+        or checking its payload (``payload`` is empty): what hvdrun needs to know.  None
+        when there is no commit; ElasticStateError when the header is unusable."""
+        try:
+            with open(self.path, "rb") as handle:
+                self._check_private(handle)
+                head = handle.read(len(MAGIC) + _MAX_HEADER)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ElasticStateError(f"cannot read the elastic state file {self.path}: "
+                                    f"{exc.strerror}") from None
+        version, header, _end = self._parse_header(head)
+        commit = self._commit_of(header, b"", ())
+        self._check_job(commit)
+        return commit
+
+    def _parse_header(self, data) -> tuple[bytes, dict, int]:
+        """``(first line, header fields, where the header line ends)`` of *data*."""
         if not data.startswith(_PREFIX):
             raise self._corrupt("it does not start with the hvdlite state header")
-        version = data[:len(MAGIC)]
-        if version not in (MAGIC, _MAGIC_V1):
+        version = bytes(data[:len(MAGIC)])
+        if version not in (MAGIC, _MAGIC_V2, _MAGIC_V1):
             raise ElasticStateError(
                 f"the elastic state file {self.path} has the format "
-                f"{bytes(version[len(_PREFIX):]).strip().decode(errors='replace')!r}, which "
-                "this hvdlite does not read (it reads 1 and 2): resume it with the hvdlite "
+                f"{version[len(_PREFIX):].strip().decode(errors='replace')!r}, which "
+                "this hvdlite does not read (it reads 1, 2 and 3): resume it with the hvdlite "
                 f"that wrote it, or {self._fix()}")
         end = data.find(b"\n", len(MAGIC), len(MAGIC) + _MAX_HEADER)
         if end < 0:
             raise self._corrupt("its header line is cut short")
         try:
             header = json.loads(data[len(MAGIC):end])
-            number, size = int(header["commit"]), int(header["size"])
-            length = int(header["bytes"])
-            digest = int(header["crc32"]) if version == _MAGIC_V1 else str(header["sum"])
-            job_id, stamp = str(header.get("job", "")), float(header.get("time", 0.0))
-            summary = header.get("summary") or {}
-            parts = tuple(int(n) for n in header.get("parts", ()))
+            if not isinstance(header, dict):
+                raise TypeError(header)
+            self._commit_of(header, b"", ())  # every field is there and of its type
+            if version == _MAGIC_V1:
+                int(header["crc32"])
+            else:
+                str(header["sum"])
+            int(header.get("nparts", 0))
+            tuple(int(n) for n in header.get("parts", ()))
         except (ValueError, KeyError, TypeError):
             raise self._corrupt("its header is not valid") from None
-        payload = data[end + 1:]
+        return version, header, end
+
+    @staticmethod
+    def _commit_of(header: dict, payload, parts: tuple) -> Commit:
+        return Commit(int(header["commit"]), str(header.get("job", "")), int(header["size"]),
+                      float(header.get("time", 0.0)), dict(header.get("summary") or {}),
+                      payload, parts)
+
+    def _check_job(self, commit: Commit) -> None:
+        if self.job_id and commit.job_id != self.job_id:
+            raise ElasticStateError(
+                f"the elastic state file {self.path} belongs to job {commit.job_id!r}, not to "
+                f"this job ({self.job_id!r}): give each job its own --elastic-state-dir, or "
+                f"{self._fix()}")
+
+    def _parse(self, data: bytes) -> Commit:
+        version, header, end = self._parse_header(data)
+        length = int(header["bytes"])
+        start, table = end + 1, b""
+        if version == MAGIC:
+            count = int(header.get("nparts", 0))
+            if count < 0 or start + 8 * count > len(data):
+                raise self._corrupt(f"its table of {count} parts is cut short")
+            table = bytes(data[start:start + 8 * count])
+            parts = struct.unpack(f"<{count}Q", table)
+            start += 8 * count
+        else:
+            parts = tuple(int(n) for n in header.get("parts", ()))
+        payload = data[start:]
         if len(payload) != length:
             raise self._corrupt(f"it holds {len(payload)} bytes of state, its header says "
                                 f"{length}")
         if parts and sum(parts) != length:
             raise self._corrupt("its parts do not add up to its length")
         if version == _MAGIC_V1:
-            good = zlib.crc32(payload) == digest
+            good = zlib.crc32(payload) == int(header["crc32"])
         else:
             view = memoryview(payload)
             ends = list(itertools.accumulate(parts or (length,)))
-            good = state_sum([view[a:b] for a, b in zip([0] + ends, ends)]) == digest
+            pieces = [view[a:b] for a, b in zip([0] + ends, ends)]
+            good = state_sum([table, *pieces] if table else pieces) == str(header["sum"])
         if not good:
             raise self._corrupt("the checksum of its state does not match")
-        if self.job_id and job_id != self.job_id:
-            raise ElasticStateError(
-                f"the elastic state file {self.path} belongs to job {job_id!r}, not to this "
-                f"job ({self.job_id!r}): give each job its own --elastic-state-dir, or "
-                f"{self._fix()}")
-        return Commit(number, job_id, size, stamp, dict(summary), payload, parts)
+        commit = self._commit_of(header, payload, tuple(parts))
+        self._check_job(commit)
+        return commit

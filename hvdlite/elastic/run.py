@@ -17,6 +17,11 @@ is committed, rank 0 marks the launch for a relaunch and every rank exits with
 hosts, where step 1 resumes it.  Outside that mode the state is reset and
 synced and ``func`` runs again, as in Horovod.
 
+A commit that cannot be written (a full disk, a quota: a
+:class:`~.persistence.CommitWriteError` raised on rank 0 by ``commit()``) ends
+rank 0 with :data:`~.layout.STATE_WRITE_EXIT` and a message naming the file and
+the error; hvdrun ends the job with that code instead of relaunching it.
+
 A :class:`~hvdlite.exceptions.HorovodInternalError` (a collective failed) is
 not retried in the process: MPI cannot repair its world, so the error ends the
 process, hvdrun ends the job, and under its elastic mode relaunches it from the
@@ -34,8 +39,8 @@ import functools
 from collections.abc import Callable
 
 from ..exceptions import HostsUpdatedInterrupt
-from .layout import STATE_ERROR_EXIT
-from .persistence import ElasticStateError
+from .layout import STATE_ERROR_EXIT, STATE_WRITE_EXIT
+from .persistence import CommitWriteError, ElasticStateError
 from .state import State, say
 
 __all__ = ["run", "run_fn"]
@@ -60,20 +65,31 @@ def run_fn(func: Callable, reset: Callable[[], None] | None = None) -> Callable:
         state.sync()
         if state._context.generation > 0:
             state.on_reset()
-        while True:
-            try:
-                return func(state, *args, **kwargs)
-            except HostsUpdatedInterrupt as exc:
-                if state._context.relaunchable:
-                    state._leave_for_new_hosts()  # raises SystemExit
-                skip_sync = exc.skip_sync
-            if reset is not None:
-                reset()
-            state.on_reset()
-            if not skip_sync:
-                state.sync()
+        try:
+            return _loop(func, state, reset, args, kwargs)
+        except CommitWriteError as exc:
+            if not state._context.relaunchable:
+                raise
+            say(f"error: {exc}")
+            raise SystemExit(STATE_WRITE_EXIT) from exc
 
     return wrapper
+
+
+def _loop(func: Callable, state: State, reset, args, kwargs):
+    """Run *func* until it returns (see the module doc for a host change)."""
+    while True:
+        try:
+            return func(state, *args, **kwargs)
+        except HostsUpdatedInterrupt as exc:
+            if state._context.relaunchable:
+                state._leave_for_new_hosts()  # raises SystemExit
+            skip_sync = exc.skip_sync
+        if reset is not None:
+            reset()
+        state.on_reset()
+        if not skip_sync:
+            state.sync()
 
 
 def run(func: Callable) -> Callable:

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable
 
 from ..exceptions import HostsUpdatedInterrupt
 from .layout import HOSTS_UPDATED_EXIT, WorkerContext, mark_restart, read_notice
-from .persistence import CommitStore, ElasticStateError
+from .persistence import CommitStore, CorruptStateError, ElasticStateError
 from .writer import CommitWriter, InBand, background_commits, dump
 
 __all__ = ["State", "ObjectState"]
@@ -258,7 +258,7 @@ class State:
     def _load_commit(self) -> tuple:
         ctx = self._context
         try:
-            commit = self._store().read()
+            commit, fell_back = self._read_commit()
             if commit is None:
                 if ctx.expect_commit:
                     raise ElasticStateError(
@@ -267,7 +267,7 @@ class State:
                         "state directory must be one that hvdrun and every host share "
                         "(--elastic-state-dir on a shared file system)")
                 return ("none", 0, "")
-            if commit.number < ctx.expect_commit:
+            if commit.number < ctx.expect_commit and not fell_back:
                 raise ElasticStateError(
                     f"the elastic state file {ctx.state_path()} holds commit {commit.number}, "
                     f"but hvdrun saw commit {ctx.expect_commit} there before this launch: "
@@ -283,6 +283,26 @@ class State:
             return ("loaded", commit.number, commit.describe())
         except ElasticStateError as exc:
             return ("error", 0, str(exc))
+
+    def _read_commit(self) -> tuple:
+        """``(commit, from the spare)``: the last commit, or -- when it is damaged -- the
+        one before it from the spare copy, if that one is whole (said on stderr)."""
+        store = self._store()
+        try:
+            return store.read(), False
+        except CorruptStateError as exc:
+            spare = store.spare()
+            try:
+                older = spare.read()
+            except ElasticStateError as again:
+                raise ElasticStateError(f"{exc} (its spare copy {spare.path} cannot be used "
+                                        f"either: {again})") from None
+            if older is None:
+                raise
+            say(f"warning: {exc}. Resuming instead from the commit before it, "
+                f"{older.describe()}, in {spare.path}, whose checksum matches: the work "
+                "since that commit is done again")
+            return older, True
 
     def _leave_for_new_hosts(self) -> None:
         """Every rank, after HostsUpdatedInterrupt under hvdrun's elastic mode: persist the

@@ -29,13 +29,15 @@ raises, as :class:`~.persistence.ElasticStateError`, what went wrong writing it
 
 from __future__ import annotations
 
+import errno
 import io
+import os
 import pickle
 import sys
 import threading
 from collections.abc import Mapping
 
-from .persistence import CommitStore, ElasticStateError
+from .persistence import CommitStore, CommitWriteError, ElasticStateError
 
 __all__ = ["CommitWriter", "InBand", "background_commits", "dump"]
 
@@ -102,6 +104,15 @@ class CommitWriter:
             raise self._failed(error) from error
 
     def _failed(self, error: BaseException) -> ElasticStateError:
+        if isinstance(error, OSError) and error.errno is not None:
+            name = errno.errorcode.get(error.errno, str(error.errno))
+            directory = os.path.dirname(self.store.path) or "."
+            return CommitWriteError(
+                f"writing commit {self._number} to {self.store.path} failed: "
+                f"{error.strerror or error} (errno {error.errno}, {name}); the commit before "
+                f"it stays in {directory}. Free space or raise the quota there (or give "
+                "hvdrun an --elastic-state-dir with room), then start the job again: hvdrun "
+                "does not relaunch it, the next commit would fail the same way")
         return ElasticStateError(f"writing commit {self._number} to {self.store.path} "
                                  f"failed: {error}")
 

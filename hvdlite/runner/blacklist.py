@@ -25,7 +25,7 @@ class Blacklist:
     """Which hosts to leave out now, and why (see the module doc)."""
 
     def __init__(self, cooldown_range: tuple[float, float] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, limit: int = 4096) -> None:
         if cooldown_range is not None:
             low, high = (float(v) for v in cooldown_range)
             if not 0 <= low <= high:
@@ -34,6 +34,7 @@ class Blacklist:
         self.cooldown_range = cooldown_range
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
+        self.limit = limit  # hosts remembered; past it, those whose cooldown ended go first
 
     def add(self, host: str, reason: str) -> float | None:
         """Leave *host* out because of *reason*; returns the seconds it stays out (None: for
@@ -45,7 +46,13 @@ class Blacklist:
             low, high = self.cooldown_range
             seconds = min(low * 2 ** (failures - 1), high)
         until = None if seconds is None else self._clock() + seconds
+        self._entries.pop(host, None)
         self._entries[host] = _Entry(failures, until, reason)
+        if len(self._entries) > self.limit:
+            for name in [name for name in self._entries if not self.blocked(name)]:
+                del self._entries[name]
+                if len(self._entries) <= self.limit:
+                    break
         return seconds
 
     def blocked(self, host: str) -> bool:

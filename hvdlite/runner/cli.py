@@ -46,7 +46,9 @@ class Plan:
     ``cmd`` is the launcher's argument list, ``env`` the launcher's whole
     environment (inherited + knob variables + the job's status-line token and
     owner, see :mod:`.job`), ``extra_env`` the variables a shell line must show
-    in front of ``cmd`` (srun: knobs travel in the environment); ``hosts`` is
+    in front of ``cmd``: the job's variables (knobs, ``hvdlite.run(env=...)``),
+    which travel in the launcher's environment, never on its command line, and
+    the launcher's own; ``hosts`` is
     None when the job stays on this machine.  ``notes`` are lines hvdrun prints
     before it starts (options given that change nothing here).  ``ssh_hosts``
     are the other hosts the launcher reaches through ssh (with ``ssh_args``):
@@ -67,9 +69,23 @@ class Plan:
     ssh_args: tuple[str, ...] = ()
 
     def shell_line(self) -> str:
-        """The command as one copy-pastable shell line (knob variables in front for srun)."""
-        prefix = [f"{k}={shlex.quote(v)}" for k, v in self.extra_env.items()]
+        """The command as one shell line, the job's variables in front; a value that may
+        be a secret (any but hvdrun's own knobs and launcher settings) shows as ``***``."""
+        prefix = [f"{k}={shlex.quote(shown_value(k, v))}" for k, v in self.extra_env.items()]
         return " ".join(prefix + [shlex.join(self.cmd)])
+
+
+# Variables whose values hvdrun prints: its own knobs and launcher settings (they come
+# from hvdrun's flags, on its own command line anyway).  Any other value -- e.g. from
+# hvdlite.run(env=...) -- may be a secret and is printed as ***.
+_SHOWN_PREFIXES = ("HVDLITE_", "HOROVOD_", "NCCL_", "MPIR_CVAR_", "FI_", "UCX_", "HYDRA_",
+                   "I_MPI_")
+MASK = "***"
+
+
+def shown_value(name: str, value: str) -> str:
+    """*value* as hvdrun prints it for variable *name* (``***`` unless it is public)."""
+    return value if name.startswith(_SHOWN_PREFIXES) else MASK
 
 
 def _check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
@@ -283,6 +299,7 @@ def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None,
                           binding=binding, nics=nics, ssh_args=ssh_args)
         cmd, extra_env = mpiexec_command(mpi, spec), launcher_environment(mpi, spec)
         env.update(extra_env)
+        extra_env = {**knob_env, **extra_env}
     return args, Plan(cmd, env, extra_env, np, None if local else hosts,
                       _start_timeout(values, environ), launcher, mpi,
                       bool(values.get("verbose")), _notes(values, mpi, nics), ssh_hosts,

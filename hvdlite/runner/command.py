@@ -6,12 +6,18 @@ without a shell.  What each one does, in its own launcher's words:
 ============  ==============  ======================  =============  ==========================
 flavour       rank prefix     environment             CPU binding    other
 ============  ==============  ======================  =============  ==========================
-MPICH/Hydra   -prepend-rank   -genv NAME VALUE        -bind-to none  -hosts a:2,b:2
-Open MPI      --tag-output    -x NAME, -x NAME=VALUE  --bind-to none --allow-run-as-root as root;
+MPICH/Hydra   -prepend-rank   inherited               -bind-to none  -hosts a:2,b:2
+Open MPI      --tag-output    -x NAME                 --bind-to none --allow-run-as-root as root;
                                                                      --oversubscribe locally
-Intel MPI     -prepend-rank   -genv NAME VALUE        I_MPI_PIN=0    -hosts a,b -ppn N
+Intel MPI     -prepend-rank   inherited               I_MPI_PIN=0    -hosts a,b -ppn N
 srun          --label         inherited (--export)    --cpu-bind=none --mpi=pmi2|pmix
 ============  ==============  ======================  =============  ==========================
+
+The job's variables (``LaunchSpec.env``: knobs, ``hvdlite.run(env=...)``) are
+never written on the command line, where any local user sees them (``ps``,
+``/proc/PID/cmdline``): the caller puts their values in the launcher's own
+environment, and the command forwards them by name (Open MPI's ``-x NAME``;
+Hydra, Intel MPI and srun pass the whole environment on).
 
 ``LaunchSpec.binding`` replaces the "no binding" column.  Network interfaces
 and ssh options (for jobs with other hosts), in each launcher's terms:
@@ -94,8 +100,6 @@ def _mpich(info: MpiInfo, spec: LaunchSpec) -> list[str]:
         cmd += ["-iface", spec.nics[0]]
     if spec.hosts and spec.ssh_args:  # the arguments travel in HYDRA_LAUNCHER_EXTRA_ARGS
         cmd += ["-launcher", "ssh"]
-    for name, value in spec.env.items():
-        cmd += ["-genv", name, value]
     return cmd + list(spec.mpi_args) + list(spec.program)
 
 
@@ -105,8 +109,6 @@ def _intel(info: MpiInfo, spec: LaunchSpec) -> list[str]:
         common += ["-iface", spec.nics[0]]
     if spec.hosts and spec.ssh_args:
         common += ["-bootstrap", "ssh", "-bootstrap-exec-args", " ".join(spec.ssh_args)]
-    for name, value in spec.env.items():
-        common += ["-genv", name, value]
     common += list(spec.mpi_args)
     hosts = list(spec.hosts or ())
     if not hosts:
@@ -144,8 +146,8 @@ def _openmpi(info: MpiInfo, spec: LaunchSpec, as_root: bool) -> list[str]:
     for name in spec.forward:
         if name not in spec.env:
             cmd += ["-x", name]
-    for name, value in spec.env.items():
-        cmd += ["-x", f"{name}={value}"]
+    for name in spec.env:  # by name: the value is in mpirun's environment
+        cmd += ["-x", name]
     return cmd + list(spec.mpi_args) + list(spec.program)
 
 

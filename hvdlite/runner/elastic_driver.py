@@ -8,8 +8,10 @@ the unit of recovery is the whole MPI job.  Each turn of the loop is a *launch*
    blacklisted ones (:mod:`.blacklist`); with fewer than ``--min-np`` slots,
    wait up to ``--elastic-timeout`` seconds, then end with an error naming the
    hosts that were lost and why;
-2. read the commit in the job's state directory (:mod:`hvdlite.elastic.persistence`):
-   a corrupt one ends the job with that error, nothing relaunches it;
+2. read the header of the commit in the job's state directory
+   (:mod:`hvdlite.elastic.persistence`): a corrupt one ends the job with that
+   error, nothing relaunches it (a payload that does not match its checksum is
+   found by rank 0 as it resumes, and ends the job the same way);
 3. start ``min(slots, --max-np)`` ranks through the ordinary launch path
    (:func:`.cli.plan`, :func:`.job.run_job_outcome`), with the variables that
    tell each rank where the state is (:mod:`hvdlite.elastic.layout`); while it
@@ -19,9 +21,14 @@ the unit of recovery is the whole MPI job.  Each turn of the loop is a *launch*
    exit together with ``HOSTS_UPDATED_EXIT``;
 4. then: every rank succeeded -> done (the state directory is removed); the
    ranks left for new hosts -> relaunch (counts against ``--reset-limit``); a
-   rank failed -> blacklist its host (sources that can change only), relaunch
-   (counts against ``--max-restarts`` and ``--reset-limit``), or give up with
-   the failure's exit code when a budget is spent.
+   rank failed -> relaunch (counts against ``--max-restarts`` and
+   ``--reset-limit``), or give up with the failure's exit code when a budget is
+   spent.  A rank's failure leaves its host out (sources that can change only)
+   only on evidence about the host (:class:`.elastic_hosts.FailureHistory`):
+   every rank on it ended at once, it cannot be reached, or it failed again
+   soon after; otherwise the job is relaunched on the same hosts.  A rank that
+   could not write a commit (``STATE_WRITE_EXIT``: a full disk, a quota) ends
+   the job with that code: no relaunch, no host left out.
 
 Every decision is one ``hvdrun: elastic: ...`` line on stderr.
 """
@@ -39,12 +46,14 @@ from typing import BinaryIO
 
 from ..elastic.layout import (EXPECT_COMMIT_VARIABLE, GENERATION_VARIABLE, HOSTS_UPDATED_EXIT,
                               JOB_DIR_VARIABLE, JOB_ID_VARIABLE, ENABLED_VARIABLE,
-                              STATE_ERROR_EXIT, STATE_FILE, post_notice, restart_path)
-from ..elastic.persistence import Commit, CommitStore, ElasticStateError
+                              STATE_ERROR_EXIT, STATE_FILE, STATE_WRITE_EXIT, last_launch,
+                              post_notice, record_launch, restart_path)
+from ..elastic.persistence import Commit, CommitStore, ElasticStateError, make_private_dir
 from . import sshcheck
 from .blacklist import Blacklist
 from .discovery import DiscoveryError
-from .elastic_hosts import HostPool, describe_change, rank_host
+from .elastic_hosts import (REPEAT_WINDOW_SECONDS, FailureHistory, HostPool, describe_change,
+                            rank_host, ranks_on)
 from .elastic_settings import DEFAULT_STATE_DIR, ElasticSettings
 from .errors import USAGE_EXIT
 from .hosts import Host, format_hosts, total_slots
@@ -88,7 +97,17 @@ class _HostWatch(threading.Thread):
         self.job_dir, self.generation, self.interval = job_dir, generation, interval
         self.notice: str | None = None
         self._stop_event = threading.Event()
-        self._warned: set[str] = set()
+        self._warned: set[str] = set()  # at most _MAX_WARNINGS distinct messages
+
+    def _warn(self, text: str) -> None:
+        """Say *text* once (a bounded number of distinct warnings, then one last line)."""
+        if text in self._warned or len(self._warned) > _MAX_WARNINGS:
+            return
+        self._warned.add(text)
+        if len(self._warned) > _MAX_WARNINGS:
+            say("warning: more distinct warnings follow; not shown")
+            return
+        say(f"warning: {text}")
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -99,15 +118,23 @@ class _HostWatch(threading.Thread):
             try:
                 wanted = self.pool.placement(self.pool.available())
             except DiscoveryError as exc:
-                if str(exc) not in self._warned:
-                    self._warned.add(str(exc))
-                    say(f"warning: {exc} (the job goes on; hvdrun keeps asking)")
+                self._warn(f"{exc} (the job goes on; hvdrun keeps asking)")
                 continue
             if wanted != self.placement:
-                self.notice = describe_change(self.placement, wanted)
-                post_notice(self.job_dir, self.generation, self.notice)
+                notice = describe_change(self.placement, wanted)
+                try:
+                    post_notice(self.job_dir, self.generation, notice)
+                except OSError as exc:  # the ranks must still hear of it: try again
+                    self._warn(f"cannot post the host-update notice in {self.job_dir} "
+                               f"({exc.strerror or exc}); retrying every "
+                               f"{self.interval:g} s")
+                    continue
+                self.notice = notice
                 say(f"hosts changed: {self.notice}; the ranks leave at their next commit")
                 return
+
+
+_MAX_WARNINGS = 32
 
 
 def _wait_for_slots(pool: HostPool, settings: ElasticSettings) -> list[Host]:
@@ -138,8 +165,10 @@ def _wait_for_slots(pool: HostPool, settings: ElasticSettings) -> list[Host]:
 
 
 def _commit_on_disk(job_dir: str, job_id: str) -> Commit | None:
+    """The last commit's header (its number and summary): the payload, however large,
+    is read and checked by rank 0 only, when it resumes."""
     try:
-        return CommitStore(os.path.join(job_dir, STATE_FILE), job_id).read()
+        return CommitStore(os.path.join(job_dir, STATE_FILE), job_id).read_header()
     except ElasticStateError as exc:
         raise GiveUp(str(exc)) from None
 
@@ -151,6 +180,33 @@ def _what_failed(outcome: JobOutcome) -> str:
     if outcome.reason == "start-timeout":
         return "the ranks did not all start within --start-timeout"
     return f"the launcher failed (exit code {outcome.code})"
+
+
+def _unreachable(launch) -> Callable[[str], str | None]:
+    """Why a host of *launch* cannot be reached now (an ssh login, for the hosts the
+    launcher reaches through ssh; the others count as reachable)."""
+
+    def why(host: str) -> str | None:
+        if host not in launch.ssh_hosts:
+            return None
+        try:
+            sshcheck.check_hosts([host], launch.ssh_args, launch.env)
+        except sshcheck.HostCheckError as exc:
+            lines = str(exc).splitlines()
+            return lines[1].strip() if len(lines) > 1 else str(exc)
+        return None
+
+    return why
+
+
+def _judge_failure(outcome: JobOutcome, placement: list[Host], history: FailureHistory,
+                   launch) -> tuple[str, str | None]:
+    """``(host, why it is the host's failure or None)`` for a launch a rank failed."""
+    failure = outcome.failure
+    host = rank_host(placement, failure.rank) or failure.host
+    placed = ranks_on(placement, host)
+    failed = {f.rank for f in outcome.failures if not f.stopped}
+    return host, history.judge(host, placed, failed, _unreachable(launch))
 
 
 def _remove_job_dir(job_dir: str, settings: ElasticSettings) -> None:
@@ -178,8 +234,13 @@ def run_elastic(settings: ElasticSettings, source,
     except DiscoveryError as exc:
         sys.stderr.write(f"hvdrun: error: {exc}\n")
         return USAGE_EXIT
-    job_id = new_job_id()
+    job_id = settings.resume or new_job_id()
     job_dir = os.path.join(settings.state_dir, job_id)
+    if settings.resume and not os.path.exists(os.path.join(job_dir, STATE_FILE)):
+        sys.stderr.write(f"hvdrun: error: --elastic-resume {job_id}: no commit of that job in "
+                         f"{job_dir}; give the job id hvdrun printed at its start, and the "
+                         "same --elastic-state-dir\n")
+        return USAGE_EXIT
     if dry_run:
         placement = pool.placement(first)
         if not placement:
@@ -189,7 +250,11 @@ def run_elastic(settings: ElasticSettings, source,
                            rank_environment(job_dir, job_id, 0, None))
         sys.stdout.write(launch.shell_line() + "\n")
         return 0
-    os.makedirs(job_dir, exist_ok=True)
+    make_private_dir(settings.state_dir)  # 0700 when hvdrun makes it; kept as it is
+    make_private_dir(job_dir)
+    if not settings.resume:
+        say(f"job {job_id}: commits go to {job_dir} (should hvdrun itself end, resume with "
+            f"--elastic-resume {job_id})")
     try:
         return _loop(settings, source, pool, make_plan, describe, job_id, job_dir, (out, err))
     except GiveUp as exc:
@@ -202,6 +267,11 @@ def run_elastic(settings: ElasticSettings, source,
 def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe,
           job_id: str, job_dir: str, streams: tuple) -> int:
     generation = restarts = resets = 0
+    if settings.resume:  # count on from the launches of the hvdrun that ended
+        generation = (last_launch(job_dir) or 0) + 1
+    first = generation
+    window = max(REPEAT_WINDOW_SECONDS, (settings.cooldown_range or (0.0, 0.0))[1])
+    history = FailureHistory(window)
     while True:
         hosts = _wait_for_slots(pool, settings)
         placement = pool.placement(hosts)
@@ -210,6 +280,7 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
         commit = _commit_on_disk(job_dir, job_id)
         start = f"resuming from {commit.describe()}" if commit else "from the start"
         say(f"launch {generation}: {np} rank(s) on {format_hosts(placement)}, {start}")
+        record_launch(job_dir, generation)
         launch = make_plan(np, placement, rank_environment(job_dir, job_id, generation, commit))
         if describe is not None:
             sys.stderr.write(describe(launch))
@@ -224,7 +295,8 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
             outcome = run_job_outcome(launch.cmd, launch.env, np=np,
                                       start_timeout=launch.start_timeout,
                                       out=streams[0], err=streams[1],
-                                      quiet_codes=(HOSTS_UPDATED_EXIT, STATE_ERROR_EXIT))
+                                      quiet_codes=(HOSTS_UPDATED_EXIT, STATE_ERROR_EXIT),
+                                      host_names=_host_names(placement))
         finally:
             if watch.is_alive():
                 watch.stop()
@@ -233,14 +305,19 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
         if STATE_ERROR_EXIT in outcome.quiet_exits.values():
             raise GiveUp("the ranks could not load the commit to resume from (their message "
                          "is above); not relaunching")
+        unwritable = [f for f in outcome.failures if f.code == STATE_WRITE_EXIT]
+        if unwritable:
+            raise GiveUp(f"rank {unwritable[0].rank} could not write a commit (its message "
+                         "is above: the file, the error and the fix); not relaunching, and its "
+                         "host stays in (it is not the host's failure)", STATE_WRITE_EXIT)
         if os.path.exists(restart_path(job_dir, generation)):
             resets += 1
             _check_reset_limit(settings, resets, "the hosts changed")
             say(f"the ranks left for new hosts ({watch.notice or 'notice posted'}): "
                 "relaunching")
         elif outcome.code == 0 and outcome.reason is None:
-            if generation:
-                say(f"the job finished after {generation} relaunch(es)")
+            if generation > first:
+                say(f"the job finished after {generation - first} relaunch(es)")
             _remove_job_dir(job_dir, settings)
             return 0
         else:
@@ -248,10 +325,14 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
             restarts += 1
             resets += 1
             if outcome.failure is not None and source.dynamic:
-                host = rank_host(placement, outcome.failure.rank) or outcome.failure.host
-                pool.blacklist.add(host, f"rank {outcome.failure.rank} failed there: "
-                                         f"{outcome.failure.how}")
-                say(f"host {host} is left out: {pool.blacklist.reason(host)}")
+                host, why = _judge_failure(outcome, placement, history, launch)
+                if why is None:
+                    say(f"{what}: a process failure, not the host's (host {host} is reachable "
+                        "and its other ranks were healthy); it stays in")
+                else:
+                    pool.blacklist.add(host, f"rank {outcome.failure.rank} failed there "
+                                             f"({outcome.failure.how}) and {why}")
+                    say(f"host {host} is left out: {pool.blacklist.reason(host)}")
             budget = settings.max_restarts
             if budget is not None and restarts > budget:
                 raise GiveUp(f"{what}; the restart budget is spent (--max-restarts {budget})",
@@ -260,6 +341,16 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
             count = f"restart {restarts}" + (f" of {budget}" if budget is not None else "")
             say(f"{what}: relaunching ({count})")
         generation += 1
+
+
+def _host_names(placement: list[Host]) -> dict[int, str]:
+    """rank -> the name of its host in *placement* (how every message names it)."""
+    names, rank = {}, 0
+    for host in placement:
+        for _ in range(host.slots):
+            names[rank] = host.name
+            rank += 1
+    return names
 
 
 def _check_reset_limit(settings: ElasticSettings, resets: int, what: str, code: int = 1

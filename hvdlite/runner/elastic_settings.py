@@ -36,6 +36,7 @@ _NEED_ELASTIC = {"slots_per_host": "--slots-per-host", "elastic_timeout": "--ela
                  "reset_limit": "--reset-limit",
                  "blacklist_cooldown_range": "--blacklist-cooldown-range",
                  "elastic_state_dir": "--elastic-state-dir",
+                 "elastic_resume": "--elastic-resume",
                  "elastic_background_commit": "--elastic-background-commit"}
 
 
@@ -54,6 +55,7 @@ class ElasticSettings:
     state_dir: str
     poll_interval: float
     source: str  # "script", "slurm" or "fixed"
+    resume: str | None = None  # --elastic-resume: the job id to resume
 
 
 def elastic_requested(values: Mapping[str, object]) -> bool:
@@ -76,6 +78,11 @@ def _seconds(environ: Mapping[str, str], names: tuple[str, ...], default: float)
 
 
 def _check_script(script: str, environ: Mapping[str, str]) -> None:
+    if os.path.isfile(script):  # a path, whatever it holds: run as it is, no shell
+        if not os.access(script, os.X_OK):
+            raise UsageError(f"--host-discovery-script {script!r} is not executable (chmod +x "
+                             "it, or give its interpreter: 'sh discover.sh')")
+        return
     try:
         words = shlex.split(script)
     except ValueError as exc:
@@ -148,6 +155,11 @@ def settings_from(values: Mapping[str, object], environ: Mapping[str, str]
     state_dir = values.get("elastic_state_dir") or environ.get(
         "HVDLITE_ELASTIC_STATE_DIR", "").strip() or DEFAULT_STATE_DIR
     max_restarts = values.get("max_restarts")
+    resume = values.get("elastic_resume")
+    if resume is not None and (not str(resume).strip() or os.sep in str(resume)
+                               or str(resume) in (".", "..")):
+        raise UsageError(f"--elastic-resume {resume!r}: give the job id hvdrun printed at the "
+                         "job's start (a name in --elastic-state-dir, not a path)")
     return ElasticSettings(
         min_np=min_np, max_np=max_np,
         discovery_script=str(script) if script is not None else None,
@@ -158,4 +170,4 @@ def settings_from(values: Mapping[str, object], environ: Mapping[str, str]
         state_dir=os.path.abspath(os.path.expanduser(str(state_dir))),
         poll_interval=_seconds(environ, ("HVDLITE_ELASTIC_DISCOVERY_INTERVAL",),
                                DEFAULT_INTERVAL),
-        source=source)
+        source=source, resume=str(resume) if resume is not None else None)

@@ -29,7 +29,10 @@ Contract of :func:`run_job`:
   on purpose (see :mod:`hvdlite.elastic.layout`); a rank that exits with one of
   them does not stop the job and is not reported as a failure, but should the
   other ranks not follow within ``QUIET_GRACE_SECONDS`` the job is stopped.
-  :func:`run_job_outcome` returns what happened in detail (:class:`JobOutcome`).
+  :func:`run_job_outcome` returns what happened in detail (:class:`JobOutcome`);
+  its *host_names* (rank -> host) names each rank's host as the caller placed it
+  (the elastic loop's host list) instead of as the rank's machine calls itself,
+  so that the report and the caller's decisions use one name.
 """
 
 from __future__ import annotations
@@ -155,7 +158,8 @@ class _Reader(threading.Thread):
 class _Job:
     def __init__(self, proc: subprocess.Popen, np: int, start_timeout: float,
                  launcher: str, err: BinaryIO, signals: list[int],
-                 quiet_codes: Sequence[int] = ()) -> None:
+                 quiet_codes: Sequence[int] = (),
+                 host_names: Mapping[int, str] | None = None) -> None:
         self.proc, self.np, self.start_timeout, self.launcher = proc, np, start_timeout, launcher
         self.err = err
         self.started: set[int] = set()
@@ -168,6 +172,7 @@ class _Job:
         self.quiet_codes = frozenset(quiet_codes)
         self.quiet_exits: dict[int, int] = {}  # rank -> its quiet exit code
         self.quiet_since: float | None = None
+        self.host_names = dict(host_names or {})
 
     def say(self, text: str) -> None:
         try:
@@ -196,6 +201,8 @@ class _Job:
 
     def on_status(self, message: dict) -> None:
         rank = message.get("rank")
+        if rank in self.host_names:
+            message = {**message, "host": self.host_names[rank]}
         if message.get("event") == "start" and isinstance(rank, int):
             self.started.add(rank)
         elif message.get("event") == "exit" and message.get("code") in self.quiet_codes:
@@ -253,13 +260,15 @@ class JobOutcome:
     """How a job ended: ``code`` is what :func:`run_job` returns; ``reason`` is None
     (the ranks ended by themselves), "failure", "signal", "start-timeout" or
     "quiet-timeout"; ``failure`` the first failing rank (None when none failed);
-    ``quiet_exits`` rank -> quiet code for the ranks that left with one."""
+    ``quiet_exits`` rank -> quiet code for the ranks that left with one;
+    ``failures`` every rank that reported a non-zero status."""
 
     code: int
     reason: str | None
     failure: Failure | None
     quiet_exits: dict
     signum: int | None = None
+    failures: tuple = ()
 
 
 def run_job(cmd: Sequence[str], env: Mapping[str, str], *, np: int,
@@ -272,14 +281,15 @@ def run_job(cmd: Sequence[str], env: Mapping[str, str], *, np: int,
 
 def run_job_outcome(cmd: Sequence[str], env: Mapping[str, str], *, np: int,
                     start_timeout: float = 30.0, out: BinaryIO | None = None,
-                    err: BinaryIO | None = None, quiet_codes: Sequence[int] = ()
-                    ) -> JobOutcome:
+                    err: BinaryIO | None = None, quiet_codes: Sequence[int] = (),
+                    host_names: Mapping[int, str] | None = None) -> JobOutcome:
     """:func:`run_job`, returning a :class:`JobOutcome` (see the module doc)."""
     signals: list[int] = []
     previous = _catch_stop_signals(signals)  # first: nothing may start unguarded
     try:
         return _run(cmd, env, np, start_timeout, out if out is not None else sys.stdout.buffer,
-                    err if err is not None else sys.stderr.buffer, signals, quiet_codes)
+                    err if err is not None else sys.stderr.buffer, signals, quiet_codes,
+                    host_names)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -287,7 +297,8 @@ def run_job_outcome(cmd: Sequence[str], env: Mapping[str, str], *, np: int,
 
 def _run(cmd: Sequence[str], env: Mapping[str, str], np: int, start_timeout: float,
          out: BinaryIO, err: BinaryIO, signals: list[int],
-         quiet_codes: Sequence[int] = ()) -> JobOutcome:
+         quiet_codes: Sequence[int] = (), host_names: Mapping[int, str] | None = None
+         ) -> JobOutcome:
     token = env.get(protocol.TOKEN_VARIABLE) or protocol.new_token()
     env = {**env, protocol.TOKEN_VARIABLE: token,
            lifeline.OWNER_VARIABLE: lifeline.identity() or ""}
@@ -295,7 +306,8 @@ def _run(cmd: Sequence[str], env: Mapping[str, str], np: int, start_timeout: flo
     tail: collections.deque[tuple[str, str]] = collections.deque(maxlen=_TAIL_LINES)
     started_at, wall_start = time.monotonic(), time.time()
     proc = _launch(cmd, env)
-    job = _Job(proc, np, start_timeout, os.path.basename(cmd[0]), err, signals, quiet_codes)
+    job = _Job(proc, np, start_timeout, os.path.basename(cmd[0]), err, signals, quiet_codes,
+               host_names)
     readers = [_Reader("stdout", proc.stdout, out, events, tail, token, np),
                _Reader("stderr", proc.stderr, err, events, tail, token, np)]
     for reader in readers:
@@ -331,7 +343,7 @@ def _run(cmd: Sequence[str], env: Mapping[str, str], np: int, start_timeout: flo
             proc.wait()
     code = _conclude(job, returncode, wall_start, tail)
     return JobOutcome(code, job.reason, first_failure(job.failures), dict(job.quiet_exits),
-                      job.signum)
+                      job.signum, tuple(job.failures))
 
 
 def _conclude(job: _Job, returncode: int, wall_start: float, tail) -> int:

@@ -287,6 +287,9 @@ ELASTIC_OPTIONS: tuple[Option, ...] = (
            "(a subdirectory per job); must be shared by hvdrun's host and every rank's host "
            "(default .hvdlite-elastic in the working directory, or "
            "$HVDLITE_ELASTIC_STATE_DIR)", _directory, "DIR"),
+    Option("elastic_resume", ("--elastic-resume",), "elastic: resume the job JOB_ID (its "
+           "subdirectory of --elastic-state-dir, named at its start) from its last commit, "
+           "after hvdrun itself ended (a node reboot, a batch time limit)", str, "JOB_ID"),
     Option("elastic_background_commit", ("--elastic-background-commit",), "elastic: rank 0 "
            "writes each commit on a thread while training goes on, for slow shared file "
            "systems; a commit is then on disk only by the next commit() and rank 0 dying "

@@ -55,8 +55,17 @@ def launch_directory(directory: Path, environ=None) -> Path:
 
 
 def _write(path: Path, data: bytes) -> None:
+    """*data* as *path*, whole: written to a new owner-only file beside it (a link
+    there is never followed), then renamed over it."""
     partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(data)
+    try:
+        partial.unlink()
+    except FileNotFoundError:
+        pass
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                 0o600)
+    with open(fd, "wb") as handle:
+        handle.write(data)
     os.replace(partial, path)
 
 

@@ -42,10 +42,12 @@ import time
 
 try:
     from . import lifeline, protocol, rankenv
+    from .safe_files import open_for_writing
 except ImportError:  # run as a plain file: siblings are on sys.path[0]
     import lifeline  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
     import rankenv  # type: ignore[no-redef]
+    from safe_files import open_for_writing  # type: ignore[no-redef]
 
 __all__ = ["main", "GRACE_SECONDS"]
 
@@ -93,7 +95,7 @@ class _Pump(threading.Thread):
                  timestamp: bool = False) -> None:
         super().__init__(daemon=True)
         self._pipe, self._out_fd, self._tail = pipe, out_fd, tail
-        self._log = open(log_path, "wb") if log_path else None  # noqa: SIM115
+        self._log = open_for_writing(log_path, binary=True) if log_path else None
         self._alive = True
         self._timestamp = timestamp
 

@@ -17,6 +17,7 @@ import collections
 import threading
 import time
 
+from ..runner.safe_files import open_for_writing
 from . import schema
 from .events import MAX_ROWS, TraceBuilder
 from .writer import Writer
@@ -35,7 +36,7 @@ class Timeline:
     by its own thread, ended by :meth:`close`."""
 
     def __init__(self, path: str, mark_cycles: bool = False):
-        file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - the writer closes it
+        file = open_for_writing(path, encoding="utf-8")  # the writer closes it
         self.path = path
         self.mark_cycles = bool(mark_cycles)
         self._records: collections.deque = collections.deque(maxlen=BACKLOG)

@@ -8,8 +8,11 @@ Faults (only in launch 0, i.e. ``HVDLITE_ELASTIC_GENERATION`` 0, unless
 ``--every-launch``): ``--kill-rank R --kill-at S`` (rank R SIGKILLs itself before
 step S), ``--crash-in-commit N`` (rank 0 dies inside commit N, after the state
 is written to its temporary file and before the rename), ``--corrupt-after N``
-(rank 0 flips a byte of the state file after commit N, then dies),
-``--kill-after-commit N`` (rank 0 SIGKILLs itself as soon as commit N returns).
+(rank 0 flips a byte of the state file after commit N, then dies; with
+``--corrupt-spare-too`` of its spare copy too),
+``--kill-after-commit N`` (rank 0 SIGKILLs itself as soon as commit N returns),
+``--file-size-limit BYTES`` (rank 0 may write no file larger: with ``--ballast
+BYTES`` of numpy array in the state its commits fail with EFBIG).
 """
 
 import argparse
@@ -31,14 +34,27 @@ parser.add_argument("--kill-at", type=int, default=-1)
 parser.add_argument("--crash-in-commit", type=int, default=0)
 parser.add_argument("--corrupt-after", type=int, default=0)
 parser.add_argument("--kill-after-commit", type=int, default=0)
+parser.add_argument("--corrupt-spare-too", action="store_true")
 parser.add_argument("--every-launch", action="store_true")
 parser.add_argument("--step-seconds", type=float, default=0.0)
+parser.add_argument("--file-size-limit", type=int, default=0)
+parser.add_argument("--ballast", type=int, default=0)
 args = parser.parse_args()
 
 hvdlite.init()
 launch = int(os.environ.get("HVDLITE_ELASTIC_GENERATION", "0"))
 faulty = launch == 0 or args.every_launch
-state = hvdlite.elastic.ObjectState(step=0, total=0.0)
+ballast = {"ballast": np.zeros(args.ballast, np.uint8)} if args.ballast else {}
+state = hvdlite.elastic.ObjectState(step=0, total=0.0, **ballast)
+
+
+def limit_file_size():
+    """From now on rank 0 writes no file larger than --file-size-limit (after the first
+    collective: MPI's shared-memory segments are files too)."""
+    if faulty and args.file_size_limit and hvdlite.rank() == 0:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (args.file_size_limit, resource.RLIM_INFINITY))
 
 if faulty and args.crash_in_commit and hvdlite.rank() == 0:
     publish, commits = persistence._publish, [0]
@@ -65,6 +81,7 @@ def train(state):
         state.step += 1
         time.sleep(args.step_seconds)
         if state.step % args.commit_every == 0:
+            limit_file_size()
             state.commit()
             if (faulty and hvdlite.rank() == 0 and args.kill_after_commit
                     and state._commit_number == args.kill_after_commit):
@@ -74,11 +91,12 @@ def train(state):
                     and state._commit_number == args.corrupt_after):
                 state.flush()  # commit N is on disk
                 path = os.path.join(os.environ["HVDLITE_ELASTIC_JOB_DIR"], "state.hvdlite")
-                with open(path, "r+b") as handle:
-                    handle.seek(-3, os.SEEK_END)
-                    byte = handle.read(1)
-                    handle.seek(-3, os.SEEK_END)
-                    handle.write(bytes([byte[0] ^ 0xFF]))
+                for name in [path] + ([path + ".spare"] if args.corrupt_spare_too else []):
+                    with open(name, "r+b") as handle:
+                        handle.seek(-3, os.SEEK_END)
+                        byte = handle.read(1)
+                        handle.seek(-3, os.SEEK_END)
+                        handle.write(bytes([byte[0] ^ 0xFF]))
                 print(f"corrupted {path} after commit {args.corrupt_after}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
     return state.total

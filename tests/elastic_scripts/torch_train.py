@@ -4,7 +4,8 @@ The batch of step (epoch, batch) on rank r is a fixed function of those three
 numbers, so an uninterrupted run from a commit (``--start-from``, a file the
 resumed job's reset callback wrote) must end with the same weights as the
 elastic run that resumed from it.  ``--kill-rank R --kill-at S``: in launch 0,
-rank R SIGKILLs itself before global step S.  Rank 0 saves the final weights to
+rank R SIGKILLs itself before global step S (``--exit-code C``: calls ``os._exit(C)``
+instead, a crash).  Rank 0 saves the final weights to
 ``--out``/final.pt; after a relaunch the reset callback saves what the job
 resumed from (model, optimizer, epoch, batch, size) to ``--out``/resumed.pt.
 ``--compare-with FILE``: rank 0 says at the end whether its weights equal FILE's.
@@ -25,6 +26,7 @@ parser.add_argument("--batches", type=int, default=8)
 parser.add_argument("--commit-every", type=int, default=3)
 parser.add_argument("--kill-rank", type=int, default=-1)
 parser.add_argument("--kill-at", type=int, default=-1)
+parser.add_argument("--exit-code", type=int, default=0)
 parser.add_argument("--out", required=True)
 parser.add_argument("--start-from", default=None)
 parser.add_argument("--compare-with", default=None)
@@ -72,6 +74,8 @@ def train(state):
             step = state.epoch * args.batches + state.batch
             if launch == 0 and hvd.rank() == args.kill_rank and step == args.kill_at:
                 print(f"rank {hvd.rank()} kills itself before step {step}", flush=True)
+                if args.exit_code:
+                    os._exit(args.exit_code)
                 os.kill(os.getpid(), signal.SIGKILL)
             x, y = batch_for(state.epoch, state.batch, hvd.rank())
             optimizer.zero_grad()

@@ -104,6 +104,9 @@ def cli_plan(argv, **env):
     return plan
 
 
-def genv(cmd):
-    """The -genv NAME VALUE pairs of an MPICH command line."""
-    return {cmd[i + 1]: cmd[i + 2] for i, arg in enumerate(cmd) if arg == "-genv"}
+def genv(plan):
+    """The job's variables of a plan: the values its launcher's environment carries for
+    the names the command forwards (MPICH: all of them), as ``Plan.extra_env`` shows."""
+    launcher = set(plan.extra_env) - {name for name in plan.extra_env
+                                      if name.startswith("HYDRA_")}
+    return {name: plan.env[name] for name in launcher}
