@@ -21,7 +21,8 @@ the set runs the same batches in the same order).
 
 Cross-rank contract: every member of the set runs the same batches in the same
 order (the engine guarantees it); a joined rank (no local entry) contributes
-zeros to allreduces and no rows to allgathers, as on the host path.
+zeros to allreduces, the only kind that runs while a rank has joined, as on
+the host path.
 """
 
 from __future__ import annotations
@@ -211,26 +212,22 @@ class DeviceExecutor:
         for response, entry in zip(batch, entries):
             p = response.params
             for i, (dt, trailing) in enumerate(zip(p.dtypes, p.shapes)):
-                tensors.append(Gathered(entry, entry.inputs[i] if entry else None,
-                                        tuple(trailing), np.dtype(dt)))
-        local = np.array([t.input.shape[0] if t.input is not None else 0 for t in tensors],
-                         dtype=np.int64)
+                tensors.append(Gathered(entry, entry.inputs[i], tuple(trailing), np.dtype(dt)))
+        local = np.array([t.input.shape[0] for t in tensors], dtype=np.int64)
         dims = np.empty((size, len(tensors)), dtype=np.int64)
         comm.Allgather(local, dims)
         row_bytes = [math.prod(t.trailing) * t.dtype.itemsize for t in tensors]
         per_rank = [int(sum(int(dims[r, j]) * row_bytes[j] for j in range(len(tensors))))
                     for r in range(size)]
         block = max(per_rank)  # every rank's region padded to one size: NCCL moves equal blocks
-        outputs = [None if t.entry is None else
-                   backend.empty((int(dims[:, j].sum()),) + t.trailing, t.dtype, t.entry.ready)
+        outputs = [backend.empty((int(dims[:, j].sum()),) + t.trailing, t.dtype, t.entry.ready)
                    for j, t in enumerate(tensors)]
         backend.wait_ready(dict.fromkeys(e.ready for e in entries if e is not None))
-        if block and len(tensors) == 1 and tensors[0].input is not None \
-                and len(set(per_rank)) == 1:
+        if block and len(tensors) == 1 and len(set(per_rank)) == 1:
             link.allgather(flat_bytes(tensors[0].input), flat_bytes(outputs[0]))
         elif block:
             send = backend.buffer(np.uint8, block, slot=0)
-            pack_bytes(backend, [t.input for t in tensors if t.input is not None], send)
+            pack_bytes(backend, [t.input for t in tensors], send)
             recv = backend.buffer(np.uint8, block * size, slot=1)
             link.allgather(send, recv)
             unpack_rank_major(backend, recv, [r * block for r in range(size)], dims, row_bytes,
@@ -279,11 +276,10 @@ class DeviceExecutor:
             p = response.params
             post = p.postscale / size if p.op == ReduceOp.AVERAGE else p.postscale
             for i, (dt, shape) in enumerate(zip(p.dtypes, p.shapes)):
-                tensors.append(Scattered(entry, entry.inputs[i] if entry else None, tuple(shape),
+                tensors.append(Scattered(entry, entry.inputs[i], tuple(shape),
                                          np.dtype(dt), p.prescale, post,
                                          even_split(shape[0], size)))
-        outputs = [None if t.entry is None else
-                   backend.empty((t.rows[me],) + t.shape[1:], t.dtype, t.entry.ready)
+        outputs = [backend.empty((t.rows[me],) + t.shape[1:], t.dtype, t.entry.ready)
                    for t in tensors]
         backend.wait_ready(dict.fromkeys(e.ready for e in entries if e is not None))
         wires = [link.wire(t.dtype.str) for t in tensors]

@@ -130,8 +130,6 @@ class Coordinator:
                             MISMATCH)
         if not (members - joined) <= submitted:
             return None
-        if not submitted:
-            return None
         error = check_agreement(name, per_rank)
         if error is not None:
             return Response(RESPONSE_ERROR, None, key, error, MISMATCH)

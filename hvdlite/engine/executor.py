@@ -8,7 +8,9 @@ moved by one collective and copied out, with the pre/post scale factors applied
 during the copies.  Which path an allreduce takes (:mod:`hvdlite.engine.shm`,
 :mod:`hvdlite.engine.hierarchical` or MPI) is the set's
 :class:`~hvdlite.engine.transport.Routes`.  A joined rank (no local entry)
-contributes zeros to reductions and no rows to allgathers.  Batches of device
+contributes zeros to allreduces, the only kind that runs while a rank of the
+set has joined (``messages.JOINABLE``); every other kind's batch has this
+rank's entry.  Batches of device
 buffers (``Params.device`` other than ``"cpu"``) go to the device path
 (:class:`hvdlite.device.executor.DeviceExecutor`), made on the first one.
 """
@@ -350,10 +352,9 @@ class MPIExecutor:
         tensors: list[Gathered] = []
         for response in batch:
             p = response.params
-            entry = self._lookup(response.key)
+            entry = self._lookup(response.key)  # here: only allreduce runs past a join
             for i, (dt, trailing) in enumerate(zip(p.dtypes, p.shapes)):
-                tensors.append(Gathered(entry, entry.inputs[i] if entry else None, trailing,
-                                         np.dtype(dt)))
+                tensors.append(Gathered(entry, entry.inputs[i], trailing, np.dtype(dt)))
         row_bytes = [math.prod(t.trailing) * t.dtype.itemsize for t in tensors]
 
         def outputs_for(dims):
@@ -378,14 +379,12 @@ class MPIExecutor:
         if tl is not None:
             tl.via(path)
         if dims is None:
-            local = np.array([t.input.shape[0] if t.input is not None else 0 for t in tensors],
-                             dtype=np.int64)
+            local = np.array([t.input.shape[0] for t in tensors], dtype=np.int64)
             dims = np.empty((size, len(tensors)), dtype=np.int64)
             comm.Allgather(local, dims)
         outputs = outputs_for(dims)
         if len(tensors) == 1:
-            inp = tensors[0].input
-            send = flat_bytes(inp) if inp is not None else np.empty(0, np.uint8)
+            send = flat_bytes(tensors[0].input)
             counts = [int(d) * row_bytes[0] for d in dims[:, 0]]
             self._allgatherv(comm, path, send, flat_bytes(outputs[0]), counts)
         else:
@@ -395,7 +394,7 @@ class MPIExecutor:
                         for r in range(size)]
             me = comm.Get_rank()
             send = self.pool.get(np.uint8, per_rank[me], slot=0)
-            pack_bytes(NUMPY, [t.input for t in tensors if t.input is not None], send)
+            pack_bytes(NUMPY, [t.input for t in tensors], send)
             recv = self.pool.get(np.uint8, sum(per_rank), slot=1)
             if tl is not None:
                 tl.phase(COLLECTIVE)
@@ -453,10 +452,10 @@ class MPIExecutor:
         tensors: list[Scattered] = []
         for response in batch:
             p = response.params
-            entry = self._lookup(response.key)
+            entry = self._lookup(response.key)  # here: only allreduce runs past a join
             post = p.postscale / size if p.op == ReduceOp.AVERAGE else p.postscale
             for i, (dt, shape) in enumerate(zip(p.dtypes, p.shapes)):
-                tensors.append(Scattered(entry, entry.inputs[i] if entry else None, shape,
+                tensors.append(Scattered(entry, entry.inputs[i], shape,
                                           np.dtype(dt), p.prescale, post,
                                           even_split(shape[0], size)))
         # One Reduce_scatter per wire dtype (a grouped call may mix dtypes), in order of

@@ -60,7 +60,8 @@ NUMPY = _NumpyOps()
 
 
 class Gathered(NamedTuple):
-    """One tensor of an allgather batch (input None on a joined rank)."""
+    """One tensor of an allgather batch (every member has its entry: no allgather
+    runs while a rank of the set has joined)."""
 
     entry: object
     input: object
@@ -69,7 +70,8 @@ class Gathered(NamedTuple):
 
 
 class Scattered(NamedTuple):
-    """One tensor of a reducescatter batch (input None on a joined rank)."""
+    """One tensor of a reducescatter batch (every member has its entry, as for
+    :class:`Gathered`)."""
 
     entry: object
     input: object
@@ -147,33 +149,30 @@ def rank_counts(tensors: Sequence[Scattered], size: int) -> list[int]:
 
 def pack_rank_major(ops, tensors: Sequence[Scattered], send, starts: Sequence[int]) -> None:
     """Each rank's rows of every tensor into *send*, rank r's from ``starts[r]``:
-    prescaled and cast to send's dtype, zeros for a joined rank."""
+    prescaled and cast to send's dtype."""
     taken = [0] * len(tensors)
     for r, offset in enumerate(starts):
         for j, t in enumerate(tensors):
             n = t.rows[r] * t.row_elements
             view = send[offset:offset + n]
-            if t.input is None:
-                ops.zero(view)
+            src = t.input.reshape(-1)[taken[j]:taken[j] + n]
+            if t.prescale != 1.0:
+                ops.scale(view, src, t.prescale)
             else:
-                src = t.input.reshape(-1)[taken[j]:taken[j] + n]
-                if t.prescale != 1.0:
-                    ops.scale(view, src, t.prescale)
-                else:
-                    ops.copy(view, src)
+                ops.copy(view, src)
             taken[j] += n
             offset += n
 
 
 def unpack_shards(ops, tensors: Sequence[Scattered], recv, me: int, outputs) -> None:
-    """This rank's reduced region *recv* out into *outputs* (one per tensor, None
-    for a joined rank's): postscaled, cast back."""
+    """This rank's reduced region *recv* out into *outputs* (one per tensor):
+    postscaled, cast back."""
     offset = 0
     for t, out in zip(tensors, outputs):
         n = t.rows[me] * t.row_elements
         view = recv[offset:offset + n]
         offset += n
-        if out is None or not n:
+        if not n:
             continue
         if t.postscale != 1.0:
             ops.scale(out.reshape(-1), view, t.postscale)
@@ -184,12 +183,12 @@ def unpack_shards(ops, tensors: Sequence[Scattered], recv, me: int, outputs) -> 
 def unpack_rank_major(ops, recv, starts: Sequence[int], dims, row_bytes: Sequence[int],
                       outputs) -> None:
     """A grouped allgather's bytes (rank r's rows of every tensor from
-    ``starts[r]``) into the tensors' *outputs* (None: not kept here)."""
+    ``starts[r]``) into the tensors' *outputs*."""
     row_at = [0] * len(outputs)
     for r, offset in enumerate(starts):
         for j, out in enumerate(outputs):
             nbytes = int(dims[r, j]) * row_bytes[j]
-            if nbytes and out is not None:
+            if nbytes:
                 ops.copy(flat_bytes(out)[row_at[j]:row_at[j] + nbytes],
                          recv[offset:offset + nbytes])
             row_at[j] += nbytes

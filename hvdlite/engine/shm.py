@@ -289,13 +289,13 @@ class SharedMemoryAllreduce:
     def allgather(self, inputs, row_bytes: list[int], outputs_for, phase=None):
         """Gather every rank's rows of each tensor of a batch, in rank order.
 
-        *inputs*: this rank's C-contiguous arrays (None on a joined rank: no
-        rows); *row_bytes*: the agreed bytes of one row of each.  Each rank
-        writes a header (its byte count and its row count per tensor) and its
-        rows, packed, into its contribution area; after a barrier every rank
-        reads every header, gets its outputs from ``outputs_for(dims)`` (*dims*:
-        rows per rank and tensor, ``(size, tensors)``) and copies each rank's
-        rows into them; a second barrier frees the areas for the next batch.
+        *inputs*: this rank's C-contiguous arrays (every member has them: no allgather runs
+        while a rank has joined); *row_bytes*: the agreed bytes of one row of each. Each
+        rank writes a header (its byte count and its row count per tensor) and its rows,
+        packed, into its contribution area; after a barrier every rank reads every header,
+        gets its outputs from ``outputs_for(dims)`` (*dims*: rows per rank and tensor,
+        ``(size, tensors)``) and copies each rank's rows into them; a second barrier frees
+        the areas for the next batch.
         Returns ``(dims, outputs)``, or ``(dims, None)`` on every rank alike when
         some rank's rows do not fit its area (then gather through MPI with
         *dims*).  *phase*: called with the timeline phase as it begins.
@@ -303,7 +303,7 @@ class SharedMemoryAllreduce:
         rank, n = self._rank, len(inputs)
         header = 8 * (1 + n)
         start = -(-header // 64) * 64  # the rows begin on a cache line
-        rows = [0 if x is None else x.shape[0] for x in inputs]
+        rows = [x.shape[0] for x in inputs]
         nbytes = sum(r * b for r, b in zip(rows, row_bytes, strict=True))
         fits = start + nbytes <= SLOT_BYTES
         area = self._contributions[rank]
@@ -312,8 +312,8 @@ class SharedMemoryAllreduce:
         head[1:] = rows
         self._staged = None  # its area is about to be overwritten
         if fits and nbytes:
-            np.concatenate([x.reshape(-1).view(np.uint8) for x in inputs
-                            if x is not None and x.size], out=area[start:start + nbytes])
+            np.concatenate([x.reshape(-1).view(np.uint8) for x in inputs if x.size],
+                           out=area[start:start + nbytes])
         if phase is not None:
             phase(COLLECTIVE)
         self._sync()
