@@ -74,6 +74,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("stall_shutdown_time_seconds", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", float, 0.0,
          "seconds after which stalled collectives fail with an error on every rank "
          "(0: never; the stall inspector only warns)"),
+    Knob("check_order", "HVDLITE_CHECK_ORDER", bool, False,
+         "compare the order in which the ranks of each process set call collectives, and "
+         "fail the first two that differ on every rank, naming both, instead of stalling "
+         "(every collective then goes to the coordinator: for debugging)", agree=True),
     Knob("collective_timeout", "HVDLITE_COLLECTIVE_TIMEOUT", float, 0.0,
          "seconds any wait of this rank on the others may last (the engine's status "
          "exchange, a doorbell, a shared-memory barrier, a collective this rank submitted "
@@ -189,6 +193,7 @@ class Config:
     shm_allreduce_disable: bool = False
     dynamic_process_sets: bool = False
     test_node_size: int = 0
+    check_order: bool = False
     collective_timeout: float = 0.0
     log_hide_time: bool = False
     thread_affinity: str = ""

@@ -653,3 +653,57 @@ def test_hvdlite_serves_only_its_documented_names():
         assert seam not in hvdlite.__all__ and seam not in basics.__all__
         with pytest.raises(AttributeError):
             getattr(hvdlite, seam)
+
+
+# ------------------------------------------------------------- HVDLITE_CHECK_ORDER
+def _request(name, kind=Kind.ALLREDUCE, set_id=0):
+    return Params(set_id=set_id, name=name, kind=int(kind), dtypes=(F32,), shapes=((2,),))
+
+
+def test_order_check_names_the_first_position_where_two_ranks_differ():
+    from hvdlite.engine.order_check import OrderCheck
+
+    check = OrderCheck({0: frozenset({0, 1, 2})}.get)
+    none = frozenset()
+    for rank in (0, 1, 2):
+        assert check.observe(rank, _request("a"), none) == []
+    assert check.observe(0, _request("allreduce.noname.1"), none) == []
+    assert check.observe(1, _request("allreduce.noname.1"), none) == []
+    errors = check.observe(2, _request("allgather.noname.1", Kind.ALLGATHER), none)
+    assert [e.key for e in errors] == [(0, "allreduce.noname.1"), (0, "allgather.noname.1")]
+    message = errors[0].error
+    assert all(e.status == RESPONSE_ERROR and e.error == message for e in errors)
+    for part in ("process set 0", "2nd collective", "rank 0", "allreduce 'allreduce.noname.1'",
+                 "rank 2", "allgather 'allgather.noname.1'", "HVDLITE_CHECK_ORDER"):
+        assert part in message, message
+    # A rank that submits either name later fails at once; the set is not counted further.
+    assert [e.key for e in check.observe(1, _request("allgather.noname.1", Kind.ALLGATHER),
+                                         none)] == [(0, "allgather.noname.1")]
+    assert check.observe(2, _request("b"), none) == []
+
+
+def test_order_check_skips_allreduces_past_a_join_and_starts_afresh_after_it():
+    from hvdlite.engine.order_check import OrderCheck
+
+    check = OrderCheck({0: frozenset({0, 1})}.get)
+    assert check.observe(0, _request("x"), frozenset()) == []
+    assert check.observe(1, _request("x"), frozenset()) == []
+    # rank 0 has joined: rank 1's extra allreduce is not counted...
+    assert check.observe(1, _request("extra"), frozenset({0})) == []
+    check.reset()  # ...and the completed join starts the counts again
+    assert check.observe(1, _request("y"), frozenset()) == []
+    assert check.observe(0, _request("y"), frozenset()) == []
+    # Another set counts on its own.
+    check2 = OrderCheck({0: frozenset({0, 1}), 1: frozenset({0, 1})}.get)
+    assert check2.observe(0, _request("p", set_id=1), frozenset()) == []
+    assert check2.observe(1, _request("q", set_id=0), frozenset()) == []
+    assert check2.observe(1, _request("p", set_id=1), frozenset()) == []
+
+
+def test_the_coordinator_fails_both_collectives_and_forgets_them():
+    coordinator = Coordinator(2, {0: frozenset({0, 1})}.get, check_order=True)
+    assert coordinator.process([(0, [_request("a")]), (1, [_request("b")])]) != []
+    assert coordinator.pending_names() == {}
+    plain = Coordinator(2, {0: frozenset({0, 1})}.get)
+    assert plain.process([(0, [_request("a")]), (1, [_request("b")])]) == []
+    assert set(plain.pending_names()) == {(0, "a"), (0, "b")}

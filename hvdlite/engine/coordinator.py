@@ -25,6 +25,7 @@ from .messages import (
     JOIN_KEY, JOIN_PARAMS, JOINABLE, LEAVE_PARAMS, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind,
     Params, Response, describe, field_label,
 )
+from .order_check import OrderCheck
 
 __all__ = ["Coordinator", "StallClock", "check_agreement"]
 
@@ -59,9 +60,11 @@ def check_agreement(name: str, per_rank: Mapping[int, Params]) -> str | None:
 class Coordinator:
     """Rank 0's negotiation state across cycles."""
 
-    def __init__(self, world_size: int, members: Callable[[int], frozenset | None]):
+    def __init__(self, world_size: int, members: Callable[[int], frozenset | None],
+                 check_order: bool = False):
         self.world_size = world_size
         self._members = members
+        self.order = OrderCheck(members) if check_order else None  # HVDLITE_CHECK_ORDER
         # Names some member of their set has asked for and others have not yet: a
         # name leaves when it is decided, cancelled as stalled, or its set is removed.
         self._table: dict[tuple, dict[int, Params]] = {}
@@ -73,6 +76,7 @@ class Coordinator:
     def process(self, gathered: Iterable[tuple[int, list[Params]]]) -> list[Response]:
         """Record the new requests of each rank; return the responses now decided."""
         newly_joined = []
+        order_errors: list[Response] = []
         for rank, requests in gathered:
             for p in requests:
                 if p.kind == Kind.JOIN:
@@ -84,11 +88,18 @@ class Coordinator:
                     elif rank not in self.joined and rank not in newly_joined:
                         newly_joined.append(rank)
                     continue
+                if self.order is not None:
+                    errors = self.order.observe(rank, p, frozenset(self.joined + newly_joined))
+                    if errors:
+                        for error in errors:
+                            self._table.pop(error.key, None)
+                        order_errors += errors
+                        continue
                 self._table.setdefault(p.key, {})[rank] = p
         # Several ranks joining in one cycle: the highest rank counts as the last.
         self.joined.extend(sorted(newly_joined))
 
-        responses: list[Response] = []
+        responses: list[Response] = order_errors
         joined = frozenset(self.joined)
         for key in list(self._table):
             per_rank = self._table[key]
@@ -99,6 +110,8 @@ class Coordinator:
         if len(self.joined) == self.world_size:
             last = self.joined[-1]
             self.joined = []
+            if self.order is not None:
+                self.order.reset()  # the ranks' sequences differed by design until here
             responses.append(Response(RESPONSE_OK, JOIN_PARAMS, JOIN_KEY, value=last))
         return responses
 

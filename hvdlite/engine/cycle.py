@@ -129,7 +129,9 @@ class Engine:
         self._joined = False  # this rank is inside join()
         self._some_joined = False  # some rank is, as of the last cycle
         self.bits = CacheBits(ResponseCache(config.cache_capacity), self.rank)
-        self.coordinator = Coordinator(self.size, sets.members.get) if self.rank == 0 else None
+        self.coordinator = (Coordinator(self.size, sets.members.get, config.check_order)
+                            if self.rank == 0 else None)
+        self.check_order = config.check_order  # then the response cache is bypassed
         self.executor = MPIExecutor(self._pending.get, self._finish, sets, router,
                                     self._finish_keys, hierarchical,
                                     self.limit if self.limit.seconds else None)
@@ -169,10 +171,7 @@ class Engine:
         entry.handle.engine = self
         self.inbox.put(entry)
         if wake:
-            if self.overlap:
-                self.driver.wake()
-            else:
-                self.driver.nudge()
+            (self.driver.wake if self.overlap else self.driver.nudge)()
         return entry.handle
 
     def drive(self, handle, timeout: float | None = None) -> None:
@@ -319,7 +318,8 @@ class Engine:
             return
         if params.kind == _JOIN:
             self._joined = True
-        if self._some_joined or params.kind not in CACHEABLE or not self.bits.admit(entry):
+        if self._some_joined or self.check_order or params.kind not in CACHEABLE \
+                or not self.bits.admit(entry):
             self._uncached.append(entry)
 
     def _leave_join(self, leave: Entry) -> None:
