@@ -13,7 +13,8 @@ Negotiation
     waits are paced, woken and bounded), ``cache_bits`` and ``response_cache``
     (names seen before, one bit each), ``status`` and ``status_exchange`` (the
     per-cycle status vector and its allreduce), ``negotiation`` and
-    ``coordinator`` (new names, decided by rank 0).
+    ``coordinator`` (new names, decided by rank 0), ``order_check``
+    (``HVDLITE_CHECK_ORDER``: ranks that call different collectives).
 
 Running what was agreed
     ``execution`` (batches, cached ``plans``, control responses),
