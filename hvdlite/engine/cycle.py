@@ -196,7 +196,10 @@ class Engine:
         if self._stall.due(self._pending):
             self._stall_wanted = True
         if self.inbox or self.driver.state is Phase.DRAINING or self._stall_wanted:
-            self.doorbell.ring()
+            # A peer that already rang wakes every rank: ringing too would only add
+            # N - 1 messages (in a step where every rank has work, N * (N - 1)).
+            if not self.doorbell.heard():
+                self.doorbell.ring()
             return True
         return self.doorbell.heard()
 
