@@ -1,6 +1,6 @@
 # Quick start on a fresh machine (only Python needed):
 #   make demo   - set up .venv, then a real 2-rank training run with hvdrun
-#   make test   - set up .venv, then every test (unit + MPI at 1, 2, 3 ranks + SLURM)
+#   make test   - set up .venv, then every test (unit + MPI at 1, 2, 3 and 8 ranks + SLURM)
 #   make bench  - benchmarks, each figure beside its baseline from the same run
 
 PYTHON ?= python3

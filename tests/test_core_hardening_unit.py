@@ -62,6 +62,8 @@ def test_knobs_that_must_agree_are_the_ones_that_change_collective_behaviour():
     assert agreed == {"fusion_threshold", "cache_capacity", "hierarchical_allreduce",
                       "hierarchical_allgather", "shm_allreduce_disable",
                       "dynamic_process_sets", "test_node_size", "bucket_cap_mb",
+                      # the order check bypasses the response cache on every rank or none
+                      "check_order",
                       # autotune: its status-vector field, and rank 0's sampling for all
                       "autotune", "autotune_warmup_samples", "autotune_steps_per_sample",
                       "autotune_bayes_opt_max_samples", "autotune_gaussian_process_noise"}
@@ -93,11 +95,18 @@ def test_one_failed_rank_fails_init_everywhere_with_its_error():
     assert "rank 1: ValueError: HVDLITE_CYCLE_TIME='nan' is bad" in message
 
 
+def test_many_ranks_failing_alike_are_named_as_one_range():
+    error = ValueError("HVDLITE_FUSION_THRESHOLD='x' is bad")
+    message = check([_summary()] * 3 + [_summary(error)] * 29)
+    assert "failed on 29 of 32 ranks" in message
+    assert message.count("is bad") == 1 and "ranks 3-31: ValueError" in message
+
+
 def test_differing_knobs_or_process_sets_fail_init():
     knobs = check([_summary(), _summary(env={"HVDLITE_CACHE_CAPACITY": "0"})])
     assert "HVDLITE_CACHE_CAPACITY differs between ranks" in knobs
     sets = check([_summary(sets=[[0, 1]]), _summary(sets=[[1]])])
-    assert "process_sets" in sets and "ranks 0: [[0, 1]]" in sets
+    assert "process_sets" in sets and "rank 0: [[0, 1]]" in sets
 
 
 # ---------------------------------------------------------------- wait limits

@@ -29,6 +29,45 @@ pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# ------------------------------------------------------------------ doorbell
+class _Bell:
+    def __init__(self, peer_rang: bool):
+        self.peer_rang = peer_rang
+        self.rings = 0
+
+    def heard(self) -> bool:
+        heard, self.peer_rang = self.peer_rang, False
+        return heard
+
+    def ring(self) -> None:
+        self.rings += 1
+
+
+def _waiting_engine(bell: _Bell, work: bool):
+    """What Engine.work_arrived reads, for a rank waiting with or without local work."""
+    from types import SimpleNamespace
+
+    from hvdlite.engine.wait_limit import WaitLimit
+
+    return SimpleNamespace(limit=WaitLimit(None, 0), _stall=StallClock(60, 0, enabled=False),
+                           _pending={}, _stall_wanted=False, inbox=[object()] if work else [],
+                           driver=SimpleNamespace(state=Phase.RUNNING), doorbell=bell)
+
+
+@pytest.mark.parametrize("peer_rang", [False, True])
+def test_a_rank_with_work_rings_only_if_no_peer_rang_first(peer_rang):
+    # When every rank has work in the same step, ringing every peer from every
+    # rank would cost N * (N - 1) messages; a peer's ring already wakes them all.
+    from hvdlite.engine.cycle import Engine
+
+    bell = _Bell(peer_rang)
+    assert Engine.work_arrived(_waiting_engine(bell, work=True))
+    assert bell.rings == (0 if peer_rang else 1)
+    idle = _Bell(peer_rang)
+    assert Engine.work_arrived(_waiting_engine(idle, work=False)) is peer_rang
+    assert idle.rings == 0
+
+
 # ------------------------------------------------------------------ status vector
 def test_the_combined_status_is_the_or_of_flags_and_the_and_of_hits():
     rng = random.Random(7)

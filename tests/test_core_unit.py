@@ -22,6 +22,7 @@ from hvdlite import config
 from hvdlite.engine.coordinator import Coordinator, check_agreement
 from hvdlite.engine.dtypes import SUPPORTED, check_dtype, reduce_dtype
 from hvdlite.engine.fusion import BufferPool, nbytes_of, plan_batches
+from hvdlite.engine.rank_ranges import describe_ranks, rank_ranges
 from hvdlite.engine.messages import (
     CACHEABLE, JOINABLE, LEAVE_PARAMS, RESPONSE_ERROR, RESPONSE_OK, Kind, Params, Response,
     describe, field_label,
@@ -262,6 +263,25 @@ def test_stall_report_cancels_after_the_shutdown_time():
     assert len(errors) == 1 and errors[0].status == RESPONSE_ERROR and errors[0].key == (0, "a")
     assert "Stalled" in errors[0].error and "[0]" in errors[0].error and "[1]" in errors[0].error
     assert c.pending_names() == {}  # the coordinator forgot it: it can be submitted again
+
+
+def test_rank_lists_in_messages_are_ranges():
+    assert rank_ranges([]) == ""
+    assert describe_ranks([3]) == "rank 3"
+    assert describe_ranks([2, 0]) == "ranks 0, 2"  # two ranks read as before
+    assert describe_ranks(range(3, 32)) == "ranks 3-31"
+    assert rank_ranges([12, 0, 2, 3, 4, 5, 9, 10, 2]) == "0, 2-5, 9, 10, 12"
+
+
+def test_stall_report_at_32_ranks_names_ranges_not_ranks():
+    c, _ = coordinator(32)
+    pending = {0: [((0, "a"), 5.0), ((0, "b"), 5.0)], 1: [((0, "a"), 5.0)], 2: [((0, "a"), 5.0)]}
+    pending.update({r: [] for r in range(3, 32)})
+    report, errors = c.stall_report(pending, warn_after=1.0, fail_after=2.0)
+    assert "ranks 1, 2: [b]" in report and "ranks 3-31: [a, b]" in report
+    assert len(report.splitlines()) == 3  # the header and one line per distinct list
+    assert len(errors) == 2
+    assert "ranks [0-2] submitted it, ranks [3-31] never did" in errors[0].error
 
 
 def test_stall_report_ignores_joined_ranks_and_other_sets_members():

@@ -26,6 +26,7 @@ from .messages import (
     Params, Response, describe, field_label,
 )
 from .order_check import OrderCheck
+from .rank_ranges import describe_ranks, rank_ranges
 
 __all__ = ["Coordinator", "StallClock", "check_agreement"]
 
@@ -45,7 +46,7 @@ def check_agreement(name: str, per_rank: Mapping[int, Params]) -> str | None:
         for r, v in values.items():
             by_value.setdefault(v, []).append(r)
         parts = "; ".join(
-            f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {describe(field, v)}"
+            f"{describe_ranks(rs)}: {describe(field, v)}"
             for v, rs in by_value.items()
         )
         kind = Kind(first.kind).name.lower() if field != "kind" else "collective"
@@ -125,8 +126,8 @@ class Coordinator:
         outsiders = sorted(set(per_rank) - members)
         if outsiders:
             return Response(RESPONSE_ERROR, None, key,
-                            f"Ranks {outsiders} submitted {name!r} to process set {set_id}, "
-                            f"which they are not members of.")
+                            f"Ranks [{rank_ranges(outsiders)}] submitted {name!r} to process "
+                            f"set {set_id}, which they are not members of.")
         submitted = set(per_rank)
         kind = next(iter(per_rank.values())).kind
         joined_members = members & joined
@@ -180,8 +181,9 @@ class Coordinator:
                 errors.append(Response(
                     RESPONSE_ERROR, None, key,
                     f"Stalled collective {key[1]!r} cancelled after {oldest:.0f} s: ranks "
-                    f"{sorted(ages)} submitted it, ranks {missing} never did. Make every rank "
-                    "of the process set call the same collectives with the same names.",
+                    f"[{rank_ranges(ages)}] submitted it, ranks [{rank_ranges(missing)}] never "
+                    "did. Make every rank of the process set call the same collectives with the "
+                    "same names.",
                 ))
                 self._table.pop(key, None)
         if not missing_by_rank:
@@ -192,11 +194,15 @@ class Coordinator:
             "that different ranks run different collectives, or in a different order, or that "
             "a rank is much slower. Missing ranks:"
         ]
+        # Ranks missing the same names share a line ("ranks 3-31: [...]"): at many
+        # ranks the report stays as long as the number of distinct lists.
+        by_names: dict[tuple, list[int]] = {}
         for r in sorted(missing_by_rank):
-            names = missing_by_rank[r]
+            by_names.setdefault(tuple(missing_by_rank[r]), []).append(r)
+        for names, ranks in by_names.items():
             shown = ", ".join(names[:10]) + (f" (and {len(names) - 10} more)"
                                              if len(names) > 10 else "")
-            lines.append(f"  rank {r}: [{shown}]")
+            lines.append(f"  {describe_ranks(ranks)}: [{shown}]")
         return "\n".join(lines), errors
 
 

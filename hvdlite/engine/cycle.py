@@ -58,6 +58,8 @@ work rings the doorbell instead.
 
 from __future__ import annotations
 
+import contextlib
+
 from mpi4py import MPI
 
 from .cache_bits import CacheBits
@@ -202,7 +204,9 @@ class Engine:
         if self._stall.due(self._pending):
             self._stall_wanted = True
         if self.inbox or self.driver.state is Phase.DRAINING or self._stall_wanted:
-            self.doorbell.ring()
+            # A peer's ring already wakes every rank; ours would add N - 1 messages.
+            if not self.doorbell.heard():
+                self.doorbell.ring()
             return True
         return self.doorbell.heard()
 
@@ -232,10 +236,8 @@ class Engine:
         if orderly:
             self.executor.close()
         self.doorbell.close()
-        try:
+        with contextlib.suppress(MPI.Exception):
             self.comm.Free()
-        except MPI.Exception:
-            pass
 
     def _fail_everything(self, reason: str) -> None:
         for entry in self.inbox.close(reason) + list(self._pending.values()):

@@ -13,6 +13,7 @@ once by every rank at the same point of ``init()``.
 from __future__ import annotations
 
 from .. import config as _config
+from .rank_ranges import describe_ranks
 
 __all__ = ["Preparation", "agree", "check"]
 
@@ -37,10 +38,14 @@ def check(summaries: list[tuple]) -> str | None:
 
     *summaries*: :meth:`Preparation.summary` of every rank, indexed by rank.
     """
-    failed = [(rank, s[0]) for rank, s in enumerate(summaries) if s[0] is not None]
+    failed: dict[str, list[int]] = {}  # ranks by error: one entry for 31 ranks alike
+    for rank, s in enumerate(summaries):
+        if s[0] is not None:
+            failed.setdefault(s[0], []).append(rank)
     if failed:
-        lines = "; ".join(f"rank {rank}: {error}" for rank, error in failed)
-        return (f"hvdlite.init() failed on {len(failed)} of {len(summaries)} ranks, so no "
+        lines = "; ".join(f"{describe_ranks(ranks)}: {error}" for error, ranks in failed.items())
+        count = sum(len(ranks) for ranks in failed.values())
+        return (f"hvdlite.init() failed on {count} of {len(summaries)} ranks, so no "
                 f"rank is initialized. {lines}")
     mismatches = _config.disagreements([s[1] for s in summaries])
     if mismatches:
@@ -51,7 +56,7 @@ def check(summaries: list[tuple]) -> str | None:
     for rank, s in enumerate(summaries):
         sets.setdefault(repr(s[2]), []).append(rank)
     if len(sets) > 1:
-        parts = "; ".join(f"ranks {', '.join(map(str, r))}: {v}" for v, r in sets.items())
+        parts = "; ".join(f"{describe_ranks(r)}: {v}" for v, r in sets.items())
         return ("hvdlite.init(process_sets=...) must list the same sets, in the same order, "
                 f"on every rank, but they differ ({parts}).")
     return None
