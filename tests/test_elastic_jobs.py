@@ -286,7 +286,7 @@ def test_a_commit_that_cannot_be_written_ends_the_job_once(tmp_path, job_env):
     assert result.returncode == 74, result.output
     (job_dir,) = (tmp_path / "state").iterdir()
     assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700
-    assert [stat.S_IMODE(p.stat().st_mode) for p in job_dir.iterdir()] == [0o600], \
+    assert {stat.S_IMODE(p.stat().st_mode) for p in job_dir.iterdir()} == {0o600}, \
         list(job_dir.iterdir())
     assert "writing commit 1 to " in result.stderr and "state.hvdlite failed: File too large " \
         "(errno 27, EFBIG)" in result.stderr, result.output

@@ -206,7 +206,8 @@ class State:
         return read_notice(ctx.job_dir, ctx.generation) if ctx.relaunchable else None
 
     def _store(self) -> CommitStore:
-        return CommitStore(self._context.state_path(), self._context.job_id)
+        ctx = self._context
+        return CommitStore(ctx.state_path(), ctx.job_id, ctx.generation)
 
     def flush(self) -> None:
         """(+) Wait until the last commit is on disk (rank 0; elsewhere it returns at once).
@@ -267,6 +268,14 @@ class State:
                         "state directory must be one that hvdrun and every host share "
                         "(--elastic-state-dir on a shared file system)")
                 return ("none", 0, "")
+            if (commit.number > ctx.expect_commit and commit.launch is not None
+                    and commit.launch < ctx.generation):
+                raise ElasticStateError(
+                    f"the elastic state file {ctx.state_path()} holds commit {commit.number} "
+                    f"of launch {commit.launch}, written after hvdrun saw commit "
+                    f"{ctx.expect_commit} and started this launch ({ctx.generation}): a "
+                    "leftover rank of an earlier launch wrote it. Stop that process (its "
+                    "host was cut off), then start the job again")
             if commit.number < ctx.expect_commit and not fell_back:
                 raise ElasticStateError(
                     f"the elastic state file {ctx.state_path()} holds commit {commit.number}, "
