@@ -90,6 +90,7 @@ def test_torch_state_with_adam_and_5000_parameters_restores(tmp_path, monkeypatc
     for name, value in {layout.JOB_DIR_VARIABLE: str(tmp_path), layout.JOB_ID_VARIABLE: "j",
                         "HVDLITE_ELASTIC_SYNC_COMMIT": "1"}.items():
         monkeypatch.setenv(name, value)
+    layout.write_marker(str(tmp_path), "j")
     model = torch.nn.ModuleList(torch.nn.Linear(30, 30) for _ in range(2_500))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
     for layer in model:

@@ -293,3 +293,18 @@ def test_a_commit_that_cannot_be_written_ends_the_job_once(tmp_path, job_env):
     assert "Free space or raise the quota there" in result.stderr
     assert "could not write a commit" in result.stderr and "launch 1:" not in result.stderr
     assert "is left out" not in result.stderr
+
+
+@pytest.mark.timeout(150)
+def test_a_state_directory_rank_0_does_not_share_with_hvdrun_is_refused(tmp_path, job_env):
+    # Rank 0 on a host whose --elastic-state-dir is its own local disk: its commits would
+    # be invisible to hvdrun (a relaunch starts afresh) or resumed stale later.
+    local = tmp_path / "local"
+    local.mkdir()
+    result = _objects(tmp_path, job_env, "--local-state-dir", str(local),
+                      hvdrun_args=("-np", "2", "--max-restarts", "2"))
+    assert result.returncode == 74, result.output
+    assert f"the elastic state directory {local} on this host has no marker of job" \
+        in result.stderr and "on a file system that its host and every rank's host " \
+        "share" in result.stderr, result.output
+    assert "launch 1:" not in result.stderr and not any(local.iterdir())

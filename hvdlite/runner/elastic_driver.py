@@ -47,7 +47,7 @@ from typing import BinaryIO
 from ..elastic.layout import (EXPECT_COMMIT_VARIABLE, GENERATION_VARIABLE, HOSTS_UPDATED_EXIT,
                               JOB_DIR_VARIABLE, JOB_ID_VARIABLE, ENABLED_VARIABLE,
                               STATE_ERROR_EXIT, STATE_FILE, STATE_WRITE_EXIT, last_launch,
-                              post_notice, record_launch, restart_path)
+                              post_notice, record_launch, restart_path, write_marker)
 from ..elastic.persistence import Commit, CommitStore, ElasticStateError, make_private_dir
 from . import sshcheck
 from .blacklist import Blacklist
@@ -252,6 +252,7 @@ def run_elastic(settings: ElasticSettings, source,
         return 0
     make_private_dir(settings.state_dir)  # 0700 when hvdrun makes it; kept as it is
     make_private_dir(job_dir)
+    write_marker(job_dir, job_id)  # rank 0 writes commits only where it sees this
     if not settings.resume:
         say(f"job {job_id}: commits go to {job_dir} (should hvdrun itself end, resume with "
             f"--elastic-resume {job_id})")
