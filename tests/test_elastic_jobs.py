@@ -308,3 +308,16 @@ def test_a_state_directory_rank_0_does_not_share_with_hvdrun_is_refused(tmp_path
         in result.stderr and "on a file system that its host and every rank's host " \
         "share" in result.stderr, result.output
     assert "launch 1:" not in result.stderr and not any(local.iterdir())
+
+
+@pytest.mark.timeout(120)
+def test_ranks_that_left_with_a_commit_hvdrun_cannot_see_end_the_job(tmp_path, job_env):
+    # Every rank exits 75 ("committed, relaunch us") but nothing reached hvdrun's directory:
+    # hvdrun says the directory is not shared instead of relaunching from older state.
+    result = _hvdrun(tmp_path, job_env, "-np", "2", "--max-restarts", "2", PY, "-c",
+                     "import sys; sys.exit(75)", timeout=90)
+    assert result.returncode == 1, result.output
+    assert "but hvdrun sees neither their commit's restart marker nor a new commit in" \
+        in result.stderr and "rank 0 wrote into a directory hvdrun does not see" \
+        in result.stderr, result.output
+    assert "launch 1:" not in result.stderr

@@ -311,6 +311,14 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
             raise GiveUp(f"rank {unwritable[0].rank} could not write a commit (its message "
                          "is above: the file, the error and the fix); not relaunching, and its "
                          "host stays in (it is not the host's failure)", STATE_WRITE_EXIT)
+        if (HOSTS_UPDATED_EXIT in outcome.quiet_exits.values()
+                and not os.path.exists(restart_path(job_dir, generation))):
+            raise GiveUp(
+                f"the ranks left to be relaunched (exit {HOSTS_UPDATED_EXIT}: they committed "
+                f"first), but hvdrun sees neither their commit's restart marker nor a new "
+                f"commit in {job_dir}: rank 0 wrote into a directory hvdrun does not see. "
+                "Give --elastic-state-dir on a file system that hvdrun's host and every rank's "
+                "host share; not relaunching (it would start from an older state)")
         if os.path.exists(restart_path(job_dir, generation)):
             resets += 1
             _check_reset_limit(settings, resets, "the hosts changed")
