@@ -173,6 +173,7 @@ def _elastic_env(monkeypatch, tmp_path, generation=0, expect=0):
                         layout.GENERATION_VARIABLE: str(generation),
                         layout.EXPECT_COMMIT_VARIABLE: str(expect)}.items():
         monkeypatch.setenv(name, value)
+    layout.write_marker(str(tmp_path), "j")  # as hvdrun does
 
 
 def _state(**values):

@@ -90,6 +90,7 @@ def test_torch_state_with_adam_and_5000_parameters_restores(tmp_path, monkeypatc
     for name, value in {layout.JOB_DIR_VARIABLE: str(tmp_path), layout.JOB_ID_VARIABLE: "j",
                         "HVDLITE_ELASTIC_SYNC_COMMIT": "1"}.items():
         monkeypatch.setenv(name, value)
+    layout.write_marker(str(tmp_path), "j")
     model = torch.nn.ModuleList(torch.nn.Linear(30, 30) for _ in range(2_500))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
     for layer in model:
@@ -323,3 +324,33 @@ def test_a_directory_fsync_failure_is_said_once(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.count(f"cannot fsync the directory {tmp_path} (Invalid argument)") == 1, err
     assert store.read().payload == b"b"
+
+
+# -- item 4: a stale rank 0 of an earlier launch cannot write, and its late commit is refused --
+def test_a_rank_of_an_earlier_launch_cannot_overwrite_the_state(tmp_path):
+    path = str(tmp_path / layout.STATE_FILE)
+    layout.record_launch(str(tmp_path), 0)
+    CommitStore(path, "j", launch=0).write(b"first", 1, 2)
+    assert CommitStore(path, "j").read().launch == 0
+    layout.record_launch(str(tmp_path), 1)  # hvdrun started launch 1; launch 0 lives on
+    with pytest.raises(persistence.StaleLaunchError, match="hvdrun has started launch 1 of "
+                                                           "this job since"):
+        CommitStore(path, "j", launch=0).write(b"stale", 2, 2)
+    assert bytes(CommitStore(path, "j").read().payload) == b"first"
+    CommitStore(path, "j", launch=1).write(b"current", 2, 2)  # the current launch writes
+    assert CommitStore(path, "j").read().launch == 1
+
+
+def test_a_commit_written_behind_hvdruns_back_is_refused_at_resume(tmp_path, monkeypatch):
+    from hvdlite.elastic import ObjectState
+
+    path = str(tmp_path / layout.STATE_FILE)
+    CommitStore(path, "j", launch=1).write(pickle.dumps({"objects": {"step": 9}}), 4, 2)
+    for name, value in {layout.JOB_DIR_VARIABLE: str(tmp_path), layout.JOB_ID_VARIABLE: "j",
+                        layout.GENERATION_VARIABLE: "2",
+                        layout.EXPECT_COMMIT_VARIABLE: "3"}.items():
+        monkeypatch.setenv(name, value)
+    state = ObjectState(get_rank=lambda: 0, bcast_object=lambda obj: obj, step=0)
+    kind, _number, text = state._load_commit()
+    assert kind == "error" and "holds commit 4 of launch 1, written after hvdrun saw commit 3" \
+        in text and "a leftover rank of an earlier launch wrote it" in text

@@ -286,10 +286,38 @@ def test_a_commit_that_cannot_be_written_ends_the_job_once(tmp_path, job_env):
     assert result.returncode == 74, result.output
     (job_dir,) = (tmp_path / "state").iterdir()
     assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700
-    assert [stat.S_IMODE(p.stat().st_mode) for p in job_dir.iterdir()] == [0o600], \
+    assert {stat.S_IMODE(p.stat().st_mode) for p in job_dir.iterdir()} == {0o600}, \
         list(job_dir.iterdir())
     assert "writing commit 1 to " in result.stderr and "state.hvdlite failed: File too large " \
         "(errno 27, EFBIG)" in result.stderr, result.output
     assert "Free space or raise the quota there" in result.stderr
     assert "could not write a commit" in result.stderr and "launch 1:" not in result.stderr
     assert "is left out" not in result.stderr
+
+
+@pytest.mark.timeout(150)
+def test_a_state_directory_rank_0_does_not_share_with_hvdrun_is_refused(tmp_path, job_env):
+    # Rank 0 on a host whose --elastic-state-dir is its own local disk: its commits would
+    # be invisible to hvdrun (a relaunch starts afresh) or resumed stale later.
+    local = tmp_path / "local"
+    local.mkdir()
+    result = _objects(tmp_path, job_env, "--local-state-dir", str(local),
+                      hvdrun_args=("-np", "2", "--max-restarts", "2"))
+    assert result.returncode == 74, result.output
+    assert f"the elastic state directory {local} on this host has no marker of job" \
+        in result.stderr and "on a file system that its host and every rank's host " \
+        "share" in result.stderr, result.output
+    assert "launch 1:" not in result.stderr and not any(local.iterdir())
+
+
+@pytest.mark.timeout(120)
+def test_ranks_that_left_with_a_commit_hvdrun_cannot_see_end_the_job(tmp_path, job_env):
+    # Every rank exits 75 ("committed, relaunch us") but nothing reached hvdrun's directory:
+    # hvdrun says the directory is not shared instead of relaunching from older state.
+    result = _hvdrun(tmp_path, job_env, "-np", "2", "--max-restarts", "2", PY, "-c",
+                     "import sys; sys.exit(75)", timeout=90)
+    assert result.returncode == 1, result.output
+    assert "but hvdrun sees neither their commit's restart marker nor a new commit in" \
+        in result.stderr and "rank 0 wrote into a directory hvdrun does not see" \
+        in result.stderr, result.output
+    assert "launch 1:" not in result.stderr

@@ -33,7 +33,8 @@ __all__ = ["ENABLED_VARIABLE", "JOB_DIR_VARIABLE", "JOB_ID_VARIABLE", "GENERATIO
            "EXPECT_COMMIT_VARIABLE", "STATE_FILE", "HOSTS_UPDATED_EXIT", "STATE_ERROR_EXIT",
            "STATE_WRITE_EXIT",
            "WorkerContext", "notice_path", "restart_path", "post_notice", "read_notice",
-           "mark_restart", "record_launch", "last_launch"]
+           "mark_restart", "record_launch", "last_launch", "MARKER_FILE", "write_marker",
+           "has_marker"]
 
 ENABLED_VARIABLE = "HVDLITE_ELASTIC"
 JOB_DIR_VARIABLE = "HVDLITE_ELASTIC_JOB_DIR"
@@ -42,6 +43,9 @@ GENERATION_VARIABLE = "HVDLITE_ELASTIC_GENERATION"
 EXPECT_COMMIT_VARIABLE = "HVDLITE_ELASTIC_EXPECT_COMMIT"
 STATE_FILE = "state.hvdlite"
 LAUNCH_FILE = "launch"  # the number of the job's latest launch (hvdrun writes it)
+# hvdrun writes the job id here when it makes the job directory: a rank 0 that
+# does not find it is looking at another directory (not shared with hvdrun).
+MARKER_FILE = "job"
 # Every rank exits with this code after HostsUpdatedInterrupt, once the state is
 # persisted: hvdrun relaunches on the new hosts (75 is sysexits' EX_TEMPFAIL).
 HOSTS_UPDATED_EXIT = 75
@@ -141,6 +145,20 @@ def read_notice(job_dir: str, generation: int) -> str | None:
             return handle.read().strip() or "hosts changed"
     except OSError:
         return "hosts changed"
+
+
+def write_marker(job_dir: str, job_id: str) -> None:
+    """hvdrun: mark *job_dir* as the directory of job *job_id*."""
+    _write_small(os.path.join(job_dir, MARKER_FILE), f"{job_id}\n")
+
+
+def has_marker(job_dir: str, job_id: str) -> bool:
+    """Whether *job_dir* holds hvdrun's marker of job *job_id*."""
+    try:
+        with open(os.path.join(job_dir, MARKER_FILE), encoding="utf-8") as handle:
+            return handle.read().strip() == job_id
+    except OSError:
+        return False
 
 
 def record_launch(job_dir: str, generation: int) -> None:

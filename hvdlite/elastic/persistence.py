@@ -54,7 +54,8 @@ import zlib
 
 from .checksum import state_sum
 
-__all__ = ["ElasticStateError", "CommitWriteError", "CorruptStateError", "Commit",
+__all__ = ["ElasticStateError", "CommitWriteError", "CorruptStateError", "StaleLaunchError",
+           "Commit",
            "CommitStore", "MAGIC", "check_private", "make_private_dir"]
 
 MAGIC = b"HVDLITE-ELASTIC-STATE 3\n"
@@ -90,6 +91,11 @@ class CorruptStateError(ElasticStateError):
     differs); the spare copy beside it may still hold the commit before."""
 
 
+class StaleLaunchError(ElasticStateError):
+    """This process belongs to an earlier launch of the job than the one hvdrun runs now
+    (a rank 0 left alive on a host that was cut off): it must not touch the job's state."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Commit:
     """One commit read back: its header fields and its payload (pickled state)."""
@@ -101,6 +107,7 @@ class Commit:
     summary: dict
     payload: bytes
     parts: tuple = ()  # lengths: the pickle, then its out-of-band buffers (empty: one pickle)
+    launch: int | None = None  # the launch that wrote it (None: a file from before launches)
 
     def load(self) -> object:
         """The committed state, unpickled (tensors and arrays from the buffers written
@@ -251,11 +258,18 @@ def _fsync_directory(directory: str) -> None:
 
 
 class CommitStore:
-    """The commit file at *path*, for the job *job_id* (see the module doc)."""
+    """The commit file at *path*, for the job *job_id* (see the module doc).
 
-    def __init__(self, path: str, job_id: str = "") -> None:
+    *launch*: the launch of the job this process belongs to; each commit's header
+    records it, and :meth:`write` refuses to write once hvdrun has recorded a later
+    launch in the directory (:func:`~.layout.last_launch`): a stale rank 0 of an
+    earlier launch, left alive on a cut-off host, cannot overwrite the state the
+    current launch resumed from."""
+
+    def __init__(self, path: str, job_id: str = "", launch: int | None = None) -> None:
         self.path = path
         self.job_id = job_id
+        self.launch = launch
 
     def _fix(self) -> str:
         return ("nothing starts it afresh on its own: start the job again to begin from "
@@ -270,10 +284,11 @@ class CommitStore:
         views = [memoryview(part).cast("B") for part in parts]
         directory = os.path.dirname(self.path) or "."
         make_private_dir(directory)
+        self._check_launch(number, directory)
         header = {"job": self.job_id, "commit": int(number), "size": int(size),
                   "time": time.time(), "summary": summary or {},
                   "bytes": sum(view.nbytes for view in views), "sum": _NO_SUM,
-                  "nparts": len(views)}
+                  "nparts": len(views), "launch": self.launch}
         line = _header_line(header)
         if len(line) > _MAX_HEADER:  # a reader would refuse it: refuse it now
             raise ElasticStateError(
@@ -284,6 +299,7 @@ class CommitStore:
         spare = self.path + _SPARE
         # in place (see _publish); never through a symbolic link, and owner-only
         fd = os.open(spare, os.O_WRONLY | os.O_CREAT | _NOFOLLOW, 0o600)
+        # (checked again just before the rename: the write may take a while)
         try:
             os.fchmod(fd, 0o600)
             # The payload goes first, after room for the header line and the part
@@ -297,8 +313,23 @@ class CommitStore:
             os.fsync(fd)
         finally:
             os.close(fd)
+        self._check_launch(number, directory)
         _publish(spare, self.path)
         _fsync_directory(directory)
+
+    def _check_launch(self, number: int, directory: str) -> None:
+        if self.launch is None:
+            return
+        from .layout import last_launch
+
+        newest = last_launch(directory)
+        if newest is not None and newest > self.launch:
+            raise StaleLaunchError(
+                f"commit {number} of launch {self.launch} is not written to {self.path}: "
+                f"hvdrun has started launch {newest} of this job since, so this process is a "
+                "leftover of an earlier launch (its host was cut off, or hvdrun lost track "
+                "of it); it stops here so that it cannot overwrite the state the current "
+                "launch uses")
 
     def read(self) -> Commit | None:
         """The commit on disk, None when there is none; ElasticStateError when unusable."""
@@ -322,7 +353,7 @@ class CommitStore:
     def spare(self) -> CommitStore:
         """The store of the spare copy beside this commit: the commit before it, kept to
         be overwritten by the next one (a torn one, should a write have stopped)."""
-        return CommitStore(self.path + _SPARE, self.job_id)
+        return CommitStore(self.path + _SPARE, self.job_id, self.launch)
 
     def _corrupt(self, why: str) -> ElasticStateError:
         return CorruptStateError(f"the elastic state file {self.path} is corrupt ({why}): the "
@@ -377,9 +408,10 @@ class CommitStore:
 
     @staticmethod
     def _commit_of(header: dict, payload, parts: tuple) -> Commit:
+        launch = header.get("launch")
         return Commit(int(header["commit"]), str(header.get("job", "")), int(header["size"]),
                       float(header.get("time", 0.0)), dict(header.get("summary") or {}),
-                      payload, parts)
+                      payload, parts, None if launch is None else int(launch))
 
     def _check_job(self, commit: Commit) -> None:
         if self.job_id and commit.job_id != self.job_id:

@@ -46,8 +46,8 @@ import sys
 from collections.abc import Callable, Iterable
 
 from ..exceptions import HostsUpdatedInterrupt
-from .layout import HOSTS_UPDATED_EXIT, WorkerContext, mark_restart, read_notice
-from .persistence import CommitStore, CorruptStateError, ElasticStateError
+from .layout import HOSTS_UPDATED_EXIT, WorkerContext, has_marker, mark_restart, read_notice
+from .persistence import CommitStore, CommitWriteError, CorruptStateError, ElasticStateError
 from .writer import CommitWriter, InBand, background_commits, dump
 
 __all__ = ["State", "ObjectState"]
@@ -144,6 +144,7 @@ class State:
         this thread is inside ``commit()``): the file is written, and it is the saved
         copy from now on (:meth:`_saved_in_commit`); returns once it is on disk."""
         self._commit_number += 1
+        self._check_shared()
         if self._writer is None:
             self._writer = CommitWriter(self._store())
         snapshot, summary = live
@@ -206,7 +207,20 @@ class State:
         return read_notice(ctx.job_dir, ctx.generation) if ctx.relaunchable else None
 
     def _store(self) -> CommitStore:
-        return CommitStore(self._context.state_path(), self._context.job_id)
+        ctx = self._context
+        return CommitStore(ctx.state_path(), ctx.job_id, ctx.generation)
+
+    def _check_shared(self) -> None:
+        """Rank 0, before its first write: the job directory must be the one hvdrun made
+        (its marker is there), not a directory of the same name on this host's own disk."""
+        ctx = self._context
+        if self._writer is None and not has_marker(ctx.job_dir, ctx.job_id):
+            raise CommitWriteError(
+                f"the elastic state directory {ctx.job_dir} on this host has no marker of "
+                f"job {ctx.job_id}, which hvdrun wrote into it: this host does not see "
+                "hvdrun's directory, and a commit written here would be lost or resumed "
+                "stale later. Give hvdrun an --elastic-state-dir on a file system that its "
+                "host and every rank's host share, then start the job again")
 
     def flush(self) -> None:
         """(+) Wait until the last commit is on disk (rank 0; elsewhere it returns at once).
@@ -231,6 +245,7 @@ class State:
             return
         self._commit_number += 1
         if self._rank() == 0:
+            self._check_shared()
             if self._writer is None:
                 self._writer = CommitWriter(self._store())
             # Pickled here, on the training thread: the commit holds the values as they
@@ -267,6 +282,14 @@ class State:
                         "state directory must be one that hvdrun and every host share "
                         "(--elastic-state-dir on a shared file system)")
                 return ("none", 0, "")
+            if (commit.number > ctx.expect_commit and commit.launch is not None
+                    and commit.launch < ctx.generation):
+                raise ElasticStateError(
+                    f"the elastic state file {ctx.state_path()} holds commit {commit.number} "
+                    f"of launch {commit.launch}, written after hvdrun saw commit "
+                    f"{ctx.expect_commit} and started this launch ({ctx.generation}): a "
+                    "leftover rank of an earlier launch wrote it. Stop that process (its "
+                    "host was cut off), then start the job again")
             if commit.number < ctx.expect_commit and not fell_back:
                 raise ElasticStateError(
                     f"the elastic state file {ctx.state_path()} holds commit {commit.number}, "

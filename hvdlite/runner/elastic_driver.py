@@ -47,7 +47,7 @@ from typing import BinaryIO
 from ..elastic.layout import (EXPECT_COMMIT_VARIABLE, GENERATION_VARIABLE, HOSTS_UPDATED_EXIT,
                               JOB_DIR_VARIABLE, JOB_ID_VARIABLE, ENABLED_VARIABLE,
                               STATE_ERROR_EXIT, STATE_FILE, STATE_WRITE_EXIT, last_launch,
-                              post_notice, record_launch, restart_path)
+                              post_notice, record_launch, restart_path, write_marker)
 from ..elastic.persistence import Commit, CommitStore, ElasticStateError, make_private_dir
 from . import sshcheck
 from .blacklist import Blacklist
@@ -252,6 +252,7 @@ def run_elastic(settings: ElasticSettings, source,
         return 0
     make_private_dir(settings.state_dir)  # 0700 when hvdrun makes it; kept as it is
     make_private_dir(job_dir)
+    write_marker(job_dir, job_id)  # rank 0 writes commits only where it sees this
     if not settings.resume:
         say(f"job {job_id}: commits go to {job_dir} (should hvdrun itself end, resume with "
             f"--elastic-resume {job_id})")
@@ -310,6 +311,14 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
             raise GiveUp(f"rank {unwritable[0].rank} could not write a commit (its message "
                          "is above: the file, the error and the fix); not relaunching, and its "
                          "host stays in (it is not the host's failure)", STATE_WRITE_EXIT)
+        if (HOSTS_UPDATED_EXIT in outcome.quiet_exits.values()
+                and not os.path.exists(restart_path(job_dir, generation))):
+            raise GiveUp(
+                f"the ranks left to be relaunched (exit {HOSTS_UPDATED_EXIT}: they committed "
+                f"first), but hvdrun sees neither their commit's restart marker nor a new "
+                f"commit in {job_dir}: rank 0 wrote into a directory hvdrun does not see. "
+                "Give --elastic-state-dir on a file system that hvdrun's host and every rank's "
+                "host share; not relaunching (it would start from an older state)")
         if os.path.exists(restart_path(job_dir, generation)):
             resets += 1
             _check_reset_limit(settings, resets, "the hosts changed")

@@ -11,8 +11,10 @@ is written to its temporary file and before the rename), ``--corrupt-after N``
 (rank 0 flips a byte of the state file after commit N, then dies; with
 ``--corrupt-spare-too`` of its spare copy too),
 ``--kill-after-commit N`` (rank 0 SIGKILLs itself as soon as commit N returns),
-``--file-size-limit BYTES`` (rank 0 may write no file larger: with ``--ballast
-BYTES`` of numpy array in the state its commits fail with EFBIG).
+``--local-state-dir DIR`` (rank 0 takes DIR for the job's state directory, as on a
+host that does not share hvdrun's), ``--file-size-limit BYTES`` (rank 0 may write no
+file larger: with ``--ballast BYTES`` of numpy array in the state its commits fail
+with EFBIG).
 """
 
 import argparse
@@ -36,6 +38,7 @@ parser.add_argument("--corrupt-after", type=int, default=0)
 parser.add_argument("--kill-after-commit", type=int, default=0)
 parser.add_argument("--corrupt-spare-too", action="store_true")
 parser.add_argument("--every-launch", action="store_true")
+parser.add_argument("--local-state-dir", default=None)
 parser.add_argument("--step-seconds", type=float, default=0.0)
 parser.add_argument("--file-size-limit", type=int, default=0)
 parser.add_argument("--ballast", type=int, default=0)
@@ -44,6 +47,8 @@ args = parser.parse_args()
 hvdlite.init()
 launch = int(os.environ.get("HVDLITE_ELASTIC_GENERATION", "0"))
 faulty = launch == 0 or args.every_launch
+if args.local_state_dir and hvdlite.rank() == 0:  # rank 0 sees another directory
+    os.environ["HVDLITE_ELASTIC_JOB_DIR"] = args.local_state_dir
 ballast = {"ballast": np.zeros(args.ballast, np.uint8)} if args.ballast else {}
 state = hvdlite.elastic.ObjectState(step=0, total=0.0, **ballast)
 
