@@ -4,8 +4,9 @@
 points to: in a shared or world-writable directory (``/tmp``, a group's
 project directory) another user can make ``timeline.json`` a link to the
 victim's ``~/.bashrc``, and the job overwrites it.  :func:`open_for_writing`
-refuses a link (``O_NOFOLLOW``), anything but a regular file, and a file with
-other names (a hard link), and truncates only after those checks.  Used for the
+refuses a link (``O_NOFOLLOW``), anything but a regular file or a character
+device (``/dev/null``), and a file with other names (a hard link), and
+truncates only after those checks.  Used for the
 files hvdlite streams into as it runs (the timeline, the autotune log, the
 task wrapper's per-rank output); files written whole are written to a new file
 beside them and renamed over them instead.
@@ -37,13 +38,16 @@ def open_for_writing(path: str, binary: bool = False, **text_options):
         raise
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
+        if stat.S_ISCHR(info.st_mode):  # a device: /dev/null, or /dev/full in a test
+            pass
+        elif not stat.S_ISREG(info.st_mode):
             raise OSError(errno.EINVAL, f"{path} is not a regular file: choose another path")
-        if info.st_nlink > 1:
+        elif info.st_nlink > 1:
             raise OSError(errno.EMLINK, f"{path} has {info.st_nlink} names (hard links): "
                           "writing it would change the other names' file too; remove it or "
                           "choose another path")
-        os.ftruncate(fd, 0)
+        if stat.S_ISREG(info.st_mode):
+            os.ftruncate(fd, 0)
     except BaseException:
         os.close(fd)
         raise
