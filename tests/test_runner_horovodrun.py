@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from helpers_runner.common import clean_env, hvdrun
-from helpers_runner.common import cli_plan as _plan
+from helpers_runner.common import cli_launch as _plan
 from helpers_runner.common import genv as _genv
 
 from hvdlite.runner import cli, configfile, mpi, options
@@ -91,11 +91,11 @@ def test_every_horovodrun_flag_is_known(flag, expected, files):
     if "-np" not in argv and "--num-proc" not in argv:
         argv = ["-np", "2", *argv]
     if expected is None:
-        _args, plan = cli.plan([*argv, PY], {"PATH": "/usr/bin:/bin"})
+        _args, plan = cli.prepare([*argv, PY], {"PATH": "/usr/bin:/bin"})
         assert plan is not None or "-cb" in argv or "--check-build" in argv
         return
     with pytest.raises(UsageError) as info:
-        cli.plan([*argv, PY], {"PATH": "/usr/bin:/bin"})
+        cli.prepare([*argv, PY], {"PATH": "/usr/bin:/bin"})
     message = str(info.value)
     assert expected in message and "unrecognized" not in message and "\n" not in message
     assert flag[0] in message  # names the flag it refuses

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from hvdlite.config import KNOBS
-from helpers_runner.common import cli_plan as _plan
+from helpers_runner.common import cli_launch as _plan
 from helpers_runner.common import genv as _genv
 
 from hvdlite.runner import cli, configfile, mpi, options

@@ -1,6 +1,6 @@
 """hvdrun's ssh check of the other hosts, and the MPICH variables for jobs across hosts.
 
-What hvdrun decides is checked through ``cli.plan`` (nothing started); the check
+What hvdrun decides is checked through ``cli.prepare`` (nothing started); the check
 itself runs the real ssh client against a port nothing listens on.  The same
 paths against real hosts (network namespaces with sshd) are in test_multihost.py.
 """
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from helpers_runner.common import cli_plan as _plan
+from helpers_runner.common import cli_launch as _plan
 from helpers_runner.common import genv as _genv
 
 from hvdlite.runner import mpi, sshcheck

@@ -6,7 +6,7 @@ module: options (flags + config file -> values, knob variables), hosts (``-H``,
 -> argument list) and job (run, watch, report).  All input is checked before
 anything starts; bad input exits 2 with one line on stderr.  With an elastic
 option (:mod:`.elastic_settings`) the launch repeats under
-:mod:`.elastic_driver`, each time through :func:`plan` with the hosts it chose.
+:mod:`.elastic_driver`, each time through :func:`prepare` with the hosts it chose.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .mpi import NO_MPI_HINT, MpiInfo, detect, find_mpiexec
 from .configfile import read_config_file
 from .options import check_available, knob_environment, merge, parse_args
 
-__all__ = ["main", "plan", "describe", "Plan"]
+__all__ = ["main", "prepare", "describe", "Launch"]
 
 WRAPPER = Path(__file__).resolve().with_name("task_wrapper.py")
 DEFAULT_START_TIMEOUT = 30.0
@@ -40,7 +40,7 @@ REPORT_TAIL_LINES = 10
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Launch:
     """Everything decided before launch.
 
     ``cmd`` is the launcher's argument list, ``env`` the launcher's whole
@@ -222,13 +222,13 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, dict[str, object]]:
     return args, values
 
 
-def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None,
+def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None,
          rank_env: Mapping[str, str] | None = None,
          placement: tuple[int, Sequence[Host]] | None = None
-         ) -> tuple[argparse.Namespace, Plan | None]:
+         ) -> tuple[argparse.Namespace, Launch | None]:
     """Parse *argv* and decide the launch without starting anything.
 
-    Returns ``(args, plan)``; ``plan`` is None for ``--check-build``.  Raises
+    Returns ``(args, launch)``; ``launch`` is None for ``--check-build``.  Raises
     UsageError for every kind of bad input.  *rank_env*: more variables to set
     on every rank (the knob flags win over them).  *placement*: ``(np, hosts)``
     chosen by the caller (the elastic loop) instead of -np/-H/--hostfile/SLURM.
@@ -248,7 +248,7 @@ def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None,
         knob_env["NCCL_SOCKET_IFNAME"] = ",".join(nics)
     ssh_args = _ssh_args(values)
     binding = shlex.split(str(values["binding_args"])) if values.get("binding_args") else None
-    # The job's variables are in the plan so that Open MPI's -x forwards them too.
+    # The job's variables are in the launch so that Open MPI's -x forwards them too.
     env = {**environ, **knob_env, protocol.TOKEN_VARIABLE: protocol.new_token(),
            lifeline.OWNER_VARIABLE: lifeline.identity() or ""}
     launcher = values.get("launcher") or "mpiexec"
@@ -300,13 +300,13 @@ def plan(argv: Sequence[str], environ: Mapping[str, str] | None = None,
         cmd, extra_env = mpiexec_command(mpi, spec), launcher_environment(mpi, spec)
         env.update(extra_env)
         extra_env = {**knob_env, **extra_env}
-    return args, Plan(cmd, env, extra_env, np, None if local else hosts,
+    return args, Launch(cmd, env, extra_env, np, None if local else hosts,
                       _start_timeout(values, environ), launcher, mpi,
                       bool(values.get("verbose")), _notes(values, mpi, nics), ssh_hosts,
                       tuple(ssh_args))
 
 
-def describe(p: Plan) -> str:
+def describe(p: Launch) -> str:
     """What --verbose prints before the launch: hosts, MPI, knob variables, the command."""
     where = format_hosts(p.hosts) if p.hosts else "this machine"
     mpi = f"{p.mpi.label} ({p.mpi.path})" if p.mpi else "unknown MPI"
@@ -332,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_elastic_job(argv: list[str], environ: Mapping[str, str], *,
                     rank_env: Mapping[str, str] | None = None, out=None, err=None) -> int:
     """Run hvdrun's *argv*, which asks for elastic mode, under the elastic loop (see
-    :mod:`.elastic_driver`), launching through :func:`plan`; hvdrun's exit status.
+    :mod:`.elastic_driver`), launching through :func:`prepare`; hvdrun's exit status.
 
     *rank_env*: more variables for every rank; *out*/*err*: where the ranks'
     output goes.  UsageError for bad options, before anything starts."""
@@ -355,13 +355,13 @@ def run_elastic_job(argv: list[str], environ: Mapping[str, str], *,
         source = FixedHosts(hosts or [Host("localhost", np)], where)
     extra = dict(rank_env or {})
 
-    def make_plan(np: int, hosts: list[Host], elastic_env: dict[str, str]) -> Plan:
-        return plan(argv, environ, rank_env={**extra, **elastic_env},
+    def make_launch(np: int, hosts: list[Host], elastic_env: dict[str, str]) -> Launch:
+        return prepare(argv, environ, rank_env={**extra, **elastic_env},
                     placement=(np, hosts))[1]
 
-    for note in make_plan(1, [Host("localhost", 1)], {}).notes:
+    for note in make_launch(1, [Host("localhost", 1)], {}).notes:
         sys.stderr.write(f"hvdrun: note: {note}\n")
-    return run_elastic(settings, source, make_plan, dry_run=bool(args.dry_run),
+    return run_elastic(settings, source, make_launch, dry_run=bool(args.dry_run),
                        describe=describe if values.get("verbose") else None, out=out, err=err)
 
 
@@ -371,7 +371,7 @@ def _run(argv: list[str]) -> int:
         settings = elastic_settings.settings_from(values, os.environ)
         if settings is not None and not args.check_build:
             return run_elastic_job(argv, os.environ)
-        args, launch = plan(argv)
+        args, launch = prepare(argv)
         if launch is None:  # --check-build
             from .checkbuild import check_build
 

@@ -13,7 +13,7 @@ the unit of recovery is the whole MPI job.  Each turn of the loop is a *launch*
    error, nothing relaunches it (a payload that does not match its checksum is
    found by rank 0 as it resumes, and ends the job the same way);
 3. start ``min(slots, --max-np)`` ranks through the ordinary launch path
-   (:func:`.cli.plan`, :func:`.job.run_job_outcome`), with the variables that
+   (:func:`.cli.prepare`, :func:`.job.run_job_outcome`), with the variables that
    tell each rank where the state is (:mod:`hvdlite.elastic.layout`); while it
    runs, poll the source every ``HVDLITE_ELASTIC_DISCOVERY_INTERVAL`` seconds
    and, when the placement would change, post the host-update notice: the
@@ -219,12 +219,12 @@ def _remove_job_dir(job_dir: str, settings: ElasticSettings) -> None:
 
 
 def run_elastic(settings: ElasticSettings, source,
-                make_plan: Callable[[int, list[Host], dict[str, str]], object], *,
+                make_launch: Callable[[int, list[Host], dict[str, str]], object], *,
                 dry_run: bool = False, describe: Callable[[object], str] | None = None,
                 out: BinaryIO | None = None, err: BinaryIO | None = None) -> int:
     """Run the elastic job (see the module doc); returns hvdrun's exit status.
 
-    *make_plan(np, hosts, rank_env)* returns the launch :class:`~.cli.Plan` for one
+    *make_launch(np, hosts, rank_env)* returns the launch :class:`~.cli.Launch` for one
     launch; *describe* (``--verbose``) the text printed before each launch; *out*
     and *err* take the ranks' output (default: this process's stdout and stderr).
     """
@@ -246,7 +246,7 @@ def run_elastic(settings: ElasticSettings, source,
         if not placement:
             sys.stderr.write(f"hvdrun: error: {source.label} offers no host now\n")
             return USAGE_EXIT
-        launch = make_plan(total_slots(placement), placement,
+        launch = make_launch(total_slots(placement), placement,
                            rank_environment(job_dir, job_id, 0, None))
         sys.stdout.write(launch.shell_line() + "\n")
         return 0
@@ -257,7 +257,7 @@ def run_elastic(settings: ElasticSettings, source,
         say(f"job {job_id}: commits go to {job_dir} (should hvdrun itself end, resume with "
             f"--elastic-resume {job_id})")
     try:
-        return _loop(settings, source, pool, make_plan, describe, job_id, job_dir, (out, err))
+        return _loop(settings, source, pool, make_launch, describe, job_id, job_dir, (out, err))
     except GiveUp as exc:
         say(f"error: {exc}")
         if os.path.exists(os.path.join(job_dir, STATE_FILE)):
@@ -265,7 +265,7 @@ def run_elastic(settings: ElasticSettings, source,
         return exc.code
 
 
-def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe,
+def _loop(settings: ElasticSettings, source, pool: HostPool, make_launch, describe,
           job_id: str, job_dir: str, streams: tuple) -> int:
     generation = restarts = resets = 0
     if settings.resume:  # count on from the launches of the hvdrun that ended
@@ -282,7 +282,7 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_plan, describe
         start = f"resuming from {commit.describe()}" if commit else "from the start"
         say(f"launch {generation}: {np} rank(s) on {format_hosts(placement)}, {start}")
         record_launch(job_dir, generation)
-        launch = make_plan(np, placement, rank_environment(job_dir, job_id, generation, commit))
+        launch = make_launch(np, placement, rank_environment(job_dir, job_id, generation, commit))
         if describe is not None:
             sys.stderr.write(describe(launch))
         try:

@@ -8,7 +8,7 @@ Python.  How it works:
    lambdas, closures and functions defined in a notebook or in ``__main__``;
    otherwise with plain pickle, which ships only functions the ranks can
    import by name (anything else is a TypeError before anything starts);
-2. hvdrun's own machinery starts the job: :func:`.cli.plan` builds the launch
+2. hvdrun's own machinery starts the job: :func:`.cli.prepare` builds the launch
    from the same options as hvdrun's flags, :func:`.job.run_job` runs it, passes
    the ranks' output through to ``sys.stdout``/``sys.stderr`` and stops every
    rank when one fails; each rank runs :mod:`.run_task`;
@@ -256,21 +256,21 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
         return _run_elastic([*options, *elastic], python, payload, environ, rank_env,
                             work_dir, remote)
 
-    def plan_for(directory: Path) -> cli.Plan:
+    def launch_for(directory: Path) -> cli.Launch:
         argv = _task_argv(options, python, directory)
         try:
-            _args, launch = cli.plan(argv, environ, rank_env=rank_env)
+            _args, launch = cli.prepare(argv, environ, rank_env=rank_env)
         except UsageError as exc:
             raise ValueError(f"hvdlite.run: {exc}") from None
         return launch
 
     directory = Path(tempfile.mkdtemp(prefix="hvdlite-run-", dir=work_dir))
     try:
-        launch = plan_for(directory)
+        launch = launch_for(directory)
         if launch.hosts is not None and work_dir is None:  # other hosts: not /tmp
             shutil.rmtree(directory, ignore_errors=True)
             directory = Path(tempfile.mkdtemp(prefix=".hvdlite-run-", dir=os.getcwd()))
-            launch = plan_for(directory)
+            launch = launch_for(directory)
         (directory / FUNCTION_FILE).write_bytes(payload)
         for note in launch.notes:
             sys.stderr.write(f"hvdrun: note: {note}\n")

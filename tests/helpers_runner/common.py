@@ -96,17 +96,17 @@ def gone_within(marker: str, seconds: float) -> bool:
     return not left
 
 
-def cli_plan(argv, **env):
+def cli_launch(argv, **env):
     """hvdrun's plan for *argv* in a minimal environment plus *env* (nothing runs)."""
     from hvdlite.runner import cli
 
-    _args, plan = cli.plan(argv, {"PATH": "/usr/bin:/bin", **env})
+    _args, plan = cli.prepare(argv, {"PATH": "/usr/bin:/bin", **env})
     return plan
 
 
 def genv(plan):
     """The job's variables of a plan: the values its launcher's environment carries for
-    the names the command forwards (MPICH: all of them), as ``Plan.extra_env`` shows."""
+    the names the command forwards (MPICH: all of them), as ``Launch.extra_env`` shows."""
     launcher = set(plan.extra_env) - {name for name in plan.extra_env
                                       if name.startswith("HYDRA_")}
     return {name: plan.env[name] for name in launcher}
