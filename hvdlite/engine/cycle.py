@@ -272,9 +272,10 @@ class Engine:
         ready = status.all_hit & status.any_hit & ~status.invalid
         joined_changed = self._some_joined != bool(flags & Flag.JOINED)
         self._some_joined = bool(flags & Flag.JOINED)
+        # Some rank joined: the coordinator negotiates everything, by this cycle's global
+        # flag (not at admission, maybe a cycle apart on each rank); any_hit is global.
+        unhit = self._some_joined and bool(status.any_hit)
         if self._some_joined:
-            # While a rank is joined everything is negotiated by the coordinator
-            # (decided from the global flag, so every rank drops the same bits).
             self._uncached += bits.unhit_all()
             ready = 0
 
@@ -306,7 +307,7 @@ class Engine:
         # Only globally known facts decide progress, so every rank waits (or not)
         # together: see "Another cycle" in the module docstring.
         ran = self.overlap_anywhere and (bool(ready) or bool(responses))
-        return bool(flags & (Flag.INVALID | Flag.STALL)) or joined_changed or ran, False
+        return bool(flags & (Flag.INVALID | Flag.STALL)) or joined_changed or unhit or ran, False
 
     def _admit(self, entry: Entry) -> None:
         params = entry.params
@@ -320,8 +321,7 @@ class Engine:
             return
         if params.kind == _JOIN:
             self._joined = True
-        if self._some_joined or self.check_order or params.kind not in CACHEABLE \
-                or not self.bits.admit(entry):
+        if self.check_order or params.kind not in CACHEABLE or not self.bits.admit(entry):
             self._uncached.append(entry)
 
     def _leave_join(self, leave: Entry) -> None:

@@ -8,6 +8,8 @@ while a rank has joined.  join() returns the rank that joined last, the same
 everywhere, and leaves nothing of the join behind.
 """
 
+import itertools
+
 import numpy as np
 import pytest
 from core_helpers import expect_internal_error, same_everywhere
@@ -121,3 +123,27 @@ def test_nothing_of_a_join_remains_after_it_returns_everywhere():
 
 # Cached names while a rank joins: see tests/mpi_scripts/core_join_cached.py (run from
 # tests/test_core_launch.py, because today it aborts the whole MPI job).
+
+
+def test_cached_names_that_change_shape_and_dtype_around_joins():
+    # Horovod's test_horovod_join_allreduce, condensed: the same two names, cached or
+    # not, change shape and dtype between joins, and a different rank joins first each
+    # time.  A rank that admitted a name a cycle after the join ended used to wait on
+    # its cache bit while the others had sent theirs to the coordinator: a hang at 3
+    # ranks (the join's end is now decided by each cycle's global flag).
+    for _, dtype, dim, first, cached in itertools.product(range(3), (np.int64, np.float64),
+                                                           (1, 2, 3), RANKS, (False, True)):
+        a = np.full((5,) * dim, 3, dtype)
+        b = np.full((17,) * dim, 4, dtype)
+        if cached:
+            ha = hvd.allreduce_async(a, name="join.a", op=hvd.Sum)
+            hb = hvd.allreduce_async(b, name="join.b", op=hvd.Sum)
+            assert hvd.synchronize(ha)[(0,) * dim] == 3 * SIZE
+            assert hvd.synchronize(hb)[(0,) * dim] == 4 * SIZE
+        if RANK != first:
+            ha = hvd.allreduce_async(a, name="join.a", op=hvd.Sum)
+            hb = hvd.allreduce_async(b, name="join.b", op=hvd.Sum)
+            assert hvd.synchronize(ha)[(0,) * dim] == 3 * (SIZE - 1)
+            assert hvd.synchronize(hb)[(0,) * dim] == 4 * (SIZE - 1)
+        last = hvd.join()
+        assert last in RANKS and (SIZE == 1 or last != first) and same_everywhere(last)
