@@ -28,6 +28,11 @@ The targets (checked at the end): steady negotiation per rank independent of
 N (the allreduce's log N rounds are MPI's, not counted here); cold bytes on
 rank 0 at most proportional to N x tensors and on the other ranks to tensors;
 RSS per rank flat in N.
+
+Then it trains at ``--training`` sizes (8, 16 and 32 by default; ``--training``
+alone skips it): a torch DistributedOptimizer and a Keras ``fit`` at each size,
+each checked against one process on the global batch
+(``benchmarks/_scale_training.py``).
 """
 
 from __future__ import annotations
@@ -206,6 +211,21 @@ def _run(n: int, args) -> dict:
     return records[0]
 
 
+def _training(n: int, framework: str, args) -> str:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [_mpiexec(), "-n", str(n), sys.executable,
+           str(Path(__file__).resolve().with_name("_scale_training.py")), framework]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=args.timeout)
+    lines = [line for line in out.stdout.splitlines() if "equal to one process" in line]
+    if out.returncode or not lines:
+        raise RuntimeError(f"{framework} at {n} ranks: exit {out.returncode}\n"
+                           f"{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    return lines[0]
+
+
 def _summary(record: dict, phase: str) -> dict:
     ranks = record["per_rank"]
     rows = [r[phase] for r in ranks]
@@ -276,6 +296,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16, 32])
     parser.add_argument("--tensors", type=int, default=16)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--training", type=int, nargs="*", default=[8, 16, 32])
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args(argv)
     if args.worker:
@@ -300,6 +321,11 @@ def main(argv=None) -> int:
     print()
     for line in _checks(steady, cold, args.tensors):
         print("check: " + line)
+    if args.training:
+        print()
+    for n in args.training:
+        for framework in ("torch", "keras"):
+            print("training: " + _training(n, framework, args), flush=True)
     return 0
 
 
