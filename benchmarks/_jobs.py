@@ -35,9 +35,22 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["RANKS", "ROOT", "JobFailed", "SharedCopies", "free_ports", "job_env",
-           "median_step", "mpiexec", "paired", "rank_and_size", "report",
-           "run_job", "tf_floor", "torch_floor"]
+__all__ = [
+    "RANKS",
+    "ROOT",
+    "JobFailed",
+    "SharedCopies",
+    "free_ports",
+    "job_env",
+    "median_step",
+    "mpiexec",
+    "paired",
+    "rank_and_size",
+    "report",
+    "run_job",
+    "tf_floor",
+    "torch_floor",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = 2
@@ -85,27 +98,43 @@ def job_env() -> dict[str, str]:
     return env
 
 
-def run_job(script: str | Path, worker_args: Sequence[str], *, ranks: int = RANKS,
-            timeout: float = 600) -> list[dict]:
+def run_job(
+    script: str | Path, worker_args: Sequence[str], *, ranks: int = RANKS, timeout: float = 600
+) -> list[dict]:
     """Run ``script --worker ...`` on ``ranks`` ranks; the records rank 0 reported.
 
     Raises :class:`JobFailed` (with the tail of the job's output) when the job
     exits non-zero, times out or reports nothing.
     """
     worker_args = [str(a) for a in worker_args]
-    cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(Path(script).resolve()),
-           "--worker", *worker_args]
+    cmd = [
+        mpiexec(),
+        "-n",
+        str(ranks),
+        sys.executable,
+        str(Path(script).resolve()),
+        "--worker",
+        *worker_args,
+    ]
     try:
-        out = subprocess.run(cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True,
-                             timeout=timeout)
+        out = subprocess.run(
+            cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired as e:
-        raise JobFailed(f"{' '.join(worker_args)}: timed out after {timeout:.0f}s\n"
-                        f"{_text(e.stdout)[-3000:]}\n{_text(e.stderr)[-3000:]}") from None
-    records = [json.loads(line[len(_RESULT):]) for line in out.stdout.splitlines()
-               if line.startswith(_RESULT)]
+        raise JobFailed(
+            f"{' '.join(worker_args)}: timed out after {timeout:.0f}s\n"
+            f"{_text(e.stdout)[-3000:]}\n{_text(e.stderr)[-3000:]}"
+        ) from None
+    records = [
+        json.loads(line[len(_RESULT) :])
+        for line in out.stdout.splitlines()
+        if line.startswith(_RESULT)
+    ]
     if out.returncode or not records:
-        raise JobFailed(f"{' '.join(worker_args)}: job failed (exit {out.returncode})\n"
-                        f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+        raise JobFailed(
+            f"{' '.join(worker_args)}: job failed (exit {out.returncode})\n"
+            f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        )
     return records
 
 
@@ -120,8 +149,10 @@ def _text(data) -> str:
 
 def rank_and_size() -> tuple[int, int]:
     """This process's rank and the job size, from the launcher's environment."""
-    for rank_var, size_var in (("PMI_RANK", "PMI_SIZE"),
-                               ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+    for rank_var, size_var in (
+        ("PMI_RANK", "PMI_SIZE"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ):
         if rank_var in os.environ:
             return int(os.environ[rank_var]), int(os.environ[size_var])
     return 0, 1
@@ -180,9 +211,12 @@ class SharedCopies:
         self._win = MPI.Win.Allocate_shared(self.slots * self.slot_bytes, 1, comm=node)
         self._win.Lock_all(MPI.MODE_NOCHECK)
         self.rank = node.Get_rank()
-        self.areas = [np.frombuffer(self._win.Shared_query(r)[0], dtype=np.uint8,
-                                    count=self.slots * self.slot_bytes)
-                      for r in range(node.Get_size())]
+        self.areas = [
+            np.frombuffer(
+                self._win.Shared_query(r)[0], dtype=np.uint8, count=self.slots * self.slot_bytes
+            )
+            for r in range(node.Get_size())
+        ]
         self.peers = [r for r in range(node.Get_size()) if r != self.rank]
         self._next = 0
 
@@ -198,7 +232,7 @@ class SharedCopies:
         out, at = [], offset
         for dtype, shape in layout:
             n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-            out.append(self.areas[rank][at:at + n].view(dtype).reshape(shape))
+            out.append(self.areas[rank][at : at + n].view(dtype).reshape(shape))
             at += -(-n // self.align) * self.align
         return out
 
@@ -206,8 +240,10 @@ class SharedCopies:
     def nbytes(layout, align: int = 64) -> int:
         import numpy as np
 
-        return sum(-(-int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize // align) * align
-                   for d, s in layout)
+        return sum(
+            -(-int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize // align) * align
+            for d, s in layout
+        )
 
     def barrier(self) -> None:
         self._win.Sync()
@@ -240,9 +276,15 @@ def torch_floor(params, exchange: bool = False) -> Callable[[], None]:
     slots = []  # per slot: this rank's copies, and each peer's
     for _ in range(shared.slots):
         offset = shared.next_slot()
-        slots.append(([torch.from_numpy(v) for v in shared.views(shared.rank, offset, layout)],
-                      [[torch.from_numpy(v) for v in shared.views(r, offset, layout)]
-                       for r in shared.peers]))
+        slots.append(
+            (
+                [torch.from_numpy(v) for v in shared.views(shared.rank, offset, layout)],
+                [
+                    [torch.from_numpy(v) for v in shared.views(r, offset, layout)]
+                    for r in shared.peers
+                ],
+            )
+        )
     turns = itertools.cycle(slots)
 
     def exchange_and_add():
@@ -302,7 +344,8 @@ def tf_floor(tf, exchange: bool = False) -> Callable[[list], list]:
                 raise RuntimeError("the exchange floor's arrays grew after its first run")
             slot = slots[layout, offset] = (
                 copies.views(copies.rank, offset, layout),
-                [copies.views(r, offset, layout) for r in copies.peers])
+                [copies.views(r, offset, layout) for r in copies.peers],
+            )
         mine, theirs = slot
         for a, copy in zip(arrays, mine, strict=True):
             np.copyto(copy, a)
@@ -335,8 +378,7 @@ def tf_floor(tf, exchange: bool = False) -> Callable[[list], list]:
         dense_out = iter(packing.unpack(outs[:n]))
         result = [None if isinstance(g, tf.IndexedSlices) else next(dense_out) for g in grads]
         for j, i in enumerate(sparse):
-            result[i] = tf.IndexedSlices(outs[n + 2 * j], outs[n + 2 * j + 1],
-                                         grads[i].dense_shape)
+            result[i] = tf.IndexedSlices(outs[n + 2 * j], outs[n + 2 * j + 1], grads[i].dense_shape)
         return result
 
     return touch

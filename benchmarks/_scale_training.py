@@ -36,8 +36,10 @@ def _torch() -> str:
         return torch.randn(size * B, 5, generator=g), torch.randn(size * B, 3, generator=g)
 
     model, ref = make(), make()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(),
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
@@ -76,19 +78,29 @@ def _keras() -> str:
     y = rs.randn(steps * size * B, 3).astype(np.float32)
 
     def mine(a):
-        return np.concatenate([a[s * size * B + rank * B:s * size * B + (rank + 1) * B]
-                               for s in range(steps)])
+        return np.concatenate(
+            [a[s * size * B + rank * B : s * size * B + (rank + 1) * B] for s in range(steps)]
+        )
 
     def make():
         keras.utils.set_random_seed(1)
-        return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
-                                 keras.layers.Dense(3)])
+        return keras.Sequential(
+            [keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)]
+        )
 
     model = make()
-    model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
-                  loss="mse")
-    hist = model.fit(mine(x), mine(y), batch_size=B, epochs=epochs, shuffle=False, verbose=0,
-                     callbacks=[hk.callbacks.MetricAverageCallback()])
+    model.compile(
+        optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse"
+    )
+    hist = model.fit(
+        mine(x),
+        mine(y),
+        batch_size=B,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[hk.callbacks.MetricAverageCallback()],
+    )
     ref = make()
     ref.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
     ref_hist = ref.fit(x, y, batch_size=size * B, epochs=epochs, shuffle=False, verbose=0)

@@ -71,11 +71,16 @@ def worker(mode: str, steps: int) -> None:
             settled_at = step
     hvd.barrier()
     if hvd.rank() == 0:
-        tail = times[-max(1, steps // 5):]
+        tail = times[-max(1, steps // 5) :]
         result = {"mode": mode, "step": statistics.median(tail)}
         if tuner is not None:
-            result.update(samples=tuner.samples, warmups=tuner.warmups, settled_at=settled_at,
-                          setting=link.applied.describe(), changes=len(link.history))
+            result.update(
+                samples=tuner.samples,
+                warmups=tuner.warmups,
+                settled_at=settled_at,
+                setting=link.applied.describe(),
+                changes=len(link.history),
+            )
         print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -91,14 +96,24 @@ def run_job(mode: str, steps: int, log_dir: str, round_no: int) -> dict:
     if mode == "autotune":
         env["HVDLITE_AUTOTUNE"] = "1"
         env["HVDLITE_AUTOTUNE_LOG"] = os.path.join(log_dir, f"autotune-{round_no}.csv")
-    cmd = [_jobs.mpiexec(), "-n", str(RANKS), sys.executable, str(Path(__file__).resolve()),
-           "--worker", mode, "--steps", str(steps)]
+    cmd = [
+        _jobs.mpiexec(),
+        "-n",
+        str(RANKS),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        mode,
+        "--steps",
+        str(steps),
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"{mode} job failed (exit {out.returncode}):\n{out.stdout[-3000:]}\n"
-                       f"{out.stderr[-3000:]}")
+            return json.loads(line[len("RESULT ") :])
+    raise RuntimeError(
+        f"{mode} job failed (exit {out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    )
 
 
 def main(argv=None) -> int:
@@ -116,23 +131,35 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         for mode in MODES:
             results[mode].append(run_job(mode, args.steps, log_dir, r))
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-            f"{m} {results[m][-1]['step'] * 1e3:.2f} ms" for m in MODES), flush=True)
+        print(
+            f"round {r + 1}/{args.rounds}: "
+            + ", ".join(f"{m} {results[m][-1]['step'] * 1e3:.2f} ms" for m in MODES),
+            flush=True,
+        )
     step = {m: min(x["step"] for x in v) for m, v in results.items()}
-    print(f"\nMLP 784-1024-1024-10, batch {mlp.BATCH}/rank, {RANKS} ranks, {args.steps} steps per "
-          f"job; median step time of the last 20 % of steps, best of {args.rounds} jobs")
+    print(
+        f"\nMLP 784-1024-1024-10, batch {mlp.BATCH}/rank, {RANKS} ranks, {args.steps} steps per "
+        f"job; median step time of the last 20 % of steps, best of {args.rounds} jobs"
+    )
     for tuned in results["autotune"]:
-        print(f"  autotune job: {tuned['warmups']} warmup + {tuned['samples']} samples, settled "
-              f"at step {tuned['settled_at']}, {tuned['changes']} changes of setting; kept "
-              f"{tuned['setting']}")
+        print(
+            f"  autotune job: {tuned['warmups']} warmup + {tuned['samples']} samples, settled "
+            f"at step {tuned['settled_at']}, {tuned['changes']} changes of setting; kept "
+            f"{tuned['setting']}"
+        )
     print(f"  CSV logs: {log_dir}")
     print(f"{'':34s}{'value':>12s}{'default':>12s}{'ratio':>9s}  target")
     for mode in ("bad", "autotune"):
         ratio = step[mode] / step["default"]
-        verdict = f"<= {TARGET:.2f}  {'ok' if ratio <= TARGET else 'MISSED'}" \
-            if mode == "autotune" else "(info: the start autotune recovers from)"
-        print(f"{'step time, ' + mode + ' vs default':34s}{step[mode] * 1e3:10.2f}ms"
-              f"{step['default'] * 1e3:10.2f}ms{ratio:9.3f}  {verdict}")
+        verdict = (
+            f"<= {TARGET:.2f}  {'ok' if ratio <= TARGET else 'MISSED'}"
+            if mode == "autotune"
+            else "(info: the start autotune recovers from)"
+        )
+        print(
+            f"{'step time, ' + mode + ' vs default':34s}{step[mode] * 1e3:10.2f}ms"
+            f"{step['default'] * 1e3:10.2f}ms{ratio:9.3f}  {verdict}"
+        )
     return 0
 
 

@@ -46,6 +46,7 @@ def run_ranks() -> None:
         def run():
             checking(on)
             fn()
+
         return run
 
     small = np.ones(1024, np.float32)
@@ -55,8 +56,7 @@ def run_ranks() -> None:
         hvd.allreduce(small, name="metric", op=hvd.Average)
 
     def bucketed():
-        handles = [hvd.allreduce_async(a, name=f"grad.{i}", output=a)
-                   for i, a in enumerate(arrays)]
+        handles = [hvd.allreduce_async(a, name=f"grad.{i}", output=a) for i, a in enumerate(arrays)]
         for handle in handles:
             hvd.synchronize(handle)
 
@@ -64,22 +64,24 @@ def run_ranks() -> None:
         hvd.grouped_allreduce(arrays, name="grads", outputs=arrays)
 
     rows = []
-    for label, step, iters in (("sync allreduce 4 KB", metric, 200),
-                               (f"{ARRAYS} x 16 KB async + sync", bucketed, 20),
-                               (f"{ARRAYS} x 16 KB grouped", grouped, 50)):
+    for label, step, iters in (
+        ("sync allreduce 4 KB", metric, 200),
+        (f"{ARRAYS} x 16 KB async + sync", bucketed, 20),
+        (f"{ARRAYS} x 16 KB grouped", grouped, 50),
+    ):
         for on in (False, True):
             for _ in range(5):
                 mode(step, on)()
-        t_on, t_off = paired_times(mode(step, True), mode(step, False), iters, 15,
-                                   comm.Barrier)
+        t_on, t_off = paired_times(mode(step, True), mode(step, False), iters, 15, comm.Barrier)
         rows.append((label, t_on, t_off))
     checking(False)
     if comm.Get_rank() == 0:
         print(f"\ncollective-order check (HVDLITE_CHECK_ORDER): {comm.Get_size()} ranks")
         print(f"{'per step':28} {'check on':>10} {'off':>10} {'ratio':>7}")
         for label, t_on, t_off in rows:
-            print(f"{label:28} {short_time(t_on):>10} {short_time(t_off):>10} "
-                  f"{t_on / t_off:>6.2f}x")
+            print(
+                f"{label:28} {short_time(t_on):>10} {short_time(t_off):>10} {t_on / t_off:>6.2f}x"
+            )
     hvd.shutdown()
 
 

@@ -26,8 +26,6 @@ from _jobs import paired_times, run_self_or_launch, short_time  # this script's 
 import numpy as np
 
 
-
-
 def run_ranks() -> None:
     import hvdlite as hvd
     from mpi4py import MPI
@@ -37,8 +35,12 @@ def run_ranks() -> None:
     rank = comm.Get_rank()
     rows = []
 
-    for nbytes, iters, repeats in ((4 << 10, 200, 15), (256 << 10, 100, 11),
-                                   (4 << 20, 20, 9), (64 << 20, 3, 5)):
+    for nbytes, iters, repeats in (
+        (4 << 10, 200, 15),
+        (256 << 10, 100, 11),
+        (4 << 20, 20, 9),
+        (64 << 20, 3, 5),
+    ):
         x = np.ones(nbytes // 4, dtype=np.float32)
         out = np.empty_like(x)
         for _ in range(3):
@@ -47,7 +49,11 @@ def run_ranks() -> None:
         name = f"a{nbytes}"
         t_hvd, t_mpi = paired_times(
             lambda x=x, out=out, name=name: hvd.allreduce(x, name=name, op=hvd.Sum, output=out),
-            lambda x=x, out=out: comm.Allreduce(x, out, MPI.SUM), iters, repeats, comm.Barrier)
+            lambda x=x, out=out: comm.Allreduce(x, out, MPI.SUM),
+            iters,
+            repeats,
+            comm.Barrier,
+        )
         rows.append((f"allreduce {_human(nbytes)}", t_hvd, "raw mpi4py Allreduce", t_mpi))
 
     arrays = [np.full(16 << 10, i, dtype=np.float32) for i in range(200)]  # 64 KB each
@@ -58,8 +64,10 @@ def run_ranks() -> None:
 
     def hvd_many():
         t0 = time.perf_counter()
-        handles = [hvd.allreduce_async(a, name=f"t{i}", op=hvd.Sum, output=o)
-                   for i, (a, o) in enumerate(zip(arrays, outs))]
+        handles = [
+            hvd.allreduce_async(a, name=f"t{i}", op=hvd.Sum, output=o)
+            for i, (a, o) in enumerate(zip(arrays, outs))
+        ]
         submit_times.append(time.perf_counter() - t0)
         for h in handles:
             h.result()
@@ -70,7 +78,7 @@ def run_ranks() -> None:
         offset = 0
         for o in outs:
             n = o.size
-            o[...] = fused[offset:offset + n]
+            o[...] = fused[offset : offset + n]
             offset += n
 
     for _ in range(3):
@@ -80,14 +88,25 @@ def run_ranks() -> None:
     rows.append(("200 x 64 KB async + sync", t_hvd, "copy-in + 1 Allreduce + copy-out", t_mpi))
     # The Python floor of that figure: creating 200 handles (validation, Future,
     # engine entry), before any negotiation or data movement.
-    rows.append(("  of which: 200 submissions", statistics.median(submit_times),
-                 "copy-in + 1 Allreduce + copy-out", t_mpi))
+    rows.append(
+        (
+            "  of which: 200 submissions",
+            statistics.median(submit_times),
+            "copy-in + 1 Allreduce + copy-out",
+            t_mpi,
+        )
+    )
     # The same arrays as one grouped submission: one handle, the same data path.
     t_grouped, t_mpi = paired_times(
         lambda: hvd.grouped_allreduce(arrays, name="grouped", op=hvd.Sum, outputs=outs),
-        mpi_many, 5, 15, comm.Barrier)
-    rows.append(("200 x 64 KB grouped (info)", t_grouped, "copy-in + 1 Allreduce + copy-out",
-                 t_mpi))
+        mpi_many,
+        5,
+        15,
+        comm.Barrier,
+    )
+    rows.append(
+        ("200 x 64 KB grouped (info)", t_grouped, "copy-in + 1 Allreduce + copy-out", t_mpi)
+    )
 
     # Idle cost: an initialized process doing nothing for 5 s.
     comm.Barrier()
@@ -101,21 +120,25 @@ def run_ranks() -> None:
     idle = comm.gather(100.0 * cpu / wall, root=0)
 
     if rank == 0:
-        print(f"\nhvdlite core benchmark: {comm.Get_size()} ranks, "
-              f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
+        print(
+            f"\nhvdlite core benchmark: {comm.Get_size()} ranks, "
+            f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}"
+        )
         print(f"{'figure':28} {'hvdlite':>12} {'baseline':>12} {'ratio':>7}  baseline is")
         for label, t, base_label, tb in rows:
-            print(f"{label:28} {short_time(t):>12} {short_time(tb):>12} {t / tb:>6.2f}x  "
-                  f"{base_label}")
-        print(f"{'idle CPU over 5 s':28} {max(idle):>11.2f}% {'':>12} {'':>7}  "
-              "(% of one core, worst rank; target <= 2 %)")
+            print(
+                f"{label:28} {short_time(t):>12} {short_time(tb):>12} {t / tb:>6.2f}x  {base_label}"
+            )
+        print(
+            f"{'idle CPU over 5 s':28} {max(idle):>11.2f}% {'':>12} {'':>7}  "
+            "(% of one core, worst rank; target <= 2 %)"
+        )
         print(f"{'allreduce 4 KB absolute':28} {short_time(rows[0][1]):>12}   (target <= 100 us)")
     hvd.shutdown()
 
 
 def _human(nbytes: int) -> str:
     return f"{nbytes >> 20} MB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KB"
-
 
 
 def main() -> int:

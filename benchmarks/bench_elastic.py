@@ -65,10 +65,13 @@ def _setup():
     torch.set_num_threads(1)
     hvd.init()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                          nn.Linear(1024, 10))
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-                                   named_parameters=model.named_parameters())
+    model = nn.Sequential(
+        nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)
+    )
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        named_parameters=model.named_parameters(),
+    )
     g = torch.Generator().manual_seed(hvd.rank())
     x = torch.randn(BATCH, 784, generator=g)
     y = torch.randint(0, 10, (BATCH,), generator=g)
@@ -115,10 +118,8 @@ def commit_worker(rounds: int, segment: int, every: int) -> None:
     scratch = os.path.join(os.environ["HVDLITE_ELASTIC_JOB_DIR"], "floor.scratch")
     train(state)
     if hvd.rank() == 0:
-        size = os.path.getsize(os.path.join(os.environ["HVDLITE_ELASTIC_JOB_DIR"],
-                                            "state.hvdlite"))
-        print("RESULT " + json.dumps({"times": times, "calls": calls, "bytes": size}),
-              flush=True)
+        size = os.path.getsize(os.path.join(os.environ["HVDLITE_ELASTIC_JOB_DIR"], "state.hvdlite"))
+        print("RESULT " + json.dumps({"times": times, "calls": calls, "bytes": size}), flush=True)
 
 
 def write_floor(hvd, model, opt, path: str) -> None:
@@ -170,10 +171,21 @@ def recovery_worker(kill_at: int, stamp_dir: str) -> None:
 
 def _hvdrun(args: list[str], state_dir: str, timeout: float) -> str:
     env = dict(os.environ, PYTHONPATH=str(ROOT), MALLOC_ARENA_MAX="2")
-    cmd = [sys.executable, "-m", "hvdlite.runner", "-np", str(RANKS), "--max-restarts", "1",
-           "--elastic-state-dir", state_dir, sys.executable, __file__, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env=env)
+    cmd = [
+        sys.executable,
+        "-m",
+        "hvdlite.runner",
+        "-np",
+        str(RANKS),
+        "--max-restarts",
+        "1",
+        "--elastic-state-dir",
+        state_dir,
+        sys.executable,
+        __file__,
+        *args,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout + proc.stderr
@@ -187,47 +199,71 @@ def commit_cost(rounds: int) -> None:
     best = {mode: min(values) for mode, values in result["times"].items()}
     median = {mode: statistics.median(values) for mode, values in result["times"].items()}
     base = best["none"]
-    print(f"commit cost: torch MLP 784-1024-1024-10, batch {BATCH}, {RANKS} ranks, "
-          f"state {result['bytes'] / 1e6:.1f} MB on disk, {rounds} interleaved rounds of "
-          "50 steps per mode")
-    print(f"  no commits                         {base * 1e3:7.2f} ms/step   "
-          f"(median {median['none'] * 1e3:.2f})")
-    for mode, label in (("floor", "floor: rank 0 writes + fsyncs"),
-                        ("sync", "commit every 10 steps (default)"),
-                        ("background", "  the same, background write")):
+    print(
+        f"commit cost: torch MLP 784-1024-1024-10, batch {BATCH}, {RANKS} ranks, "
+        f"state {result['bytes'] / 1e6:.1f} MB on disk, {rounds} interleaved rounds of "
+        "50 steps per mode"
+    )
+    print(
+        f"  no commits                         {base * 1e3:7.2f} ms/step   "
+        f"(median {median['none'] * 1e3:.2f})"
+    )
+    for mode, label in (
+        ("floor", "floor: rank 0 writes + fsyncs"),
+        ("sync", "commit every 10 steps (default)"),
+        ("background", "  the same, background write"),
+    ):
         ratio = best[mode] / base
         extra = (best[mode] - base) * 10 / base * 100
-        print(f"  {label:34s} {best[mode] * 1e3:7.2f} ms/step   ratio {ratio:.3f}   "
-              f"(one commit = {extra:.0f} % of a step; medians' ratio "
-              f"{median[mode] / median['none']:.3f})"
-              + (f"   target <= 1.05; vs the floor {best[mode] / best['floor']:.3f}"
-                 if mode == "sync" else ""))
-    for mode, label in (("floor", "floor: write + barrier"),
-                        ("sync", "default, synchronous write"),
-                        ("background", "background write")):
+        print(
+            f"  {label:34s} {best[mode] * 1e3:7.2f} ms/step   ratio {ratio:.3f}   "
+            f"(one commit = {extra:.0f} % of a step; medians' ratio "
+            f"{median[mode] / median['none']:.3f})"
+            + (
+                f"   target <= 1.05; vs the floor {best[mode] / best['floor']:.3f}"
+                if mode == "sync"
+                else ""
+            )
+        )
+    for mode, label in (
+        ("floor", "floor: write + barrier"),
+        ("sync", "default, synchronous write"),
+        ("background", "background write"),
+    ):
         inside = statistics.median(result["calls"][mode])
-        print(f"  time inside commit() ({label}): median {inside * 1e3:.1f} ms = "
-              f"{inside / base / 10 * 100:.1f} % of a step per step at one commit every 10 "
-              "steps")
+        print(
+            f"  time inside commit() ({label}): median {inside * 1e3:.1f} ms = "
+            f"{inside / base / 10 * 100:.1f} % of a step per step at one commit every 10 "
+            "steps"
+        )
 
 
 def recovery_time(repeats: int) -> None:
     deaths, fresh = [], []
     for _ in range(repeats):
-        with tempfile.TemporaryDirectory(dir=ROOT) as state_dir, \
-                tempfile.TemporaryDirectory() as stamps:
+        with (
+            tempfile.TemporaryDirectory(dir=ROOT) as state_dir,
+            tempfile.TemporaryDirectory() as stamps,
+        ):
             launched = time.time()
             _hvdrun(["--worker", "recovery", "--stamps", stamps], state_dir, 300)
             read = lambda name: float(Path(stamps, name).read_text())  # noqa: E731
             deaths.append(read("first_step.1") - read("killed"))
             fresh.append(read("first_step.0") - launched)
-    print(f"recovery: rank 1 SIGKILLed at step 20 of a {RANKS}-rank job (commit every 5 "
-          f"steps), {repeats} runs")
-    print("  kill -> first step of the resumed job   "
-          + ", ".join(f"{value:.1f} s" for value in deaths)
-          + f"   (median {statistics.median(deaths):.1f} s, target <= 15 s)")
-    print("  hvdrun start -> first step, fresh job   "
-          + ", ".join(f"{value:.1f} s" for value in fresh) + "   (the part that is start-up)")
+    print(
+        f"recovery: rank 1 SIGKILLed at step 20 of a {RANKS}-rank job (commit every 5 "
+        f"steps), {repeats} runs"
+    )
+    print(
+        "  kill -> first step of the resumed job   "
+        + ", ".join(f"{value:.1f} s" for value in deaths)
+        + f"   (median {statistics.median(deaths):.1f} s, target <= 15 s)"
+    )
+    print(
+        "  hvdrun start -> first step, fresh job   "
+        + ", ".join(f"{value:.1f} s" for value in fresh)
+        + "   (the part that is start-up)"
+    )
 
 
 def main() -> None:

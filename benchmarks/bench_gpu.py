@@ -64,8 +64,9 @@ def bench_allreduce(hvd, cp, raw) -> list[str]:
     stream = cp.cuda.get_current_stream()
 
     def ours_small():
-        handles = [hvd.allreduce_async(t, op=hvd.Sum, name=f"b.{i}", output=t)
-                   for i, t in enumerate(small)]
+        handles = [
+            hvd.allreduce_async(t, op=hvd.Sum, name=f"b.{i}", output=t) for i, t in enumerate(small)
+        ]
         for h in handles:
             hvd.synchronize(h)
         stream.synchronize()
@@ -75,7 +76,7 @@ def bench_allreduce(hvd, cp, raw) -> list[str]:
         raw(packed)
         offset = 0
         for t in small:
-            t[...] = packed[offset:offset + t.size]
+            t[...] = packed[offset : offset + t.size]
             offset += t.size
         stream.synchronize()
 
@@ -91,9 +92,14 @@ def bench_allreduce(hvd, cp, raw) -> list[str]:
 
     ours_small(), base_small(), ours_big(), base_big()  # warm up (NCCL, pools)
     targets = (1.2, 1.05) if size == 1 else (None, None)
-    lines = [_line(f"{size} rank(s): 200 x 64 KB async + synchronize",
-                   *_alternating(ours_small, base_small), targets[0]),
-             _line(f"{size} rank(s): 64 MB", *_alternating(ours_big, base_big, 10), targets[1])]
+    lines = [
+        _line(
+            f"{size} rank(s): 200 x 64 KB async + synchronize",
+            *_alternating(ours_small, base_small),
+            targets[0],
+        ),
+        _line(f"{size} rank(s): 64 MB", *_alternating(ours_big, base_big, 10), targets[1]),
+    ]
     return lines
 
 
@@ -104,16 +110,23 @@ def bench_torch_step(hvd_torch) -> list[str]:
 
     def model():
         return torch.nn.Sequential(
-            torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
-            torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4),
-            torch.nn.Flatten(), torch.nn.Linear(64 * 16, 10)).cuda()
+            torch.nn.Conv2d(3, 32, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(32, 64, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(4),
+            torch.nn.Flatten(),
+            torch.nn.Linear(64 * 16, 10),
+        ).cuda()
 
     x = torch.randn(64, 3, 32, 32, device="cuda")
     y = torch.randint(0, 10, (64,), device="cuda")
     plain_model, dist_model = model(), model()
     plain = torch.optim.SGD(plain_model.parameters(), lr=0.01)
-    dist = hvd_torch.DistributedOptimizer(torch.optim.SGD(dist_model.parameters(), lr=0.01),
-                                          named_parameters=dist_model.named_parameters())
+    dist = hvd_torch.DistributedOptimizer(
+        torch.optim.SGD(dist_model.parameters(), lr=0.01),
+        named_parameters=dist_model.named_parameters(),
+    )
 
     def step(m, opt):
         def run():
@@ -121,12 +134,18 @@ def bench_torch_step(hvd_torch) -> list[str]:
             torch.nn.functional.cross_entropy(m(x), y).backward()
             opt.step()
             torch.cuda.synchronize()
+
         return run
 
     for _ in range(5):
         step(dist_model, dist)(), step(plain_model, plain)()
-    return [_line("torch CNN step, DistributedOptimizer", *_alternating(
-        step(dist_model, dist), step(plain_model, plain)), 1.10)]
+    return [
+        _line(
+            "torch CNN step, DistributedOptimizer",
+            *_alternating(step(dist_model, dist), step(plain_model, plain)),
+            1.10,
+        )
+    ]
 
 
 def main() -> int:
@@ -148,8 +167,14 @@ def main() -> int:
         comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
 
         def raw(buf):
-            comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, nccl.NCCL_FLOAT32,
-                           nccl.NCCL_SUM, cp.cuda.get_current_stream().ptr)
+            comm.allReduce(
+                buf.data.ptr,
+                buf.data.ptr,
+                buf.size,
+                nccl.NCCL_FLOAT32,
+                nccl.NCCL_SUM,
+                cp.cuda.get_current_stream().ptr,
+            )
     else:
         from mpi4py import MPI
 

@@ -40,9 +40,18 @@ def _launch(args) -> int:
     env["HVDLITE_TEST_NODE_SIZE"] = str(args.node_size)
     env["HVDLITE_HIERARCHICAL_ALLREDUCE"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    cmd = [_mpiexec(), "-n", str(args.np), sys.executable, str(Path(__file__).resolve()),
-           "--worker", "--iters", str(args.iters), "--sizes-mb",
-           *[str(s) for s in args.sizes_mb]]
+    cmd = [
+        _mpiexec(),
+        "-n",
+        str(args.np),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--iters",
+        str(args.iters),
+        "--sizes-mb",
+        *[str(s) for s in args.sizes_mb],
+    ]
     return subprocess.call(cmd, env=env)
 
 
@@ -66,7 +75,8 @@ def _worker(args) -> None:
             "flat": lambda b=buf: comm.Allreduce(MPI.IN_PLACE, b, MPI.SUM),
             "hierarchical": lambda b=buf: helper.allreduce(b, MPI.SUM),
             "hvdlite.allreduce": lambda d=data, m=mb: hvdlite.allreduce(
-                d, op=hvdlite.Sum, name=f"bench.{m}"),
+                d, op=hvdlite.Sum, name=f"bench.{m}"
+            ),
         }
         times = {k: [] for k in runs}
         for it in range(args.iters + 1):  # the first round warms up
@@ -80,15 +90,21 @@ def _worker(args) -> None:
                     times[name].append(elapsed)
         rows.append((mb, {k: statistics.median(v) for k, v in times.items()}))
     if rank == 0:
-        print(f"allreduce float32 SUM, {comm.Get_size()} ranks as simulated nodes of "
-              f"{hvdlite.local_size()} (median of {args.iters}, slowest rank)")
-        print(f"{'size':>8} {'flat ms':>9} {'hier ms':>9} {'ratio':>6} "
-              f"{'hvdlite ms':>11} {'ratio':>6}")
+        print(
+            f"allreduce float32 SUM, {comm.Get_size()} ranks as simulated nodes of "
+            f"{hvdlite.local_size()} (median of {args.iters}, slowest rank)"
+        )
+        print(
+            f"{'size':>8} {'flat ms':>9} {'hier ms':>9} {'ratio':>6} "
+            f"{'hvdlite ms':>11} {'ratio':>6}"
+        )
         for mb, t in rows:
             flat = t["flat"]
-            print(f"{mb:>6g}MB {flat * 1e3:9.2f} {t['hierarchical'] * 1e3:9.2f} "
-                  f"{t['hierarchical'] / flat:6.2f} {t['hvdlite.allreduce'] * 1e3:11.2f} "
-                  f"{t['hvdlite.allreduce'] / flat:6.2f}")
+            print(
+                f"{mb:>6g}MB {flat * 1e3:9.2f} {t['hierarchical'] * 1e3:9.2f} "
+                f"{t['hierarchical'] / flat:6.2f} {t['hvdlite.allreduce'] * 1e3:11.2f} "
+                f"{t['hvdlite.allreduce'] / flat:6.2f}"
+            )
     comm.Free()
     hvdlite.shutdown()
 

@@ -146,9 +146,12 @@ def _data(name: str, rank: int, n: int):
 def worker(mode: str, models: list[str], steps: int, block: int, ports: list[int]) -> None:
     rank, _ = _jobs.rank_and_size()
     if mode == "mwms":
-        os.environ["TF_CONFIG"] = json.dumps({
-            "cluster": {"worker": [f"localhost:{p}" for p in ports]},
-            "task": {"type": "worker", "index": rank}})
+        os.environ["TF_CONFIG"] = json.dumps(
+            {
+                "cluster": {"worker": [f"localhost:{p}" for p in ports]},
+                "task": {"type": "worker", "index": rank},
+            }
+        )
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -191,8 +194,11 @@ def _time_interleaved(tf, name, rank, steps, block) -> None:
         # Built before the first trace: a train step that creates the optimizer's
         # variables is traced twice by tf.function (seconds per model, every mode).
         opt.build(model.trainable_variables)
-        model.compile(optimizer=opt, jit_compile=False,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile(
+            optimizer=opt,
+            jit_compile=False,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
         warm = WARMUP * batch
         model.fit(x[:warm], y[:warm], batch_size=batch, epochs=1, verbose=0, shuffle=False)
         fits[mode] = model
@@ -200,8 +206,9 @@ def _time_interleaved(tf, name, rank, steps, block) -> None:
     for turn in range(max(1, steps // block)):
         for mode in INTERLEAVED if turn % 2 == 0 else INTERLEAVED[::-1]:
             barrier()
-            times[mode].append(_fit_block(keras, fits[mode], x[WARMUP * batch:],
-                                          y[WARMUP * batch:], batch))
+            times[mode].append(
+                _fit_block(keras, fits[mode], x[WARMUP * batch :], y[WARMUP * batch :], batch)
+            )
     _jobs.report(model=name, weights=len(fits["hvdlite"].trainable_weights), turns=times)
 
 
@@ -239,13 +246,15 @@ def _time_mwms(tf, name, rank, strategy, barrier, steps, block) -> None:
         model = _resnet(keras) if name == "resnet" else _transformer(keras)
         opt = keras.optimizers.SGD(0.01, momentum=0.9)
         opt.build(model.trainable_variables)
-    seconds = _time_strategy_step(tf, keras, strategy, model, opt, x, y, batch, steps, block,
-                                  barrier)
+    seconds = _time_strategy_step(
+        tf, keras, strategy, model, opt, x, y, batch, steps, block, barrier
+    )
     _jobs.report(model=name, step=seconds)
 
 
-def _time_strategy_step(tf, keras, strategy, model, opt, x, y, batch, steps, block,
-                        barrier) -> float:
+def _time_strategy_step(
+    tf, keras, strategy, model, opt, x, y, batch, steps, block, barrier
+) -> float:
     global_batch = batch * strategy.num_replicas_in_sync
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
@@ -261,8 +270,10 @@ def _time_strategy_step(tf, keras, strategy, model, opt, x, y, batch, steps, blo
         # This worker's loss only: no extra collective beyond the gradients'.
         return strategy.experimental_local_results(strategy.run(replica_step, args=(xb, yb)))[0]
 
-    batches = [(tf.constant(x[i:i + batch]), tf.constant(y[i:i + batch]))
-               for i in range(0, len(x) - batch + 1, batch)]
+    batches = [
+        (tf.constant(x[i : i + batch]), tf.constant(y[i : i + batch]))
+        for i in range(0, len(x) - batch + 1, batch)
+    ]
     for xb, yb in batches[:WARMUP]:
         float(train_step(xb, yb))
     barrier()
@@ -277,41 +288,57 @@ def _time_strategy_step(tf, keras, strategy, model, opt, x, y, batch, steps, blo
 # ------------------------------------------------------------------ launcher side
 
 
-def _print_model(name: str, weights: int, turns: dict, jobs: list[dict], mwms: list[float],
-                 block: int) -> None:
+def _print_model(
+    name: str, weights: int, turns: dict, jobs: list[dict], mwms: list[float], block: int
+) -> None:
     """*turns*: mode -> every turn's step time over all jobs; *jobs*: each job's
     turns (mode -> list); *mwms*: each MWMS job's step time."""
     batch = BATCH[name]
     unit = "img/s" if name == "resnet" else "seq/s"
     n_turns = len(turns["hvdlite"])
-    print(f"\n{name}: {TITLE[name]}; {weights} weights, batch {batch}/rank, {RANKS} ranks; "
-          f"{len(jobs)} jobs x {n_turns // len(jobs)} turns of {block} steps per mode, "
-          "modes interleaved within each job (median step per turn)")
+    print(
+        f"\n{name}: {TITLE[name]}; {weights} weights, batch {batch}/rank, {RANKS} ranks; "
+        f"{len(jobs)} jobs x {n_turns // len(jobs)} turns of {block} steps per mode, "
+        "modes interleaved within each job (median step per turn)"
+    )
     print(f"{'':40s}{'hvdlite':>12s}{'baseline':>12s}{'ratio':>8s}  target")
     h, f, n = (statistics.median(turns[m]) for m in ("hvdlite", "floor", "nocomm"))
     r = _jobs.paired(turns, "hvdlite", "floor")
-    print(f"{'fit step vs the floor, per turn':40s}{h * 1e3:10.2f}ms{f * 1e3:10.2f}ms{r:8.3f}  "
-          f"<= 1.05  {'ok' if r <= 1.05 else 'MISSED'}")
-    print(f"{'  the same, each job':40s}{'':24s}  "
-          + ", ".join(f"{_jobs.paired(job, 'hvdlite', 'floor'):.3f}" for job in jobs))
+    print(
+        f"{'fit step vs the floor, per turn':40s}{h * 1e3:10.2f}ms{f * 1e3:10.2f}ms{r:8.3f}  "
+        f"<= 1.05  {'ok' if r <= 1.05 else 'MISSED'}"
+    )
+    print(
+        f"{'  the same, each job':40s}{'':24s}  "
+        + ", ".join(f"{_jobs.paired(job, 'hvdlite', 'floor'):.3f}" for job in jobs)
+    )
     e = statistics.median(turns["exchange"])
     r_e = _jobs.paired(turns, "hvdlite", "exchange")
-    print(f"{'fit step vs the exchange floor, per turn':40s}{h * 1e3:10.2f}ms{e * 1e3:10.2f}ms"
-          f"{r_e:8.3f}  (info; each job: "
-          + ", ".join(f"{_jobs.paired(job, 'hvdlite', 'exchange'):.3f}" for job in jobs) + ")")
+    print(
+        f"{'fit step vs the exchange floor, per turn':40s}{h * 1e3:10.2f}ms{e * 1e3:10.2f}ms"
+        f"{r_e:8.3f}  (info; each job: "
+        + ", ".join(f"{_jobs.paired(job, 'hvdlite', 'exchange'):.3f}" for job in jobs)
+        + ")"
+    )
     crossing = _jobs.paired(turns, "exchange", "floor")
-    print(f"{'exchange floor vs the floor, per turn':40s}{e * 1e3:10.2f}ms{f * 1e3:10.2f}ms"
-          f"{crossing:8.3f}  (info; what moving the data between the cores adds; "
-          + ("the 1.05 target is below the exchange floor" if crossing > 1.05
-             else "room for 1.05") + ")")
-    print(f"{'fit step vs no communication, per turn':40s}{h * 1e3:10.2f}ms{n * 1e3:10.2f}ms"
-          f"{_jobs.paired(turns, 'hvdlite', 'nocomm'):8.3f}  (info; floor / no-comm = "
-          f"{_jobs.paired(turns, 'floor', 'nocomm'):.3f})")
+    print(
+        f"{'exchange floor vs the floor, per turn':40s}{e * 1e3:10.2f}ms{f * 1e3:10.2f}ms"
+        f"{crossing:8.3f}  (info; what moving the data between the cores adds; "
+        + ("the 1.05 target is below the exchange floor" if crossing > 1.05 else "room for 1.05")
+        + ")"
+    )
+    print(
+        f"{'fit step vs no communication, per turn':40s}{h * 1e3:10.2f}ms{n * 1e3:10.2f}ms"
+        f"{_jobs.paired(turns, 'hvdlite', 'nocomm'):8.3f}  (info; floor / no-comm = "
+        f"{_jobs.paired(turns, 'floor', 'nocomm'):.3f})"
+    )
     m = min(mwms)
     best = min(statistics.median(job["hvdlite"]) for job in jobs)
-    print(f"{'throughput vs MultiWorkerMirrored':40s}{RANKS * batch / best:7.0f}{unit}"
-          f"{RANKS * batch / m:7.0f}{unit}{m / best:8.3f}  (info; best job of each, "
-          "separate jobs)")
+    print(
+        f"{'throughput vs MultiWorkerMirrored':40s}{RANKS * batch / best:7.0f}{unit}"
+        f"{RANKS * batch / m:7.0f}{unit}{m / best:8.3f}  (info; best job of each, "
+        "separate jobs)"
+    )
 
 
 def main(argv=None) -> int:
@@ -319,8 +346,12 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", choices=JOBS, help=argparse.SUPPRESS)
     parser.add_argument("--ports", default="", help=argparse.SUPPRESS)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
-    parser.add_argument("--turns", type=int, default=6,
-                        help="turns per mode and job (modes take turns within a job)")
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=6,
+        help="turns per mode and job (modes take turns within a job)",
+    )
     parser.add_argument("--block", type=int, default=10, help="steps per turn")
     parser.add_argument("--rounds", type=int, default=3, help="jobs of each kind, alternating")
     args = parser.parse_args(argv)
@@ -341,19 +372,38 @@ def main(argv=None) -> int:
             start = time.perf_counter()
             for job in JOBS:
                 ports = ",".join(map(str, _jobs.free_ports(RANKS)))
-                for rec in _jobs.run_job(__file__, [
-                        job, "--models", args.models, "--turns", args.turns,
-                        "--block", args.block, "--ports", ports]):
+                for rec in _jobs.run_job(
+                    __file__,
+                    [
+                        job,
+                        "--models",
+                        args.models,
+                        "--turns",
+                        args.turns,
+                        "--block",
+                        args.block,
+                        "--ports",
+                        ports,
+                    ],
+                ):
                     if job == "mwms":
                         mwms[rec["model"]].append(rec["step"])
                     else:
                         jobs[rec["model"]].append(rec["turns"])
                         weights[rec["model"]] = rec["weights"]
-            print(f"round {r + 1}/{args.rounds} ({time.perf_counter() - start:.0f}s): " + "; ".join(
-                f"{name} " + ", ".join(
-                    f"{m} {statistics.median(jobs[name][-1][m]) * 1e3:.1f}ms"
-                    for m in INTERLEAVED) + f", mwms {mwms[name][-1] * 1e3:.1f}ms"
-                for name in models), flush=True)
+            print(
+                f"round {r + 1}/{args.rounds} ({time.perf_counter() - start:.0f}s): "
+                + "; ".join(
+                    f"{name} "
+                    + ", ".join(
+                        f"{m} {statistics.median(jobs[name][-1][m]) * 1e3:.1f}ms"
+                        for m in INTERLEAVED
+                    )
+                    + f", mwms {mwms[name][-1] * 1e3:.1f}ms"
+                    for name in models
+                ),
+                flush=True,
+            )
     except _jobs.JobFailed as e:
         print(f"FAILED: {e}", file=sys.stderr)
         return 1

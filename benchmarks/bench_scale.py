@@ -49,8 +49,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 _RESULT = "RESULT "
 _CONTROL = ("Iallreduce", "Allreduce", "gather", "bcast", "Send", "Isend", "Irecv")
-_DATA = ("Allreduce", "Iallreduce", "Allgather", "Allgatherv", "Bcast", "Alltoallv",
-         "Reduce_scatter", "Reduce_scatter_block")
+_DATA = (
+    "Allreduce",
+    "Iallreduce",
+    "Allgather",
+    "Allgatherv",
+    "Bcast",
+    "Alltoallv",
+    "Reduce_scatter",
+    "Reduce_scatter_block",
+)
 
 
 def _mpiexec() -> str:
@@ -104,6 +112,7 @@ class CountingComm:
             return attr
         counts, rank = self._counts, self._rank
         if name == "gather":
+
             def gather(obj, root=0):
                 out = attr(obj, root=root)
                 nbytes = _pickled(obj)
@@ -111,17 +120,21 @@ class CountingComm:
                     nbytes += sum(_pickled(item) for r, item in enumerate(out) if r != root)
                 counts.add(name, nbytes)
                 return out
+
             return gather
         if name == "bcast":
+
             def bcast(obj, root=0):
                 out = attr(obj, root=root)
                 counts.add(name, _pickled(out))
                 return out
+
             return bcast
 
         def call(*args, **kwargs):
             counts.add(name, _buffer_bytes(args))
             return attr(*args, **kwargs)
+
         return call
 
 
@@ -158,8 +171,9 @@ def _worker(args) -> None:
     expected = size * (size - 1) / 2
 
     def step(prefix: str) -> None:
-        handles = [hvd.allreduce_async(g, op=hvd.Sum, name=f"{prefix}.{i}")
-                   for i, g in enumerate(grads)]
+        handles = [
+            hvd.allreduce_async(g, op=hvd.Sum, name=f"{prefix}.{i}") for i, g in enumerate(grads)
+        ]
         for handle in handles:
             out = hvd.synchronize(handle)
             assert out[0] == expected, (out[0], expected)
@@ -174,12 +188,17 @@ def _worker(args) -> None:
         n = len(prefixes)
         sends = {k: (v - b0[2].get(k, 0)) / n for k, v in b1[2].items()}
         negotiation = {k: (v - c0[2].get(k, 0)) / n for k, v in c1[2].items()}
-        return {"ctrl_calls": (c1[0] - c0[0]) / n, "ctrl_bytes": (c1[1] - c0[1]) / n,
-                "data_calls": (d1[0] - d0[0]) / n, "data_bytes": (d1[1] - d0[1]) / n,
-                "cycles": (engine.cycles - cycles0) / n,
-                "rang": (engine.doorbell.rings - rang0) / n,
-                "gathers": negotiation.get("gather", 0), "answers": negotiation.get("bcast", 0),
-                "rings": sends.get("Send", 0) + sends.get("Isend", 0)}
+        return {
+            "ctrl_calls": (c1[0] - c0[0]) / n,
+            "ctrl_bytes": (c1[1] - c0[1]) / n,
+            "data_calls": (d1[0] - d0[0]) / n,
+            "data_bytes": (d1[1] - d0[1]) / n,
+            "cycles": (engine.cycles - cycles0) / n,
+            "rang": (engine.doorbell.rings - rang0) / n,
+            "gathers": negotiation.get("gather", 0),
+            "answers": negotiation.get("bcast", 0),
+            "rings": sends.get("Send", 0) + sends.get("Isend", 0),
+        }
 
     step("grad")  # fill the response cache
     steady = measure(["grad"] * args.steps)
@@ -188,9 +207,18 @@ def _worker(args) -> None:
     everyone = world.gather(mine, root=0)
     hvd.shutdown()
     if rank == 0:
-        print(_RESULT + json.dumps({"ranks": size, "tensors": args.tensors,
-                                    "data_payload": sum(sizes) * 4, "per_rank": everyone}),
-              flush=True)
+        print(
+            _RESULT
+            + json.dumps(
+                {
+                    "ranks": size,
+                    "tensors": args.tensors,
+                    "data_payload": sum(sizes) * 4,
+                    "per_rank": everyone,
+                }
+            ),
+            flush=True,
+        )
 
 
 # ---------------------------------------------------------------- launcher side
@@ -199,15 +227,30 @@ def _run(n: int, args) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env["HVDLITE_SHM_ALLREDUCE_DISABLE"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [_mpiexec(), "-n", str(n), sys.executable, str(Path(__file__).resolve()),
-           "--worker", "--tensors", str(args.tensors), "--steps", str(args.steps)]
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=args.timeout)
-    records = [json.loads(line[len(_RESULT):]) for line in out.stdout.splitlines()
-               if line.startswith(_RESULT)]
+    cmd = [
+        _mpiexec(),
+        "-n",
+        str(n),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--tensors",
+        str(args.tensors),
+        "--steps",
+        str(args.steps),
+    ]
+    out = subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout
+    )
+    records = [
+        json.loads(line[len(_RESULT) :])
+        for line in out.stdout.splitlines()
+        if line.startswith(_RESULT)
+    ]
     if out.returncode or not records:
-        raise RuntimeError(f"{n} ranks: exit {out.returncode}\n{out.stdout[-2000:]}\n"
-                           f"{out.stderr[-2000:]}")
+        raise RuntimeError(
+            f"{n} ranks: exit {out.returncode}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+        )
     return records[0]
 
 
@@ -215,14 +258,23 @@ def _training(n: int, framework: str, args) -> str:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [_mpiexec(), "-n", str(n), sys.executable,
-           str(Path(__file__).resolve().with_name("_scale_training.py")), framework]
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=args.timeout)
+    cmd = [
+        _mpiexec(),
+        "-n",
+        str(n),
+        sys.executable,
+        str(Path(__file__).resolve().with_name("_scale_training.py")),
+        framework,
+    ]
+    out = subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout
+    )
     lines = [line for line in out.stdout.splitlines() if "equal to one process" in line]
     if out.returncode or not lines:
-        raise RuntimeError(f"{framework} at {n} ranks: exit {out.returncode}\n"
-                           f"{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+        raise RuntimeError(
+            f"{framework} at {n} ranks: exit {out.returncode}\n"
+            f"{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+        )
     return lines[0]
 
 
@@ -234,30 +286,42 @@ def _summary(record: dict, phase: str) -> dict:
     def mean(key, of=rows):
         return statistics.fmean(r[key] for r in of)
 
-    return {"n": record["ranks"], "cycles": rows[0]["cycles"],
-            "calls_rank": mean("ctrl_calls", others), "bytes_rank": mean("ctrl_bytes", others),
-            "calls_0": rows[0]["ctrl_calls"], "bytes_0": rows[0]["ctrl_bytes"],
-            "rings_max": max(r["rings"] for r in rows), "rings_all": sum(r["rings"] for r in rows),
-            "ringers": sum(r["rang"] for r in rows),
-            "skipped": 100 * (1 - rows[0]["gathers"] / rows[0]["answers"])
-            if rows[0]["answers"] else 0.0,
-            "data_bytes": mean("data_bytes"), "data_calls": mean("data_calls"),
-            "rss": statistics.fmean(r["rss_mb"] for r in ranks),
-            "rss_max": max(r["rss_mb"] for r in ranks)}
+    return {
+        "n": record["ranks"],
+        "cycles": rows[0]["cycles"],
+        "calls_rank": mean("ctrl_calls", others),
+        "bytes_rank": mean("ctrl_bytes", others),
+        "calls_0": rows[0]["ctrl_calls"],
+        "bytes_0": rows[0]["ctrl_bytes"],
+        "rings_max": max(r["rings"] for r in rows),
+        "rings_all": sum(r["rings"] for r in rows),
+        "ringers": sum(r["rang"] for r in rows),
+        "skipped": 100 * (1 - rows[0]["gathers"] / rows[0]["answers"])
+        if rows[0]["answers"]
+        else 0.0,
+        "data_bytes": mean("data_bytes"),
+        "data_calls": mean("data_calls"),
+        "rss": statistics.fmean(r["rss_mb"] for r in ranks),
+        "rss_max": max(r["rss_mb"] for r in ranks),
+    }
 
 
 def _table(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
     print(f"{'':11} | {'negotiation: a rank, rank 0':<36} | {'doorbell':<26} | data")
-    print(f"{'N':>4} {'cycles':>6} | {'calls':>5} {'bytes':>6} | {'rank 0 calls':>12} "
-          f"{'rank 0 B':>9} | {'ringers':>7} {'msgs':>6} {'max 1 rank':>10} | {'calls':>5} "
-          f"{'B per rank':>10}")
+    print(
+        f"{'N':>4} {'cycles':>6} | {'calls':>5} {'bytes':>6} | {'rank 0 calls':>12} "
+        f"{'rank 0 B':>9} | {'ringers':>7} {'msgs':>6} {'max 1 rank':>10} | {'calls':>5} "
+        f"{'B per rank':>10}"
+    )
     for r in rows:
-        print(f"{r['n']:>4} {r['cycles']:>6.2f} | {r['calls_rank']:>5.2f} "
-              f"{r['bytes_rank']:>6.0f} | {r['calls_0']:>12.2f} {r['bytes_0']:>9.0f} | "
-              f"{r['ringers']:>7.2f} "
-              f"{r['rings_all']:>6.2f} {r['rings_max']:>10.2f} | {r['data_calls']:>5.2f} "
-              f"{r['data_bytes']:>10.0f}")
+        print(
+            f"{r['n']:>4} {r['cycles']:>6.2f} | {r['calls_rank']:>5.2f} "
+            f"{r['bytes_rank']:>6.0f} | {r['calls_0']:>12.2f} {r['bytes_0']:>9.0f} | "
+            f"{r['ringers']:>7.2f} "
+            f"{r['rings_all']:>6.2f} {r['rings_max']:>10.2f} | {r['data_calls']:>5.2f} "
+            f"{r['data_bytes']:>10.0f}"
+        )
 
 
 def _checks(steady: list[dict], cold: list[dict], tensors: int) -> list[str]:
@@ -266,27 +330,41 @@ def _checks(steady: list[dict], cold: list[dict], tensors: int) -> list[str]:
     # N - 1 peers, have columns of their own) must not grow with N.
     quiet = [r["bytes_rank"] for r in steady]
     spread = max(quiet) / min(quiet)
-    lines.append(f"steady negotiation bytes per rank {min(quiet):.0f}-{max(quiet):.0f} B over N:"
-                 f" max/min {spread:.2f} ({'flat' if spread < 1.5 else 'GROWS with N'})")
+    lines.append(
+        f"steady negotiation bytes per rank {min(quiet):.0f}-{max(quiet):.0f} B over N:"
+        f" max/min {spread:.2f} ({'flat' if spread < 1.5 else 'GROWS with N'})"
+    )
     ringers = [r["ringers"] for r in steady]
-    lines.append("doorbell: ringers per step " + ", ".join(f"{v:.2f}" for v in ringers)
-                 + "; each ringer sends N - 1 messages (O(N) on the ringer)")
+    lines.append(
+        "doorbell: ringers per step "
+        + ", ".join(f"{v:.2f}" for v in ringers)
+        + "; each ringer sends N - 1 messages (O(N) on the ringer)"
+    )
     # At most O(N x tensors): a cold cycle on which every rank sent the same requests
     # skips the gather (rank 0 decides alone), which makes it O(tensors).
     per_nt = [r["bytes_0"] / (r["n"] * tensors) for r in cold]
-    lines.append("cold bytes on rank 0 per (N x tensor): "
-                 + ", ".join(f"{v:.0f}" for v in per_nt)
-                 + (" (at most O(N x tensors));" if max(per_nt) <= 1.5 * per_nt[0]
-                    else " (GROWS faster than N x tensors);")
-                 + " negotiations that skipped the gather: "
-                 + ", ".join(f"{r['skipped']:.0f} %" for r in cold))
+    lines.append(
+        "cold bytes on rank 0 per (N x tensor): "
+        + ", ".join(f"{v:.0f}" for v in per_nt)
+        + (
+            " (at most O(N x tensors));"
+            if max(per_nt) <= 1.5 * per_nt[0]
+            else " (GROWS faster than N x tensors);"
+        )
+        + " negotiations that skipped the gather: "
+        + ", ".join(f"{r['skipped']:.0f} %" for r in cold)
+    )
     per_t = [r["bytes_rank"] / tensors for r in cold]
-    lines.append("cold bytes on another rank per tensor: "
-                 + ", ".join(f"{v:.0f}" for v in per_t)
-                 + f" ({'O(tensors)' if max(per_t) / min(per_t) < 1.5 else 'GROWS with N'})")
+    lines.append(
+        "cold bytes on another rank per tensor: "
+        + ", ".join(f"{v:.0f}" for v in per_t)
+        + f" ({'O(tensors)' if max(per_t) / min(per_t) < 1.5 else 'GROWS with N'})"
+    )
     rss = [r["rss"] for r in steady]
-    lines.append(f"RSS per rank {min(rss):.0f}-{max(rss):.0f} MB over N "
-                 f"({'flat' if max(rss) / min(rss) < 1.25 else 'GROWS with N'})")
+    lines.append(
+        f"RSS per rank {min(rss):.0f}-{max(rss):.0f} MB over N "
+        f"({'flat' if max(rss) / min(rss) < 1.25 else 'GROWS with N'})"
+    )
     return lines
 
 
@@ -306,18 +384,22 @@ def main(argv=None) -> int:
     steady = [_summary(r, "steady") for r in records]
     cold = [_summary(r, "cold") for r in records]
     payload = records[0]["data_payload"]
-    print(f"One training step: {args.tensors} allreduces, {payload / 2**20:.2f} MB per rank; "
-          "counts per step (mean over steps).\n"
-          "negotiation: MPI calls and bytes of the status exchange, gather and bcast, per rank "
-          "(mean over ranks 1..N-1) and on rank 0 (the coordinator);\n"
-          "doorbell: ranks that rang, ring messages of all ranks, the most one rank sent "
-          "(its posted receives are counted in none);\n"
-          "data: calls and payload bytes per rank on the global set's communicator.")
+    print(
+        f"One training step: {args.tensors} allreduces, {payload / 2**20:.2f} MB per rank; "
+        "counts per step (mean over steps).\n"
+        "negotiation: MPI calls and bytes of the status exchange, gather and bcast, per rank "
+        "(mean over ranks 1..N-1) and on rank 0 (the coordinator);\n"
+        "doorbell: ranks that rang, ring messages of all ranks, the most one rank sent "
+        "(its posted receives are counted in none);\n"
+        "data: calls and payload bytes per rank on the global set's communicator."
+    )
 
     _table(f"steady state (response cache hit, {args.steps} steps)", steady)
     _table("cold (every name new: negotiated by rank 0, 3 steps)", cold)
-    print("\nRSS per rank (MB, mean / max): " + ", ".join(
-        f"N={r['n']}: {r['rss']:.0f} / {r['rss_max']:.0f}" for r in steady))
+    print(
+        "\nRSS per rank (MB, mean / max): "
+        + ", ".join(f"N={r['n']}: {r['rss']:.0f} / {r['rss_max']:.0f}" for r in steady)
+    )
     print()
     for line in _checks(steady, cold, args.tensors):
         print("check: " + line)

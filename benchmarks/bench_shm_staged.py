@@ -50,10 +50,15 @@ def run_ranks() -> None:
         def run():
             execution.stage = staged_step if staged else (lambda: False)
             fn()
+
         return run
 
-    for label, kb, busy in (("128 KB", 128, False), ("1.6 MB", 1600, False),
-                            ("8 MB", 8000, False), ("1.6 MB + 2 ms compute", 1600, True)):
+    for label, kb, busy in (
+        ("128 KB", 128, False),
+        ("1.6 MB", 1600, False),
+        ("8 MB", 8000, False),
+        ("1.6 MB + 2 ms compute", 1600, True),
+    ):
         arrays = [np.ones(kb * 256 // ARRAYS, np.float32) for _ in range(ARRAYS)]
         name = f"staged.{kb}.{busy}"
 
@@ -70,12 +75,15 @@ def run_ranks() -> None:
     runs = engine.executor._shm[0].staged_runs
 
     if comm.Get_rank() == 0:
-        print(f"\nstaged shared-memory allreduce: {comm.Get_size()} ranks, "
-              f"{ARRAYS} float32 arrays per step, {runs} staged runs on rank 0")
+        print(
+            f"\nstaged shared-memory allreduce: {comm.Get_size()} ranks, "
+            f"{ARRAYS} float32 arrays per step, {runs} staged runs on rank 0"
+        )
         print(f"{'grouped allreduce per step':28} {'staged':>10} {'off':>10} {'ratio':>7}")
         for label, t_on, t_off in rows:
-            print(f"{label:28} {short_time(t_on):>10} {short_time(t_off):>10} "
-                  f"{t_on / t_off:>6.3f}x")
+            print(
+                f"{label:28} {short_time(t_on):>10} {short_time(t_off):>10} {t_on / t_off:>6.3f}x"
+            )
     hvd.shutdown()
 
 

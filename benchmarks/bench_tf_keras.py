@@ -45,33 +45,43 @@ import _jobs
 ROOT = _jobs.ROOT
 BATCH = 64
 RANKS = _jobs.RANKS
-MODES = ("nocomm-fit", "hvdlite-fit", "nocomm-tape", "hvdlite-tape", "mwms-tape",
-         "floor-tape")
+MODES = ("nocomm-fit", "hvdlite-fit", "nocomm-tape", "hvdlite-tape", "mwms-tape", "floor-tape")
 
 
 # ------------------------------------------------------------------ worker side
 
+
 def _model(keras):
     keras.utils.set_random_seed(0)
-    return keras.Sequential([
-        keras.Input((784,)), keras.layers.Dense(1024, activation="relu"),
-        keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])
+    return keras.Sequential(
+        [
+            keras.Input((784,)),
+            keras.layers.Dense(1024, activation="relu"),
+            keras.layers.Dense(1024, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
 
 
 def _data(rank, steps):
     import numpy as np
 
     rs = np.random.RandomState(rank)
-    return (rs.rand(steps * BATCH, 784).astype(np.float32),
-            rs.randint(0, 10, size=steps * BATCH).astype(np.int64))
+    return (
+        rs.rand(steps * BATCH, 784).astype(np.float32),
+        rs.randint(0, 10, size=steps * BATCH).astype(np.int64),
+    )
 
 
 def worker(mode: str, steps: int, block: int, ports: list[int]) -> None:
     rank, _ = _jobs.rank_and_size()
     if mode.startswith("mwms"):
-        os.environ["TF_CONFIG"] = json.dumps({
-            "cluster": {"worker": [f"localhost:{p}" for p in ports]},
-            "task": {"type": "worker", "index": rank}})
+        os.environ["TF_CONFIG"] = json.dumps(
+            {
+                "cluster": {"worker": [f"localhost:{p}" for p in ports]},
+                "task": {"type": "worker", "index": rank},
+            }
+        )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
@@ -104,15 +114,15 @@ def worker(mode: str, steps: int, block: int, ports: list[int]) -> None:
             opt = hk.DistributedOptimizer(opt)
     per_example = strategy is not None and mode.endswith("tape")
     loss_fn = keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction="none" if per_example else "sum_over_batch_size")
+        from_logits=True, reduction="none" if per_example else "sum_over_batch_size"
+    )
 
     if mode.endswith("fit"):
         times = _run_fit(keras, model, opt, loss_fn, x, y, steps, barrier)
     else:
         times = _run_tape(tf, model, opt, loss_fn, x, y, steps, block, barrier, mode, strategy)
     if rank == 0:
-        print("RESULT " + json.dumps({"mode": mode, "step": statistics.median(times)}),
-              flush=True)
+        print("RESULT " + json.dumps({"mode": mode, "step": statistics.median(times)}), flush=True)
 
 
 class _nullcontext:
@@ -126,8 +136,9 @@ class _nullcontext:
 def _run_fit(keras, model, opt, loss_fn, x, y, steps, barrier):
     model.compile(optimizer=opt, loss=loss_fn)
     warm = 10
-    model.fit(x[:warm * BATCH], y[:warm * BATCH], batch_size=BATCH, epochs=1, verbose=0,
-              shuffle=False)
+    model.fit(
+        x[: warm * BATCH], y[: warm * BATCH], batch_size=BATCH, epochs=1, verbose=0, shuffle=False
+    )
     ends = []
 
     class Clock(keras.callbacks.Callback):
@@ -140,8 +151,10 @@ def _run_fit(keras, model, opt, loss_fn, x, y, steps, barrier):
 
 
 def _run_tape(tf, model, opt, loss_fn, x, y, steps, block, barrier, mode, strategy):
-    batches = [(tf.constant(x[i * BATCH:(i + 1) * BATCH]),
-                tf.constant(y[i * BATCH:(i + 1) * BATCH])) for i in range(steps)]
+    batches = [
+        (tf.constant(x[i * BATCH : (i + 1) * BATCH]), tf.constant(y[i * BATCH : (i + 1) * BATCH]))
+        for i in range(steps)
+    ]
     if strategy is None:
         distributed = mode.startswith("hvdlite")
         if distributed:
@@ -182,7 +195,7 @@ def _run_tape(tf, model, opt, loss_fn, x, y, steps, block, barrier, mode, strate
     times = []
     for start in range(0, steps - block + 1, block):
         t = time.perf_counter()
-        for xb, yb in batches[start:start + block]:
+        for xb, yb in batches[start : start + block]:
             loss = step(xb, yb)
         float(loss)
         times.append((time.perf_counter() - t) / block)
@@ -191,22 +204,36 @@ def _run_tape(tf, model, opt, loss_fn, x, y, steps, block, barrier, mode, strate
 
 # ------------------------------------------------------------------ launcher side
 
+
 def run_job(mode: str, steps: int, block: int, timeout: float = 600) -> tuple[float | None, str]:
     """(median step seconds or None, the job's output)."""
     ports = _jobs.free_ports(RANKS)
-    cmd = [_jobs.mpiexec(), "-n", str(RANKS), sys.executable, str(Path(__file__).resolve()),
-           "--worker", mode, "--steps", str(steps), "--block", str(block),
-           "--ports", ",".join(map(str, ports))]
+    cmd = [
+        _jobs.mpiexec(),
+        "-n",
+        str(RANKS),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        mode,
+        "--steps",
+        str(steps),
+        "--block",
+        str(block),
+        "--ports",
+        ",".join(map(str, ports)),
+    ]
     env = _jobs.job_env()  # glibc's malloc tuned as hvdlite.init() tunes it, in every mode
     try:
-        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=timeout)
+        out = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired as e:
         return None, f"timed out after {timeout:.0f}s\n{e.stdout or ''}"
     text = out.stdout + out.stderr
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])["step"], text
+            return json.loads(line[len("RESULT ") :])["step"], text
     return None, text
 
 
@@ -214,8 +241,10 @@ def _first_error(text: str) -> str:
     """The exception of a failed job, in one line."""
     errors = [ln.strip() for ln in text.splitlines() if re.match(r"^\w+(Error|Exception): ", ln)]
     if "PerReplica" in text and "unsupported type" in text:
-        return ("ValueError: Attempt to convert a value (PerReplica:{...}) with an unsupported "
-                "type (PerReplica) to a Tensor")
+        return (
+            "ValueError: Attempt to convert a value (PerReplica:{...}) with an unsupported "
+            "type (PerReplica) to a Tensor"
+        )
     if errors:
         return errors[-1][:200]
     return text.strip().splitlines()[-1][:200] if text.strip() else "no output"
@@ -241,8 +270,11 @@ def main(argv=None) -> int:
                 print(f"{mode} failed:\n{text[-3000:]}", flush=True)
                 return 1
             results[mode].append(step)
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-            f"{m} {results[m][-1] * 1e3:.1f}ms" for m in MODES), flush=True)
+        print(
+            f"round {r + 1}/{args.rounds}: "
+            + ", ".join(f"{m} {results[m][-1] * 1e3:.1f}ms" for m in MODES),
+            flush=True,
+        )
     fit_step, fit_text = run_job("mwms-fit", 20, args.block)
     step = {m: statistics.median(v) for m, v in results.items()}
     img_s = {m: RANKS * BATCH / s for m, s in step.items()}
@@ -250,27 +282,39 @@ def main(argv=None) -> int:
     def ratio(a, b):
         return statistics.median(x / y for x, y in zip(results[a], results[b], strict=True))
 
-    print(f"\nKeras MLP 784-1024-1024-10, batch {BATCH}/rank, SGD momentum, 1 thread/rank, "
-          f"{RANKS} ranks, median of {args.rounds} rounds")
+    print(
+        f"\nKeras MLP 784-1024-1024-10, batch {BATCH}/rank, SGD momentum, 1 thread/rank, "
+        f"{RANKS} ranks, median of {args.rounds} rounds"
+    )
     print(f"{'':40s}{'hvdlite':>12s}{'baseline':>12s}{'ratio':>8s}  target")
     for kind in ("fit", "tape"):
         h, b = step[f"hvdlite-{kind}"], step[f"nocomm-{kind}"]
-        print(f"{f'{kind}: step time vs no communication':40s}{h * 1e3:10.2f}ms{b * 1e3:10.2f}ms"
-              f"{ratio(f'hvdlite-{kind}', f'nocomm-{kind}'):7.2f}x  <= 1.2x")
+        print(
+            f"{f'{kind}: step time vs no communication':40s}{h * 1e3:10.2f}ms{b * 1e3:10.2f}ms"
+            f"{ratio(f'hvdlite-{kind}', f'nocomm-{kind}'):7.2f}x  <= 1.2x"
+        )
     h, m = img_s["hvdlite-tape"], img_s["mwms-tape"]
-    print(f"{'tape: throughput vs MultiWorkerMirrored':40s}{h:8.0f}img/s{m:8.0f}img/s"
-          f"{ratio('mwms-tape', 'hvdlite-tape'):7.2f}x  >= 2.5x")
+    print(
+        f"{'tape: throughput vs MultiWorkerMirrored':40s}{h:8.0f}img/s{m:8.0f}img/s"
+        f"{ratio('mwms-tape', 'hvdlite-tape'):7.2f}x  >= 2.5x"
+    )
     h, f = step["hvdlite-tape"], step["floor-tape"]
-    print(f"{'tape: step time vs the floor (see above)':40s}{h * 1e3:10.2f}ms{f * 1e3:10.2f}ms"
-          f"{ratio('hvdlite-tape', 'floor-tape'):7.2f}x  (info; floor / no-comm = "
-          f"{ratio('floor-tape', 'nocomm-tape'):.2f}x)")
-    print(f"(MWMS step time = {ratio('mwms-tape', 'nocomm-tape'):.2f}x the "
-          "no-communication step time)")
+    print(
+        f"{'tape: step time vs the floor (see above)':40s}{h * 1e3:10.2f}ms{f * 1e3:10.2f}ms"
+        f"{ratio('hvdlite-tape', 'floor-tape'):7.2f}x  (info; floor / no-comm = "
+        f"{ratio('floor-tape', 'nocomm-tape'):.2f}x)"
+    )
+    print(
+        f"(MWMS step time = {ratio('mwms-tape', 'nocomm-tape'):.2f}x the "
+        "no-communication step time)"
+    )
     if fit_step is None:
         print(f"model.fit under MultiWorkerMirroredStrategy failed: {_first_error(fit_text)}")
     else:
-        print(f"model.fit under MultiWorkerMirroredStrategy: {fit_step * 1e3:.2f}ms/step "
-              f"({step['hvdlite-fit'] / fit_step:.2f}x hvdlite's fit step time)")
+        print(
+            f"model.fit under MultiWorkerMirroredStrategy: {fit_step * 1e3:.2f}ms/step "
+            f"({step['hvdlite-fit'] / fit_step:.2f}x hvdlite's fit step time)"
+        )
     return 0
 
 

@@ -65,7 +65,7 @@ def worker(pairs: int, block: int, trace: str) -> None:
     traced_steps = 0
     for i in range(pairs):
         # Alternate which mode goes first, so neither always follows the other.
-        for mode in (("off", "on") if i % 2 == 0 else ("on", "off")):
+        for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
             if mode == "on":
                 hvd.start_timeline(trace, mark_cycles=True)
                 traced_steps += block
@@ -75,10 +75,18 @@ def worker(pairs: int, block: int, trace: str) -> None:
     if rank == 0:
         with open(trace) as f:
             lines = sum(1 for _ in f)
-        print("RESULT " + json.dumps({
-            "off": statistics.median(times["off"]), "on": statistics.median(times["on"]),
-            "ratios": [a / b for a, b in zip(times["on"], times["off"])],
-            "lines_per_step": lines / block}), flush=True)
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "off": statistics.median(times["off"]),
+                    "on": statistics.median(times["on"]),
+                    "ratios": [a / b for a, b in zip(times["on"], times["off"])],
+                    "lines_per_step": lines / block,
+                }
+            ),
+            flush=True,
+        )
     hvd.shutdown()
 
 
@@ -97,26 +105,49 @@ def main(argv=None) -> int:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [_jobs.mpiexec(), "-n", str(mlp.RANKS), sys.executable, str(Path(__file__)),
-               "--worker", "--pairs", str(args.pairs), "--block", str(args.block),
-               "--trace", str(Path(tmp) / "timeline.json")]
+        cmd = [
+            _jobs.mpiexec(),
+            "-n",
+            str(mlp.RANKS),
+            sys.executable,
+            str(Path(__file__)),
+            "--worker",
+            "--pairs",
+            str(args.pairs),
+            "--block",
+            str(args.block),
+            "--trace",
+            str(Path(tmp) / "timeline.json"),
+        ]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    result = next((json.loads(line[len("RESULT "):]) for line in out.stdout.splitlines()
-                   if line.startswith("RESULT ")), None)
+    result = next(
+        (
+            json.loads(line[len("RESULT ") :])
+            for line in out.stdout.splitlines()
+            if line.startswith("RESULT ")
+        ),
+        None,
+    )
     if result is None:
         print(f"job failed (exit {out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
         return 1
     ratio = result["on"] / result["off"]
     spread = statistics.quantiles(result["ratios"], n=4) if len(result["ratios"]) > 1 else []
-    print(f"MLP 784-1024-1024-10, batch {mlp.BATCH}/rank, {mlp.RANKS} ranks, "
-          f"hvdlite.torch.DistributedOptimizer; {args.pairs} blocks of {args.block} steps per "
-          "mode, interleaved in one job (median of block means)")
+    print(
+        f"MLP 784-1024-1024-10, batch {mlp.BATCH}/rank, {mlp.RANKS} ranks, "
+        f"hvdlite.torch.DistributedOptimizer; {args.pairs} blocks of {args.block} steps per "
+        "mode, interleaved in one job (median of block means)"
+    )
     print(f"{'':34s}{'timeline on':>12s}{'off':>12s}{'ratio':>9s}  target")
-    print(f"{'step time':34s}{result['on'] * 1e3:10.3f}ms{result['off'] * 1e3:10.3f}ms"
-          f"{ratio:9.3f}  <= 1.05  {'ok' if ratio <= 1.05 else 'MISSED'}")
+    print(
+        f"{'step time':34s}{result['on'] * 1e3:10.3f}ms{result['off'] * 1e3:10.3f}ms"
+        f"{ratio:9.3f}  <= 1.05  {'ok' if ratio <= 1.05 else 'MISSED'}"
+    )
     if spread:
-        print(f"{'per-pair ratio, quartiles':34s}{'':24s}{spread[0]:9.3f} {spread[1]:.3f} "
-              f"{spread[2]:.3f}  (info: the noise)")
+        print(
+            f"{'per-pair ratio, quartiles':34s}{'':24s}{spread[0]:9.3f} {spread[1]:.3f} "
+            f"{spread[2]:.3f}  (info: the noise)"
+        )
     print(f"{'trace lines per step (info)':34s}{result['lines_per_step']:10.1f}")
     return 0
 

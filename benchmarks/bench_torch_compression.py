@@ -35,8 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 BATCH = 64
 RANKS = 2
 MODES = ("none", "fp16", "topk", "powersgd", "local")
-LABELS = {"none": "none (float32)", "fp16": "fp16", "topk": "top-k 1 %",
-          "powersgd": "PowerSGD rank 4", "local": "no communication"}
+LABELS = {
+    "none": "none (float32)",
+    "fp16": "fp16",
+    "topk": "top-k 1 %",
+    "powersgd": "PowerSGD rank 4",
+    "local": "no communication",
+}
 
 
 # ------------------------------------------------------------------ worker side
@@ -62,12 +67,14 @@ def worker(steps: int, block: int) -> None:
     setups = {}
     for mode in MODES:
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024),
-                              nn.ReLU(), nn.Linear(1024, 10))
+        model = nn.Sequential(
+            nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)
+        )
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         if mode != "local":
-            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                           compression=_compression(hvd, mode))
+            opt = hvd.DistributedOptimizer(
+                opt, named_parameters=model.named_parameters(), compression=_compression(hvd, mode)
+            )
         setups[mode] = (model, opt)
     g = torch.Generator().manual_seed(hvd.rank())
     x = torch.randn(BATCH, 784, generator=g)
@@ -92,9 +99,13 @@ def worker(steps: int, block: int) -> None:
             times[mode].append((time.perf_counter() - t0) / block)
     hvd.barrier()
     if hvd.rank() == 0:
-        result = {m: {"step": statistics.median(times[m]),
-                      "bytes": getattr(setups[m][1], "bytes_sent_last_step", 0)}
-                  for m in MODES}
+        result = {
+            m: {
+                "step": statistics.median(times[m]),
+                "bytes": getattr(setups[m][1], "bytes_sent_last_step", 0),
+            }
+            for m in MODES
+        }
         print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -110,14 +121,25 @@ def run_job(steps: int, block: int) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [_mpiexec(), "-n", str(RANKS), sys.executable, str(Path(__file__).resolve()),
-           "--worker", "--steps", str(steps), "--block", str(block)]
+    cmd = [
+        _mpiexec(),
+        "-n",
+        str(RANKS),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--steps",
+        str(steps),
+        "--block",
+        str(block),
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"job failed (exit {out.returncode}):\n{out.stdout[-3000:]}\n"
-                       f"{out.stderr[-3000:]}")
+            return json.loads(line[len("RESULT ") :])
+    raise RuntimeError(
+        f"job failed (exit {out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    )
 
 
 def main(argv=None) -> int:
@@ -134,26 +156,37 @@ def main(argv=None) -> int:
     jobs = []
     for r in range(args.rounds):
         jobs.append(run_job(args.steps, args.block))
-        print(f"job {r + 1}/{args.rounds}: " + ", ".join(
-            f"{m} {jobs[-1][m]['step'] * 1e3:.2f} ms" for m in MODES), flush=True)
+        print(
+            f"job {r + 1}/{args.rounds}: "
+            + ", ".join(f"{m} {jobs[-1][m]['step'] * 1e3:.2f} ms" for m in MODES),
+            flush=True,
+        )
     step = {m: min(j[m]["step"] for j in jobs) for m in MODES}
     sent = {m: jobs[-1][m]["bytes"] for m in MODES}
 
-    print(f"\nMLP 784-1024-1024-10, batch {BATCH}/rank, SGD momentum, 1 thread/rank, "
-          f"{RANKS} ranks; best of {args.rounds} jobs x {args.steps} steps per mode "
-          f"(median of blocks of {args.block})")
-    print(f"{'compression':20s}{'bytes/step/rank':>17s}{'vs none':>10s}"
-          f"{'step time':>13s}{'vs none':>10s}")
+    print(
+        f"\nMLP 784-1024-1024-10, batch {BATCH}/rank, SGD momentum, 1 thread/rank, "
+        f"{RANKS} ranks; best of {args.rounds} jobs x {args.steps} steps per mode "
+        f"(median of blocks of {args.block})"
+    )
+    print(
+        f"{'compression':20s}{'bytes/step/rank':>17s}{'vs none':>10s}"
+        f"{'step time':>13s}{'vs none':>10s}"
+    )
     for m in MODES:
-        bytes_col = (f"{sent[m]:>17,d}{sent[m] / sent['none']:>10.4f}" if m != "local"
-                     else f"{'0':>17s}{'':>10s}")
-        print(f"{LABELS[m]:20s}{bytes_col}{step[m] * 1e3:>11.2f}ms"
-              f"{step[m] / step['none']:>10.3f}")
-    print("bytes: what each rank hands to the engine per step.  fp16: the adapter widens "
-          "float16 to float32\nwith torch's cast before the engine (MPI has no fast float16 "
-          "sum), so MPI moves as many bytes\nas for none, and the two casts make up its extra "
-          "step time.\nOn one machine MPI is a memory copy: "
-          "compression trades compute for bytes a network would carry.")
+        bytes_col = (
+            f"{sent[m]:>17,d}{sent[m] / sent['none']:>10.4f}"
+            if m != "local"
+            else f"{'0':>17s}{'':>10s}"
+        )
+        print(f"{LABELS[m]:20s}{bytes_col}{step[m] * 1e3:>11.2f}ms{step[m] / step['none']:>10.3f}")
+    print(
+        "bytes: what each rank hands to the engine per step.  fp16: the adapter widens "
+        "float16 to float32\nwith torch's cast before the engine (MPI has no fast float16 "
+        "sum), so MPI moves as many bytes\nas for none, and the two casts make up its extra "
+        "step time.\nOn one machine MPI is a memory copy: "
+        "compression trades compute for bytes a network would carry."
+    )
     return 0
 
 

@@ -79,8 +79,9 @@ def _resnet():
     from torch import nn
 
     def conv_bn(cin, cout, kernel, stride=1):
-        return nn.Sequential(nn.Conv2d(cin, cout, kernel, stride, kernel // 2, bias=False),
-                             nn.BatchNorm2d(cout))
+        return nn.Sequential(
+            nn.Conv2d(cin, cout, kernel, stride, kernel // 2, bias=False), nn.BatchNorm2d(cout)
+        )
 
     class Bottleneck(nn.Module):
         def __init__(self, cin, width, stride):
@@ -88,8 +89,11 @@ def _resnet():
             self.a = conv_bn(cin, width, 1)
             self.b = conv_bn(width, width, 3, stride)
             self.c = conv_bn(width, 4 * width, 1)
-            self.down = (conv_bn(cin, 4 * width, 1, stride)
-                         if stride != 1 or cin != 4 * width else nn.Identity())
+            self.down = (
+                conv_bn(cin, 4 * width, 1, stride)
+                if stride != 1 or cin != 4 * width
+                else nn.Identity()
+            )
 
         def forward(self, x):
             y = self.c(F.relu(self.b(F.relu(self.a(x)))))
@@ -101,8 +105,14 @@ def _resnet():
             blocks.append(Bottleneck(cin, width << stage, 2 if i == 0 and stage else 1))
             cin = 4 * (width << stage)
     # A stride-2 stem keeps the first stage at 16x16 (a step in tens of ms).
-    return nn.Sequential(conv_bn(3, width, 3, 2), nn.ReLU(), *blocks,
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 10))
+    return nn.Sequential(
+        conv_bn(3, width, 3, 2),
+        nn.ReLU(),
+        *blocks,
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(cin, 10),
+    )
 
 
 def _transformer():
@@ -150,8 +160,9 @@ def worker(job: str, models: list[str], turns: int, block: int, port: int) -> No
     if job == "ddp":
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=size)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+        )
         for name in models:
             _time_ddp(name, rank, dist.barrier, turns * block, block)
         dist.destroy_process_group()
@@ -235,16 +246,19 @@ def _modes() -> tuple[str, ...]:
     return tuple(m for m in INTERLEAVED if m != "hvdlite-pertensor")
 
 
-def _print_model(name: str, tensors: int, turns: dict, jobs: list[dict], ddp: list[float],
-                 block: int) -> None:
+def _print_model(
+    name: str, tensors: int, turns: dict, jobs: list[dict], ddp: list[float], block: int
+) -> None:
     """*turns*: mode -> every turn's step time over all jobs; *jobs*: each job's
     turns (mode -> list); *ddp*: each DDP job's step time."""
     batch = BATCH[name]
     unit = "img/s" if name == "resnet" else "seq/s"
     n_turns = len(turns["hvdlite"])
-    print(f"\n{name}: {TITLE[name]}; {tensors} parameter tensors, batch {batch}/rank, "
-          f"{RANKS} ranks; {len(jobs)} jobs x {n_turns // len(jobs)} turns of {block} steps "
-          "per mode, modes interleaved within each job (median step per turn)")
+    print(
+        f"\n{name}: {TITLE[name]}; {tensors} parameter tensors, batch {batch}/rank, "
+        f"{RANKS} ranks; {len(jobs)} jobs x {n_turns // len(jobs)} turns of {block} steps "
+        "per mode, modes interleaved within each job (median step per turn)"
+    )
     print(f"{'':40s}{'hvdlite':>12s}{'baseline':>12s}{'ratio':>8s}  target")
     median = {m: statistics.median(t) for m, t in turns.items()}
 
@@ -252,37 +266,53 @@ def _print_model(name: str, tensors: int, turns: dict, jobs: list[dict], ddp: li
         r = _jobs.paired(turns, mode, base)
         if note is None:  # the target
             note = f"<= 1.05  {'ok' if r <= 1.05 else 'MISSED'}"
-        print(f"{label:40s}{median[mode] * 1e3:10.2f}ms{median[base] * 1e3:10.2f}ms{r:8.3f}  "
-              f"{note}")
+        print(
+            f"{label:40s}{median[mode] * 1e3:10.2f}ms{median[base] * 1e3:10.2f}ms{r:8.3f}  {note}"
+        )
 
     def per_job(mode, base):
         return ", ".join(f"{_jobs.paired(job, mode, base):.3f}" for job in jobs)
 
     row("step time vs the floor, per turn", "hvdlite", "floor")
     print(f"{'  the same, each job':40s}{'':24s}  {per_job('hvdlite', 'floor')}")
-    row("step time vs the exchange floor", "hvdlite", "exchange",
-        f"(info; each job: {per_job('hvdlite', 'exchange')})")
+    row(
+        "step time vs the exchange floor",
+        "hvdlite",
+        "exchange",
+        f"(info; each job: {per_job('hvdlite', 'exchange')})",
+    )
     crossing = _jobs.paired(turns, "exchange", "floor")
-    row("exchange floor vs the floor", "exchange", "floor",
+    row(
+        "exchange floor vs the floor",
+        "exchange",
+        "floor",
         "(info; what moving the data between the cores adds; "
-        + ("the 1.05 target is below the exchange floor)" if crossing > 1.05
-           else "room for 1.05)"))
-    row("step time vs no communication", "hvdlite", "nocomm",
-        f"(info; floor / no-comm = {_jobs.paired(turns, 'floor', 'nocomm'):.3f})")
+        + ("the 1.05 target is below the exchange floor)" if crossing > 1.05 else "room for 1.05)"),
+    )
+    row(
+        "step time vs no communication",
+        "hvdlite",
+        "nocomm",
+        f"(info; floor / no-comm = {_jobs.paired(turns, 'floor', 'nocomm'):.3f})",
+    )
     if "hvdlite-pertensor" in turns:
         row("per tensor (bucket_cap_mb=0) vs floor", "hvdlite-pertensor", "floor", "(info)")
     best = {m: min(statistics.median(job[m]) for job in jobs) for m in ("hvdlite", "floor")}
     d = min(ddp)
     r = d / best["hvdlite"]
-    print(f"{'throughput vs torch DDP (gloo)':40s}{RANKS * batch / best['hvdlite']:7.0f}{unit}"
-          f"{RANKS * batch / d:7.0f}{unit}{r:8.3f}  >= 1.6   {'ok' if r >= 1.6 else 'MISSED'}"
-          "  (best job of each)")
+    print(
+        f"{'throughput vs torch DDP (gloo)':40s}{RANKS * batch / best['hvdlite']:7.0f}{unit}"
+        f"{RANKS * batch / d:7.0f}{unit}{r:8.3f}  >= 1.6   {'ok' if r >= 1.6 else 'MISSED'}"
+        "  (best job of each)"
+    )
     # No allreduce beats the floor: where the floor is itself below 1.6x DDP,
     # that target cannot be met here, and the floor's ratio is the ceiling.
     ceiling = d / best["floor"]
-    print(f"{'floor throughput vs DDP (the ceiling)':40s}{RANKS * batch / best['floor']:7.0f}"
-          f"{unit}{RANKS * batch / d:7.0f}{unit}{ceiling:8.3f}  (info; "
-          f"{'the 1.6 target is above the floor' if ceiling < 1.6 else 'room for 1.6'})")
+    print(
+        f"{'floor throughput vs DDP (the ceiling)':40s}{RANKS * batch / best['floor']:7.0f}"
+        f"{unit}{RANKS * batch / d:7.0f}{unit}{ceiling:8.3f}  (info; "
+        f"{'the 1.6 target is above the floor' if ceiling < 1.6 else 'room for 1.6'})"
+    )
 
 
 def main(argv=None) -> int:
@@ -290,8 +320,12 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", choices=JOBS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
-    parser.add_argument("--turns", type=int, default=8,
-                        help="turns per mode and job (modes take turns within a job)")
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=8,
+        help="turns per mode and job (modes take turns within a job)",
+    )
     parser.add_argument("--block", type=int, default=5, help="steps per turn")
     parser.add_argument("--rounds", type=int, default=3, help="jobs of each kind, alternating")
     args = parser.parse_args(argv)
@@ -309,19 +343,37 @@ def main(argv=None) -> int:
         for r in range(args.rounds):
             start = time.perf_counter()
             for job in JOBS:
-                for rec in _jobs.run_job(__file__, [
-                        job, "--models", args.models, "--turns", args.turns,
-                        "--block", args.block, "--port", _jobs.free_ports()[0]]):
+                for rec in _jobs.run_job(
+                    __file__,
+                    [
+                        job,
+                        "--models",
+                        args.models,
+                        "--turns",
+                        args.turns,
+                        "--block",
+                        args.block,
+                        "--port",
+                        _jobs.free_ports()[0],
+                    ],
+                ):
                     if job == "ddp":
                         ddp[rec["model"]].append(rec["step"])
                     else:
                         jobs[rec["model"]].append(rec["turns"])
                         tensors[rec["model"]] = rec["tensors"]
-            print(f"round {r + 1}/{args.rounds} ({time.perf_counter() - start:.0f}s): " + "; ".join(
-                f"{name} " + ", ".join(
-                    f"{m} {statistics.median(t) * 1e3:.1f}ms" for m, t in jobs[name][-1].items())
-                + f", ddp {ddp[name][-1] * 1e3:.1f}ms"
-                for name in models), flush=True)
+            print(
+                f"round {r + 1}/{args.rounds} ({time.perf_counter() - start:.0f}s): "
+                + "; ".join(
+                    f"{name} "
+                    + ", ".join(
+                        f"{m} {statistics.median(t) * 1e3:.1f}ms" for m, t in jobs[name][-1].items()
+                    )
+                    + f", ddp {ddp[name][-1] * 1e3:.1f}ms"
+                    for name in models
+                ),
+                flush=True,
+            )
     except _jobs.JobFailed as e:
         print(f"FAILED: {e}", file=sys.stderr)
         return 1

@@ -37,7 +37,6 @@ TENSORS = 200
 ELEMENTS = 16 << 10  # 64 KB of float32
 
 
-
 def run_ranks() -> None:
     import numpy as np
     import torch
@@ -87,7 +86,11 @@ def run_ranks() -> None:
         hvd.allreduce(small, name="small", op=hvd.Sum)
     t_small, t_raw = paired_times(
         lambda: hvd.allreduce(small, name="small", op=hvd.Sum),
-        lambda: comm.Allreduce(small_np, small_out, MPI.SUM), 200, 15, comm.Barrier)
+        lambda: comm.Allreduce(small_np, small_out, MPI.SUM),
+        200,
+        15,
+        comm.Barrier,
+    )
     rows.append(("sync allreduce 4 KB", t_small, "raw Allreduce 4 KB", t_raw, "<= 40 us"))
     # The floor of a synchronous call in this design: its Python path (measured alone,
     # in a job of one rank, by main()) plus what its two collectives cost in raw MPI
@@ -103,22 +106,33 @@ def run_ranks() -> None:
 
     python_path = float(os.environ.get(_PYTHON_PATH_ENV, "nan"))
     t_small2, t_mpi_floor = paired_times(
-        lambda: hvd.allreduce(small, name="small", op=hvd.Sum), raw_two_collectives,
-        200, 15, comm.Barrier)
-    rows.append(("sync allreduce 4 KB vs its floor", t_small2,
-                 f"Python path {short_time(python_path)} (1 rank) + raw status and data "
-                 f"collectives {short_time(t_mpi_floor)}", python_path + t_mpi_floor, ""))
+        lambda: hvd.allreduce(small, name="small", op=hvd.Sum),
+        raw_two_collectives,
+        200,
+        15,
+        comm.Barrier,
+    )
+    rows.append(
+        (
+            "sync allreduce 4 KB vs its floor",
+            t_small2,
+            f"Python path {short_time(python_path)} (1 rank) + raw status and data "
+            f"collectives {short_time(t_mpi_floor)}",
+            python_path + t_mpi_floor,
+            "",
+        )
+    )
     control.Free()
 
     if comm.Get_rank() == 0:
         print(f"\nhvdlite torch ops benchmark: {comm.Get_size()} ranks, torch {torch.__version__}")
-        print(f"{'figure':36} {'hvdlite':>10} {'baseline':>10} {'ratio':>7}  target   "
-              "baseline is")
+        print(f"{'figure':36} {'hvdlite':>10} {'baseline':>10} {'ratio':>7}  target   baseline is")
         for label, t, base_label, tb, target in rows:
-            print(f"{label:36} {short_time(t):>10} {short_time(tb):>10} {t / tb:>6.2f}x  "
-                  f"{target:8} {base_label}")
+            print(
+                f"{label:36} {short_time(t):>10} {short_time(tb):>10} {t / tb:>6.2f}x  "
+                f"{target:8} {base_label}"
+            )
     hvd.shutdown()
-
 
 
 def python_path_alone() -> None:
@@ -133,8 +147,9 @@ def python_path_alone() -> None:
     small = torch.ones(1024)
     for _ in range(200):
         hvd.allreduce(small, name="small", op=hvd.Sum)
-    t, _ = paired_times(lambda: hvd.allreduce(small, name="small", op=hvd.Sum),
-                        lambda: None, 200, 15, lambda: None)
+    t, _ = paired_times(
+        lambda: hvd.allreduce(small, name="small", op=hvd.Sum), lambda: None, 200, 15, lambda: None
+    )
     print(f"PYTHON_PATH {t!r}", flush=True)
     hvd.shutdown()
 
@@ -146,9 +161,13 @@ def main() -> int:
     if any(k in os.environ for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK")):
         run_ranks()
         return 0
-    alone = subprocess.run([sys.executable, __file__], capture_output=True, text=True,
-                           timeout=300, env=dict(os.environ, **{_PYTHON_PATH_ENV: "measure"},
-                                                 PYTHONPATH=str(ROOT)))
+    alone = subprocess.run(
+        [sys.executable, __file__],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, **{_PYTHON_PATH_ENV: "measure"}, PYTHONPATH=str(ROOT)),
+    )
     found = re.search(r"PYTHON_PATH (\S+)", alone.stdout)
     if alone.returncode != 0 or not found:
         print(alone.stdout + alone.stderr, file=sys.stderr)

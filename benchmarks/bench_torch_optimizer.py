@@ -47,8 +47,9 @@ def _model():
     from torch import nn
 
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                         nn.Linear(1024, 10))
+    return nn.Sequential(
+        nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)
+    )
 
 
 def worker(mode: str, steps: int, block: int, port: int) -> None:
@@ -69,8 +70,9 @@ def worker(mode: str, steps: int, block: int, port: int) -> None:
     elif mode == "ddp":
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=size)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+        )
         model = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         barrier = dist.barrier
@@ -119,8 +121,9 @@ def worker(mode: str, steps: int, block: int, port: int) -> None:
 
 
 def run_job(mode: str, steps: int, block: int) -> float:
-    (record,) = _jobs.run_job(__file__, [mode, "--steps", steps, "--block", block,
-                                         "--port", _jobs.free_ports()[0]])
+    (record,) = _jobs.run_job(
+        __file__, [mode, "--steps", steps, "--block", block, "--port", _jobs.free_ports()[0]]
+    )
     return record["step"]
 
 
@@ -144,30 +147,43 @@ def main(argv=None) -> int:
             except _jobs.JobFailed as e:
                 print(f"FAILED: {e}", file=sys.stderr)
                 return 1
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-            f"{m} {results[m][-1] * 1e3:.2f} ms" for m in MODES), flush=True)
+        print(
+            f"round {r + 1}/{args.rounds}: "
+            + ", ".join(f"{m} {results[m][-1] * 1e3:.2f} ms" for m in MODES),
+            flush=True,
+        )
     step = {m: min(v) for m, v in results.items()}
     throughput = {m: RANKS * BATCH / s for m, s in step.items()}
 
-    print(f"\nMLP 784-1024-1024-10, batch {BATCH}/rank, SGD momentum, 1 thread/rank, "
-          f"{RANKS} ranks; best of {args.rounds} jobs x {args.steps} steps (median per job)")
+    print(
+        f"\nMLP 784-1024-1024-10, batch {BATCH}/rank, SGD momentum, 1 thread/rank, "
+        f"{RANKS} ranks; best of {args.rounds} jobs x {args.steps} steps (median per job)"
+    )
     print(f"{'':34s}{'hvdlite':>12s}{'baseline':>12s}{'ratio':>9s}  target")
     ratio_nc = step["hvdlite"] / step["nocomm"]
-    print(f"{'step time vs no communication':34s}{step['hvdlite'] * 1e3:10.2f}ms"
-          f"{step['nocomm'] * 1e3:10.2f}ms{ratio_nc:9.3f}  <= 1.15  "
-          f"{'ok' if ratio_nc <= 1.15 else 'MISSED'}")
+    print(
+        f"{'step time vs no communication':34s}{step['hvdlite'] * 1e3:10.2f}ms"
+        f"{step['nocomm'] * 1e3:10.2f}ms{ratio_nc:9.3f}  <= 1.15  "
+        f"{'ok' if ratio_nc <= 1.15 else 'MISSED'}"
+    )
     ratio_floor = step["hvdlite"] / step["floor"]
-    print(f"{'step time vs the floor (see above)':34s}{step['hvdlite'] * 1e3:10.2f}ms"
-          f"{step['floor'] * 1e3:10.2f}ms{ratio_floor:9.3f}  (info; floor / no-comm "
-          f"= {step['floor'] / step['nocomm']:.3f})")
+    print(
+        f"{'step time vs the floor (see above)':34s}{step['hvdlite'] * 1e3:10.2f}ms"
+        f"{step['floor'] * 1e3:10.2f}ms{ratio_floor:9.3f}  (info; floor / no-comm "
+        f"= {step['floor'] / step['nocomm']:.3f})"
+    )
     ratio_mpi = step["hvdlite"] / step["mpi"]
-    print(f"{'step time vs raw mpi4py Allreduce':34s}{step['hvdlite'] * 1e3:10.2f}ms"
-          f"{step['mpi'] * 1e3:10.2f}ms{ratio_mpi:9.3f}  (info; raw MPI / no-comm "
-          f"= {step['mpi'] / step['nocomm']:.3f})")
+    print(
+        f"{'step time vs raw mpi4py Allreduce':34s}{step['hvdlite'] * 1e3:10.2f}ms"
+        f"{step['mpi'] * 1e3:10.2f}ms{ratio_mpi:9.3f}  (info; raw MPI / no-comm "
+        f"= {step['mpi'] / step['nocomm']:.3f})"
+    )
     ratio_ddp = throughput["hvdlite"] / throughput["ddp"]
-    print(f"{'throughput vs torch DDP (gloo)':34s}{throughput['hvdlite']:8.0f}img/s"
-          f"{throughput['ddp']:8.0f}img/s{ratio_ddp:9.3f}  >= 1.6   "
-          f"{'ok' if ratio_ddp >= 1.6 else 'MISSED'}")
+    print(
+        f"{'throughput vs torch DDP (gloo)':34s}{throughput['hvdlite']:8.0f}img/s"
+        f"{throughput['ddp']:8.0f}img/s{ratio_ddp:9.3f}  >= 1.6   "
+        f"{'ok' if ratio_ddp >= 1.6 else 'MISSED'}"
+    )
     return 0
 
 

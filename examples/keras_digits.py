@@ -34,8 +34,11 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=float, default=0.002, help="per rank; scaled by size")
     parser.add_argument("--warmup-epochs", type=int, default=3)
     parser.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none")
-    parser.add_argument("--checkpoint", default=os.path.join("checkpoints", "keras_digits.keras"),
-                        help="where rank 0 keeps the best model ('' to skip)")
+    parser.add_argument(
+        "--checkpoint",
+        default=os.path.join("checkpoints", "keras_digits.keras"),
+        help="where rank 0 keeps the best model ('' to skip)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow threads per rank")
     parser.add_argument("--seed", type=int, default=42)
     return parser.parse_args(argv)
@@ -49,14 +52,16 @@ def datasets(seed: int):
 
 
 def build_model() -> keras.Model:
-    return keras.Sequential([
-        keras.Input((8, 8, 1)),
-        keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-        keras.layers.MaxPooling2D(),
-        keras.layers.Flatten(),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(10),
-    ])
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
 
 
 def main(argv=None) -> float:
@@ -69,34 +74,47 @@ def main(argv=None) -> float:
 
     x_train, x_test, y_train, y_test = datasets(args.seed)
     if rank == 0:
-        print(f"training on {size} rank(s): {len(x_train)} train / {len(x_test)} test images, "
-              f"compression={args.compression}", flush=True)
-    x_train, y_train = x_train[rank::size], y_train[rank::size]   # this rank's shard
+        print(
+            f"training on {size} rank(s): {len(x_train)} train / {len(x_test)} test images, "
+            f"compression={args.compression}",
+            flush=True,
+        )
+    x_train, y_train = x_train[rank::size], y_train[rank::size]  # this rank's shard
 
     model = build_model()
     optimizer = hvd.DistributedOptimizer(
         keras.optimizers.Adam(args.lr * size),
-        compression=getattr(hvd.Compression, args.compression))
-    model.compile(optimizer=optimizer,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+        compression=getattr(hvd.Compression, args.compression),
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
 
     callbacks = [
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         hvd.callbacks.MetricAverageCallback(),
-        hvd.callbacks.LearningRateWarmupCallback(initial_lr=args.lr * size,
-                                                 warmup_epochs=args.warmup_epochs,
-                                                 verbose=1),
+        hvd.callbacks.LearningRateWarmupCallback(
+            initial_lr=args.lr * size, warmup_epochs=args.warmup_epochs, verbose=1
+        ),
     ]
     if args.checkpoint:
         if rank == 0:
             os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
-        callbacks.append(hvd.callbacks.BestModelCheckpoint(monitor="val_loss",
-                                                           filepath=args.checkpoint))
+        callbacks.append(
+            hvd.callbacks.BestModelCheckpoint(monitor="val_loss", filepath=args.checkpoint)
+        )
 
-    model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,
-              validation_data=(x_test[rank::size], y_test[rank::size]),
-              callbacks=callbacks, verbose=1 if rank == 0 else 0)
+    model.fit(
+        x_train,
+        y_train,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        validation_data=(x_test[rank::size], y_test[rank::size]),
+        callbacks=callbacks,
+        verbose=1 if rank == 0 else 0,
+    )
 
     # Each rank scores its shard of the test set; the average is the test accuracy.
     _, accuracy = model.evaluate(x_test[rank::size], y_test[rank::size], verbose=0)

@@ -48,13 +48,15 @@ def main(argv=None) -> float:
     rank, size = hvd.rank(), hvd.size()
 
     model = getattr(keras.applications, args.model)(
-        weights=None, input_shape=(args.image_size, args.image_size, 3))
+        weights=None, input_shape=(args.image_size, args.image_size, 3)
+    )
     opt = keras.optimizers.SGD(0.01)
     loss_fn = keras.losses.SparseCategoricalCrossentropy()
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     rs = np.random.RandomState(rank)
-    data = tf.constant(rs.rand(args.batch_size, args.image_size, args.image_size, 3)
-                       .astype(np.float32))
+    data = tf.constant(
+        rs.rand(args.batch_size, args.image_size, args.image_size, 3).astype(np.float32)
+    )
     target = tf.constant(rs.randint(0, 1000, size=(args.batch_size,)))
 
     @tf.function
@@ -73,14 +75,17 @@ def main(argv=None) -> float:
         if rank == 0:
             print(msg, flush=True)
 
-    log(f"Model: {args.model} ({args.image_size}x{args.image_size}), batch size "
-        f"{args.batch_size} per rank, {size} rank(s)")
+    log(
+        f"Model: {args.model} ({args.image_size}x{args.image_size}), batch size "
+        f"{args.batch_size} per rank, {size} rank(s)"
+    )
     benchmark_step(first_batch=True)
     timeit.timeit(lambda: benchmark_step(first_batch=False), number=args.num_warmup_batches)
     img_secs = []
     for i in range(args.num_iters):
-        t = timeit.timeit(lambda: benchmark_step(first_batch=False),
-                          number=args.num_batches_per_iter)
+        t = timeit.timeit(
+            lambda: benchmark_step(first_batch=False), number=args.num_batches_per_iter
+        )
         img_sec = args.batch_size * args.num_batches_per_iter / t
         log(f"Iter #{i}: {img_sec:.1f} img/sec per rank")
         img_secs.append(img_sec)

@@ -35,18 +35,36 @@ def parse_args(argv=None):
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05, help="per rank; scaled by size")
-    parser.add_argument("--compression", choices=["none", "fp16", "bf16", "topk", "powersgd"],
-                        default="none", help="gradient compression on the wire")
-    parser.add_argument("--topk-ratio", type=float, default=0.01,
-                        help="topk: fraction of each gradient sent per step")
+    parser.add_argument(
+        "--compression",
+        choices=["none", "fp16", "bf16", "topk", "powersgd"],
+        default="none",
+        help="gradient compression on the wire",
+    )
+    parser.add_argument(
+        "--topk-ratio",
+        type=float,
+        default=0.01,
+        help="topk: fraction of each gradient sent per step",
+    )
     parser.add_argument("--powersgd-rank", type=int, default=4, help="powersgd: factor rank")
-    parser.add_argument("--powersgd-start-step", type=int, default=50,
-                        help="powersgd: uncompressed steps before compression starts")
-    parser.add_argument("--op", choices=["average", "adasum"], default="average",
-                        help="average gradients, or combine local steps with Adasum "
-                             "(2, 4, 8... ranks)")
-    parser.add_argument("--checkpoint", default=os.path.join("checkpoints", "torch_digits.pt"),
-                        help="where rank 0 writes the final checkpoint ('' to skip)")
+    parser.add_argument(
+        "--powersgd-start-step",
+        type=int,
+        default=50,
+        help="powersgd: uncompressed steps before compression starts",
+    )
+    parser.add_argument(
+        "--op",
+        choices=["average", "adasum"],
+        default="average",
+        help="average gradients, or combine local steps with Adasum (2, 4, 8... ranks)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default=os.path.join("checkpoints", "torch_digits.pt"),
+        help="where rank 0 writes the final checkpoint ('' to skip)",
+    )
     parser.add_argument("--seed", type=int, default=42)
     return parser.parse_args(argv)
 
@@ -55,8 +73,9 @@ def datasets(seed: int):
     digits = load_digits()
     x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # N x 1 x 8 x 8
     y = torch.tensor(digits.target, dtype=torch.int64)
-    train_idx, test_idx = train_test_split(range(len(y)), test_size=0.2, random_state=seed,
-                                           stratify=digits.target)
+    train_idx, test_idx = train_test_split(
+        range(len(y)), test_size=0.2, random_state=seed, stratify=digits.target
+    )
     return TensorDataset(x[train_idx], y[train_idx]), TensorDataset(x[test_idx], y[test_idx])
 
 
@@ -76,8 +95,9 @@ def make_compression(args):
     if args.compression == "topk":
         return hvd.Compression.topk(args.topk_ratio)
     if args.compression == "powersgd":
-        return hvd.Compression.powersgd(rank=args.powersgd_rank,
-                                        start_step=args.powersgd_start_step)
+        return hvd.Compression.powersgd(
+            rank=args.powersgd_rank, start_step=args.powersgd_start_step
+        )
     return getattr(hvd.Compression, args.compression)
 
 
@@ -92,9 +112,14 @@ def evaluate(model, loader) -> tuple[float, float]:
     with torch.no_grad():
         for x, y in loader:
             out = model(x)
-            totals += torch.tensor([F.cross_entropy(out, y, reduction="sum").item(),
-                                    (out.argmax(1) == y).sum().item(), len(y)],
-                                   dtype=torch.float64)
+            totals += torch.tensor(
+                [
+                    F.cross_entropy(out, y, reduction="sum").item(),
+                    (out.argmax(1) == y).sum().item(),
+                    len(y),
+                ],
+                dtype=torch.float64,
+            )
     totals = hvd.allreduce(totals, op=hvd.Sum, name="eval_totals")
     return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
 
@@ -106,10 +131,12 @@ def main(argv=None) -> float:
     torch.manual_seed(args.seed)
 
     train_set, test_set = datasets(args.seed)
-    train_sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank(),
-                                       shuffle=True, seed=args.seed)
-    test_sampler = DistributedSampler(test_set, num_replicas=hvd.size(), rank=hvd.rank(),
-                                      shuffle=False)
+    train_sampler = DistributedSampler(
+        train_set, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True, seed=args.seed
+    )
+    test_sampler = DistributedSampler(
+        test_set, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False
+    )
     train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler)
     test_loader = DataLoader(test_set, batch_size=256, sampler=test_sampler)
 
@@ -122,11 +149,18 @@ def main(argv=None) -> float:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     op = hvd.Adasum if args.op == "adasum" else hvd.Average
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=make_compression(args), op=op)
+    optimizer = hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=make_compression(args),
+        op=op,
+    )
     if hvd.rank() == 0:
-        print(f"training on {hvd.size()} rank(s): {len(train_set)} train / {len(test_set)} "
-              f"test images, compression={args.compression}, op={args.op}", flush=True)
+        print(
+            f"training on {hvd.size()} rank(s): {len(train_set)} train / {len(test_set)} "
+            f"test images, compression={args.compression}, op={args.op}",
+            flush=True,
+        )
 
     start = time.perf_counter()
     accuracy = 0.0
@@ -143,17 +177,29 @@ def main(argv=None) -> float:
         train_loss = metric_average(loss_sum / max(batches, 1), "train_loss")
         test_loss, accuracy = evaluate(model, test_loader)
         if hvd.rank() == 0:
-            print(f"epoch {epoch:3d}  train loss {train_loss:.4f}  test loss {test_loss:.4f}  "
-                  f"test accuracy {accuracy:.2%}", flush=True)
+            print(
+                f"epoch {epoch:3d}  train loss {train_loss:.4f}  test loss {test_loss:.4f}  "
+                f"test accuracy {accuracy:.2%}",
+                flush=True,
+            )
     if hvd.rank() == 0:
-        print(f"final test accuracy {accuracy:.2%} after {args.epochs} epochs in "
-              f"{time.perf_counter() - start:.1f} s; {optimizer.bytes_sent_last_step} bytes "
-              f"sent per step by each rank", flush=True)
+        print(
+            f"final test accuracy {accuracy:.2%} after {args.epochs} epochs in "
+            f"{time.perf_counter() - start:.1f} s; {optimizer.bytes_sent_last_step} bytes "
+            f"sent per step by each rank",
+            flush=True,
+        )
         if args.checkpoint:
             os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
-            torch.save({"epoch": args.epochs, "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(), "accuracy": accuracy},
-                       args.checkpoint)
+            torch.save(
+                {
+                    "epoch": args.epochs,
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "accuracy": accuracy,
+                },
+                args.checkpoint,
+            )
             print(f"checkpoint written to {args.checkpoint}", flush=True)
     return accuracy
 

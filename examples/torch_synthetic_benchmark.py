@@ -23,8 +23,9 @@ import hvdlite.torch as hvd
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fp16-allreduce", action="store_true",
-                        help="send gradients as float16 (Compression.fp16)")
+    parser.add_argument(
+        "--fp16-allreduce", action="store_true", help="send gradients as float16 (Compression.fp16)"
+    )
     parser.add_argument("--use-adasum", action="store_true", help="reduce with op=Adasum")
     parser.add_argument("--batch-size", type=int, default=32, help="images per rank")
     parser.add_argument("--image-size", type=int, default=32)
@@ -38,11 +39,21 @@ def parse_args(argv=None):
 
 def small_convnet(width: int, classes: int = 10) -> nn.Module:
     def block(cin, cout):
-        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False),
-                             nn.BatchNorm2d(cout), nn.ReLU(inplace=True), nn.MaxPool2d(2))
+        return nn.Sequential(
+            nn.Conv2d(cin, cout, 3, padding=1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+        )
 
-    return nn.Sequential(block(3, width), block(width, 2 * width), block(2 * width, 4 * width),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * width, classes))
+    return nn.Sequential(
+        block(3, width),
+        block(width, 2 * width),
+        block(2 * width, 4 * width),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4 * width, classes),
+    )
 
 
 def main(argv=None) -> None:
@@ -55,9 +66,12 @@ def main(argv=None) -> None:
     lr_scaler = 1 if args.use_adasum else hvd.size()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * lr_scaler, momentum=0.9)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression,
-                                         op=hvd.Adasum if args.use_adasum else hvd.Average)
+    optimizer = hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=compression,
+        op=hvd.Adasum if args.use_adasum else hvd.Average,
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
@@ -74,9 +88,11 @@ def main(argv=None) -> None:
             print(text, flush=True)
 
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"model: small convnet ({n_params / 1e6:.2f} M parameters), batch size "
+    log(
+        f"model: small convnet ({n_params / 1e6:.2f} M parameters), batch size "
         f"{args.batch_size} per rank, {hvd.size()} rank(s), "
-        f"{'fp16' if args.fp16_allreduce else 'no'} compression")
+        f"{'fp16' if args.fp16_allreduce else 'no'} compression"
+    )
     log("running warmup...")
     timeit.timeit(benchmark_step, number=args.num_warmup_batches)
 
@@ -90,8 +106,10 @@ def main(argv=None) -> None:
     mean = statistics.mean(rates)
     conf = 1.96 * (statistics.stdev(rates) if len(rates) > 1 else 0.0)
     per_rank = hvd.allgather_object(mean)
-    log(f"img/sec per rank: {mean:.1f} +-{conf:.1f} (rank 0); all ranks: "
-        + ", ".join(f"{r:.1f}" for r in per_rank))
+    log(
+        f"img/sec per rank: {mean:.1f} +-{conf:.1f} (rank 0); all ranks: "
+        + ", ".join(f"{r:.1f}" for r in per_rank)
+    )
     log(f"total img/sec on {hvd.size()} rank(s): {sum(per_rank):.1f} +-{conf * hvd.size():.1f}")
 
 

@@ -28,8 +28,7 @@ def _is_torch_optimizer(obj) -> bool:
 def _is_keras_optimizer(obj) -> bool:
     if not any(name in sys.modules for name in ("keras", "tf_keras", "tensorflow")):
         return False
-    return any(m.startswith(_KERAS_PREFIXES) and ".optimizer" in m
-               for m in _class_modules(obj))
+    return any(m.startswith(_KERAS_PREFIXES) and ".optimizer" in m for m in _class_modules(obj))
 
 
 def _is_tf1_optimizer(obj) -> bool:
@@ -66,4 +65,5 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
         f"{type(optimizer).__module__}.{type(optimizer).__qualname__}; supported are "
         f"torch.optim.Optimizer (hvdlite.torch.DistributedOptimizer), Keras "
         f"optimizers (hvdlite.tensorflow.keras.DistributedOptimizer) and "
-        f"tf.compat.v1.train.Optimizer (hvdlite.tensorflow.DistributedOptimizer)")
+        f"tf.compat.v1.train.Optimizer (hvdlite.tensorflow.DistributedOptimizer)"
+    )

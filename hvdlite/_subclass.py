@@ -16,5 +16,8 @@ __all__ = ["with_mixin"]
 def with_mixin(mixin: type, base: type, module: str | None = None) -> type:
     """*base* with *mixin* in front of it, named like *base* (``__module__``: *module*,
     default *base*'s own, which lets saved models reload with the plain class)."""
-    return type(base.__name__, (mixin, base),
-                {"__module__": module or base.__module__, "__qualname__": base.__qualname__})
+    return type(
+        base.__name__,
+        (mixin, base),
+        {"__module__": module or base.__module__, "__qualname__": base.__qualname__},
+    )

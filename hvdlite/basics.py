@@ -27,25 +27,75 @@ from .timeline import Timeline
 from .engine.transport import Router, Transport, routes_of
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
-    "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
-    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
-    "ddl_built", "ccl_built", "start_timeline", "stop_timeline",
+    "init",
+    "shutdown",
+    "is_initialized",
+    "size",
+    "rank",
+    "local_size",
+    "local_rank",
+    "cross_size",
+    "cross_rank",
+    "is_homogeneous",
+    "mpi_threads_supported",
+    "mpi_enabled",
+    "mpi_built",
+    "gloo_enabled",
+    "gloo_built",
+    "nccl_built",
+    "cuda_built",
+    "rocm_built",
+    "ddl_built",
+    "ccl_built",
+    "start_timeline",
+    "stop_timeline",
 ]
 
 #: The names every framework module re-exports from the engine (Horovod's "basics").
 COMMON_NAMES = (
-    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
-    "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
-    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
-    "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product",
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "init",
+    "shutdown",
+    "is_initialized",
+    "size",
+    "local_size",
+    "cross_size",
+    "rank",
+    "local_rank",
+    "cross_rank",
+    "is_homogeneous",
+    "mpi_threads_supported",
+    "mpi_enabled",
+    "mpi_built",
+    "gloo_enabled",
+    "gloo_built",
+    "nccl_built",
+    "ddl_built",
+    "ccl_built",
+    "cuda_built",
+    "rocm_built",
+    "start_timeline",
+    "stop_timeline",
+    "Average",
+    "Sum",
+    "Adasum",
+    "Min",
+    "Max",
+    "Product",
+    "ProcessSet",
+    "global_process_set",
+    "add_process_set",
+    "remove_process_set",
 )
 
 log = logging.getLogger("hvdlite")
-_LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
-           "WARNING": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
+_LEVELS = {
+    "TRACE": 5,
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "FATAL": logging.CRITICAL,
+}
 
 
 _init_lock = threading.Lock()
@@ -57,8 +107,9 @@ def _configure_logging(level: str, rank: int, hide_time: bool) -> None:
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
         when = "" if hide_time else "%(asctime)s "
-        handler.setFormatter(logging.Formatter(
-            f"[hvdlite rank {rank}] {when}%(levelname)s %(message)s"))
+        handler.setFormatter(
+            logging.Formatter(f"[hvdlite rank {rank}] {when}%(levelname)s %(message)s")
+        )
         log.addHandler(handler)
         log.propagate = False
 
@@ -102,11 +153,12 @@ def _import_mpi(cfg):
             "or a system MPI (Open MPI, Intel MPI) and rebuild mpi4py against it."
         ) from exc
     if MPI.Is_finalized():
-        raise RuntimeError("hvdlite.init(): MPI has already been finalized in this process; "
-                           "it cannot be started again. Call init() before MPI.Finalize().")
+        raise RuntimeError(
+            "hvdlite.init(): MPI has already been finalized in this process; "
+            "it cannot be started again. Call init() before MPI.Finalize()."
+        )
     if not MPI.Is_initialized():
-        MPI.Init_thread(MPI.THREAD_SERIALIZED if cfg.mpi_threads_disable
-                        else MPI.THREAD_MULTIPLE)
+        MPI.Init_thread(MPI.THREAD_SERIALIZED if cfg.mpi_threads_disable else MPI.THREAD_MULTIPLE)
         atexit.register(_finalize_mpi, MPI)  # runs after the shutdown registered later
     return MPI
 
@@ -167,8 +219,9 @@ def init(comm=None, process_sets=None) -> None:
                 world.Free()
             raise
         try:
-            new = _start(world, cfg, set_ranks, timeline, process_sets == "dynamic", MPI,
-                         sample_log)
+            new = _start(
+                world, cfg, set_ranks, timeline, process_sets == "dynamic", MPI, sample_log
+            )
         except BaseException as exc:
             _end_job_after_failed_start(world, exc)
             raise
@@ -208,18 +261,23 @@ def _resolve_sets(process_sets, world, MPI) -> list[tuple[ProcessSet, list[int]]
             ps = ProcessSet(ps)
         if ps.mpi_comm is not None:
             group = ps.mpi_comm.Get_group()
-            ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
-                                              world.Get_group())
+            ranks = MPI.Group.Translate_ranks(
+                group, list(range(group.Get_size())), world.Get_group()
+            )
         else:
             ranks = ps.ranks
         ranks = sorted(int(r) for r in ranks or ())
         bad = [r for r in ranks if not 0 <= r < size]
         if bad or not ranks:
-            raise ValueError(f"init(process_sets=...): {ps} names ranks {bad or 'none'} "
-                             f"outside the world of {size} ranks (valid: 0..{size - 1}).")
+            raise ValueError(
+                f"init(process_sets=...): {ps} names ranks {bad or 'none'} "
+                f"outside the world of {size} ranks (valid: 0..{size - 1})."
+            )
         if ranks == list(range(size)) or any(ranks == other for _, other in resolved):
-            raise ValueError(f"init(process_sets=...) lists ranks {ranks} twice (a set of "
-                             "every rank is hvd.global_process_set, registered already).")
+            raise ValueError(
+                f"init(process_sets=...) lists ranks {ranks} twice (a set of "
+                "every rank is hvd.global_process_set, registered already)."
+            )
         resolved.append((ps, ranks))
     return resolved
 
@@ -233,24 +291,34 @@ def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None)
     new.thread_level = MPI.Query_thread()
     _configure_logging(cfg.log_level, world.Get_rank(), cfg.log_hide_time)
     _build_topology(new, MPI, cfg)
-    core = core_for(new.local_comm.Get_rank(), new.local_comm.Get_size(),
-                    {"HVDLITE_THREAD_AFFINITY": cfg.thread_affinity})
-    if core is not None and hasattr(os, "sched_getaffinity") \
-            and core not in os.sched_getaffinity(0):
-        raise ValueError(f"HVDLITE_THREAD_AFFINITY names core {core}, which this process may "
-                         f"not use (allowed: {sorted(os.sched_getaffinity(0))}).")
+    core = core_for(
+        new.local_comm.Get_rank(),
+        new.local_comm.Get_size(),
+        {"HVDLITE_THREAD_AFFINITY": cfg.thread_affinity},
+    )
+    if (
+        core is not None
+        and hasattr(os, "sched_getaffinity")
+        and core not in os.sched_getaffinity(0)
+    ):
+        raise ValueError(
+            f"HVDLITE_THREAD_AFFINITY names core {core}, which this process may "
+            f"not use (allowed: {sorted(os.sched_getaffinity(0))})."
+        )
     new.sets = ProcessSetTable(world.Get_size(), world.Get_rank(), world.Dup())
     new.dynamic = cfg.dynamic_process_sets or dynamic
     for ps, ranks in set_ranks:
         color = 0 if world.Get_rank() in ranks else MPI.UNDEFINED
         sub = world.Split(color, world.Get_rank())
         new.sets.register(ps, ranks, None if sub == MPI.COMM_NULL else sub)
-    new.router = Router(world.Get_size(), new.node_ranks,
-                          shared_memory=not cfg.shm_allreduce_disable,
-                          hierarchical_allreduce=cfg.hierarchical_allreduce,
-                          hierarchical_allgather=cfg.hierarchical_allgather,
-                          device=agree_device_choice(world, cfg.hierarchical_allreduce,
-                                                     new.homogeneous))
+    new.router = Router(
+        world.Get_size(),
+        new.node_ranks,
+        shared_memory=not cfg.shm_allreduce_disable,
+        hierarchical_allreduce=cfg.hierarchical_allreduce,
+        hierarchical_allgather=cfg.hierarchical_allgather,
+        device=agree_device_choice(world, cfg.hierarchical_allreduce, new.homogeneous),
+    )
     # The engine and the two-level helper import mpi4py.MPI: only once MPI is set up.
     from .engine.cycle import Engine
     from .engine.hierarchical import Hierarchical
@@ -263,11 +331,20 @@ def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None)
     if cfg.autotune:
         from . import autotune
 
-        tuning = autotune.tuning_for(cfg, world.Get_rank(), world.Get_size(), new.router,
-                                     hierarchical, sample_log)
-    new.engine = Engine(world, cfg, new.sets, new.router, timeline=new.timeline,
-                        hierarchical=hierarchical, overlap=_overlap(cfg, new), core=core,
-                        tuning=tuning)
+        tuning = autotune.tuning_for(
+            cfg, world.Get_rank(), world.Get_size(), new.router, hierarchical, sample_log
+        )
+    new.engine = Engine(
+        world,
+        cfg,
+        new.sets,
+        new.router,
+        timeline=new.timeline,
+        hierarchical=hierarchical,
+        overlap=_overlap(cfg, new),
+        core=core,
+        tuning=tuning,
+    )
     return new
 
 
@@ -276,8 +353,10 @@ def _end_job_after_failed_start(world, exc: BaseException) -> None:
     others may be blocked in it, so a job of several ranks ends now."""
     if world.Get_size() <= 1:
         return
-    sys.stderr.write(f"hvdlite.init() failed on rank {world.Get_rank()} during the collective "
-                     f"set-up; ending the job: {exc!r}\n")
+    sys.stderr.write(
+        f"hvdlite.init() failed on rank {world.Get_rank()} during the collective "
+        f"set-up; ending the job: {exc!r}\n"
+    )
     _abort(1)
 
 
@@ -432,8 +511,7 @@ def shutdown() -> None:
 def _end_job_after_interrupt(st) -> None:
     """A Ctrl-C or sys.exit() broke a cycle here and peers wait inside it: end the
     job (with the SystemExit's code, else 1).  Nothing to do alone."""
-    if st is None or st.engine is None or st.engine.interrupted is None \
-            or st.world.Get_size() <= 1:
+    if st is None or st.engine is None or st.engine.interrupted is None or st.world.Get_size() <= 1:
         return
     code = getattr(st.engine.interrupted, "code", None)
     _abort(code if isinstance(code, int) and code else 1)

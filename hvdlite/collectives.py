@@ -52,11 +52,24 @@ from .engine.submissions import Entry
 from .exceptions import ArgumentError, HorovodInternalError
 
 __all__ = [
-    "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
-    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
-    "broadcast", "broadcast_async", "alltoall", "alltoall_async", "reducescatter",
-    "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
-    "barrier", "join",
+    "allreduce",
+    "allreduce_async",
+    "grouped_allreduce",
+    "grouped_allreduce_async",
+    "allgather",
+    "allgather_async",
+    "grouped_allgather",
+    "grouped_allgather_async",
+    "broadcast",
+    "broadcast_async",
+    "alltoall",
+    "alltoall_async",
+    "reducescatter",
+    "reducescatter_async",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
+    "barrier",
+    "join",
 ]
 
 
@@ -70,16 +83,21 @@ def _members(st, process_set: ProcessSet, what: str) -> tuple[int, list[int]]:
     if process_set is global_process_set:  # the common case: every rank is a member
         return GLOBAL_SET_ID, st.sets.ranks[GLOBAL_SET_ID]
     if not isinstance(process_set, ProcessSet):
-        raise ArgumentError(f"{what}: process_set must be a hvd.ProcessSet, got "
-                         f"{type(process_set).__name__}.")
+        raise ArgumentError(
+            f"{what}: process_set must be a hvd.ProcessSet, got {type(process_set).__name__}."
+        )
     set_id = process_set.process_set_id
     ps = st.sets.get(set_id) if set_id is not None else None
     if ps is None:
-        raise ArgumentError(f"{what}: {process_set} is not registered; pass it to "
-                         "hvd.init(process_sets=[...]) or hvd.add_process_set() first.")
+        raise ArgumentError(
+            f"{what}: {process_set} is not registered; pass it to "
+            "hvd.init(process_sets=[...]) or hvd.add_process_set() first."
+        )
     if st.world.Get_rank() not in st.sets.members[set_id]:
-        raise ArgumentError(f"{what}: rank {st.world.Get_rank()} is not a member of {ps} "
-                         f"(ranks {ps.ranks}); only its members may call collectives on it.")
+        raise ArgumentError(
+            f"{what}: rank {st.world.Get_rank()} is not a member of {ps} "
+            f"(ranks {ps.ranks}); only its members may call collectives on it."
+        )
     return set_id, st.sets.ranks[set_id]
 
 
@@ -103,8 +121,10 @@ def _array(x, what: str) -> np.ndarray:
             return _device_submission().engine_array(x, what)
         x = np.asarray(x)
     if not x.flags.c_contiguous:
-        raise ArgumentError(f"{what}: the array is not C-contiguous; pass "
-                         "np.ascontiguousarray(x) (hvdlite never copies silently).")
+        raise ArgumentError(
+            f"{what}: the array is not C-contiguous; pass "
+            "np.ascontiguousarray(x) (hvdlite never copies silently)."
+        )
     return x
 
 
@@ -115,10 +135,17 @@ def _output(out, like: np.ndarray, what: str) -> np.ndarray:
         return _device_submission().engine_output(out, like, what)
     if out is None:
         return np.empty_like(like)
-    if not isinstance(out, np.ndarray) or out.shape != like.shape or out.dtype != like.dtype \
-            or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ArgumentError(f"{what}: output must be a writeable C-contiguous array with the "
-                         f"input's shape {like.shape} and dtype {like.dtype}.")
+    if (
+        not isinstance(out, np.ndarray)
+        or out.shape != like.shape
+        or out.dtype != like.dtype
+        or not out.flags.c_contiguous
+        or not out.flags.writeable
+    ):
+        raise ArgumentError(
+            f"{what}: output must be a writeable C-contiguous array with the "
+            f"input's shape {like.shape} and dtype {like.dtype}."
+        )
     return out
 
 
@@ -155,8 +182,9 @@ def call_and_wait(async_fn, *args, **kwargs):
     return synchronize(handle)
 
 
-def _submit(st, params: Params, inputs, outputs, grouped=False, splits=None, payload=None,
-            keepalive=None) -> Handle:
+def _submit(
+    st, params: Params, inputs, outputs, grouped=False, splits=None, payload=None, keepalive=None
+) -> Handle:
     ready = None
     for array in inputs:
         if type(array) is not np.ndarray:  # a device array (or a numpy subclass)
@@ -185,9 +213,11 @@ def submit_control(kind: Kind, name: str, extra: tuple, payload=None) -> Handle:
 def _reduction_op(op, average, what: str, set_size: int) -> ReduceOp:
     rop = resolve_op(op, average)
     if rop == Adasum and set_size & (set_size - 1):
-        raise ArgumentError(f"{what}: op=Adasum needs a power-of-two number of ranks, the "
-                         f"process set has {set_size}; use op=Average or run on 2, 4, 8... "
-                         "ranks.")
+        raise ArgumentError(
+            f"{what}: op=Adasum needs a power-of-two number of ranks, the "
+            f"process set has {set_size}; use op=Average or run on 2, 4, 8... "
+            "ranks."
+        )
     return rop
 
 
@@ -199,11 +229,17 @@ def _scales(prescale_factor, postscale_factor) -> tuple[float, float]:
 
 
 # ----------------------------------------------------------------- allreduce
-def grouped_allreduce_async(tensors: Sequence, average: bool | None = None,
-                            name: str | None = None, op: ReduceOp | None = None,
-                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                            process_set: ProcessSet = global_process_set, *,
-                            outputs: Sequence | None = None) -> Handle:
+def grouped_allreduce_async(
+    tensors: Sequence,
+    average: bool | None = None,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+    *,
+    outputs: Sequence | None = None,
+) -> Handle:
     """Start reducing a list of arrays as one unit (negotiated and fused together).
 
     Returns:
@@ -225,16 +261,30 @@ def grouped_allreduce_async(tensors: Sequence, average: bool | None = None,
     outs = [_output(o, a, what) for o, a in zip(outputs, arrays)]
     dtypes = tuple(check_dtype(a, what, rop) for a in arrays)
     name = _name(st, "allreduce", name, set_id)
-    params = Params(set_id=set_id, name=name, kind=_ALLREDUCE, dtypes=dtypes,
-                    shapes=tuple(a.shape for a in arrays), op=int(rop), prescale=pre,
-                    postscale=post)
+    params = Params(
+        set_id=set_id,
+        name=name,
+        kind=_ALLREDUCE,
+        dtypes=dtypes,
+        shapes=tuple(a.shape for a in arrays),
+        op=int(rop),
+        prescale=pre,
+        postscale=post,
+    )
     return _submit(st, params, arrays, outs, grouped=True, keepalive=(arrays, outs))
 
 
-def allreduce_async(tensor, average: bool | None = None, name: str | None = None,
-                    op: ReduceOp | None = None, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
-                    *, output=None) -> Handle:
+def allreduce_async(
+    tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+    *,
+    output=None,
+) -> Handle:
     """Start an allreduce of *tensor* (``output=tensor`` reduces in place).
 
     Returns:
@@ -261,8 +311,16 @@ def allreduce_async(tensor, average: bool | None = None, name: str | None = None
     pre, post = _scales(prescale_factor, postscale_factor)
     dtype = check_dtype(array, "allreduce", rop)
     name = _name(st, "allreduce", name, set_id)
-    params = Params(set_id=set_id, name=name, kind=_ALLREDUCE, dtypes=(dtype,),
-                    shapes=(array.shape,), op=int(rop), prescale=pre, postscale=post)
+    params = Params(
+        set_id=set_id,
+        name=name,
+        kind=_ALLREDUCE,
+        dtypes=(dtype,),
+        shapes=(array.shape,),
+        op=int(rop),
+        prescale=pre,
+        postscale=post,
+    )
     if key is not None:
         if len(known) >= _KNOWN_LIMIT:
             known.clear()
@@ -271,37 +329,68 @@ def allreduce_async(tensor, average: bool | None = None, name: str | None = None
     return _submit(st, params, (array,), (out,))
 
 
-def allreduce(tensor, average: bool | None = None, name: str | None = None,
-              op: ReduceOp | None = None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set, *,
-              output=None):
+def allreduce(
+    tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+    *,
+    output=None,
+):
     """Reduce *tensor* over the ranks of *process_set* (default op: Average).
 
     Returns:
         The output array (*output* itself where given), the same on every rank.
     """
-    return call_and_wait(allreduce_async, tensor, average, name, op, prescale_factor,
-                                       postscale_factor, process_set, output=output)
+    return call_and_wait(
+        allreduce_async,
+        tensor,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        output=output,
+    )
 
 
-def grouped_allreduce(tensors: Sequence, average: bool | None = None, name: str | None = None,
-                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0,
-                      process_set: ProcessSet = global_process_set, *,
-                      outputs: Sequence | None = None) -> list:
+def grouped_allreduce(
+    tensors: Sequence,
+    average: bool | None = None,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+    *,
+    outputs: Sequence | None = None,
+) -> list:
     """Reduce a list of arrays as one unit.
 
     Returns:
         The list of outputs, in the order of *tensors*.
     """
-    return call_and_wait(grouped_allreduce_async, tensors, average, name, op, prescale_factor,
-                                               postscale_factor, process_set,
-                                               outputs=outputs)
+    return call_and_wait(
+        grouped_allreduce_async,
+        tensors,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        outputs=outputs,
+    )
 
 
 # ----------------------------------------------------------------- allgather
-def grouped_allgather_async(tensors: Sequence, name: str | None = None,
-                            process_set: ProcessSet = global_process_set) -> Handle:
+def grouped_allgather_async(
+    tensors: Sequence, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Handle:
     """Start gathering a list of arrays as one unit (see :func:`allgather_async`).
 
     Returns:
@@ -314,17 +403,25 @@ def grouped_allgather_async(tensors: Sequence, name: str | None = None,
         raise ArgumentError("grouped_allgather: needs at least one array.")
     for a in arrays:
         if a.ndim == 0:
-            raise ArgumentError("allgather: the array needs at least one dimension (it is "
-                             "concatenated along dim 0); use x.reshape(1).")
+            raise ArgumentError(
+                "allgather: the array needs at least one dimension (it is "
+                "concatenated along dim 0); use x.reshape(1)."
+            )
     dtypes = tuple(check_dtype(a, "allgather") for a in arrays)
     name = _name(st, "allgather", name, set_id)
-    params = Params(set_id=set_id, name=name, kind=int(Kind.ALLGATHER), dtypes=dtypes,
-                    shapes=tuple(a.shape[1:] for a in arrays))
+    params = Params(
+        set_id=set_id,
+        name=name,
+        kind=int(Kind.ALLGATHER),
+        dtypes=dtypes,
+        shapes=tuple(a.shape[1:] for a in arrays),
+    )
     return _submit(st, params, arrays, None, grouped=True, keepalive=arrays)
 
 
-def allgather_async(tensor, name: str | None = None,
-                    process_set: ProcessSet = global_process_set) -> Handle:
+def allgather_async(
+    tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Handle:
     """Start concatenating *tensor* along dim 0 over the ranks, in rank order.
 
     Dim 0 may differ between ranks; the other dimensions must agree.
@@ -336,17 +433,25 @@ def allgather_async(tensor, name: str | None = None,
     set_id, _ = _members(st, process_set, "allgather")
     array = _array(tensor, "allgather")
     if array.ndim == 0:
-        raise ArgumentError("allgather: the array needs at least one dimension (it is "
-                         "concatenated along dim 0); use x.reshape(1).")
+        raise ArgumentError(
+            "allgather: the array needs at least one dimension (it is "
+            "concatenated along dim 0); use x.reshape(1)."
+        )
     dtype = check_dtype(array, "allgather")
     name = _name(st, "allgather", name, set_id)
-    params = Params(set_id=set_id, name=name, kind=int(Kind.ALLGATHER), dtypes=(dtype,),
-                    shapes=(array.shape[1:],))
+    params = Params(
+        set_id=set_id,
+        name=name,
+        kind=int(Kind.ALLGATHER),
+        dtypes=(dtype,),
+        shapes=(array.shape[1:],),
+    )
     return _submit(st, params, [array], None, keepalive=array)
 
 
-def allgather(tensor, name: str | None = None,
-              process_set: ProcessSet = global_process_set) -> np.ndarray:
+def allgather(
+    tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> np.ndarray:
     """Concatenate *tensor* along dim 0 over the ranks of *process_set*, in rank order.
 
     Returns:
@@ -355,8 +460,9 @@ def allgather(tensor, name: str | None = None,
     return call_and_wait(allgather_async, tensor, name, process_set)
 
 
-def grouped_allgather(tensors: Sequence, name: str | None = None,
-                      process_set: ProcessSet = global_process_set) -> list:
+def grouped_allgather(
+    tensors: Sequence, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> list:
     """Gather a list of arrays as one unit.
 
     Returns:
@@ -366,8 +472,14 @@ def grouped_allgather(tensors: Sequence, name: str | None = None,
 
 
 # ----------------------------------------------------------------- broadcast
-def broadcast_async(tensor, root_rank: int, name: str | None = None,
-                    process_set: ProcessSet = global_process_set, *, output=None) -> Handle:
+def broadcast_async(
+    tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+    *,
+    output=None,
+) -> Handle:
     """Start copying *tensor* from *root_rank* to every rank of the set.
 
     Arguments:
@@ -383,19 +495,33 @@ def broadcast_async(tensor, root_rank: int, name: str | None = None,
     except (TypeError, ValueError):
         raise ArgumentError(f"broadcast: root_rank must be an int, got {root_rank!r}.") from None
     if root not in ranks:
-        raise ArgumentError(f"broadcast: root_rank {root} is not a rank of the process set "
-                         f"(ranks {ranks}); pass the global rank of a member.")
+        raise ArgumentError(
+            f"broadcast: root_rank {root} is not a rank of the process set "
+            f"(ranks {ranks}); pass the global rank of a member."
+        )
     array = _array(tensor, "broadcast")
     out = _output(output, array, "broadcast")
     dtype = check_dtype(array, "broadcast")
     name = _name(st, "broadcast", name, set_id)
-    params = Params(set_id=set_id, name=name, kind=int(Kind.BROADCAST), dtypes=(dtype,),
-                    shapes=(array.shape,), root=root)
+    params = Params(
+        set_id=set_id,
+        name=name,
+        kind=int(Kind.BROADCAST),
+        dtypes=(dtype,),
+        shapes=(array.shape,),
+        root=root,
+    )
     return _submit(st, params, [array], [out], keepalive=(array, out))
 
 
-def broadcast(tensor, root_rank: int, name: str | None = None,
-              process_set: ProcessSet = global_process_set, *, output=None) -> np.ndarray:
+def broadcast(
+    tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+    *,
+    output=None,
+) -> np.ndarray:
     """Copy *tensor* from the global rank *root_rank* to every rank of the set.
 
     Returns:
@@ -405,8 +531,9 @@ def broadcast(tensor, root_rank: int, name: str | None = None,
 
 
 # ------------------------------------------------------------------ alltoall
-def alltoall_async(tensor, splits=None, name: str | None = None,
-                   process_set: ProcessSet = global_process_set) -> Handle:
+def alltoall_async(
+    tensor, splits=None, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Handle:
     """Start sending dim-0 slices of *tensor* to the ranks of the set.
 
     Arguments:
@@ -425,23 +552,33 @@ def alltoall_async(tensor, splits=None, name: str | None = None,
     n = len(ranks)
     if splits is None:
         if array.shape[0] % n:
-            raise ArgumentError(f"alltoall: dim 0 ({array.shape[0]}) is not divisible by the "
-                             f"{n} ranks; pass splits= to say how many rows each rank gets.")
+            raise ArgumentError(
+                f"alltoall: dim 0 ({array.shape[0]}) is not divisible by the "
+                f"{n} ranks; pass splits= to say how many rows each rank gets."
+            )
         split_arr = np.full(n, array.shape[0] // n, dtype=np.int64)
     else:
         split_arr = np.asarray(splits, dtype=np.int64).reshape(-1)
         if split_arr.size != n or (split_arr < 0).any() or split_arr.sum() != array.shape[0]:
-            raise ArgumentError(f"alltoall: splits must be {n} non-negative ints summing to dim 0 "
-                             f"({array.shape[0]}), got {list(split_arr)}.")
+            raise ArgumentError(
+                f"alltoall: splits must be {n} non-negative ints summing to dim 0 "
+                f"({array.shape[0]}), got {list(split_arr)}."
+            )
     dtype = check_dtype(array, "alltoall")
     name = _name(st, "alltoall", name, set_id)
-    params = Params(set_id=set_id, name=name, kind=int(Kind.ALLTOALL), dtypes=(dtype,),
-                    shapes=(array.shape[1:],))
+    params = Params(
+        set_id=set_id,
+        name=name,
+        kind=int(Kind.ALLTOALL),
+        dtypes=(dtype,),
+        shapes=(array.shape[1:],),
+    )
     return _submit(st, params, [array], None, splits=split_arr, keepalive=array)
 
 
-def alltoall(tensor, splits=None, name: str | None = None,
-             process_set: ProcessSet = global_process_set):
+def alltoall(
+    tensor, splits=None, name: str | None = None, process_set: ProcessSet = global_process_set
+):
     """Send dim-0 slices of *tensor* to the ranks (see :func:`alltoall_async`).
 
     Returns:
@@ -452,22 +589,28 @@ def alltoall(tensor, splits=None, name: str | None = None,
 
 
 # ------------------------------------------------------------- reducescatter
-def grouped_reducescatter_async(tensors: Sequence, name: str | None = None,
-                                op: ReduceOp = Average, prescale_factor: float = 1.0,
-                                postscale_factor: float = 1.0,
-                                process_set: ProcessSet = global_process_set) -> Handle:
+def grouped_reducescatter_async(
+    tensors: Sequence,
+    name: str | None = None,
+    op: ReduceOp = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
     """Start a reducescatter of each array of *tensors*, as one unit.
 
     Returns:
         A handle whose result is the list of this rank's shards (see
         :func:`reducescatter_async`).
     """
-    return _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor,
-                                process_set, grouped=True)
+    return _reducescatter_async(
+        tensors, name, op, prescale_factor, postscale_factor, process_set, grouped=True
+    )
 
 
-def _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor, process_set,
-                         grouped: bool) -> Handle:
+def _reducescatter_async(
+    tensors, name, op, prescale_factor, postscale_factor, process_set, grouped: bool
+) -> Handle:
     st = state()
     set_id, _ = _members(st, process_set, "reducescatter")
     rop = resolve_op(op, None)
@@ -482,15 +625,27 @@ def _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor, p
             raise ArgumentError("reducescatter: the array needs at least one dimension.")
     dtypes = tuple(check_dtype(a, "reducescatter", rop) for a in arrays)
     name = _name(st, "reducescatter", name, set_id)
-    params = Params(set_id=set_id, name=name, kind=int(Kind.REDUCESCATTER), dtypes=dtypes,
-                    shapes=tuple(a.shape for a in arrays), op=int(rop), prescale=pre,
-                    postscale=post)
+    params = Params(
+        set_id=set_id,
+        name=name,
+        kind=int(Kind.REDUCESCATTER),
+        dtypes=dtypes,
+        shapes=tuple(a.shape for a in arrays),
+        op=int(rop),
+        prescale=pre,
+        postscale=post,
+    )
     return _submit(st, params, arrays, None, grouped=grouped, keepalive=arrays)
 
 
-def reducescatter_async(tensor, name: str | None = None, op: ReduceOp = Average,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                        process_set: ProcessSet = global_process_set) -> Handle:
+def reducescatter_async(
+    tensor,
+    name: str | None = None,
+    op: ReduceOp = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
     """Start reducing *tensor* over the ranks, each keeping one dim-0 shard (op:
     Average or Sum).
 
@@ -499,32 +654,51 @@ def reducescatter_async(tensor, name: str | None = None, op: ReduceOp = Average,
         gets the i-th block of rows, as even as possible (the first
         ``rows % size`` members get one row more).
     """
-    return _reducescatter_async([tensor], name, op, prescale_factor, postscale_factor,
-                                process_set, grouped=False)
+    return _reducescatter_async(
+        [tensor], name, op, prescale_factor, postscale_factor, process_set, grouped=False
+    )
 
 
-def reducescatter(tensor, name: str | None = None, op: ReduceOp = Average,
-                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                  process_set: ProcessSet = global_process_set) -> np.ndarray:
+def reducescatter(
+    tensor,
+    name: str | None = None,
+    op: ReduceOp = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> np.ndarray:
     """Reduce *tensor* over the ranks and keep this rank's dim-0 shard.
 
     Returns:
         This rank's shard (see :func:`reducescatter_async`).
     """
-    return call_and_wait(reducescatter_async, tensor, name, op, prescale_factor,
-                                           postscale_factor, process_set)
+    return call_and_wait(
+        reducescatter_async, tensor, name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
-def grouped_reducescatter(tensors: Sequence, name: str | None = None, op: ReduceOp = Average,
-                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                          process_set: ProcessSet = global_process_set) -> list:
+def grouped_reducescatter(
+    tensors: Sequence,
+    name: str | None = None,
+    op: ReduceOp = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list:
     """Reducescatter each array of *tensors*, as one unit.
 
     Returns:
         The list of this rank's shards, in the order of *tensors*.
     """
-    return call_and_wait(grouped_reducescatter_async, tensors, name, op, prescale_factor,
-                                                   postscale_factor, process_set)
+    return call_and_wait(
+        grouped_reducescatter_async,
+        tensors,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+    )
 
 
 # --------------------------------------------------------- barrier and join

@@ -23,8 +23,7 @@ import math
 import os
 from collections.abc import Mapping
 
-__all__ = ["Knob", "KNOBS", "Config", "read_config", "env_value", "agreed_values",
-           "disagreements"]
+__all__ = ["Knob", "KNOBS", "Config", "read_config", "env_value", "agreed_values", "disagreements"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,96 +39,243 @@ class Knob:
 
     @property
     def horovod_env(self) -> str:
-        return "HOROVOD_" + self.env[len("HVDLITE_"):]
+        return "HOROVOD_" + self.env[len("HVDLITE_") :]
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("fusion_threshold", "HVDLITE_FUSION_THRESHOLD", int, 64 * 1024 * 1024,
-         "bytes: ready tensors are packed into one buffer up to this size (0 disables fusion)",
-         agree=True),
-    Knob("cycle_time_ms", "HVDLITE_CYCLE_TIME", float, 1.0,
-         "milliseconds the engine waits after the first asynchronous submission of a burst "
-         "before negotiating, so the rest of the burst is fused into the same cycle"),
-    Knob("overlap", "HVDLITE_OVERLAP", str, "auto",
-         "on: the engine thread negotiates asynchronous work (e.g. gradients from backward "
-         "hooks) while the framework still computes; off: it leaves that to the first "
-         "thread that waits on a handle (after 20 ms it starts anyway); auto: on only when "
-         "this process may use more cores than there are ranks on its node, since "
-         "otherwise the engine thread can only take the core from the compute"),
-    Knob("cache_capacity", "HVDLITE_CACHE_CAPACITY", int, 1024,
-         "entries in the response cache (0 disables it: every name goes to the coordinator)",
-         agree=True),
-    Knob("hierarchical_allreduce", "HVDLITE_HIERARCHICAL_ALLREDUCE", bool, False,
-         "reduce inside each node, then across nodes, then broadcast inside the node", agree=True),
-    Knob("hierarchical_allgather", "HVDLITE_HIERARCHICAL_ALLGATHER", bool, False,
-         "gather inside each node, then across nodes", agree=True),
-    Knob("timeline", "HVDLITE_TIMELINE", str, "",
-         "path of a Chrome-trace timeline written by rank 0 (empty: off)"),
-    Knob("timeline_mark_cycles", "HVDLITE_TIMELINE_MARK_CYCLES", bool, False,
-         "mark every engine cycle in the timeline"),
-    Knob("stall_check_disable", "HVDLITE_STALL_CHECK_DISABLE", bool, False,
-         "turn the stall inspector off"),
-    Knob("stall_check_time_seconds", "HVDLITE_STALL_CHECK_TIME_SECONDS", float, 60.0,
-         "seconds a name may wait for other ranks before the coordinator warns"),
-    Knob("stall_shutdown_time_seconds", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", float, 0.0,
-         "seconds after which stalled collectives fail with an error on every rank "
-         "(0: never; the stall inspector only warns)"),
-    Knob("check_order", "HVDLITE_CHECK_ORDER", bool, False,
-         "compare the order in which the ranks of each process set call collectives, and "
-         "fail the first two that differ on every rank, naming both, instead of stalling "
-         "(every collective then goes to the coordinator: for debugging)", agree=True),
-    Knob("collective_timeout", "HVDLITE_COLLECTIVE_TIMEOUT", float, 0.0,
-         "seconds any wait of this rank on the others may last (the engine's status "
-         "exchange, a doorbell, a shared-memory barrier, a collective this rank submitted "
-         "that others have not) before the whole job ends with an error naming the wait "
-         "(0: wait forever)"),
-    Knob("log_level", "HVDLITE_LOG_LEVEL", str, "WARNING",
-         "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL"),
-    Knob("log_hide_time", "HVDLITE_LOG_HIDE_TIME", bool, False,
-         "leave the time stamp out of hvdlite's log lines"),
-    Knob("thread_affinity", "HVDLITE_THREAD_AFFINITY", str, "",
-         "core ids, one per local rank (e.g. 0,8): local rank i pins its engine thread to "
-         "the i-th (empty: no pinning)"),
-    Knob("mpi_threads_disable", "HVDLITE_MPI_THREADS_DISABLE", bool, False,
-         "initialize MPI with MPI_THREAD_SERIALIZED instead of MPI_THREAD_MULTIPLE"),
-    Knob("malloc_tuning_disable", "HVDLITE_MALLOC_TUNING_DISABLE", bool, False,
-         "leave glibc's malloc alone (by default init() keeps freed heap memory for reuse: "
-         "mmap threshold 32 MiB, trim threshold 1 GiB, so per-step MPI and framework "
-         "buffers do not page-fault every step)"),
-    Knob("shm_allreduce_disable", "HVDLITE_SHM_ALLREDUCE_DISABLE", bool, False,
-         "reduce and gather through MPI even where a process set's ranks share one node (by "
-         "default sets of 2-4 ranks on one node allreduce and allgather through a "
-         "shared-memory window)", agree=True),
-    Knob("dynamic_process_sets", "HVDLITE_DYNAMIC_PROCESS_SETS", bool, False,
-         "allow add_process_set()/remove_process_set() after init()", agree=True),
-    Knob("bucket_cap_mb", "HVDLITE_BUCKET_CAP_MB", float, 25.0,
-         "MB of gradients the torch DistributedOptimizer reduces as one grouped allreduce "
-         "(a bucket; where its hooks start reductions during backward, the last layers' "
-         "first bucket is at most 1 MB); 0: one allreduce per "
-         "gradient, as Horovod does (the optimizer's bucket_cap_mb= argument wins; the "
-         "TensorFlow optimizers already reduce a step's gradients in one submission)",
-         agree=True),
-    Knob("autotune", "HVDLITE_AUTOTUNE", bool, False,
-         "tune the fusion threshold, cycle time and (where this job can switch them) the "
-         "shared-memory and hierarchical allreduce paths by Bayesian optimisation of the "
-         "measured throughput; rank 0 decides for every rank (needs scikit-learn)",
-         agree=True),
-    Knob("autotune_log", "HVDLITE_AUTOTUNE_LOG", str, "",
-         "path of a CSV file rank 0 writes one row per autotune sample to (empty: none)"),
-    Knob("autotune_warmup_samples", "HVDLITE_AUTOTUNE_WARMUP_SAMPLES", int, 3,
-         "autotune samples measured but not scored at the start (>= 0)", agree=True),
-    Knob("autotune_steps_per_sample", "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE", int, 10,
-         "training steps (rounds of the same collectives) per autotune sample (>= 1)",
-         agree=True),
-    Knob("autotune_bayes_opt_max_samples", "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", int, 20,
-         "scored autotune samples before the best setting is kept for good (>= 1)",
-         agree=True),
-    Knob("autotune_gaussian_process_noise", "HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", float,
-         0.8, "share of the scores' variance autotune's model puts down to noise (> 0; "
-         "higher: trust one sample less)", agree=True),
-    Knob("test_node_size", "HVDLITE_TEST_NODE_SIZE", int, 0,
-         "tests and benchmarks only: group consecutive ranks into simulated nodes of this size",
-         agree=True),
+    Knob(
+        "fusion_threshold",
+        "HVDLITE_FUSION_THRESHOLD",
+        int,
+        64 * 1024 * 1024,
+        "bytes: ready tensors are packed into one buffer up to this size (0 disables fusion)",
+        agree=True,
+    ),
+    Knob(
+        "cycle_time_ms",
+        "HVDLITE_CYCLE_TIME",
+        float,
+        1.0,
+        "milliseconds the engine waits after the first asynchronous submission of a burst "
+        "before negotiating, so the rest of the burst is fused into the same cycle",
+    ),
+    Knob(
+        "overlap",
+        "HVDLITE_OVERLAP",
+        str,
+        "auto",
+        "on: the engine thread negotiates asynchronous work (e.g. gradients from backward "
+        "hooks) while the framework still computes; off: it leaves that to the first "
+        "thread that waits on a handle (after 20 ms it starts anyway); auto: on only when "
+        "this process may use more cores than there are ranks on its node, since "
+        "otherwise the engine thread can only take the core from the compute",
+    ),
+    Knob(
+        "cache_capacity",
+        "HVDLITE_CACHE_CAPACITY",
+        int,
+        1024,
+        "entries in the response cache (0 disables it: every name goes to the coordinator)",
+        agree=True,
+    ),
+    Knob(
+        "hierarchical_allreduce",
+        "HVDLITE_HIERARCHICAL_ALLREDUCE",
+        bool,
+        False,
+        "reduce inside each node, then across nodes, then broadcast inside the node",
+        agree=True,
+    ),
+    Knob(
+        "hierarchical_allgather",
+        "HVDLITE_HIERARCHICAL_ALLGATHER",
+        bool,
+        False,
+        "gather inside each node, then across nodes",
+        agree=True,
+    ),
+    Knob(
+        "timeline",
+        "HVDLITE_TIMELINE",
+        str,
+        "",
+        "path of a Chrome-trace timeline written by rank 0 (empty: off)",
+    ),
+    Knob(
+        "timeline_mark_cycles",
+        "HVDLITE_TIMELINE_MARK_CYCLES",
+        bool,
+        False,
+        "mark every engine cycle in the timeline",
+    ),
+    Knob(
+        "stall_check_disable",
+        "HVDLITE_STALL_CHECK_DISABLE",
+        bool,
+        False,
+        "turn the stall inspector off",
+    ),
+    Knob(
+        "stall_check_time_seconds",
+        "HVDLITE_STALL_CHECK_TIME_SECONDS",
+        float,
+        60.0,
+        "seconds a name may wait for other ranks before the coordinator warns",
+    ),
+    Knob(
+        "stall_shutdown_time_seconds",
+        "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS",
+        float,
+        0.0,
+        "seconds after which stalled collectives fail with an error on every rank "
+        "(0: never; the stall inspector only warns)",
+    ),
+    Knob(
+        "check_order",
+        "HVDLITE_CHECK_ORDER",
+        bool,
+        False,
+        "compare the order in which the ranks of each process set call collectives, and "
+        "fail the first two that differ on every rank, naming both, instead of stalling "
+        "(every collective then goes to the coordinator: for debugging)",
+        agree=True,
+    ),
+    Knob(
+        "collective_timeout",
+        "HVDLITE_COLLECTIVE_TIMEOUT",
+        float,
+        0.0,
+        "seconds any wait of this rank on the others may last (the engine's status "
+        "exchange, a doorbell, a shared-memory barrier, a collective this rank submitted "
+        "that others have not) before the whole job ends with an error naming the wait "
+        "(0: wait forever)",
+    ),
+    Knob(
+        "log_level",
+        "HVDLITE_LOG_LEVEL",
+        str,
+        "WARNING",
+        "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL",
+    ),
+    Knob(
+        "log_hide_time",
+        "HVDLITE_LOG_HIDE_TIME",
+        bool,
+        False,
+        "leave the time stamp out of hvdlite's log lines",
+    ),
+    Knob(
+        "thread_affinity",
+        "HVDLITE_THREAD_AFFINITY",
+        str,
+        "",
+        "core ids, one per local rank (e.g. 0,8): local rank i pins its engine thread to "
+        "the i-th (empty: no pinning)",
+    ),
+    Knob(
+        "mpi_threads_disable",
+        "HVDLITE_MPI_THREADS_DISABLE",
+        bool,
+        False,
+        "initialize MPI with MPI_THREAD_SERIALIZED instead of MPI_THREAD_MULTIPLE",
+    ),
+    Knob(
+        "malloc_tuning_disable",
+        "HVDLITE_MALLOC_TUNING_DISABLE",
+        bool,
+        False,
+        "leave glibc's malloc alone (by default init() keeps freed heap memory for reuse: "
+        "mmap threshold 32 MiB, trim threshold 1 GiB, so per-step MPI and framework "
+        "buffers do not page-fault every step)",
+    ),
+    Knob(
+        "shm_allreduce_disable",
+        "HVDLITE_SHM_ALLREDUCE_DISABLE",
+        bool,
+        False,
+        "reduce and gather through MPI even where a process set's ranks share one node (by "
+        "default sets of 2-4 ranks on one node allreduce and allgather through a "
+        "shared-memory window)",
+        agree=True,
+    ),
+    Knob(
+        "dynamic_process_sets",
+        "HVDLITE_DYNAMIC_PROCESS_SETS",
+        bool,
+        False,
+        "allow add_process_set()/remove_process_set() after init()",
+        agree=True,
+    ),
+    Knob(
+        "bucket_cap_mb",
+        "HVDLITE_BUCKET_CAP_MB",
+        float,
+        25.0,
+        "MB of gradients the torch DistributedOptimizer reduces as one grouped allreduce "
+        "(a bucket; where its hooks start reductions during backward, the last layers' "
+        "first bucket is at most 1 MB); 0: one allreduce per "
+        "gradient, as Horovod does (the optimizer's bucket_cap_mb= argument wins; the "
+        "TensorFlow optimizers already reduce a step's gradients in one submission)",
+        agree=True,
+    ),
+    Knob(
+        "autotune",
+        "HVDLITE_AUTOTUNE",
+        bool,
+        False,
+        "tune the fusion threshold, cycle time and (where this job can switch them) the "
+        "shared-memory and hierarchical allreduce paths by Bayesian optimisation of the "
+        "measured throughput; rank 0 decides for every rank (needs scikit-learn)",
+        agree=True,
+    ),
+    Knob(
+        "autotune_log",
+        "HVDLITE_AUTOTUNE_LOG",
+        str,
+        "",
+        "path of a CSV file rank 0 writes one row per autotune sample to (empty: none)",
+    ),
+    Knob(
+        "autotune_warmup_samples",
+        "HVDLITE_AUTOTUNE_WARMUP_SAMPLES",
+        int,
+        3,
+        "autotune samples measured but not scored at the start (>= 0)",
+        agree=True,
+    ),
+    Knob(
+        "autotune_steps_per_sample",
+        "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE",
+        int,
+        10,
+        "training steps (rounds of the same collectives) per autotune sample (>= 1)",
+        agree=True,
+    ),
+    Knob(
+        "autotune_bayes_opt_max_samples",
+        "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+        int,
+        20,
+        "scored autotune samples before the best setting is kept for good (>= 1)",
+        agree=True,
+    ),
+    Knob(
+        "autotune_gaussian_process_noise",
+        "HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+        float,
+        0.8,
+        "share of the scores' variance autotune's model puts down to noise (> 0; "
+        "higher: trust one sample less)",
+        agree=True,
+    ),
+    Knob(
+        "test_node_size",
+        "HVDLITE_TEST_NODE_SIZE",
+        int,
+        0,
+        "tests and benchmarks only: group consecutive ranks into simulated nodes of this size",
+        agree=True,
+    ),
 )
 
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
@@ -148,8 +294,7 @@ def env_value(knob: Knob, environ: Mapping[str, str] | None = None) -> str | Non
 def _parse(knob: Knob, raw: str):
     name = knob.env
     text = raw.strip()
-    want = {bool: "0 or 1", int: "an integer", float: "a finite number"}.get(knob.kind,
-                                                                           "a string")
+    want = {bool: "0 or 1", int: "an integer", float: "a finite number"}.get(knob.kind, "a string")
     try:
         if knob.kind is bool:
             low = text.lower()
@@ -167,9 +312,7 @@ def _parse(knob: Knob, raw: str):
             return int(number) if knob.kind is int else number
         return text
     except (ValueError, OverflowError):
-        raise ValueError(
-            f"{name}={raw!r} is not valid: it must be {want} ({knob.help})."
-        ) from None
+        raise ValueError(f"{name}={raw!r} is not valid: it must be {want} ({knob.help}).") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,28 +360,40 @@ def read_config(environ: Mapping[str, str] | None = None) -> Config:
     if cfg.fusion_threshold < 0:
         raise ValueError("HVDLITE_FUSION_THRESHOLD must be >= 0 bytes (0 disables fusion).")
     if not 0 < cfg.cycle_time_ms <= 10_000:
-        raise ValueError("HVDLITE_CYCLE_TIME must be a positive number of milliseconds, "
-                         "at most 10000 (typical: 1 to 5).")
+        raise ValueError(
+            "HVDLITE_CYCLE_TIME must be a positive number of milliseconds, "
+            "at most 10000 (typical: 1 to 5)."
+        )
     if cfg.cache_capacity < 0:
         raise ValueError("HVDLITE_CACHE_CAPACITY must be >= 0 (0 disables the response cache).")
     if cfg.test_node_size < 0:
         raise ValueError("HVDLITE_TEST_NODE_SIZE must be >= 0.")
     if cfg.bucket_cap_mb < 0:
-        raise ValueError("HVDLITE_BUCKET_CAP_MB must be >= 0 MB (0: one allreduce per "
-                         "gradient).")
-    for attr, env in (("stall_check_time_seconds", "HVDLITE_STALL_CHECK_TIME_SECONDS"),
-                      ("stall_shutdown_time_seconds", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"),
-                      ("collective_timeout", "HVDLITE_COLLECTIVE_TIMEOUT")):
+        raise ValueError("HVDLITE_BUCKET_CAP_MB must be >= 0 MB (0: one allreduce per gradient).")
+    for attr, env in (
+        ("stall_check_time_seconds", "HVDLITE_STALL_CHECK_TIME_SECONDS"),
+        ("stall_shutdown_time_seconds", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"),
+        ("collective_timeout", "HVDLITE_COLLECTIVE_TIMEOUT"),
+    ):
         if getattr(cfg, attr) < 0:
             raise ValueError(f"{env} must be >= 0 seconds (0 turns it off).")
     _check_autotune(cfg)
     cores = [part.strip() for part in cfg.thread_affinity.split(",")]
     if cfg.thread_affinity.strip() and not all(part.isdigit() for part in cores):
-        raise ValueError(f"HVDLITE_THREAD_AFFINITY={cfg.thread_affinity!r} is not valid: give "
-                         "one core id per local rank, e.g. 0,8 for two ranks per node.")
+        raise ValueError(
+            f"HVDLITE_THREAD_AFFINITY={cfg.thread_affinity!r} is not valid: give "
+            "one core id per local rank, e.g. 0,8 for two ranks per node."
+        )
     overlap = cfg.overlap.strip().lower()
-    overlap = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off",
-               "no": "off", "": "auto"}.get(overlap, overlap)
+    overlap = {
+        "1": "on",
+        "true": "on",
+        "yes": "on",
+        "0": "off",
+        "false": "off",
+        "no": "off",
+        "": "auto",
+    }.get(overlap, overlap)
     if overlap not in ("auto", "on", "off"):
         raise ValueError(f"HVDLITE_OVERLAP={cfg.overlap!r} is not valid: use auto, on or off.")
     cfg = dataclasses.replace(cfg, overlap=overlap)
@@ -252,18 +407,22 @@ def read_config(environ: Mapping[str, str] | None = None) -> Config:
 
 def _check_autotune(cfg: Config) -> None:
     for attr, env, low, what in (
-            ("autotune_warmup_samples", "HVDLITE_AUTOTUNE_WARMUP_SAMPLES", 0, ">= 0"),
-            ("autotune_steps_per_sample", "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE", 1, ">= 1"),
-            ("autotune_bayes_opt_max_samples", "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", 1,
-             ">= 1")):
+        ("autotune_warmup_samples", "HVDLITE_AUTOTUNE_WARMUP_SAMPLES", 0, ">= 0"),
+        ("autotune_steps_per_sample", "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE", 1, ">= 1"),
+        ("autotune_bayes_opt_max_samples", "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", 1, ">= 1"),
+    ):
         if getattr(cfg, attr) < low:
-            raise ValueError(f"{env}={getattr(cfg, attr)} is not valid: it must be {what} "
-                             "(Horovod's defaults: 3 warmup samples, 10 steps per sample, "
-                             "20 samples).")
+            raise ValueError(
+                f"{env}={getattr(cfg, attr)} is not valid: it must be {what} "
+                "(Horovod's defaults: 3 warmup samples, 10 steps per sample, "
+                "20 samples)."
+            )
     if not cfg.autotune_gaussian_process_noise > 0:
-        raise ValueError(f"HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE="
-                         f"{cfg.autotune_gaussian_process_noise} is not valid: it must be more "
-                         "than 0 (default 0.8; lower trusts each sample more).")
+        raise ValueError(
+            f"HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE="
+            f"{cfg.autotune_gaussian_process_noise} is not valid: it must be more "
+            "than 0 (default 0.8; lower trusts each sample more)."
+        )
 
 
 def agreed_values(cfg: Config) -> tuple:
@@ -284,7 +443,9 @@ def disagreements(per_rank: list[tuple]) -> list[str]:
         for rank, values in enumerate(per_rank):
             by_value.setdefault(values[i], []).append(rank)
         if len(by_value) > 1:
-            parts = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: "
-                              f"{value!r}" for value, r in by_value.items())
+            parts = "; ".join(
+                f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {value!r}"
+                for value, r in by_value.items()
+            )
             lines.append(f"{knob.env} differs between ranks ({parts})")
     return lines

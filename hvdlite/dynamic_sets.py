@@ -29,11 +29,14 @@ def add_process_set(process_set) -> ProcessSet:
     ranks = st.sets.validate_ranks(ps.ranks or [])
     existing = st.sets.find_ranks(ranks)
     if existing is not None:
-        raise ValueError(f"A process set with ranks {ranks} is already registered "
-                         f"(id {existing.process_set_id}); reuse it instead of adding it again.")
+        raise ValueError(
+            f"A process set with ranks {ranks} is already registered "
+            f"(id {existing.process_set_id}); reuse it instead of adding it again."
+        )
     n = st.names.suffix("add_process_set")
-    return submit_control(Kind.ADD_PROCESS_SET, f"__add_process_set__.{n}", tuple(ranks),
-                           payload=ps).result()
+    return submit_control(
+        Kind.ADD_PROCESS_SET, f"__add_process_set__.{n}", tuple(ranks), payload=ps
+    ).result()
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
@@ -45,9 +48,9 @@ def remove_process_set(process_set: ProcessSet) -> bool:
             "'dynamic') or set HVDLITE_DYNAMIC_PROCESS_SETS=1."
         )
     if process_set is global_process_set or process_set.process_set_id in (None, 0):
-        raise ValueError("Only a registered process set other than the global one can be "
-                         "removed.")
+        raise ValueError("Only a registered process set other than the global one can be removed.")
     n = st.names.suffix("remove_process_set")
-    submit_control(Kind.REMOVE_PROCESS_SET, f"__remove_process_set__.{n}",
-                   (process_set.process_set_id,)).result()
+    submit_control(
+        Kind.REMOVE_PROCESS_SET, f"__remove_process_set__.{n}", (process_set.process_set_id,)
+    ).result()
     return True

@@ -1,7 +1,13 @@
 """Error classes, named as in Horovod so that ``except hvd.HorovodInternalError`` keeps working."""
 
-__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "HvdliteInternalError",
-           "CollectiveTimeoutError", "ArgumentError", "MismatchError"]
+__all__ = [
+    "HorovodInternalError",
+    "HostsUpdatedInterrupt",
+    "HvdliteInternalError",
+    "CollectiveTimeoutError",
+    "ArgumentError",
+    "MismatchError",
+]
 
 
 class HorovodInternalError(RuntimeError):

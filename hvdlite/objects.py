@@ -34,8 +34,9 @@ def _dumps(obj) -> np.ndarray:
     return np.frombuffer(buf.getbuffer(), dtype=np.uint8).copy()
 
 
-def broadcast_object(obj, root_rank: int = 0, name: str | None = None,
-                     process_set=global_process_set):
+def broadcast_object(
+    obj, root_rank: int = 0, name: str | None = None, process_set=global_process_set
+):
     """Return *obj* from *root_rank* on every rank of the set (other ranks' obj is ignored).
 
     One broadcast for a small object (a pickle of up to 1 KiB travels with its
@@ -50,18 +51,21 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None,
         payload = _dumps(obj)
         head[:_LENGTH].view(np.int64)[0] = payload.size
         inline = payload[:_INLINE]
-        head[_LENGTH:_LENGTH + inline.size] = inline
+        head[_LENGTH : _LENGTH + inline.size] = inline
     head = broadcast(head, root_rank, name=f"{name}.head", process_set=process_set)
     if is_root:
         if payload.size > _INLINE:
-            broadcast(payload[_INLINE:], root_rank, name=f"{name}.rest",
-                      process_set=process_set)
+            broadcast(payload[_INLINE:], root_rank, name=f"{name}.rest", process_set=process_set)
         return obj
     length = int(head[:_LENGTH].view(np.int64)[0])
-    data = head[_LENGTH:_LENGTH + length]
+    data = head[_LENGTH : _LENGTH + length]
     if length > _INLINE:
-        rest = broadcast(np.empty(length - _INLINE, dtype=np.uint8), root_rank,
-                         name=f"{name}.rest", process_set=process_set)
+        rest = broadcast(
+            np.empty(length - _INLINE, dtype=np.uint8),
+            root_rank,
+            name=f"{name}.rest",
+            process_set=process_set,
+        )
         data = np.concatenate([data, rest])
     return pickle.loads(data.tobytes())
 
@@ -74,11 +78,12 @@ def allgather_object(obj, name: str | None = None, process_set=global_process_se
     st = state()
     name = _name(st, "allgather_object", name, _set_id(process_set))
     payload = _dumps(obj)
-    sizes = allgather(np.array([payload.size], dtype=np.int64), name=f"{name}.sizes",
-                      process_set=process_set)
+    sizes = allgather(
+        np.array([payload.size], dtype=np.int64), name=f"{name}.sizes", process_set=process_set
+    )
     data = allgather(payload, name=f"{name}.data", process_set=process_set)
     out, offset = [], 0
     for n in sizes.tolist():
-        out.append(pickle.loads(data[offset:offset + n].tobytes()))
+        out.append(pickle.loads(data[offset : offset + n].tobytes()))
         offset += n
     return out

@@ -68,8 +68,11 @@ class ProcessSet:
         return me in ranks
 
     def __eq__(self, other) -> bool:
-        return (isinstance(other, ProcessSet) and self.process_set_id == other.process_set_id
-                and self.ranks == other.ranks)
+        return (
+            isinstance(other, ProcessSet)
+            and self.process_set_id == other.process_set_id
+            and self.ranks == other.ranks
+        )
 
     def __hash__(self) -> int:
         return hash((self.process_set_id, tuple(self._ranks or ())))

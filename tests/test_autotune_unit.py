@@ -11,7 +11,13 @@ import pytest
 
 from hvdlite import config
 from hvdlite.autotune import (
-    BayesianOptimizer, SampleLog, SearchSpace, Setting, Tuner, TuningLink, prepare,
+    BayesianOptimizer,
+    SampleLog,
+    SearchSpace,
+    Setting,
+    Tuner,
+    TuningLink,
+    prepare,
     require_scikit_learn,
 )
 from hvdlite.autotune.setting import WORDS, from_words, to_words
@@ -49,24 +55,35 @@ def run_tuner(tuner: Tuner, clock: list, seed: int = 0, steps: int = 2000) -> in
 def make_tuner(noise=0.1, warmup=2, steps=5, samples=20, log=None, clock=None):
     space = SearchSpace(START, shared_memory=True)
     timing = {"clock": lambda: clock[0]} if clock else {}
-    return Tuner(space, BayesianOptimizer(space.features, noise), warmup_samples=warmup,
-                 steps_per_sample=steps, max_samples=samples, sample_log=log, **timing)
+    return Tuner(
+        space,
+        BayesianOptimizer(space.features, noise),
+        warmup_samples=warmup,
+        steps_per_sample=steps,
+        max_samples=samples,
+        sample_log=log,
+        **timing,
+    )
 
 
 def test_setting_words_round_trip_through_the_status_and():
-    for setting in (START, BEST, Setting(0, 2.5, False, True), Setting(1 << 40, 0.123, True,
-                                                                       True)):
+    for setting in (START, BEST, Setting(0, 2.5, False, True), Setting(1 << 40, 0.123, True, True)):
         for final in (False, True):
             words = to_words(setting, final)
             assert from_words(words) == (setting, final)
             # Rank 0 sends the words, the others all ones: the AND is rank 0's words.
             layout = Layout.of(70, 3, after_wait=True, root_words=WORDS)
-            vectors = [encode(layout, 1, 5, 5, 0, 0, root=words),
-                       encode(layout, 2, 5, 1, 0, None), encode(layout, 0, 4, 0, 0, 2)]
+            vectors = [
+                encode(layout, 1, 5, 5, 0, 0, root=words),
+                encode(layout, 2, 5, 1, 0, None),
+                encode(layout, 0, 4, 0, 0, 2),
+            ]
             status = decode(layout, combine(vectors))
             assert status.root == words and status.flags == 3 and status.ringers == 2
-    assert decode(Layout.of(70, 3, False), combine([encode(Layout.of(70, 3, False), 1, 1, 1,
-                                                                  0)])).root == 0
+    assert (
+        decode(Layout.of(70, 3, False), combine([encode(Layout.of(70, 3, False), 1, 1, 1, 0)])).root
+        == 0
+    )
 
 
 def test_search_space_holds_the_start_and_spreads_from_it():
@@ -78,8 +95,9 @@ def test_search_space_holds_the_start_and_spreads_from_it():
     assert first[0] == 0 and len(set(first)) == 4 and first == space.spread(4)
     flat = SearchSpace(START)  # no switch tuned: every candidate keeps the start's switches
     assert flat.features.shape[1] == 2
-    assert {(s.shared_memory_allreduce, s.hierarchical_allreduce) for s in flat.settings} \
-        == {(True, False)}
+    assert {(s.shared_memory_allreduce, s.hierarchical_allreduce) for s in flat.settings} == {
+        (True, False)
+    }
 
 
 def test_optimizer_is_deterministic_and_finds_the_best_region():
@@ -120,10 +138,17 @@ def test_tuner_converges_on_a_synthetic_score_and_logs_every_sample(tmp_path):
     # The score is bytes per second over the sample: 5 steps of 6 MB each.
     first = rows[2]
     assert float(first["score_bytes_per_second"]) == pytest.approx(
-        30e6 / float(first["seconds"]), rel=1e-3)
-    assert Setting(int(rows[-1]["fusion_threshold_bytes"]), float(rows[-1]["cycle_time_ms"]),
-                   rows[-1]["shared_memory_allreduce"] == "1",
-                   rows[-1]["hierarchical_allreduce"] == "1") == tuner.setting
+        30e6 / float(first["seconds"]), rel=1e-3
+    )
+    assert (
+        Setting(
+            int(rows[-1]["fusion_threshold_bytes"]),
+            float(rows[-1]["cycle_time_ms"]),
+            rows[-1]["shared_memory_allreduce"] == "1",
+            rows[-1]["hierarchical_allreduce"] == "1",
+        )
+        == tuner.setting
+    )
     # Settled: more steps change nothing and measure nothing.
     kept = tuner.setting
     run_tuner(tuner, clock, steps=50)
@@ -158,32 +183,49 @@ def test_link_applies_a_setting_once_and_drops_its_field_when_final():
 
 
 def test_autotune_knobs_parse_with_both_names_and_must_agree():
-    cfg = config.read_config({"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "a.csv",
-                              "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0",
-                              "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE": "4",
-                              "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "9",
-                              "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "7",
-                              "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "0.25"})
-    assert (cfg.autotune, cfg.autotune_log, cfg.autotune_warmup_samples,
-            cfg.autotune_steps_per_sample, cfg.autotune_bayes_opt_max_samples,
-            cfg.autotune_gaussian_process_noise) == (True, "a.csv", 0, 4, 7, 0.25)
+    cfg = config.read_config(
+        {
+            "HOROVOD_AUTOTUNE": "1",
+            "HOROVOD_AUTOTUNE_LOG": "a.csv",
+            "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0",
+            "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE": "4",
+            "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "9",
+            "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "7",
+            "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "0.25",
+        }
+    )
+    assert (
+        cfg.autotune,
+        cfg.autotune_log,
+        cfg.autotune_warmup_samples,
+        cfg.autotune_steps_per_sample,
+        cfg.autotune_bayes_opt_max_samples,
+        cfg.autotune_gaussian_process_noise,
+    ) == (True, "a.csv", 0, 4, 7, 0.25)
     default = config.read_config({})
-    assert (default.autotune, default.autotune_warmup_samples, default.autotune_steps_per_sample,
-            default.autotune_bayes_opt_max_samples,
-            default.autotune_gaussian_process_noise) == (False, 3, 10, 20, 0.8)
+    assert (
+        default.autotune,
+        default.autotune_warmup_samples,
+        default.autotune_steps_per_sample,
+        default.autotune_bayes_opt_max_samples,
+        default.autotune_gaussian_process_noise,
+    ) == (False, 3, 10, 20, 0.8)
     lines = config.disagreements([config.agreed_values(cfg), config.agreed_values(default)])
     assert any(line.startswith("HVDLITE_AUTOTUNE differs") for line in lines)
     assert not any("AUTOTUNE_LOG" in line for line in lines)  # only rank 0 writes it
 
 
-@pytest.mark.parametrize("variable,value,expected", [
-    ("HVDLITE_AUTOTUNE", "maybe", "0 or 1"),
-    ("HVDLITE_AUTOTUNE_WARMUP_SAMPLES", "-1", ">= 0"),
-    ("HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE", "0", ">= 1"),
-    ("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "0", ">= 1"),
-    ("HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0", "more than 0"),
-    ("HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "nan", "finite"),
-])
+@pytest.mark.parametrize(
+    "variable,value,expected",
+    [
+        ("HVDLITE_AUTOTUNE", "maybe", "0 or 1"),
+        ("HVDLITE_AUTOTUNE_WARMUP_SAMPLES", "-1", ">= 0"),
+        ("HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE", "0", ">= 1"),
+        ("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "0", ">= 1"),
+        ("HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0", "more than 0"),
+        ("HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "nan", "finite"),
+    ],
+)
 def test_bad_autotune_knobs_name_the_variable(variable, value, expected):
     with pytest.raises(ValueError) as info:
         config.read_config({variable: value})
@@ -193,9 +235,11 @@ def test_bad_autotune_knobs_name_the_variable(variable, value, expected):
 
 def test_without_scikit_learn_autotune_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "sklearn", None)  # `import sklearn` raises ImportError
-    for call in (require_scikit_learn,
-                 lambda: prepare(config.read_config({"HVDLITE_AUTOTUNE": "1"}), 0),
-                 lambda: BayesianOptimizer(np.zeros((2, 2)))):
+    for call in (
+        require_scikit_learn,
+        lambda: prepare(config.read_config({"HVDLITE_AUTOTUNE": "1"}), 0),
+        lambda: BayesianOptimizer(np.zeros((2, 2))),
+    ):
         with pytest.raises(ImportError) as info:
             call()
         assert "pip install scikit-learn" in str(info.value)
@@ -203,14 +247,16 @@ def test_without_scikit_learn_autotune_says_what_to_install(monkeypatch):
 
 
 def test_prepare_opens_the_log_on_rank_0_only(tmp_path):
-    cfg = config.read_config({"HVDLITE_AUTOTUNE": "1",
-                              "HVDLITE_AUTOTUNE_LOG": str(tmp_path / "log.csv")})
+    cfg = config.read_config(
+        {"HVDLITE_AUTOTUNE": "1", "HVDLITE_AUTOTUNE_LOG": str(tmp_path / "log.csv")}
+    )
     assert prepare(cfg, 1) is None and not (tmp_path / "log.csv").exists()
     log = prepare(cfg, 0)
     log.close()
     assert (tmp_path / "log.csv").read_text().startswith("sample,phase,fusion_threshold_bytes")
-    bad = config.read_config({"HVDLITE_AUTOTUNE": "1",
-                              "HVDLITE_AUTOTUNE_LOG": str(tmp_path / "no" / "such" / "dir.csv")})
+    bad = config.read_config(
+        {"HVDLITE_AUTOTUNE": "1", "HVDLITE_AUTOTUNE_LOG": str(tmp_path / "no" / "such" / "dir.csv")}
+    )
     with pytest.raises(OSError) as info:
         prepare(bad, 0)
     assert "HVDLITE_AUTOTUNE_LOG" in str(info.value)

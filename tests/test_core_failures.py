@@ -43,12 +43,15 @@ def lines_of(out: str, rank: int) -> list[str]:
 # ------------------------------------------------------------------ init agreement
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("mode,words", [
-    ("knob-mismatch", ["HVDLITE_FUSION_THRESHOLD differs between ranks", "rank 1: 1024"]),
-    ("bad-knob", ["failed on 1 of", "HVDLITE_CYCLE_TIME='nan' is not valid"]),
-    ("timeline-unopenable", ["rank 0: FileNotFoundError", "/nonexistent-dir/timeline.json"]),
-    ("sets-differ", ["process_sets=...) must list the same sets"]),
-])
+@pytest.mark.parametrize(
+    "mode,words",
+    [
+        ("knob-mismatch", ["HVDLITE_FUSION_THRESHOLD differs between ranks", "rank 1: 1024"]),
+        ("bad-knob", ["failed on 1 of", "HVDLITE_CYCLE_TIME='nan' is not valid"]),
+        ("timeline-unopenable", ["rank 0: FileNotFoundError", "/nonexistent-dir/timeline.json"]),
+        ("sets-differ", ["process_sets=...) must list the same sets"]),
+    ],
+)
 def test_an_init_that_fails_anywhere_fails_everywhere_then_works(n, mode, words):
     rc, out, elapsed = run(n, mode)
     assert rc == 0, out[-4000:]
@@ -63,11 +66,20 @@ def test_an_init_that_fails_anywhere_fails_everywhere_then_works(n, mode, words)
 # ---------------------------------------------------------------------- wait limits
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("mode,words", [
-    ("stopped-peer", ["in the engine's status exchange", "HVDLITE_COLLECTIVE_TIMEOUT=3"]),
-    ("silent-peer", ["to submit collective 'never.completes'", "HVDLITE_COLLECTIVE_TIMEOUT=3",
-                     "Missing ranks"]),
-])
+@pytest.mark.parametrize(
+    "mode,words",
+    [
+        ("stopped-peer", ["in the engine's status exchange", "HVDLITE_COLLECTIVE_TIMEOUT=3"]),
+        (
+            "silent-peer",
+            [
+                "to submit collective 'never.completes'",
+                "HVDLITE_COLLECTIVE_TIMEOUT=3",
+                "Missing ranks",
+            ],
+        ),
+    ],
+)
 def test_a_peer_that_does_not_take_part_ends_the_job_after_the_limit(n, mode, words):
     rc, out, elapsed = run(n, mode, timeout=90)
     assert rc != 0, out[-4000:]
@@ -104,8 +116,7 @@ def test_ctrl_c_inside_a_cycle_reaches_the_caller_then_ends_the_job(n):
     assert rc != 0 and elapsed < ENDS_WITHIN, out[-4000:]
     mine = " ".join(lines_of(out, 0))
     assert "KeyboardInterrupt reached the caller" in mine, out[-4000:]
-    assert "the next collective fails: hvdlite engine stopped on rank 0: KeyboardInterrupt" \
-        in mine
+    assert "the next collective fails: hvdlite engine stopped on rank 0: KeyboardInterrupt" in mine
     assert "finally ran" in mine
 
 
@@ -153,16 +164,20 @@ def test_a_timeline_on_a_full_disk_turns_off_and_the_job_goes_on():
 # ----------------------------------------------------------------------- memory
 @pytest.mark.timeout(240)
 def test_a_long_run_of_unnamed_collectives_keeps_memory_flat(tmp_path):
-    rc, out, elapsed = run(2, "memory", env={"HVDLITE_TIMELINE": str(tmp_path / "t.json")},
-                           timeout=200)
+    rc, out, elapsed = run(
+        2, "memory", env={"HVDLITE_TIMELINE": str(tmp_path / "t.json")}, timeout=200
+    )
     assert rc == 0, out[-4000:]
     for rank in range(2):
         found = dict(re.findall(rf"<r{rank}> after (\d+): rss=([\d.]+)MB", out))
         assert set(found) == {"10000", "100000"}, out[-4000:]
         growth = float(found["100000"]) - float(found["10000"])
         assert growth < 8.0, f"rank {rank} grew {growth:.1f} MB:\n{out[-4000:]}"
-        tables = re.findall(rf"<r{rank}> after 100000: .*?table=(\d+) pending=(\d+) "
-                            rf"cache=(\d+) pool=(\d+) timeline_rows=(\d+)", out)
+        tables = re.findall(
+            rf"<r{rank}> after 100000: .*?table=(\d+) pending=(\d+) "
+            rf"cache=(\d+) pool=(\d+) timeline_rows=(\d+)",
+            out,
+        )
         table, pending, cache, pool, rows = map(int, tables[0])
         assert table == 0 and pending == 0 and cache <= 1024 and pool < 1 << 20
         assert rows <= 4

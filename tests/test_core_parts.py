@@ -49,9 +49,15 @@ def _waiting_engine(bell: _Bell, work: bool):
 
     from hvdlite.engine.wait_limit import WaitLimit
 
-    return SimpleNamespace(limit=WaitLimit(None, 0), _stall=StallClock(60, 0, enabled=False),
-                           _pending={}, _stall_wanted=False, inbox=[object()] if work else [],
-                           driver=SimpleNamespace(state=Phase.RUNNING), doorbell=bell)
+    return SimpleNamespace(
+        limit=WaitLimit(None, 0),
+        _stall=StallClock(60, 0, enabled=False),
+        _pending={},
+        _stall_wanted=False,
+        inbox=[object()] if work else [],
+        driver=SimpleNamespace(state=Phase.RUNNING),
+        doorbell=bell,
+    )
 
 
 @pytest.mark.parametrize("peer_rang", [False, True])
@@ -77,11 +83,18 @@ def test_the_combined_status_is_the_or_of_flags_and_the_and_of_hits():
         ranks = []
         for rank in range(world):
             hits = rng.getrandbits(nbits) if nbits else 0
-            ranks.append((rng.choice([0, Flag.NEW, Flag.STALL | Flag.JOINED]), hits,
-                          rng.getrandbits(nbits) if nbits and rng.random() < 0.3 else 0,
-                          rank if rng.random() < 0.5 else None))
-        vectors = [encode(layout, flags, hits, hits, invalid, ringer)
-                   for flags, hits, invalid, ringer in ranks]
+            ranks.append(
+                (
+                    rng.choice([0, Flag.NEW, Flag.STALL | Flag.JOINED]),
+                    hits,
+                    rng.getrandbits(nbits) if nbits and rng.random() < 0.3 else 0,
+                    rank if rng.random() < 0.5 else None,
+                )
+            )
+        vectors = [
+            encode(layout, flags, hits, hits, invalid, ringer)
+            for flags, hits, invalid, ringer in ranks
+        ]
         status = decode(layout, combine(vectors))
         expect_flags = expect_any = expect_invalid = 0
         expect_all = full
@@ -101,8 +114,9 @@ def test_a_job_of_one_rank_decodes_its_own_status_without_a_vector():
     for after_wait in (False, True):
         layout = Layout.of(70, 1, after_wait)
         args = (Flag.NEW | Flag.STALL, (1 << 69) | 5, (1 << 69) | 5, 2)
-        assert alone(layout, *args, rang=True) == \
-            decode(layout, combine([encode(layout, *args, ringer_rank=0)]))
+        assert alone(layout, *args, rang=True) == decode(
+            layout, combine([encode(layout, *args, ringer_rank=0)])
+        )
 
 
 def test_a_status_without_a_wait_has_no_ringer_field():
@@ -116,12 +130,16 @@ def test_the_codec_answers_as_encode_and_decode_do_and_forgets_past_its_limit():
     codec = Codec(limit=4)
     rng = random.Random(3)
     for _ in range(40):
-        layout = Layout.of(rng.choice([0, 5, 70]), 3, rng.random() < 0.5,
-                           rng.choice([0, 1]))
+        layout = Layout.of(rng.choice([0, 5, 70]), 3, rng.random() < 0.5, rng.choice([0, 1]))
         full = (1 << (layout.bit_words * 64)) - 1
-        args = (rng.choice([0, Flag.NEW, Flag.STALL]), rng.getrandbits(3) & full,
-                rng.getrandbits(3) & full, 0, rng.choice([None, 1]),
-                rng.choice([None, 7]) if layout.root_words else None)
+        args = (
+            rng.choice([0, Flag.NEW, Flag.STALL]),
+            rng.getrandbits(3) & full,
+            rng.getrandbits(3) & full,
+            0,
+            rng.choice([None, 1]),
+            rng.choice([None, 7]) if layout.root_words else None,
+        )
         vector = codec.encode(layout, *args)
         assert vector.tobytes() == encode(layout, *args).tobytes()
         vector[0] = 0  # the caller's to reduce in place: the remembered answer stays
@@ -132,8 +150,9 @@ def test_the_codec_answers_as_encode_and_decode_do_and_forgets_past_its_limit():
 
 # --------------------------------------------------------------------- cache bits
 def _response(name, set_id=0):
-    params = Params(set_id=set_id, name=name, kind=int(Kind.ALLREDUCE), dtypes=("<f4",),
-                    shapes=((4,),))
+    params = Params(
+        set_id=set_id, name=name, kind=int(Kind.ALLREDUCE), dtypes=("<f4",), shapes=((4,),)
+    )
     return Response(RESPONSE_OK, params, params.key)
 
 
@@ -251,7 +270,8 @@ def test_backoff_spins_then_sleeps_until_the_test_passes():
         now[0] += 0.001
 
     Backoff(floor=0.002, cap=0.004, ratio=1.0, spin=0.003).wait_for(
-        lambda: next(looks), clock=lambda: now[0], sleep=sleep, yield_core=yield_core)
+        lambda: next(looks), clock=lambda: now[0], sleep=sleep, yield_core=yield_core
+    )
     assert len(yields) == 3  # the spin phase: 3 ms of yields
     assert sleeps == [0.002, 0.002, 0.004]  # then sleeps that grow to the cap
 
@@ -340,12 +360,10 @@ def test_a_stop_request_is_announced_as_draining():
 
 
 @pytest.mark.parametrize("spare_core", [True, False])
-def test_a_waiting_thread_without_a_core_of_its_own_looks_for_doorbells_every_20_ms(
-        spare_core):
+def test_a_waiting_thread_without_a_core_of_its_own_looks_for_doorbells_every_20_ms(spare_core):
     # With a spare core the first look comes a cycle time into the wait, growing
     # to 20 ms; without, every look is 20 ms apart (each takes the framework's core).
-    driver = Driver(_ScriptedLoop([]), cycle_time=0.001, start_delay=0.001,
-                    spare_core=spare_core)
+    driver = Driver(_ScriptedLoop([]), cycle_time=0.001, start_delay=0.001, spare_core=spare_core)
     for cycle_time in (0.001, 0.004):  # also after autotune sets a new cycle time
         driver.set_cycle_time(cycle_time, start_delay=0.02)
         poll = driver._thread_poll
@@ -417,8 +435,13 @@ def test_waiting_on_a_handle_inside_a_step_is_refused():
 
 # ------------------------------------------------------------------------ transport
 def test_the_plan_names_one_path_per_set_from_shared_facts():
-    router = Router(world_size=4, node_ranks=[0, 1], shared_memory=True,
-                      hierarchical_allreduce=False, hierarchical_allgather=True)
+    router = Router(
+        world_size=4,
+        node_ranks=[0, 1],
+        shared_memory=True,
+        hierarchical_allreduce=False,
+        hierarchical_allgather=True,
+    )
     node_pair = router.routes([1, 0])
     assert node_pair.allreduce is Transport.SHARED_MEMORY
     assert node_pair.allgather is Transport.SHARED_MEMORY
@@ -438,8 +461,12 @@ def test_the_plan_names_one_path_per_set_from_shared_facts():
 
 # ----------------------------------------------------------------------- imports
 def test_no_import_cycles_or_layering_violations_among_hvdlites_modules():
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "import_graph.py")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "import_graph.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -471,7 +498,8 @@ def test_the_layering_check_names_an_adapter_that_imports_the_engine(tmp_path):
     (tmp_path / "hvdlite/engine/runtime.py").write_text("")
     (tmp_path / "hvdlite/engine/cycle.py").write_text("from .. import collectives\n")
     (tmp_path / "hvdlite/torch/optimizer.py").write_text(
-        "def f():\n    from hvdlite.engine import runtime\n")
+        "def f():\n    from hvdlite.engine import runtime\n"
+    )
     found = import_graph.layering_violations(import_graph.graph(tmp_path))
     assert len(found) == 2
     assert found[0].startswith("hvdlite.engine.cycle imports hvdlite.collectives")

@@ -24,20 +24,51 @@ from hvdlite.engine.dtypes import SUPPORTED, check_dtype, reduce_dtype
 from hvdlite.engine.fusion import BufferPool, nbytes_of, plan_batches
 from hvdlite.engine.rank_ranges import describe_ranks, rank_ranges
 from hvdlite.engine.messages import (
-    CACHEABLE, JOINABLE, LEAVE_PARAMS, RESPONSE_ERROR, RESPONSE_OK, Kind, Params, Response,
-    describe, field_label,
+    CACHEABLE,
+    JOINABLE,
+    LEAVE_PARAMS,
+    RESPONSE_ERROR,
+    RESPONSE_OK,
+    Kind,
+    Params,
+    Response,
+    describe,
+    field_label,
 )
 from hvdlite.ops import ReduceOp, resolve_op
 from hvdlite.engine.response_cache import HIT, INVALID, MISS, ResponseCache, set_bits
 
-F32, F64, F16, I32, U8, B = (np.dtype(t).str for t in
-                             (np.float32, np.float64, np.float16, np.int32, np.uint8, np.bool_))
+F32, F64, F16, I32, U8, B = (
+    np.dtype(t).str for t in (np.float32, np.float64, np.float16, np.int32, np.uint8, np.bool_)
+)
 
 
-def P(name="t", kind=Kind.ALLREDUCE, dtypes=(F32,), shapes=((4,),), op=ReduceOp.SUM, root=-1,
-      pre=1.0, post=1.0, extra=(), device="cpu", set_id=0) -> Params:
-    return Params(set_id, name, int(kind), tuple(dtypes), tuple(shapes), int(op), root, pre,
-                  post, tuple(extra), device)
+def P(
+    name="t",
+    kind=Kind.ALLREDUCE,
+    dtypes=(F32,),
+    shapes=((4,),),
+    op=ReduceOp.SUM,
+    root=-1,
+    pre=1.0,
+    post=1.0,
+    extra=(),
+    device="cpu",
+    set_id=0,
+) -> Params:
+    return Params(
+        set_id,
+        name,
+        int(kind),
+        tuple(dtypes),
+        tuple(shapes),
+        int(op),
+        root,
+        pre,
+        post,
+        tuple(extra),
+        device,
+    )
 
 
 def ok(params: Params) -> Response:
@@ -47,11 +78,17 @@ def ok(params: Params) -> Response:
 def test_pure_modules_do_not_start_mpi():
     # The modules tested here are pure logic: importing them must not initialize MPI.
     # (Checked in a fresh interpreter: other test files in this run may have started it.)
-    code = ("import sys, hvdlite.engine.coordinator, hvdlite.engine.response_cache, "
-            "hvdlite.engine.fusion, hvdlite.config, hvdlite.engine.messages, hvdlite.handles; "
-            "assert 'mpi4py.MPI' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
-                   env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    code = (
+        "import sys, hvdlite.engine.coordinator, hvdlite.engine.response_cache, "
+        "hvdlite.engine.fusion, hvdlite.config, hvdlite.engine.messages, hvdlite.handles; "
+        "assert 'mpi4py.MPI' not in sys.modules"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
 
 
 # ------------------------------------------------------------------ messages
@@ -75,12 +112,22 @@ def test_requests_and_responses_survive_the_wire():
     # and equal requests compare equal (what the response cache relies on).
     import pickle
 
-    request = P("g", dtypes=(F32, I32), shapes=((2, 3), (4,)), op=ReduceOp.AVERAGE, pre=0.5,
-                extra=(0, 2), set_id=1)
+    request = P(
+        "g",
+        dtypes=(F32, I32),
+        shapes=((2, 3), (4,)),
+        op=ReduceOp.AVERAGE,
+        pre=0.5,
+        extra=(0, 2),
+        set_id=1,
+    )
     assert pickle.loads(pickle.dumps(request)) == request
     assert hash(pickle.loads(pickle.dumps(request))) == hash(request)
-    for response in (ok(request), Response(RESPONSE_ERROR, None, (1, "g"), "boom"),
-                     Response(RESPONSE_OK, request, request.key, value=2)):
+    for response in (
+        ok(request),
+        Response(RESPONSE_ERROR, None, (1, "g"), "boom"),
+        Response(RESPONSE_OK, request, request.key, value=2),
+    ):
         assert pickle.loads(pickle.dumps(response)) == response
     assert P("g") == P("g") and P("g") != P("g", pre=2.0)
 
@@ -90,16 +137,19 @@ def test_agreement_when_all_equal():
     assert check_agreement("t", {0: P(), 1: P(), 2: P()}) is None
 
 
-@pytest.mark.parametrize("field,odd,label,odd_text,common_text", [
-    ("shapes", {"shapes": ((5,),)}, "shape", "(5,)", "(4,)"),
-    ("dtypes", {"dtypes": (F64,)}, "dtype", "float64", "float32"),
-    ("op", {"op": ReduceOp.MAX}, "reduction op", "Max", "Sum"),
-    ("root", {"root": 1}, "root rank", "1", "-1"),
-    ("prescale", {"pre": 0.5}, "prescale_factor", "0.5", "1.0"),
-    ("postscale", {"post": 2.0}, "postscale_factor", "2.0", "1.0"),
-    ("kind", {"kind": Kind.BROADCAST}, "collective", "broadcast", "allreduce"),
-    ("device", {"device": "cuda"}, "device", "cuda", "cpu"),
-])
+@pytest.mark.parametrize(
+    "field,odd,label,odd_text,common_text",
+    [
+        ("shapes", {"shapes": ((5,),)}, "shape", "(5,)", "(4,)"),
+        ("dtypes", {"dtypes": (F64,)}, "dtype", "float64", "float32"),
+        ("op", {"op": ReduceOp.MAX}, "reduction op", "Max", "Sum"),
+        ("root", {"root": 1}, "root rank", "1", "-1"),
+        ("prescale", {"pre": 0.5}, "prescale_factor", "0.5", "1.0"),
+        ("postscale", {"post": 2.0}, "postscale_factor", "2.0", "1.0"),
+        ("kind", {"kind": Kind.BROADCAST}, "collective", "broadcast", "allreduce"),
+        ("device", {"device": "cuda"}, "device", "cuda", "cpu"),
+    ],
+)
 def test_mismatch_message_names_field_and_ranks(field, odd, label, odd_text, common_text):
     per_rank = {0: P("w"), 1: P("w", **odd), 2: P("w")}
     msg = check_agreement("w", per_rank)
@@ -118,8 +168,9 @@ def test_first_differing_field_is_reported():
 
 
 def test_three_way_mismatch_lists_every_value():
-    msg = check_agreement("x", {0: P("x", shapes=((1,),)), 1: P("x", shapes=((2,),)),
-                                2: P("x", shapes=((3,),))})
+    msg = check_agreement(
+        "x", {0: P("x", shapes=((1,),)), 1: P("x", shapes=((2,),)), 2: P("x", shapes=((3,),))}
+    )
     for r, s in ((0, 1), (1, 2), (2, 3)):
         assert f"rank {r}: ({s},)" in msg
 
@@ -162,8 +213,9 @@ def test_coordinator_response_order_is_submission_order():
 
 def test_coordinator_process_sets_need_only_their_members():
     c, _ = coordinator(3, {1: frozenset({0, 1}), 2: frozenset({1, 2})})
-    responses = c.process([(0, [P("a", set_id=1)]), (1, [P("a", set_id=1), P("a", set_id=2)]),
-                           (2, [])])
+    responses = c.process(
+        [(0, [P("a", set_id=1)]), (1, [P("a", set_id=1), P("a", set_id=2)]), (2, [])]
+    )
     assert [r.key for r in responses] == [(1, "a")]
     responses = c.process([(0, []), (1, []), (2, [P("a", set_id=2)])])
     assert [r.key for r in responses] == [(2, "a")]
@@ -190,8 +242,13 @@ def test_join_lets_the_others_reduce_and_returns_the_last_rank():
     responses = c.process([(0, []), (1, [P("g")]), (2, [P("g")])])
     assert [(r.status, r.key) for r in responses] == [(RESPONSE_OK, (0, "g"))]
     # a broadcast cannot run while a rank is joined
-    responses = c.process([(0, []), (1, [P("b", kind=Kind.BROADCAST, root=1)]),
-                           (2, [P("b", kind=Kind.BROADCAST, root=1)])])
+    responses = c.process(
+        [
+            (0, []),
+            (1, [P("b", kind=Kind.BROADCAST, root=1)]),
+            (2, [P("b", kind=Kind.BROADCAST, root=1)]),
+        ]
+    )
     assert responses[0].status == RESPONSE_ERROR and "join" in responses[0].error
     assert "[0]" in responses[0].error
     c.process([(0, []), (1, []), (2, [join_params()])])
@@ -450,8 +507,14 @@ def test_set_bits_lists_positions_ascending():
 
 def test_set_bits_of_sparse_wide_and_dense_masks():
     # Each of its three ways: a few bits high up, many bits in a wide mask, a narrow dense one.
-    for mask in (1 << 1000, (1 << 1000) | (1 << 3) | 1, ((1 << 200) - 1) << 1000,
-                 (1 << 300) - 1, (1 << 64) - 1, (1 << 2000) - 1):
+    for mask in (
+        1 << 1000,
+        (1 << 1000) | (1 << 3) | 1,
+        ((1 << 200) - 1) << 1000,
+        (1 << 300) - 1,
+        (1 << 64) - 1,
+        (1 << 2000) - 1,
+    ):
         assert set_bits(mask) == [b for b in range(mask.bit_length()) if mask >> b & 1]
 
 
@@ -536,10 +599,15 @@ def test_plan_fuses_same_kind_dtype_op_up_to_the_threshold():
 
 def test_plan_never_fuses_across_kind_set_op_dtype_or_root():
     responses = [
-        ok(P("a")), ok(P("b", dtypes=(F64,))), ok(P("c", op=ReduceOp.MAX)),
-        ok(P("d", set_id=1)), ok(P("e", kind=Kind.ALLGATHER)),
-        ok(P("f", kind=Kind.BROADCAST, root=0)), ok(P("g", kind=Kind.BROADCAST, root=1)),
-        ok(P("h")), ok(P("i", kind=Kind.BROADCAST, root=0)),
+        ok(P("a")),
+        ok(P("b", dtypes=(F64,))),
+        ok(P("c", op=ReduceOp.MAX)),
+        ok(P("d", set_id=1)),
+        ok(P("e", kind=Kind.ALLGATHER)),
+        ok(P("f", kind=Kind.BROADCAST, root=0)),
+        ok(P("g", kind=Kind.BROADCAST, root=1)),
+        ok(P("h")),
+        ok(P("i", kind=Kind.BROADCAST, root=0)),
     ]
     batches = plan_batches(responses, 1 << 20)
     names = [[r.key[1] for r in b] for b in batches]
@@ -555,10 +623,16 @@ def test_plan_float16_fuses_with_float32_on_the_wire():
 
 def test_plan_keeps_errors_alltoall_adasum_barrier_and_mixed_groups_alone():
     err = Response(RESPONSE_ERROR, None, (0, "bad"), "boom")
-    responses = [ok(P("a")), err, ok(P("b", kind=Kind.ALLTOALL)), ok(P("c")),
-                 ok(P("d", op=ReduceOp.ADASUM)), ok(P("e", kind=Kind.BARRIER, dtypes=(),
-                                                       shapes=())),
-                 ok(P("f", dtypes=(F32, I32), shapes=((2,), (2,)))), ok(P("g"))]
+    responses = [
+        ok(P("a")),
+        err,
+        ok(P("b", kind=Kind.ALLTOALL)),
+        ok(P("c")),
+        ok(P("d", op=ReduceOp.ADASUM)),
+        ok(P("e", kind=Kind.BARRIER, dtypes=(), shapes=())),
+        ok(P("f", dtypes=(F32, I32), shapes=((2,), (2,)))),
+        ok(P("g")),
+    ]
     names = [[r.key[1] for r in b] for b in plan_batches(responses, 1 << 20)]
     assert names == [["a", "c", "g"], ["bad"], ["b"], ["d"], ["e"], ["f"]]
 
@@ -574,9 +648,18 @@ def test_plan_oversized_response_runs_alone():
 def test_plan_is_a_pure_function_of_the_responses():
     rng = random.Random(3)
     kinds = [Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.REDUCESCATTER, Kind.ALLTOALL]
-    responses = [ok(P(f"r{i}", kind=rng.choice(kinds), dtypes=(rng.choice([F32, F64, I32]),),
-                      shapes=((rng.randrange(1, 50),),), root=rng.randrange(2)))
-                 for i in range(200)]
+    responses = [
+        ok(
+            P(
+                f"r{i}",
+                kind=rng.choice(kinds),
+                dtypes=(rng.choice([F32, F64, I32]),),
+                shapes=((rng.randrange(1, 50),),),
+                root=rng.randrange(2),
+            )
+        )
+        for i in range(200)
+    ]
     first = plan_batches(responses, 512)
     assert first == plan_batches(list(responses), 512)
     assert sorted(r.key for b in first for r in b) == sorted(r.key for r in responses)
@@ -610,7 +693,7 @@ def test_every_knob_has_a_horovod_name_and_a_config_field():
     fields = {f.name for f in config.dataclasses.fields(config.Config)}
     for knob in config.KNOBS:
         assert knob.env.startswith("HVDLITE_")
-        assert knob.horovod_env == "HOROVOD_" + knob.env[len("HVDLITE_"):]
+        assert knob.horovod_env == "HOROVOD_" + knob.env[len("HVDLITE_") :]
         assert knob.attr in fields
         assert getattr(config.Config(), knob.attr) == knob.default
 
@@ -618,8 +701,9 @@ def test_every_knob_has_a_horovod_name_and_a_config_field():
 def test_horovod_names_accepted_and_hvdlite_wins():
     cfg = config.read_config({"HOROVOD_FUSION_THRESHOLD": "1024", "HOROVOD_CACHE_CAPACITY": "7"})
     assert cfg.fusion_threshold == 1024 and cfg.cache_capacity == 7
-    cfg = config.read_config({"HOROVOD_FUSION_THRESHOLD": "1024",
-                              "HVDLITE_FUSION_THRESHOLD": "2048"})
+    cfg = config.read_config(
+        {"HOROVOD_FUSION_THRESHOLD": "1024", "HVDLITE_FUSION_THRESHOLD": "2048"}
+    )
     assert cfg.fusion_threshold == 2048
     knob = next(k for k in config.KNOBS if k.attr == "cycle_time_ms")
     assert config.env_value(knob, {"HOROVOD_CYCLE_TIME": "3"}) == "3"
@@ -627,20 +711,38 @@ def test_horovod_names_accepted_and_hvdlite_wins():
     assert config.env_value(knob, {}) is None
 
 
-@pytest.mark.parametrize("raw,value", [("1", True), ("true", True), ("YES", True), ("on", True),
-                                       ("0", False), ("false", False), ("off", False),
-                                       ("", False)])
+@pytest.mark.parametrize(
+    "raw,value",
+    [
+        ("1", True),
+        ("true", True),
+        ("YES", True),
+        ("on", True),
+        ("0", False),
+        ("false", False),
+        ("off", False),
+        ("", False),
+    ],
+)
 def test_bool_knobs(raw, value):
-    assert config.read_config({"HVDLITE_HIERARCHICAL_ALLREDUCE": raw}).hierarchical_allreduce \
-        is value
+    assert (
+        config.read_config({"HVDLITE_HIERARCHICAL_ALLREDUCE": raw}).hierarchical_allreduce is value
+    )
 
 
 def test_numbers_and_strings():
-    cfg = config.read_config({"HVDLITE_FUSION_THRESHOLD": " 1e6 ", "HVDLITE_CYCLE_TIME": "0.5",
-                              "HVDLITE_LOG_LEVEL": "debug", "HVDLITE_TIMELINE": "timeline.json",
-                              "HVDLITE_STALL_CHECK_TIME_SECONDS": "1",
-                              "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3",
-                              "HVDLITE_TEST_NODE_SIZE": "2", "HVDLITE_CACHE_CAPACITY": ""})
+    cfg = config.read_config(
+        {
+            "HVDLITE_FUSION_THRESHOLD": " 1e6 ",
+            "HVDLITE_CYCLE_TIME": "0.5",
+            "HVDLITE_LOG_LEVEL": "debug",
+            "HVDLITE_TIMELINE": "timeline.json",
+            "HVDLITE_STALL_CHECK_TIME_SECONDS": "1",
+            "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3",
+            "HVDLITE_TEST_NODE_SIZE": "2",
+            "HVDLITE_CACHE_CAPACITY": "",
+        }
+    )
     assert cfg.fusion_threshold == 1_000_000 and cfg.cycle_time_ms == 0.5
     assert cfg.log_level == "DEBUG" and cfg.timeline == "timeline.json"
     assert cfg.stall_check_time_seconds == 1.0 and cfg.stall_shutdown_time_seconds == 3.0
@@ -648,26 +750,39 @@ def test_numbers_and_strings():
     assert cfg.cache_capacity == 1024  # empty: the default
 
 
-@pytest.mark.parametrize("raw,value", [("auto", "auto"), ("", "auto"), (" ON ", "on"),
-                                       ("1", "on"), ("true", "on"), ("off", "off"),
-                                       ("0", "off"), ("no", "off")])
+@pytest.mark.parametrize(
+    "raw,value",
+    [
+        ("auto", "auto"),
+        ("", "auto"),
+        (" ON ", "on"),
+        ("1", "on"),
+        ("true", "on"),
+        ("off", "off"),
+        ("0", "off"),
+        ("no", "off"),
+    ],
+)
 def test_overlap_knob(raw, value):
     assert config.read_config({"HVDLITE_OVERLAP": raw}).overlap == value
     assert config.read_config({"HOROVOD_OVERLAP": raw}).overlap == value
 
 
-@pytest.mark.parametrize("env,var", [
-    ({"HVDLITE_FUSION_THRESHOLD": "lots"}, "HVDLITE_FUSION_THRESHOLD"),
-    ({"HOROVOD_FUSION_THRESHOLD": "lots"}, "HVDLITE_FUSION_THRESHOLD"),
-    ({"HVDLITE_FUSION_THRESHOLD": "-1"}, "HVDLITE_FUSION_THRESHOLD"),
-    ({"HVDLITE_CACHE_CAPACITY": "-3"}, "HVDLITE_CACHE_CAPACITY"),
-    ({"HVDLITE_CYCLE_TIME": "0"}, "HVDLITE_CYCLE_TIME"),
-    ({"HVDLITE_CYCLE_TIME": "fast"}, "HVDLITE_CYCLE_TIME"),
-    ({"HVDLITE_STALL_CHECK_DISABLE": "maybe"}, "HVDLITE_STALL_CHECK_DISABLE"),
-    ({"HVDLITE_LOG_LEVEL": "LOUD"}, "HVDLITE_LOG_LEVEL"),
-    ({"HVDLITE_TEST_NODE_SIZE": "-2"}, "HVDLITE_TEST_NODE_SIZE"),
-    ({"HVDLITE_OVERLAP": "sometimes"}, "HVDLITE_OVERLAP"),
-])
+@pytest.mark.parametrize(
+    "env,var",
+    [
+        ({"HVDLITE_FUSION_THRESHOLD": "lots"}, "HVDLITE_FUSION_THRESHOLD"),
+        ({"HOROVOD_FUSION_THRESHOLD": "lots"}, "HVDLITE_FUSION_THRESHOLD"),
+        ({"HVDLITE_FUSION_THRESHOLD": "-1"}, "HVDLITE_FUSION_THRESHOLD"),
+        ({"HVDLITE_CACHE_CAPACITY": "-3"}, "HVDLITE_CACHE_CAPACITY"),
+        ({"HVDLITE_CYCLE_TIME": "0"}, "HVDLITE_CYCLE_TIME"),
+        ({"HVDLITE_CYCLE_TIME": "fast"}, "HVDLITE_CYCLE_TIME"),
+        ({"HVDLITE_STALL_CHECK_DISABLE": "maybe"}, "HVDLITE_STALL_CHECK_DISABLE"),
+        ({"HVDLITE_LOG_LEVEL": "LOUD"}, "HVDLITE_LOG_LEVEL"),
+        ({"HVDLITE_TEST_NODE_SIZE": "-2"}, "HVDLITE_TEST_NODE_SIZE"),
+        ({"HVDLITE_OVERLAP": "sometimes"}, "HVDLITE_OVERLAP"),
+    ],
+)
 def test_bad_values_raise_value_error_naming_the_variable(env, var):
     with pytest.raises(ValueError) as info:
         config.read_config(env)
@@ -681,14 +796,25 @@ def test_bad_bool_message_says_what_is_valid():
 
 # ------------------------------------------------------------ dtypes and ops
 def test_supported_dtypes():
-    for t in (np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64, np.float16,
-              np.float32, np.float64, np.bool_):
+    for t in (
+        np.uint8,
+        np.int8,
+        np.uint16,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.float16,
+        np.float32,
+        np.float64,
+        np.bool_,
+    ):
         assert check_dtype(np.zeros(1, t), "allreduce") == np.dtype(t).str
     assert len(SUPPORTED) == 10  # Horovod's dtypes, bfloat16 aside (adapters cast it)
 
 
-@pytest.mark.parametrize("t", [np.uint32, np.uint64, np.complex64, np.complex128,
-                               object, "U3", "datetime64[s]"])
+@pytest.mark.parametrize(
+    "t", [np.uint32, np.uint64, np.complex64, np.complex128, object, "U3", "datetime64[s]"]
+)
 def test_unsupported_dtypes_name_the_fix(t):
     with pytest.raises(ValueError) as info:
         check_dtype(np.zeros(1, t), "allgather")
@@ -725,8 +851,15 @@ def test_queries_before_init_say_to_call_init():
     import hvdlite as hvd
 
     assert not hvd.is_initialized()
-    for query in (hvd.size, hvd.rank, hvd.local_size, hvd.local_rank, hvd.cross_size,
-                  hvd.cross_rank, hvd.is_homogeneous):
+    for query in (
+        hvd.size,
+        hvd.rank,
+        hvd.local_size,
+        hvd.local_rank,
+        hvd.cross_size,
+        hvd.cross_rank,
+        hvd.is_homogeneous,
+    ):
         with pytest.raises(ValueError, match=r"init\(\)"):
             query()
     # (That the queries do not start MPI is checked in a fresh interpreter by
@@ -765,12 +898,20 @@ def test_order_check_names_the_first_position_where_two_ranks_differ():
     assert [e.key for e in errors] == [(0, "allreduce.noname.1"), (0, "allgather.noname.1")]
     message = errors[0].error
     assert all(e.status == RESPONSE_ERROR and e.error == message for e in errors)
-    for part in ("process set 0", "2nd collective", "rank 0", "allreduce 'allreduce.noname.1'",
-                 "rank 2", "allgather 'allgather.noname.1'", "HVDLITE_CHECK_ORDER"):
+    for part in (
+        "process set 0",
+        "2nd collective",
+        "rank 0",
+        "allreduce 'allreduce.noname.1'",
+        "rank 2",
+        "allgather 'allgather.noname.1'",
+        "HVDLITE_CHECK_ORDER",
+    ):
         assert part in message, message
     # A rank that submits either name later fails at once; the set is not counted further.
-    assert [e.key for e in check.observe(1, _request("allgather.noname.1", Kind.ALLGATHER),
-                                         none)] == [(0, "allgather.noname.1")]
+    assert [
+        e.key for e in check.observe(1, _request("allgather.noname.1", Kind.ALLGATHER), none)
+    ] == [(0, "allgather.noname.1")]
     assert check.observe(2, _request("b"), none) == []
 
 

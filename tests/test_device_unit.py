@@ -14,7 +14,7 @@ from hvdlite.engine.coordinator import check_agreement
 from hvdlite.device import HostDeviceArray, device_of, host_device_array
 from hvdlite.device.backend import HostBackend
 from hvdlite.engine.packing import pack, unpack
-from hvdlite.device.selection import (Capabilities, DeviceChoice, read_request)
+from hvdlite.device.selection import Capabilities, DeviceChoice, read_request
 from hvdlite.device.capabilities import cuda_aware_mpi
 from hvdlite.engine.fusion import Reduction, plan_batches
 from hvdlite.engine.messages import RESPONSE_OK, Kind, Params, Response
@@ -24,8 +24,7 @@ from hvdlite.engine.transport import Transport
 class _FakeCudaArray:
     """Only what detection looks at (no GPU claim: nothing is moved)."""
 
-    __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0, False),
-                                "version": 3}
+    __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0, False), "version": 3}
 
 
 class _FakeDLPack:
@@ -87,14 +86,24 @@ def test_read_request():
         read_request({"HVDLITE_GPU_BROADCAST": "GLOO"})
 
 
-@pytest.mark.parametrize("caps,env,expect", [
-    (Capabilities(True, True, False), {}, Transport.NCCL),
-    (Capabilities(True, True, True), {"HVDLITE_GPU_OPERATIONS": "MPI"}, Transport.CUDA_AWARE_MPI),
-    (Capabilities(True, True, False), {"HVDLITE_GPU_OPERATIONS": "MPI"}, Transport.STAGED),
-    (Capabilities(True, False, True), {"HVDLITE_GPU_OPERATIONS": "NCCL"},
-     Transport.CUDA_AWARE_MPI),
-    (Capabilities(False, False, False), {}, Transport.STAGED),
-])
+@pytest.mark.parametrize(
+    "caps,env,expect",
+    [
+        (Capabilities(True, True, False), {}, Transport.NCCL),
+        (
+            Capabilities(True, True, True),
+            {"HVDLITE_GPU_OPERATIONS": "MPI"},
+            Transport.CUDA_AWARE_MPI,
+        ),
+        (Capabilities(True, True, False), {"HVDLITE_GPU_OPERATIONS": "MPI"}, Transport.STAGED),
+        (
+            Capabilities(True, False, True),
+            {"HVDLITE_GPU_OPERATIONS": "NCCL"},
+            Transport.CUDA_AWARE_MPI,
+        ),
+        (Capabilities(False, False, False), {}, Transport.STAGED),
+    ],
+)
 def test_plan_rules(caps, env, expect):
     plan = DeviceChoice(caps, read_request(env)).routes()
     assert plan.allreduce is expect and plan.alltoall is expect
@@ -115,23 +124,33 @@ def test_capabilities_agree_only_on_what_everyone_has():
 
 
 def _response(name, device, dtype="<f4"):
-    p = Params(set_id=0, name=name, kind=int(Kind.ALLREDUCE), dtypes=(dtype,), shapes=((4,),),
-               device=device)
+    p = Params(
+        set_id=0,
+        name=name,
+        kind=int(Kind.ALLREDUCE),
+        dtypes=(dtype,),
+        shapes=((4,),),
+        device=device,
+    )
     return Response(RESPONSE_OK, p, p.key)
 
 
 def test_fusion_never_mixes_devices():
-    responses = [_response("a", "cpu"), _response("b", "cuda"), _response("c", "cpu"),
-                 _response("d", "cuda")]
+    responses = [
+        _response("a", "cpu"),
+        _response("b", "cuda"),
+        _response("c", "cpu"),
+        _response("d", "cuda"),
+    ]
     batches = plan_batches(responses, 1 << 20)
     assert [[r.key[1] for r in b] for b in batches] == [["a", "c"], ["b", "d"]]
 
 
 def test_device_mismatch_message_names_both():
-    message = check_agreement("w", {0: _response("w", "cpu").params,
-                                    1: _response("w", "cuda").params})
-    assert "Mismatched device" in message and "rank 0: cpu" in message \
-        and "rank 1: cuda" in message
+    message = check_agreement(
+        "w", {0: _response("w", "cpu").params, 1: _response("w", "cuda").params}
+    )
+    assert "Mismatched device" in message and "rank 0: cpu" in message and "rank 1: cuda" in message
 
 
 def test_cuda_aware_mpi_knob():
@@ -154,8 +173,9 @@ def test_check_build_gpu_row():
     assert "cuda12" in _gpu_transport_row({"missing": "x"}, {}, {})
     row = _gpu_transport_row({"cuda_available": True, "nccl": "22703"}, {}, {})
     assert "would use NCCL" in row
-    row = _gpu_transport_row({"cuda_available": True}, {"cuda_aware": True},
-                             {"HVDLITE_GPU_OPERATIONS": "MPI"})
+    row = _gpu_transport_row(
+        {"cuda_available": True}, {"cuda_aware": True}, {"HVDLITE_GPU_OPERATIONS": "MPI"}
+    )
     assert "would use CUDA-aware MPI" in row
 
 
@@ -176,13 +196,16 @@ print(json.dumps({"modules": mods, "libs": libs, "answers": answers}))
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None,
-                    reason="CuPy is installed: this host is not a CPU-only install")
+@pytest.mark.skipif(
+    importlib.util.find_spec("cupy") is not None,
+    reason="CuPy is installed: this host is not a CPU-only install",
+)
 def test_cpu_run_never_loads_cupy_or_cuda():
     pytest.importorskip("torch")
     pytest.importorskip("tensorflow")
-    out = subprocess.run([sys.executable, "-c", _NO_CUDA_PROBE], capture_output=True,
-                         text=True, timeout=240)
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_CUDA_PROBE], capture_output=True, text=True, timeout=240
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"modules": [], "libs": [], "answers": [False, 0]}, result

@@ -20,8 +20,13 @@ from hvdlite.elastic.writer import dump
 from hvdlite.exceptions import HostsUpdatedInterrupt
 from hvdlite.runner import cli, configfile, options
 from hvdlite.runner.blacklist import Blacklist
-from hvdlite.runner.discovery import (DiscoveryError, FixedHosts, ScriptDiscovery, node_usable,
-                                      parse_discovered)
+from hvdlite.runner.discovery import (
+    DiscoveryError,
+    FixedHosts,
+    ScriptDiscovery,
+    node_usable,
+    parse_discovered,
+)
 from hvdlite.runner.elastic_hosts import HostPool, describe_change, rank_host
 from hvdlite.runner.elastic_settings import settings_from
 from hvdlite.runner.errors import UsageError
@@ -75,13 +80,16 @@ def test_a_crash_before_the_rename_keeps_the_previous_commit(tmp_path, monkeypat
     assert sorted(os.listdir(tmp_path)) == ["state", "state.spare"]
 
 
-@pytest.mark.parametrize("damage,why", [
-    (lambda data: b"garbage" + data, "does not start with the hvdlite state header"),
-    (lambda data: data[:-2], "holds 5 bytes of state, its header says 7"),
-    (lambda data: data[:-1] + b"X", "the checksum of its state does not match"),
-    (lambda data: persistence.MAGIC + b"{not json\npayload", "its header is not valid"),
-    (lambda data: persistence.MAGIC + b"x" * 70000, "its header line is cut short"),
-])
+@pytest.mark.parametrize(
+    "damage,why",
+    [
+        (lambda data: b"garbage" + data, "does not start with the hvdlite state header"),
+        (lambda data: data[:-2], "holds 5 bytes of state, its header says 7"),
+        (lambda data: data[:-1] + b"X", "the checksum of its state does not match"),
+        (lambda data: persistence.MAGIC + b"{not json\npayload", "its header is not valid"),
+        (lambda data: persistence.MAGIC + b"x" * 70000, "its header line is cut short"),
+    ],
+)
 def test_a_corrupt_commit_is_a_clear_error(tmp_path, damage, why):
     path = tmp_path / "state"
     CommitStore(str(path), "job1").write(b"payload", 1, 2)
@@ -97,8 +105,15 @@ def test_format_1_files_still_read_and_unknown_formats_are_named(tmp_path):
     import zlib
 
     path = tmp_path / "state"
-    header = {"job": "j", "commit": 4, "size": 2, "time": 0.0, "summary": {"epoch": 1},
-              "bytes": 7, "crc32": zlib.crc32(b"payload")}
+    header = {
+        "job": "j",
+        "commit": 4,
+        "size": 2,
+        "time": 0.0,
+        "summary": {"epoch": 1},
+        "bytes": 7,
+        "crc32": zlib.crc32(b"payload"),
+    }
     v1 = b"HVDLITE-ELASTIC-STATE 1\n" + json.dumps(header).encode() + b"\n"
     path.write_bytes(v1 + b"payload")
     commit = CommitStore(str(path), "j").read()
@@ -107,8 +122,9 @@ def test_format_1_files_still_read_and_unknown_formats_are_named(tmp_path):
     with pytest.raises(ElasticStateError, match="the checksum of its state does not match"):
         CommitStore(str(path), "j").read()
     path.write_bytes(b"HVDLITE-ELASTIC-STATE 9\n{}\n")
-    with pytest.raises(ElasticStateError, match="has the format '9', which this hvdlite does "
-                                                "not read"):
+    with pytest.raises(
+        ElasticStateError, match="has the format '9', which this hvdlite does not read"
+    ):
         CommitStore(str(path), "j").read()
 
 
@@ -131,9 +147,13 @@ def test_tensors_and_arrays_travel_beside_the_pickle(tmp_path):
     torch = pytest.importorskip("torch")
     import numpy as np
 
-
-    state = {"w": torch.arange(6.0).view(2, 3), "b": torch.ones(3, dtype=torch.bfloat16),
-             "view": torch.arange(10)[2:5], "a": np.full(4, 7, np.int32), "step": 3}
+    state = {
+        "w": torch.arange(6.0).view(2, 3),
+        "b": torch.ones(3, dtype=torch.bfloat16),
+        "view": torch.arange(10)[2:5],
+        "a": np.full(4, 7, np.int32),
+        "step": 3,
+    }
     store = CommitStore(str(tmp_path / "state"), "j")
     parts = dump(state)
     assert len(parts) == 4  # the pickle, then w, view and a out of band (bf16 in band)
@@ -154,13 +174,19 @@ def test_another_jobs_commit_is_refused(tmp_path):
 # -- the worker's context and the files it shares with hvdrun -------------------------------
 def test_worker_context_from_hvdruns_variables(tmp_path):
     assert not layout.WorkerContext.from_environ({}).relaunchable
-    ctx = layout.WorkerContext.from_environ({
-        layout.JOB_DIR_VARIABLE: str(tmp_path), layout.JOB_ID_VARIABLE: "j",
-        layout.GENERATION_VARIABLE: "2", layout.EXPECT_COMMIT_VARIABLE: "5"})
+    ctx = layout.WorkerContext.from_environ(
+        {
+            layout.JOB_DIR_VARIABLE: str(tmp_path),
+            layout.JOB_ID_VARIABLE: "j",
+            layout.GENERATION_VARIABLE: "2",
+            layout.EXPECT_COMMIT_VARIABLE: "5",
+        }
+    )
     assert (ctx.relaunchable, ctx.generation, ctx.expect_commit) == (True, 2, 5)
     with pytest.raises(ValueError, match="HVDLITE_ELASTIC_GENERATION='x' is not a whole"):
-        layout.WorkerContext.from_environ({layout.JOB_DIR_VARIABLE: "d",
-                                           layout.GENERATION_VARIABLE: "x"})
+        layout.WorkerContext.from_environ(
+            {layout.JOB_DIR_VARIABLE: "d", layout.GENERATION_VARIABLE: "x"}
+        )
     assert layout.read_notice(str(tmp_path), 2) is None
     layout.post_notice(str(tmp_path), 2, "h1:2 -> h1:2,h2:1")
     assert layout.read_notice(str(tmp_path), 2) == "h1:2 -> h1:2,h2:1"
@@ -169,9 +195,12 @@ def test_worker_context_from_hvdruns_variables(tmp_path):
 
 # -- states and run, one rank (broadcast is the identity) -----------------------------------
 def _elastic_env(monkeypatch, tmp_path, generation=0, expect=0):
-    for name, value in {layout.JOB_DIR_VARIABLE: str(tmp_path), layout.JOB_ID_VARIABLE: "j",
-                        layout.GENERATION_VARIABLE: str(generation),
-                        layout.EXPECT_COMMIT_VARIABLE: str(expect)}.items():
+    for name, value in {
+        layout.JOB_DIR_VARIABLE: str(tmp_path),
+        layout.JOB_ID_VARIABLE: "j",
+        layout.GENERATION_VARIABLE: str(generation),
+        layout.EXPECT_COMMIT_VARIABLE: str(expect),
+    }.items():
         monkeypatch.setenv(name, value)
     layout.write_marker(str(tmp_path), "j")  # as hvdrun does
 
@@ -212,8 +241,7 @@ def test_commit_persists_and_a_notice_interrupts(tmp_path, monkeypatch):
     state.commit()
     state.flush()  # the write runs on a thread of its own
     commit = CommitStore(str(tmp_path / layout.STATE_FILE), "j").read()
-    assert commit.number == 1 and commit.load() == {
-        "objects": {"epoch": 1, "batch": 2}}
+    assert commit.number == 1 and commit.load() == {"objects": {"epoch": 1, "batch": 2}}
     layout.post_notice(str(tmp_path), 0, "new hosts")
     state.epoch = 2
     with pytest.raises(HostsUpdatedInterrupt):
@@ -268,15 +296,19 @@ def test_hosts_updated_outside_hvdrun_resets_and_runs_again(monkeypatch):
     assert train(state) == "done" and calls == [0, 0] and resets == [1]
 
 
-@pytest.mark.parametrize("setup,why", [
-    ("missing", "is missing, but hvdrun saw commit 2 there"),
-    ("older", "holds commit 1, but hvdrun saw commit 2"),
-    ("unpicklable", "cannot be unpickled"),
-    ("corrupt", "is corrupt"),
-    ("other-attributes", "has no value for ['lr']"),
-])
-def test_a_commit_that_cannot_be_resumed_ends_every_rank_with_76(tmp_path, monkeypatch,
-                                                                   capsys, setup, why):
+@pytest.mark.parametrize(
+    "setup,why",
+    [
+        ("missing", "is missing, but hvdrun saw commit 2 there"),
+        ("older", "holds commit 1, but hvdrun saw commit 2"),
+        ("unpicklable", "cannot be unpickled"),
+        ("corrupt", "is corrupt"),
+        ("other-attributes", "has no value for ['lr']"),
+    ],
+)
+def test_a_commit_that_cannot_be_resumed_ends_every_rank_with_76(
+    tmp_path, monkeypatch, capsys, setup, why
+):
     store = CommitStore(str(tmp_path / layout.STATE_FILE), "j")
     if setup == "older":
         store.write(pickle.dumps({"objects": {"lr": 1}}), 1, 1)
@@ -373,7 +405,8 @@ def test_torch_state_commits_model_optimizer_and_values(tmp_path, monkeypatch):
 
 
 def test_rank_0_commits_torch_state_without_a_copy_and_restores_from_the_file(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     torch = pytest.importorskip("torch")
     import hvdlite.torch as hvd
 
@@ -449,42 +482,94 @@ def test_elastic_settings_defaults(tmp_path):
     assert _settings(["-np", "2"]) is None
     fixed = _settings(["-np", "4", "--max-restarts", "3"])
     assert (fixed.source, fixed.min_np, fixed.max_np, fixed.max_restarts) == ("fixed", 4, 4, 3)
-    found = _settings(["--host-discovery-script", str(script), "--min-np", "2"],
-                      {"HOROVOD_ELASTIC_TIMEOUT": "7"})
+    found = _settings(
+        ["--host-discovery-script", str(script), "--min-np", "2"], {"HOROVOD_ELASTIC_TIMEOUT": "7"}
+    )
     assert (found.source, found.min_np, found.max_np, found.max_restarts, found.timeout) == (
-        "script", 2, None, None, 7.0)
+        "script",
+        2,
+        None,
+        None,
+        7.0,
+    )
     assert found.state_dir == os.path.abspath(".hvdlite-elastic")
-    ranged = _settings(["--host-discovery-script", str(script), "-np", "3", "--max-np", "5",
-                        "--blacklist-cooldown-range", "1", "8", "--elastic-state-dir", "st",
-                        "--reset-limit", "2", "--slots-per-host", "4"],
-                       {"HVDLITE_ELASTIC_DISCOVERY_INTERVAL": "0.1"})
-    assert (ranged.min_np, ranged.max_np, ranged.cooldown_range, ranged.reset_limit,
-            ranged.slots_per_host, ranged.poll_interval) == (3, 5, (1.0, 8.0), 2, 4, 0.1)
+    ranged = _settings(
+        [
+            "--host-discovery-script",
+            str(script),
+            "-np",
+            "3",
+            "--max-np",
+            "5",
+            "--blacklist-cooldown-range",
+            "1",
+            "8",
+            "--elastic-state-dir",
+            "st",
+            "--reset-limit",
+            "2",
+            "--slots-per-host",
+            "4",
+        ],
+        {"HVDLITE_ELASTIC_DISCOVERY_INTERVAL": "0.1"},
+    )
+    assert (
+        ranged.min_np,
+        ranged.max_np,
+        ranged.cooldown_range,
+        ranged.reset_limit,
+        ranged.slots_per_host,
+        ranged.poll_interval,
+    ) == (3, 5, (1.0, 8.0), 2, 4, 0.1)
     assert _settings(["--max-restarts", "1"], {"SLURM_JOB_ID": "7"}).source == "slurm"
 
 
-@pytest.mark.parametrize("argv,environ,message", [
-    (["-np", "2", "--reset-limit", "3"], {}, "--reset-limit only apply to elastic jobs"),
-    (["-np", "2", "--min-np", "1"], {}, "--min-np/--max-np need hosts that can change"),
-    (["-np", "2", "--elastic-background-commit"], {},
-     "--elastic-background-commit only apply to elastic jobs"),
-    (["-np", "2", "--max-restarts", "1", "--slots-per-host", "2"], {}, "--slots-per-host"),
-    (["--host-discovery-script", "SCRIPT", "--min-np", "3", "--max-np", "2"], {},
-     "--min-np 3 is more than --max-np 2"),
-    (["--host-discovery-script", "SCRIPT", "-np", "1", "--min-np", "2"], {},
-     "-np 1 is less than --min-np 2"),
-    (["--host-discovery-script", "SCRIPT", "-np", "5", "--max-np", "4"], {},
-     "-np 5 is more than --max-np 4"),
-    (["--host-discovery-script", "SCRIPT", "--blacklist-cooldown-range", "9", "2"], {},
-     "MIN must not be more than MAX"),
-    (["--host-discovery-script", "SCRIPT", "-H", "a:2"], {}, "give either"),
-    (["--host-discovery-script", "./no-such-script.sh"], {}, "is not an executable file"),
-    (["--host-discovery-script", "no-such-program-x"], {}, "is not on PATH"),
-    (["--host-discovery-script", "SCRIPT"], {"HOROVOD_ELASTIC_TIMEOUT": "soon"},
-     "HOROVOD_ELASTIC_TIMEOUT='soon' is not a number"),
-    (["--host-discovery-script", "SCRIPT"], {"HVDLITE_ELASTIC_DISCOVERY_INTERVAL": "0"},
-     "must be a positive number"),
-])
+@pytest.mark.parametrize(
+    "argv,environ,message",
+    [
+        (["-np", "2", "--reset-limit", "3"], {}, "--reset-limit only apply to elastic jobs"),
+        (["-np", "2", "--min-np", "1"], {}, "--min-np/--max-np need hosts that can change"),
+        (
+            ["-np", "2", "--elastic-background-commit"],
+            {},
+            "--elastic-background-commit only apply to elastic jobs",
+        ),
+        (["-np", "2", "--max-restarts", "1", "--slots-per-host", "2"], {}, "--slots-per-host"),
+        (
+            ["--host-discovery-script", "SCRIPT", "--min-np", "3", "--max-np", "2"],
+            {},
+            "--min-np 3 is more than --max-np 2",
+        ),
+        (
+            ["--host-discovery-script", "SCRIPT", "-np", "1", "--min-np", "2"],
+            {},
+            "-np 1 is less than --min-np 2",
+        ),
+        (
+            ["--host-discovery-script", "SCRIPT", "-np", "5", "--max-np", "4"],
+            {},
+            "-np 5 is more than --max-np 4",
+        ),
+        (
+            ["--host-discovery-script", "SCRIPT", "--blacklist-cooldown-range", "9", "2"],
+            {},
+            "MIN must not be more than MAX",
+        ),
+        (["--host-discovery-script", "SCRIPT", "-H", "a:2"], {}, "give either"),
+        (["--host-discovery-script", "./no-such-script.sh"], {}, "is not an executable file"),
+        (["--host-discovery-script", "no-such-program-x"], {}, "is not on PATH"),
+        (
+            ["--host-discovery-script", "SCRIPT"],
+            {"HOROVOD_ELASTIC_TIMEOUT": "soon"},
+            "HOROVOD_ELASTIC_TIMEOUT='soon' is not a number",
+        ),
+        (
+            ["--host-discovery-script", "SCRIPT"],
+            {"HVDLITE_ELASTIC_DISCOVERY_INTERVAL": "0"},
+            "must be a positive number",
+        ),
+    ],
+)
 def test_elastic_option_errors(argv, environ, message, tmp_path):
     script = tmp_path / "d.sh"
     script.write_text("#!/bin/sh\n")
@@ -503,11 +588,15 @@ def test_the_commit_mode_flags_set_the_ranks_variable():
 
 def test_elastic_options_in_the_config_file(tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text("elastic:\n  min_np: 2\n  cooldown_range: [1, 4]\n  state_dir: s\n"
-                      "max-restarts: 3\n")
+    config.write_text(
+        "elastic:\n  min_np: 2\n  cooldown_range: [1, 4]\n  state_dir: s\nmax-restarts: 3\n"
+    )
     assert configfile.read_config_file(str(config)) == {
-        "min_np": 2, "blacklist_cooldown_range": [1.0, 4.0], "elastic_state_dir": "s",
-        "max_restarts": 3}
+        "min_np": 2,
+        "blacklist_cooldown_range": [1.0, 4.0],
+        "elastic_state_dir": "s",
+        "max_restarts": 3,
+    }
     parsed = options.parse_args(["--blacklist-cooldown-range", "1", "2", PY])
     assert parsed.blacklist_cooldown_range == [1.0, 2.0]
 
@@ -517,9 +606,10 @@ def test_hvdrun_exits_2_on_elastic_errors(tmp_path, capsys):
     failing.write_text("#!/bin/sh\necho no cluster today >&2\nexit 3\n")
     failing.chmod(0o755)
     for argv, expected in (
-            (["-np", "2", "--min-np", "1"], "need hosts that can change"),
-            (["--host-discovery-script", str(failing)], "exited with code 3: no cluster today"),
-            (["--blacklist-cooldown-range", "1", "--max-restarts", "1"], "expected 2 arguments")):
+        (["-np", "2", "--min-np", "1"], "need hosts that can change"),
+        (["--host-discovery-script", str(failing)], "exited with code 3: no cluster today"),
+        (["--blacklist-cooldown-range", "1", "--max-restarts", "1"], "expected 2 arguments"),
+    ):
         assert cli.main([*argv, PY]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("hvdrun: error: ") and expected in err[0]
@@ -529,8 +619,12 @@ def test_dry_run_shows_the_elastic_variables(tmp_path, capsys):
     script = tmp_path / "d.sh"
     script.write_text("#!/bin/sh\necho localhost:3\n")
     script.chmod(0o755)
-    assert cli.main(["--dry-run", "--host-discovery-script", str(script), "--max-np", "2",
-                     PY, "train.py"]) == 0
+    assert (
+        cli.main(
+            ["--dry-run", "--host-discovery-script", str(script), "--max-np", "2", PY, "train.py"]
+        )
+        == 0
+    )
     line = capsys.readouterr().out
     assert " -n 2 " in line and "HVDLITE_ELASTIC_JOB_DIR=" in line and "HOROVOD_ELASTIC=1 " in line
 
@@ -539,9 +633,11 @@ def test_dry_run_shows_the_elastic_variables(tmp_path, capsys):
 def test_discovery_output_parsing():
     hosts = parse_discovered("# comment\nh1:4\n\nh2\n  h3:1  # spare\n", 2, "script")
     assert hosts == [Host("h1", 4), Host("h2", 2), Host("h3", 1)]
-    for text, message in (("h1\nh1:2\n", "listed more than once"),
-                          ("h1:zero\n", "must be a positive integer"),
-                          ("bad host!\n", "not a valid host name")):
+    for text, message in (
+        ("h1\nh1:2\n", "listed more than once"),
+        ("h1:zero\n", "must be a positive integer"),
+        ("bad host!\n", "not a valid host name"),
+    ):
         with pytest.raises(UsageError, match=message):
             parse_discovered(text, 1, "script")
 
@@ -590,7 +686,8 @@ def test_host_pool_keeps_old_hosts_first_and_names_lost_ones():
     source.hosts = [Host("c", 4)]
     assert pool.lost(pool.available()) == [
         "b (rank 1 failed there; left out for the rest of the job)",
-        "a (no longer offered by test hosts)"]
+        "a (no longer offered by test hosts)",
+    ]
     assert rank_host(placement, 2) == "a" and rank_host(placement, 3) is None
     assert describe_change(placement, [Host("c", 3)]) == "b:2,a:1 -> c:3 (new c; gone a, b)"
 
@@ -602,22 +699,26 @@ def test_a_failed_background_write_is_reported_at_the_next_wait(tmp_path, monkey
     blocker.write_text("")
     writer = CommitWriter(CommitStore(str(blocker / "state"), "j"))
     writer.submit(dump({"objects": {}}), 1, 1, {})
-    with pytest.raises(ElasticStateError, match="writing commit 1 to .*not-a-directory/state "
-                                                "failed"):
+    with pytest.raises(
+        ElasticStateError, match="writing commit 1 to .*not-a-directory/state failed"
+    ):
         writer.wait()
     writer.wait()  # reported once
     with pytest.raises(ElasticStateError, match="writing commit 2 to .*not-a-directory"):
         writer.write(dump({"objects": {}}), 2, 1, {})  # at once, on this thread
 
 
-@pytest.mark.parametrize("environ,background", [
-    ({}, False),
-    ({"HVDLITE_ELASTIC_BACKGROUND_COMMIT": "1"}, True),
-    ({"HVDLITE_ELASTIC_BACKGROUND_COMMIT": "0"}, False),
-    ({"HVDLITE_ELASTIC_SYNC_COMMIT": "1"}, False),
-    ({"HVDLITE_ELASTIC_SYNC_COMMIT": "1", "HVDLITE_ELASTIC_BACKGROUND_COMMIT": "1"}, False),
-    ({"HVDLITE_ELASTIC_SYNC_COMMIT": "0"}, True),
-])
+@pytest.mark.parametrize(
+    "environ,background",
+    [
+        ({}, False),
+        ({"HVDLITE_ELASTIC_BACKGROUND_COMMIT": "1"}, True),
+        ({"HVDLITE_ELASTIC_BACKGROUND_COMMIT": "0"}, False),
+        ({"HVDLITE_ELASTIC_SYNC_COMMIT": "1"}, False),
+        ({"HVDLITE_ELASTIC_SYNC_COMMIT": "1", "HVDLITE_ELASTIC_BACKGROUND_COMMIT": "1"}, False),
+        ({"HVDLITE_ELASTIC_SYNC_COMMIT": "0"}, True),
+    ],
+)
 def test_commits_are_synchronous_unless_background_is_asked_for(environ, background):
     from hvdlite.elastic.writer import background_commits
 
@@ -645,13 +746,25 @@ def test_slurm_source_drops_nodes_sinfo_reports_drained(tmp_path):
     from hvdlite.runner.discovery import SlurmDiscovery
 
     sinfo = tmp_path / "sinfo"
-    sinfo.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\n'
-                     'printf "n1 alloc\\nn2 drng\\nn3 mix\\n"\n')
+    sinfo.write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/args\nprintf "n1 alloc\\nn2 drng\\nn3 mix\\n"\n'
+    )
     sinfo.chmod(0o755)
-    environ = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[1-3]",
-               "SLURM_TASKS_PER_NODE": "2(x3)", "PATH": str(tmp_path)}
+    environ = {
+        "SLURM_JOB_ID": "5",
+        "SLURM_JOB_NODELIST": "n[1-3]",
+        "SLURM_TASKS_PER_NODE": "2(x3)",
+        "PATH": str(tmp_path),
+    }
     assert SlurmDiscovery(environ).discover() == [Host("n1", 2), Host("n3", 2)]
-    assert (tmp_path / "args").read_text().split() == ["-h", "-N", "-n", "n1,n2,n3", "-o",
-                                                       "%N", "%t"]
+    assert (tmp_path / "args").read_text().split() == [
+        "-h",
+        "-N",
+        "-n",
+        "n1,n2,n3",
+        "-o",
+        "%N",
+        "%t",
+    ]
     no_sinfo = dict(environ, PATH=str(tmp_path / "empty"))
     assert len(SlurmDiscovery(no_sinfo).discover()) == 3  # cannot ask: the whole allocation

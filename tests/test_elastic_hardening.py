@@ -36,12 +36,15 @@ def test_a_rank_failure_is_the_hosts_only_on_evidence_about_the_host():
     # the other host: both of its ranks failed before hvdrun stopped them
     assert history.judge("b", [2, 3], {2, 3}, _reachable) == "all 2 ranks on it failed at once"
     # a host that cannot be reached
-    assert history.judge("b", [2, 3], {3}, lambda h: "no route to host") == \
-        "it cannot be reached (no route to host)"
+    assert (
+        history.judge("b", [2, 3], {3}, lambda h: "no route to host")
+        == "it cannot be reached (no route to host)"
+    )
     # "a" again within the window: the host's; then forgotten
     now[0] += 30
     assert history.judge("a", [0, 1], {0}, _reachable).startswith(
-        "its ranks failed again 30 s after")
+        "its ranks failed again 30 s after"
+    )
     assert history.judge("a", [0, 1], {0}, _reachable) is None
     now[0] += 61  # outside the window: a process failure again
     assert history.judge("a", [0, 1], {0}, _reachable) is None
@@ -59,8 +62,9 @@ def test_the_failure_history_is_bounded():
 # -- item 1: any number of parts round-trips; item 6: hvdrun reads the header only ----------
 def test_a_commit_of_100000_parts_round_trips(tmp_path):
     store = CommitStore(str(tmp_path / "state"), "j")
-    parts = [pickle.dumps(None, protocol=5)] + [bytes([i % 251]) * (i % 7) for i in
-                                                range(1, 100_000)]
+    parts = [pickle.dumps(None, protocol=5)] + [
+        bytes([i % 251]) * (i % 7) for i in range(1, 100_000)
+    ]
     store.write(parts, 1, 2, {"epoch": 3})
     commit = store.read()
     assert len(commit.parts) == 100_000 and commit.describe() == "commit 1 (epoch=3)"
@@ -87,8 +91,11 @@ def test_torch_state_with_adam_and_5000_parameters_restores(tmp_path, monkeypatc
     torch = pytest.importorskip("torch")
     import hvdlite.torch as hvd
 
-    for name, value in {layout.JOB_DIR_VARIABLE: str(tmp_path), layout.JOB_ID_VARIABLE: "j",
-                        "HVDLITE_ELASTIC_SYNC_COMMIT": "1"}.items():
+    for name, value in {
+        layout.JOB_DIR_VARIABLE: str(tmp_path),
+        layout.JOB_ID_VARIABLE: "j",
+        "HVDLITE_ELASTIC_SYNC_COMMIT": "1",
+    }.items():
         monkeypatch.setenv(name, value)
     layout.write_marker(str(tmp_path), "j")
     model = torch.nn.ModuleList(torch.nn.Linear(30, 30) for _ in range(2_500))
@@ -119,8 +126,16 @@ def test_a_header_a_reader_would_refuse_is_refused_when_written(tmp_path):
 
 def test_format_2_commits_still_read(tmp_path):
     path = tmp_path / "state"
-    header = {"job": "j", "commit": 2, "size": 1, "time": 0.0, "summary": {},
-              "bytes": 4, "parts": [2, 2], "sum": state_sum([b"ab", b"cd"])}
+    header = {
+        "job": "j",
+        "commit": 2,
+        "size": 1,
+        "time": 0.0,
+        "summary": {},
+        "bytes": 4,
+        "parts": [2, 2],
+        "sum": state_sum([b"ab", b"cd"]),
+    }
     path.write_bytes(b"HVDLITE-ELASTIC-STATE 2\n" + json.dumps(header).encode() + b"\nabcd")
     commit = CommitStore(str(path), "j").read()
     assert (commit.number, commit.parts, bytes(commit.payload)) == (2, (2, 2), b"abcd")
@@ -154,11 +169,18 @@ def test_commits_are_owner_only_whatever_the_umask(tmp_path):
         assert stat.S_IMODE(os.stat(tmp_path / "job" / name).st_mode) == 0o600, name
 
 
-@pytest.mark.parametrize("target,change,problem", [
-    ("state", lambda p: os.chmod(p, 0o664), "may be written by its group or others (mode 0664)"),
-    ("", lambda p: os.chmod(p, 0o770), "may be written by its group or others (mode 0770)"),
-    ("state", lambda p: os.chown(p, 12345, -1), "is owned by user id 12345, not by you"),
-])
+@pytest.mark.parametrize(
+    "target,change,problem",
+    [
+        (
+            "state",
+            lambda p: os.chmod(p, 0o664),
+            "may be written by its group or others (mode 0664)",
+        ),
+        ("", lambda p: os.chmod(p, 0o770), "may be written by its group or others (mode 0770)"),
+        ("state", lambda p: os.chown(p, 12345, -1), "is owned by user id 12345, not by you"),
+    ],
+)
 def test_a_state_others_could_have_written_is_refused(tmp_path, target, change, problem):
     if target == "state" and "owned" in problem and os.geteuid() != 0:
         pytest.skip("only root can give a file away")
@@ -182,8 +204,9 @@ def test_output_files_refuse_links_and_other_names(tmp_path):
     victim.write_text("precious\n")
     link = tmp_path / "timeline.json"
     link.symlink_to(victim)
-    with pytest.raises(OSError, match="timeline.json is a symbolic link: hvdlite does not "
-                                      "write through links"):
+    with pytest.raises(
+        OSError, match="timeline.json is a symbolic link: hvdlite does not write through links"
+    ):
         open_for_writing(str(link))
     hard = tmp_path / "log.csv"
     os.link(victim, hard)
@@ -243,8 +266,9 @@ def test_a_discovery_script_that_hangs_is_killed_with_what_it_started(tmp_path):
     pidfile = tmp_path / "child.pid"
     script = _script(tmp_path / "slow.sh", f"sleep 300 &\necho $! > {pidfile}\nsleep 300\n")
     started = time.monotonic()
-    with pytest.raises(DiscoveryError, match="did not finish within 0.5 s .it and what it "
-                                             "started were killed"):
+    with pytest.raises(
+        DiscoveryError, match="did not finish within 0.5 s .it and what it started were killed"
+    ):
         ScriptDiscovery(str(script), timeout=0.5).discover()
     assert time.monotonic() - started < 5
     child = int(pidfile.read_text())
@@ -333,8 +357,9 @@ def test_a_rank_of_an_earlier_launch_cannot_overwrite_the_state(tmp_path):
     CommitStore(path, "j", launch=0).write(b"first", 1, 2)
     assert CommitStore(path, "j").read().launch == 0
     layout.record_launch(str(tmp_path), 1)  # hvdrun started launch 1; launch 0 lives on
-    with pytest.raises(persistence.StaleLaunchError, match="hvdrun has started launch 1 of "
-                                                           "this job since"):
+    with pytest.raises(
+        persistence.StaleLaunchError, match="hvdrun has started launch 1 of this job since"
+    ):
         CommitStore(path, "j", launch=0).write(b"stale", 2, 2)
     assert bytes(CommitStore(path, "j").read().payload) == b"first"
     CommitStore(path, "j", launch=1).write(b"current", 2, 2)  # the current launch writes
@@ -346,11 +371,17 @@ def test_a_commit_written_behind_hvdruns_back_is_refused_at_resume(tmp_path, mon
 
     path = str(tmp_path / layout.STATE_FILE)
     CommitStore(path, "j", launch=1).write(pickle.dumps({"objects": {"step": 9}}), 4, 2)
-    for name, value in {layout.JOB_DIR_VARIABLE: str(tmp_path), layout.JOB_ID_VARIABLE: "j",
-                        layout.GENERATION_VARIABLE: "2",
-                        layout.EXPECT_COMMIT_VARIABLE: "3"}.items():
+    for name, value in {
+        layout.JOB_DIR_VARIABLE: str(tmp_path),
+        layout.JOB_ID_VARIABLE: "j",
+        layout.GENERATION_VARIABLE: "2",
+        layout.EXPECT_COMMIT_VARIABLE: "3",
+    }.items():
         monkeypatch.setenv(name, value)
     state = ObjectState(get_rank=lambda: 0, bcast_object=lambda obj: obj, step=0)
     kind, _number, text = state._load_commit()
-    assert kind == "error" and "holds commit 4 of launch 1, written after hvdrun saw commit 3" \
-        in text and "a leftover rank of an earlier launch wrote it" in text
+    assert (
+        kind == "error"
+        and "holds commit 4 of launch 1, written after hvdrun saw commit 3" in text
+        and "a leftover rank of an earlier launch wrote it" in text
+    )

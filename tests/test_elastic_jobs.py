@@ -31,15 +31,17 @@ def job_env():
     """The jobs' environment, marked so that leftover processes can be found."""
     marker = f"HVDLITE_ELASTIC_TEST_MARKER={uuid.uuid4().hex}"
     name, value = marker.split("=")
-    env = clean_env(HVDLITE_ELASTIC_DISCOVERY_INTERVAL="0.2", TF_CPP_MIN_LOG_LEVEL="3",
-                    **{name: value})
+    env = clean_env(
+        HVDLITE_ELASTIC_DISCOVERY_INTERVAL="0.2", TF_CPP_MIN_LOG_LEVEL="3", **{name: value}
+    )
     yield env
     assert gone_within(marker, 15), "ranks outlived the job"
 
 
 def _hvdrun(tmp_path, env, *args, timeout=150.0) -> Result:
-    return run(hvdrun_cmd("--elastic-state-dir", str(tmp_path / "state"), *args),
-               timeout=timeout, env=env)
+    return run(
+        hvdrun_cmd("--elastic-state-dir", str(tmp_path / "state"), *args), timeout=timeout, env=env
+    )
 
 
 def _discovery(tmp_path, hosts: str) -> tuple[Path, Path]:
@@ -56,25 +58,67 @@ def test_torch_rank_killed_mid_epoch_resumes_from_the_last_commit(tmp_path, job_
     out.mkdir()
     replay.mkdir()
     script = str(SCRIPTS / "torch_train.py")
-    result = _hvdrun(tmp_path, job_env, "-np", "3", "--max-restarts", "1", PY, script,
-                     "--epochs", "2", "--batches", "6", "--commit-every", "2",
-                     "--kill-rank", "1", "--kill-at", "9", "--out", str(out))
+    result = _hvdrun(
+        tmp_path,
+        job_env,
+        "-np",
+        "3",
+        "--max-restarts",
+        "1",
+        PY,
+        script,
+        "--epochs",
+        "2",
+        "--batches",
+        "6",
+        "--commit-every",
+        "2",
+        "--kill-rank",
+        "1",
+        "--kill-at",
+        "9",
+        "--out",
+        str(out),
+    )
     log = result.output
     assert result.returncode == 0, log
-    assert "rank 1 on host" in log and "killed by signal 9 (SIGKILL): relaunching (restart 1 " \
-        "of 1)" in log, log
-    assert "launch 1: 3 rank(s) on localhost:3, resuming from commit 5 (epoch=1, batch=2)" \
-        in log, log
+    assert (
+        "rank 1 on host" in log
+        and "killed by signal 9 (SIGKILL): relaunching (restart 1 of 1)" in log
+    ), log
+    assert "launch 1: 3 rank(s) on localhost:3, resuming from commit 5 (epoch=1, batch=2)" in log, (
+        log
+    )
     assert "hvdlite.elastic: resuming from commit 5 (epoch=1, batch=2) with 3 rank(s)" in log
     assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())
     # An uninterrupted 3-rank run from the commit the elastic job resumed from.
-    again = run(hvdrun_cmd("-np", "3", PY, script, "--epochs", "2", "--batches", "6",
-                           "--commit-every", "2", "--out", str(replay), "--start-from",
-                           str(out / "resumed.pt"), "--compare-with", str(out / "final.pt")),
-                timeout=120, env=job_env)
+    again = run(
+        hvdrun_cmd(
+            "-np",
+            "3",
+            PY,
+            script,
+            "--epochs",
+            "2",
+            "--batches",
+            "6",
+            "--commit-every",
+            "2",
+            "--out",
+            str(replay),
+            "--start-from",
+            str(out / "resumed.pt"),
+            "--compare-with",
+            str(out / "final.pt"),
+        ),
+        timeout=120,
+        env=job_env,
+    )
     assert again.returncode == 0, again.output
-    assert "replaying from epoch 1 batch 2 with 3 ranks (the commit was resumed with 3)" \
-        in again.stdout, again.output
+    assert (
+        "replaying from epoch 1 batch 2 with 3 ranks (the commit was resumed with 3)"
+        in again.stdout
+    ), again.output
     assert f"weights equal those of {out / 'final.pt'}: True" in again.stdout, again.output
 
 
@@ -94,15 +138,37 @@ def test_hosts_from_discovery_2_3_2_with_elastic_sampler(tmp_path, job_env):
     signal_dir, log = tmp_path / "signals", tmp_path / "steps.jsonl"
     signal_dir.mkdir()
     stop = threading.Event()
-    editor = threading.Thread(target=_edit_hosts_when_paused, daemon=True, args=(
-        signal_dir, hostsfile, {0: "localhost:3", 1: "localhost:2"}, stop))
+    editor = threading.Thread(
+        target=_edit_hosts_when_paused,
+        daemon=True,
+        args=(signal_dir, hostsfile, {0: "localhost:3", 1: "localhost:2"}, stop),
+    )
     editor.start()
     try:
-        result = _hvdrun(tmp_path, job_env, "--min-np", "2", "--max-np", "3",
-                         "--host-discovery-script", str(discover), PY,
-                         str(SCRIPTS / "sampler_resize.py"), "--samples", "36", "--batch", "2",
-                         "--epochs", "3", "--pause", "3", "--log", str(log),
-                         "--signal-dir", str(signal_dir))
+        result = _hvdrun(
+            tmp_path,
+            job_env,
+            "--min-np",
+            "2",
+            "--max-np",
+            "3",
+            "--host-discovery-script",
+            str(discover),
+            PY,
+            str(SCRIPTS / "sampler_resize.py"),
+            "--samples",
+            "36",
+            "--batch",
+            "2",
+            "--epochs",
+            "3",
+            "--pause",
+            "3",
+            "--log",
+            str(log),
+            "--signal-dir",
+            str(signal_dir),
+        )
     finally:
         stop.set()
         editor.join(timeout=5)
@@ -114,7 +180,10 @@ def test_hosts_from_discovery_2_3_2_with_elastic_sampler(tmp_path, job_env):
     starts = [r for r in records if "reset_sizes" in r]
     # hvd.size() inside each launch, and what the reset callback saw after each relaunch
     assert [(r["launch"], r["size"], r["reset_sizes"]) for r in starts] == [
-        (0, 2, []), (1, 3, [3]), (2, 2, [2])], records
+        (0, 2, []),
+        (1, 3, [3]),
+        (2, 2, [2]),
+    ], records
     per_epoch = defaultdict(list)
     sizes = defaultdict(set)
     for record in records:
@@ -129,9 +198,24 @@ def test_hosts_from_discovery_2_3_2_with_elastic_sampler(tmp_path, job_env):
 
 @pytest.mark.timeout(300)
 def test_keras_fit_with_elastic_callbacks_survives_a_killed_rank(tmp_path, job_env):
-    result = _hvdrun(tmp_path, job_env, "-np", "2", "--max-restarts", "1", PY,
-                     str(SCRIPTS / "keras_fit.py"), "--epochs", "3", "--steps", "6",
-                     "--kill-rank", "1", "--kill-at", "8")
+    result = _hvdrun(
+        tmp_path,
+        job_env,
+        "-np",
+        "2",
+        "--max-restarts",
+        "1",
+        PY,
+        str(SCRIPTS / "keras_fit.py"),
+        "--epochs",
+        "3",
+        "--steps",
+        "6",
+        "--kill-rank",
+        "1",
+        "--kill-at",
+        "8",
+    )
     assert result.returncode == 0, result.output
     assert "killed by signal 9 (SIGKILL): relaunching (restart 1 of 1)" in result.stderr
     # batches_per_commit=2: the commit after batch index 1 of the second epoch
@@ -139,10 +223,22 @@ def test_keras_fit_with_elastic_callbacks_survives_a_killed_rank(tmp_path, job_e
     assert "fit done: state.epoch=3" in result.stdout, result.output
 
 
-def _objects(tmp_path, env, *args, hvdrun_args=("-np", "2", "--max-restarts", "2"),
-             timeout=120.0) -> Result:
-    return _hvdrun(tmp_path, env, *hvdrun_args, PY, str(SCRIPTS / "objects_train.py"),
-                   "--steps", "12", "--commit-every", "2", *args, timeout=timeout)
+def _objects(
+    tmp_path, env, *args, hvdrun_args=("-np", "2", "--max-restarts", "2"), timeout=120.0
+) -> Result:
+    return _hvdrun(
+        tmp_path,
+        env,
+        *hvdrun_args,
+        PY,
+        str(SCRIPTS / "objects_train.py"),
+        "--steps",
+        "12",
+        "--commit-every",
+        "2",
+        *args,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.timeout(150)
@@ -170,8 +266,11 @@ def test_a_corrupt_commit_resumes_from_its_verified_spare_saying_so(tmp_path, jo
     result = _objects(tmp_path, job_env, "--corrupt-after", "2")
     assert result.returncode == 0, result.output
     assert "is corrupt (the checksum of its state does not match)" in result.stderr
-    assert "Resuming instead from the commit before it, commit 1 (step=2, total=3.0), in " \
-        in result.stderr and "state.hvdlite.spare, whose checksum matches" in result.stderr
+    assert (
+        "Resuming instead from the commit before it, commit 1 (step=2, total=3.0), in "
+        in result.stderr
+        and "state.hvdlite.spare, whose checksum matches" in result.stderr
+    )
     assert "final total=78 steps=12" in result.stdout, result.output  # nothing lost twice
 
 
@@ -179,8 +278,10 @@ def test_a_corrupt_commit_resumes_from_its_verified_spare_saying_so(tmp_path, jo
 def test_a_corrupt_commit_and_spare_are_an_error_not_a_fresh_start(tmp_path, job_env):
     result = _objects(tmp_path, job_env, "--corrupt-after", "2", "--corrupt-spare-too")
     assert result.returncode == 1, result.output
-    assert "is corrupt (the checksum of its state does not match): the job cannot resume " \
-        "from it" in result.stderr, result.output
+    assert (
+        "is corrupt (the checksum of its state does not match): the job cannot resume "
+        "from it" in result.stderr
+    ), result.output
     assert "state.hvdlite.spare cannot be used either" in result.stderr, result.output
     assert "launch 2:" not in result.stderr and "final total" not in result.stdout
 
@@ -189,20 +290,37 @@ def test_a_corrupt_commit_and_spare_are_an_error_not_a_fresh_start(tmp_path, job
 def test_elastic_resume_continues_a_job_whose_hvdrun_ended(tmp_path, job_env):
     # hvdrun ends (here: its restart budget is spent; in life a reboot or a batch time
     # limit) and its last commit stays; a new hvdrun resumes that job by its id.
-    first = _objects(tmp_path, job_env, "--kill-rank", "0", "--kill-at", "5",
-                     hvdrun_args=("-np", "2", "--max-restarts", "0"))
+    first = _objects(
+        tmp_path,
+        job_env,
+        "--kill-rank",
+        "0",
+        "--kill-at",
+        "5",
+        hvdrun_args=("-np", "2", "--max-restarts", "0"),
+    )
     assert first.returncode == 128 + signal.SIGKILL, first.output
     job_id = first.stderr.split("resume with --elastic-resume ", 1)[1].split(")")[0]
-    again = _objects(tmp_path, job_env,
-                     hvdrun_args=("-np", "2", "--max-restarts", "1", "--elastic-resume", job_id))
+    again = _objects(
+        tmp_path,
+        job_env,
+        hvdrun_args=("-np", "2", "--max-restarts", "1", "--elastic-resume", job_id),
+    )
     assert again.returncode == 0, again.output
-    assert "launch 1: 2 rank(s) on localhost:2, resuming from commit 2 (step=4, total=10.0)" \
-        in again.stderr, again.output
+    assert (
+        "launch 1: 2 rank(s) on localhost:2, resuming from commit 2 (step=4, total=10.0)"
+        in again.stderr
+    ), again.output
     assert "final total=78 steps=12" in again.stdout, again.output
-    missing = _objects(tmp_path, job_env, hvdrun_args=("-np", "2", "--max-restarts", "1",
-                                                       "--elastic-resume", "no-such-job"))
-    assert missing.returncode == 2 and "--elastic-resume no-such-job: no commit of that job" \
-        in missing.stderr, missing.output
+    missing = _objects(
+        tmp_path,
+        job_env,
+        hvdrun_args=("-np", "2", "--max-restarts", "1", "--elastic-resume", "no-such-job"),
+    )
+    assert (
+        missing.returncode == 2
+        and "--elastic-resume no-such-job: no commit of that job" in missing.stderr
+    ), missing.output
 
 
 @pytest.mark.timeout(150)
@@ -212,25 +330,50 @@ def test_a_host_that_keeps_failing_is_left_out_naming_it(tmp_path, job_env):
     # --min-np slots the job ends naming it.
     _hostsfile, discover = _discovery(tmp_path, "localhost:2")
     started = time.monotonic()
-    result = _objects(tmp_path, job_env, "--kill-rank", "1", "--kill-at", "3", "--every-launch",
-                      hvdrun_args=("--min-np", "2", "--host-discovery-script", str(discover),
-                                   "--elastic-timeout", "1"))
+    result = _objects(
+        tmp_path,
+        job_env,
+        "--kill-rank",
+        "1",
+        "--kill-at",
+        "3",
+        "--every-launch",
+        hvdrun_args=(
+            "--min-np",
+            "2",
+            "--host-discovery-script",
+            str(discover),
+            "--elastic-timeout",
+            "1",
+        ),
+    )
     assert result.returncode == 1, result.output
     assert "a process failure, not the host's (host localhost is reachable" in result.stderr
     assert result.stderr.count("launch 1:") == 1 and "launch 2:" not in result.stderr
-    assert "error: only 0 slot(s) available (no host), fewer than --min-np 2, after waiting " \
-        "1 s (--elastic-timeout); lost: localhost (rank 1 failed there (killed by signal 9 " \
-        "(SIGKILL)) and its ranks failed again " in result.stderr, result.output
-    assert "s after the previous failure there; left out for the rest of the job)" \
-        in result.stderr, result.output
+    assert (
+        "error: only 0 slot(s) available (no host), fewer than --min-np 2, after waiting "
+        "1 s (--elastic-timeout); lost: localhost (rank 1 failed there (killed by signal 9 "
+        "(SIGKILL)) and its ranks failed again " in result.stderr
+    ), result.output
+    assert (
+        "s after the previous failure there; left out for the rest of the job)" in result.stderr
+    ), result.output
     assert "the last commit stays in" in result.stderr
     assert time.monotonic() - started < 60
 
 
 @pytest.mark.timeout(150)
 def test_the_restart_budget_ends_the_job_with_the_failures_code(tmp_path, job_env):
-    result = _objects(tmp_path, job_env, "--kill-rank", "0", "--kill-at", "3", "--every-launch",
-                      hvdrun_args=("-np", "2", "--max-restarts", "1"))
+    result = _objects(
+        tmp_path,
+        job_env,
+        "--kill-rank",
+        "0",
+        "--kill-at",
+        "3",
+        "--every-launch",
+        hvdrun_args=("-np", "2", "--max-restarts", "1"),
+    )
     assert result.returncode == 128 + signal.SIGKILL, result.output
     assert "relaunching (restart 1 of 1)" in result.stderr, result.output
     assert "the restart budget is spent (--max-restarts 1)" in result.stderr, result.output
@@ -248,14 +391,38 @@ def test_a_crashed_rank_on_a_single_host_relaunches_there(tmp_path, job_env):
     elastic.mkdir()
     script = str(SCRIPTS / "torch_train.py")
     train = ("--epochs", "2", "--batches", "4", "--commit-every", "2")
-    uninterrupted = run(hvdrun_cmd("-np", "2", PY, script, *train, "--out", str(plain)),
-                        timeout=90, env=job_env)
+    uninterrupted = run(
+        hvdrun_cmd("-np", "2", PY, script, *train, "--out", str(plain)), timeout=90, env=job_env
+    )
     assert uninterrupted.returncode == 0, uninterrupted.output
-    result = _hvdrun(tmp_path, job_env, "-np", "2", "--min-np", "2", "--max-np", "2",
-                     "--host-discovery-script", str(discover), "--elastic-timeout", "5", PY,
-                     script, *train, "--kill-rank", "1", "--kill-at", "5", "--exit-code", "9",
-                     "--out", str(elastic), "--compare-with", str(plain / "final.pt"),
-                     timeout=120)
+    result = _hvdrun(
+        tmp_path,
+        job_env,
+        "-np",
+        "2",
+        "--min-np",
+        "2",
+        "--max-np",
+        "2",
+        "--host-discovery-script",
+        str(discover),
+        "--elastic-timeout",
+        "5",
+        PY,
+        script,
+        *train,
+        "--kill-rank",
+        "1",
+        "--kill-at",
+        "5",
+        "--exit-code",
+        "9",
+        "--out",
+        str(elastic),
+        "--compare-with",
+        str(plain / "final.pt"),
+        timeout=120,
+    )
     log = result.output
     assert result.returncode == 0, log
     assert "left out" not in log, log
@@ -276,20 +443,37 @@ def test_a_commit_that_cannot_be_written_ends_the_job_once(tmp_path, job_env):
     _hostsfile, discover = _discovery(tmp_path, "localhost:2")
     old = os.umask(0o002)
     try:
-        result = _objects(tmp_path, job_env, "--file-size-limit", "65536", "--ballast",
-                          "200000", "--every-launch",
-                          hvdrun_args=("--min-np", "2", "--host-discovery-script",
-                                       str(discover), "--elastic-timeout", "1",
-                                       "--max-restarts", "2"))
+        result = _objects(
+            tmp_path,
+            job_env,
+            "--file-size-limit",
+            "65536",
+            "--ballast",
+            "200000",
+            "--every-launch",
+            hvdrun_args=(
+                "--min-np",
+                "2",
+                "--host-discovery-script",
+                str(discover),
+                "--elastic-timeout",
+                "1",
+                "--max-restarts",
+                "2",
+            ),
+        )
     finally:
         os.umask(old)
     assert result.returncode == 74, result.output
     (job_dir,) = (tmp_path / "state").iterdir()
     assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700
-    assert {stat.S_IMODE(p.stat().st_mode) for p in job_dir.iterdir()} == {0o600}, \
-        list(job_dir.iterdir())
-    assert "writing commit 1 to " in result.stderr and "state.hvdlite failed: File too large " \
-        "(errno 27, EFBIG)" in result.stderr, result.output
+    assert {stat.S_IMODE(p.stat().st_mode) for p in job_dir.iterdir()} == {0o600}, list(
+        job_dir.iterdir()
+    )
+    assert (
+        "writing commit 1 to " in result.stderr
+        and "state.hvdlite failed: File too large (errno 27, EFBIG)" in result.stderr
+    ), result.output
     assert "Free space or raise the quota there" in result.stderr
     assert "could not write a commit" in result.stderr and "launch 1:" not in result.stderr
     assert "is left out" not in result.stderr
@@ -301,12 +485,18 @@ def test_a_state_directory_rank_0_does_not_share_with_hvdrun_is_refused(tmp_path
     # be invisible to hvdrun (a relaunch starts afresh) or resumed stale later.
     local = tmp_path / "local"
     local.mkdir()
-    result = _objects(tmp_path, job_env, "--local-state-dir", str(local),
-                      hvdrun_args=("-np", "2", "--max-restarts", "2"))
+    result = _objects(
+        tmp_path,
+        job_env,
+        "--local-state-dir",
+        str(local),
+        hvdrun_args=("-np", "2", "--max-restarts", "2"),
+    )
     assert result.returncode == 74, result.output
-    assert f"the elastic state directory {local} on this host has no marker of job" \
-        in result.stderr and "on a file system that its host and every rank's host " \
-        "share" in result.stderr, result.output
+    assert (
+        f"the elastic state directory {local} on this host has no marker of job" in result.stderr
+        and "on a file system that its host and every rank's host share" in result.stderr
+    ), result.output
     assert "launch 1:" not in result.stderr and not any(local.iterdir())
 
 
@@ -314,10 +504,21 @@ def test_a_state_directory_rank_0_does_not_share_with_hvdrun_is_refused(tmp_path
 def test_ranks_that_left_with_a_commit_hvdrun_cannot_see_end_the_job(tmp_path, job_env):
     # Every rank exits 75 ("committed, relaunch us") but nothing reached hvdrun's directory:
     # hvdrun says the directory is not shared instead of relaunching from older state.
-    result = _hvdrun(tmp_path, job_env, "-np", "2", "--max-restarts", "2", PY, "-c",
-                     "import sys; sys.exit(75)", timeout=90)
+    result = _hvdrun(
+        tmp_path,
+        job_env,
+        "-np",
+        "2",
+        "--max-restarts",
+        "2",
+        PY,
+        "-c",
+        "import sys; sys.exit(75)",
+        timeout=90,
+    )
     assert result.returncode == 1, result.output
-    assert "but hvdrun sees neither their commit's restart marker nor a new commit in" \
-        in result.stderr and "rank 0 wrote into a directory hvdrun does not see" \
-        in result.stderr, result.output
+    assert (
+        "but hvdrun sees neither their commit's restart marker nor a new commit in" in result.stderr
+        and "rank 0 wrote into a directory hvdrun does not see" in result.stderr
+    ), result.output
     assert "launch 1:" not in result.stderr

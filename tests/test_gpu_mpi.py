@@ -29,8 +29,23 @@ def _gpu() -> bool:
 @pytest.mark.parametrize("aware", ["0", ""], ids=["staged", "mpi-as-detected"])
 def test_gpu_suite_at_two_ranks_over_mpi(aware):
     env = dict(os.environ, HVDLITE_GPU_OPERATIONS="MPI", HVDLITE_CUDA_AWARE_MPI=aware)
-    rc, out = run_mpi(2, [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                          "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
-                          str(ROOT / "tests" / "gpu")], env=env)
+    rc, out = run_mpi(
+        2,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(ROOT),
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            str(ROOT / "tests" / "gpu"),
+        ],
+        env=env,
+    )
     assert rc == 0, out[-8000:]
     assert " passed" in out, out[-4000:]

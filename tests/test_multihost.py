@@ -28,8 +28,7 @@ from pathlib import Path
 import pytest
 from helpers_runner import slurm_cluster
 from helpers_runner.common import HELPERS, ROOT, clean_env, hvdrun_cmd, processes_with, run
-from helpers_runner.netns_hosts import (ALT_PORT, DATA_IFACE, DOWN_HOST, MGMT_IFACE,
-                                        netns_hosts)
+from helpers_runner.netns_hosts import ALT_PORT, DATA_IFACE, DOWN_HOST, MGMT_IFACE, netns_hosts
 from helpers_runner.slurm_two_nodes import TwoNodeCluster
 
 HOST_RANK = str(HELPERS / "host_rank.py")
@@ -49,8 +48,12 @@ def _env(flavour: str, **extra: str) -> dict[str, str]:
         pytest.skip(f"no Open MPI library at {libmpi}")
     # This Python (it has torch) with mpi4py on Open MPI's library; waiting ranks yield
     # the core (4 ranks share 2 cores here).
-    return clean_env(HVDLITE_MPIEXEC=str(Path(bindir) / "mpiexec"), MPI4PY_LIBMPI=str(libmpi),
-                     OMPI_MCA_mpi_yield_when_idle="1", **extra)
+    return clean_env(
+        HVDLITE_MPIEXEC=str(Path(bindir) / "mpiexec"),
+        MPI4PY_LIBMPI=str(libmpi),
+        OMPI_MCA_mpi_yield_when_idle="1",
+        **extra,
+    )
 
 
 def _hvdrun_on_h1(hosts, *args: str, env: dict[str, str], timeout: float = 90.0):
@@ -71,9 +74,23 @@ def _received(hosts, name: str) -> dict[str, int]:
 def test_digits_example_trains_on_two_hosts(netns_hosts, flavour):
     before = _received(netns_hosts, "h2")
     show_host = 'echo "rank host: $(hostname)"; exec "$0" "$@"'
-    result = _hvdrun_on_h1(netns_hosts, "-np", "4", "-H", "h1:2,h2:2", "sh", "-c", show_host,
-                           sys.executable, "examples/torch_digits.py", "--epochs", "3",
-                           "--checkpoint=", env=_env(flavour), timeout=240)
+    result = _hvdrun_on_h1(
+        netns_hosts,
+        "-np",
+        "4",
+        "-H",
+        "h1:2,h2:2",
+        "sh",
+        "-c",
+        show_host,
+        sys.executable,
+        "examples/torch_digits.py",
+        "--epochs",
+        "3",
+        "--checkpoint=",
+        env=_env(flavour),
+        timeout=240,
+    )
     after = _received(netns_hosts, "h2")
     assert result.returncode == 0, result.output
     assert sorted(re.findall(r"rank host: (\w+)", result.stdout)) == ["h1", "h1", "h2", "h2"]
@@ -88,11 +105,16 @@ def test_digits_example_trains_on_two_hosts(netns_hosts, flavour):
 def test_hostfile_places_ranks_on_three_hosts(netns_hosts, tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# three machines\nh1 slots=1\nh2 slots=1\nh3 slots=2\n")
-    result = _hvdrun_on_h1(netns_hosts, "--hostfile", str(hostfile), sys.executable, HOST_RANK,
-                           env=_env("mpich"))
+    result = _hvdrun_on_h1(
+        netns_hosts, "--hostfile", str(hostfile), sys.executable, HOST_RANK, env=_env("mpich")
+    )
     assert result.returncode == 0, result.output
-    assert _placement(result.stdout) == {0: ("h1", 0, 1), 1: ("h2", 0, 1), 2: ("h3", 0, 2),
-                                         3: ("h3", 1, 2)}, result.output
+    assert _placement(result.stdout) == {
+        0: ("h1", 0, 1),
+        1: ("h2", 0, 1),
+        2: ("h3", 0, 2),
+        3: ("h3", 1, 2),
+    }, result.output
     assert result.stdout.count("sum ok") == 4, result.output
 
 
@@ -101,8 +123,9 @@ def test_ssh_port_and_identity_file(netns_hosts):
     # sshd's second port accepts only the second key, which no ssh configuration names.
     common = ["-np", "2", "-H", "h1:1,h2:1", "-p", str(ALT_PORT)]
     program = [sys.executable, HOST_RANK, "--floats", "1000"]
-    ok = _hvdrun_on_h1(netns_hosts, *common, "-i", str(netns_hosts.alt_key), *program,
-                       env=_env("mpich"))
+    ok = _hvdrun_on_h1(
+        netns_hosts, *common, "-i", str(netns_hosts.alt_key), *program, env=_env("mpich")
+    )
     assert ok.returncode == 0, ok.output
     assert _placement(ok.stdout) == {0: ("h1", 0, 1), 1: ("h2", 0, 1)}, ok.output
     refused = _hvdrun_on_h1(netns_hosts, *common, *program, env=_env("mpich"))
@@ -113,14 +136,27 @@ def test_ssh_port_and_identity_file(netns_hosts):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("flavour, iface", [("mpich", MGMT_IFACE), ("mpich", DATA_IFACE),
-                                            ("openmpi", DATA_IFACE)])
+@pytest.mark.parametrize(
+    "flavour, iface", [("mpich", MGMT_IFACE), ("mpich", DATA_IFACE), ("openmpi", DATA_IFACE)]
+)
 def test_network_interface_carries_the_traffic(netns_hosts, flavour, iface):
     other = DATA_IFACE if iface == MGMT_IFACE else MGMT_IFACE
     env = _env(flavour)
     before = _received(netns_hosts, "h2")
-    result = _hvdrun_on_h1(netns_hosts, "-np", "4", "-H", "h1:2,h2:2", "--network-interface",
-                           iface, sys.executable, HOST_RANK, "--floats", str(4 << 20), env=env)
+    result = _hvdrun_on_h1(
+        netns_hosts,
+        "-np",
+        "4",
+        "-H",
+        "h1:2,h2:2",
+        "--network-interface",
+        iface,
+        sys.executable,
+        HOST_RANK,
+        "--floats",
+        str(4 << 20),
+        env=env,
+    )
     after = _received(netns_hosts, "h2")
     assert result.returncode == 0, result.output
     assert result.stdout.count("sum ok") == 4, result.output
@@ -137,8 +173,12 @@ def _rank_process(hosts, host: str, marker: str, rank: int) -> int | None:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (len(argv) > 1 and argv[1].endswith(b"host_rank.py") and marker.encode() in environ
-                and f"PMI_RANK={rank}".encode() in environ):
+        if (
+            len(argv) > 1
+            and argv[1].endswith(b"host_rank.py")
+            and marker.encode() in environ
+            and f"PMI_RANK={rank}".encode() in environ
+        ):
             return pid
     return None
 
@@ -148,16 +188,25 @@ def test_rank_killed_on_h2_is_reported_with_its_host(netns_hosts):
     marker = f"MULTIHOST_TEST_MARKER={uuid.uuid4().hex}"
     name, value = marker.split("=")
     env = _env("mpich", **{name: value})
-    cmd = netns_hosts.wrap("h1", hvdrun_cmd("-np", "4", "-H", "h1:2,h2:2", sys.executable,
-                                            HOST_RANK, "sleep"))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    cmd = netns_hosts.wrap(
+        "h1", hvdrun_cmd("-np", "4", "-H", "h1:2,h2:2", sys.executable, HOST_RANK, "sleep")
+    )
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     out: list[str] = []
     err: list[str] = []
-    readers = [threading.Thread(target=lambda s, into: into.extend(s), args=(stream, into),
-                                daemon=True)
-               for stream, into in ((proc.stdout, out), (proc.stderr, err))]
+    readers = [
+        threading.Thread(target=lambda s, into: into.extend(s), args=(stream, into), daemon=True)
+        for stream, into in ((proc.stdout, out), (proc.stderr, err))
+    ]
     for reader in readers:
         reader.start()
     try:
@@ -190,13 +239,25 @@ def test_rank_killed_on_h2_is_reported_with_its_host(netns_hosts):
 @pytest.mark.timeout(120)
 def test_unreachable_host_is_an_error_before_any_rank_starts(netns_hosts, tmp_path):
     started = tmp_path / "a rank started"
-    result = _hvdrun_on_h1(netns_hosts, "-np", "3", "-H", f"h1:1,h2:1,{DOWN_HOST}:1",
-                           "sh", "-c", 'touch "$0"', str(started), env=_env("mpich"))
+    result = _hvdrun_on_h1(
+        netns_hosts,
+        "-np",
+        "3",
+        "-H",
+        f"h1:1,h2:1,{DOWN_HOST}:1",
+        "sh",
+        "-c",
+        'touch "$0"',
+        str(started),
+        env=_env("mpich"),
+    )
     assert result.returncode == 1, result.output
-    assert "cannot log in with ssh to 1 of 2 other host(s); no rank was started" in \
-        result.stderr, result.output
-    assert re.search(rf"^  {DOWN_HOST}: ssh: connect to host {DOWN_HOST} port 22: ",
-                     result.stderr, re.M), result.output
+    assert "cannot log in with ssh to 1 of 2 other host(s); no rank was started" in result.stderr, (
+        result.output
+    )
+    assert re.search(
+        rf"^  {DOWN_HOST}: ssh: connect to host {DOWN_HOST} port 22: ", result.stderr, re.M
+    ), result.output
     assert not re.search(r"^  h2:", result.stderr, re.M), result.output
     assert not started.exists()
     assert result.seconds < 40, result.seconds
@@ -225,8 +286,9 @@ def slurm_env(two_nodes, tmp_path_factory):
     shims = tmp_path_factory.mktemp("bin")
     (shims / "hvdrun").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m hvdlite.runner "$@"\n')
     (shims / "hvdrun").chmod(0o755)
-    path = os.pathsep.join([str(shims), str(Path(sys.executable).parent),
-                            os.environ.get("PATH", "/usr/bin:/bin")])
+    path = os.pathsep.join(
+        [str(shims), str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]
+    )
     return clean_env(SLURM_CONF=str(two_nodes.conf), PATH=path)
 
 
@@ -244,10 +306,20 @@ def test_multi_node_sbatch_scripts_run_on_both_nodes(two_nodes, slurm_env, tmp_p
     for name in ("multi_node_torch", "multi_node_tensorflow"):
         out = tmp_path / f"{name}.out"
         env = dict(slurm_env, TRAIN_SCRIPT=HOST_RANK, TRAIN_ARGS="--floats 100000")
-        jobs[name] = (two_nodes.sbatch(
-            ["--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=1", f"--chdir={ROOT}",
-             f"--output={out}", str(ROOT / "launcher" / "slurm" / f"{name}.sbatch")], env=env),
-            out)
+        jobs[name] = (
+            two_nodes.sbatch(
+                [
+                    "--nodes=2",
+                    "--ntasks-per-node=2",
+                    "--cpus-per-task=1",
+                    f"--chdir={ROOT}",
+                    f"--output={out}",
+                    str(ROOT / "launcher" / "slurm" / f"{name}.sbatch"),
+                ],
+                env=env,
+            ),
+            out,
+        )
     for name, (job_id, out) in jobs.items():
         text = _batch_output(two_nodes, job_id, out)
         assert f"job {job_id}: 4 ranks on h[1-2]" in text, text
@@ -260,9 +332,23 @@ def test_multi_node_sbatch_scripts_run_on_both_nodes(two_nodes, slurm_env, tmp_p
 @pytest.mark.slurm
 @pytest.mark.timeout(120)
 def test_srun_from_the_login_host_runs_ranks_on_both_nodes(two_nodes, slurm_env):
-    result = run(two_nodes.client(["srun", "--mpi=pmi2", "--nodes=2", "--ntasks-per-node=2",
-                                   "--kill-on-bad-exit=1", sys.executable, HOST_RANK,
-                                   "--floats", "100000"]), env=slurm_env, timeout=90)
+    result = run(
+        two_nodes.client(
+            [
+                "srun",
+                "--mpi=pmi2",
+                "--nodes=2",
+                "--ntasks-per-node=2",
+                "--kill-on-bad-exit=1",
+                sys.executable,
+                HOST_RANK,
+                "--floats",
+                "100000",
+            ]
+        ),
+        env=slurm_env,
+        timeout=90,
+    )
     assert result.returncode == 0, result.output
     assert _placement(result.stdout) == ACROSS_NODES, result.output
     assert result.stdout.count("sum ok") == 4, result.output
@@ -272,10 +358,19 @@ def test_srun_from_the_login_host_runs_ranks_on_both_nodes(two_nodes, slurm_env)
 @pytest.mark.timeout(300)
 def test_hvdrun_launcher_srun_in_a_two_node_allocation(two_nodes, slurm_env, tmp_path):
     out = tmp_path / "srun.out"
-    command = " ".join(hvdrun_cmd("--launcher", "srun", sys.executable, HOST_RANK,
-                                  "--floats", "100000"))
-    job_id = two_nodes.sbatch(["--nodes=2", "--ntasks-per-node=2", f"--chdir={ROOT}",
-                               f"--output={out}", f"--wrap={command}"], env=slurm_env)
+    command = " ".join(
+        hvdrun_cmd("--launcher", "srun", sys.executable, HOST_RANK, "--floats", "100000")
+    )
+    job_id = two_nodes.sbatch(
+        [
+            "--nodes=2",
+            "--ntasks-per-node=2",
+            f"--chdir={ROOT}",
+            f"--output={out}",
+            f"--wrap={command}",
+        ],
+        env=slurm_env,
+    )
     text = _batch_output(two_nodes, job_id, out)
     assert _placement(text) == ACROSS_NODES, text
     assert text.count("sum ok") == 4, text
@@ -288,15 +383,35 @@ def test_elastic_hvdrun_relaunches_within_the_allocation(two_nodes, slurm_env, t
     hvdrun relaunches on both nodes from the last commit and the job finishes there."""
     out = tmp_path / "elastic.out"
     script = ROOT / "tests" / "elastic_scripts" / "objects_train.py"
-    command = " ".join(hvdrun_cmd("--max-restarts", "1", "--elastic-state-dir",
-                                  str(tmp_path / "state"), sys.executable, str(script),
-                                  "--kill-rank", "1", "--kill-at", "3"))
-    job_id = two_nodes.sbatch(["--nodes=2", "--ntasks-per-node=1", f"--chdir={ROOT}",
-                               f"--output={out}", f"--wrap={command}"], env=slurm_env)
+    command = " ".join(
+        hvdrun_cmd(
+            "--max-restarts",
+            "1",
+            "--elastic-state-dir",
+            str(tmp_path / "state"),
+            sys.executable,
+            str(script),
+            "--kill-rank",
+            "1",
+            "--kill-at",
+            "3",
+        )
+    )
+    job_id = two_nodes.sbatch(
+        [
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            f"--chdir={ROOT}",
+            f"--output={out}",
+            f"--wrap={command}",
+        ],
+        env=slurm_env,
+    )
     text = _batch_output(two_nodes, job_id, out)
     assert "launch 0: 2 rank(s) on h1:1,h2:1, from the start" in text, text
     assert "a process failure, not the host's" in text, text
     assert "host h2 is left out" not in text, text
-    assert "launch 1: 2 rank(s) on h1:1,h2:1, resuming from commit 1 (step=2, total=3.0)" \
-        in text, text
+    assert "launch 1: 2 rank(s) on h1:1,h2:1, resuming from commit 1 (step=2, total=3.0)" in text, (
+        text
+    )
     assert "final total=78 steps=12 size=2" in text, text

@@ -53,8 +53,13 @@ def run_mpi(n: int, args: list[str], timeout: float = TIMEOUT, env=None):
     full_env = dict(os.environ if env is None else env)
     full_env.setdefault("PYTHONPATH", str(ROOT))
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
+        cmd,
+        cwd=ROOT,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -69,9 +74,22 @@ def run_mpi(n: int, args: list[str], timeout: float = TIMEOUT, env=None):
 def test_module_under_mpi(module: Path, n: int):
     rc, out = run_mpi(
         n,
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         "-o", "timeout_method=thread",
-         "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"), str(module)],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "timeout_method=thread",
+            "--rootdir",
+            str(ROOT),
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            str(module),
+        ],
     )
     passed = re.findall(r"(\d+) passed", out)
     assert rc == 0, f"{module.name} at {n} ranks exited {rc}:\n{out[-8000:]}"

@@ -20,13 +20,31 @@ def test_version():
 def test_help_lists_the_knob_flags():
     result = hvdrun("--help")
     assert result.returncode == 0
-    for flag in ("-np", "--hosts", "--hostfile", "--mpi-args", "--check-build", "--dry-run",
-                 "--verbose", "--start-timeout", "--output-filename", "--config-file",
-                 "--fusion-threshold-mb", "--cycle-time-ms", "--cache-capacity",
-                 "--hierarchical-allreduce", "--hierarchical-allgather", "--timeline-filename",
-                 "--timeline-mark-cycles", "--no-stall-check", "--stall-check-warning-time-seconds",
-                 "--stall-check-shutdown-time-seconds", "--mpi-threads-disable", "--log-level",
-                 "--launcher"):
+    for flag in (
+        "-np",
+        "--hosts",
+        "--hostfile",
+        "--mpi-args",
+        "--check-build",
+        "--dry-run",
+        "--verbose",
+        "--start-timeout",
+        "--output-filename",
+        "--config-file",
+        "--fusion-threshold-mb",
+        "--cycle-time-ms",
+        "--cache-capacity",
+        "--hierarchical-allreduce",
+        "--hierarchical-allgather",
+        "--timeline-filename",
+        "--timeline-mark-cycles",
+        "--no-stall-check",
+        "--stall-check-warning-time-seconds",
+        "--stall-check-shutdown-time-seconds",
+        "--mpi-threads-disable",
+        "--log-level",
+        "--launcher",
+    ):
         assert flag in result.stdout, flag
 
 
@@ -41,29 +59,46 @@ def test_console_script_points_at_main():
 
 @pytest.mark.timeout(60)
 def test_import_does_not_touch_mpi_or_frameworks():
-    code = ("import sys, hvdlite.runner, hvdlite.runner.cli, hvdlite.runner.job; "
-            "print(sorted(m for m in ('mpi4py', 'torch', 'tensorflow', 'numpy') "
-            "if m in sys.modules))")
+    code = (
+        "import sys, hvdlite.runner, hvdlite.runner.cli, hvdlite.runner.job; "
+        "print(sorted(m for m in ('mpi4py', 'torch', 'tensorflow', 'numpy') "
+        "if m in sys.modules))"
+    )
     result = run([sys.executable, "-c", code])
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("argv,message", [
-    (["--bogus", "-np", "2", sys.executable], "unrecognized arguments: --bogus"),
-    (["-np", "3", "-H", "localhost:2", sys.executable], "more than the 2 slot"),
-    (["-H", "node1:two", sys.executable], "positive integer"),
-    (["--hostfile", "/nonexistent/hosts", sys.executable], "cannot read"),
-    (["-np", "2", "no-such-command-hvdlite"], "command not found"),
-    (["-np", "2"], "no command given"),
-    ([sys.executable], "-np is required"),
-    (["--fusion-threshold-mb", "nan", "-np", "2", sys.executable], "not a finite number"),
-    (["--start-timeout", "nan", "-np", "2", sys.executable], "not a finite number"),
-    (["--cycle-time-ms", "inf", "-np", "2", sys.executable], "not a finite number"),
-    (["-np", "-1", sys.executable], "must be at least 1"),
-], ids=["unknown-flag", "np-over-slots", "bad-hosts", "bad-hostfile", "no-command-found",
-        "no-command", "no-np", "fusion-nan", "start-timeout-nan", "cycle-time-inf", "np-neg"])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--bogus", "-np", "2", sys.executable], "unrecognized arguments: --bogus"),
+        (["-np", "3", "-H", "localhost:2", sys.executable], "more than the 2 slot"),
+        (["-H", "node1:two", sys.executable], "positive integer"),
+        (["--hostfile", "/nonexistent/hosts", sys.executable], "cannot read"),
+        (["-np", "2", "no-such-command-hvdlite"], "command not found"),
+        (["-np", "2"], "no command given"),
+        ([sys.executable], "-np is required"),
+        (["--fusion-threshold-mb", "nan", "-np", "2", sys.executable], "not a finite number"),
+        (["--start-timeout", "nan", "-np", "2", sys.executable], "not a finite number"),
+        (["--cycle-time-ms", "inf", "-np", "2", sys.executable], "not a finite number"),
+        (["-np", "-1", sys.executable], "must be at least 1"),
+    ],
+    ids=[
+        "unknown-flag",
+        "np-over-slots",
+        "bad-hosts",
+        "bad-hostfile",
+        "no-command-found",
+        "no-command",
+        "no-np",
+        "fusion-nan",
+        "start-timeout-nan",
+        "cycle-time-inf",
+        "np-neg",
+    ],
+)
 def test_bad_input_exits_2_with_one_line(argv, message):
     result = hvdrun(*argv)
     assert result.returncode == 2, result.output
@@ -76,8 +111,16 @@ def test_bad_input_exits_2_with_one_line(argv, message):
 @pytest.mark.timeout(60)
 def test_dry_run_prints_and_starts_nothing(tmp_path):
     marker = tmp_path / "ran"
-    result = hvdrun("-np", "2", "--dry-run", "--cycle-time-ms", "4", sys.executable, "-c",
-                    f"open({str(marker)!r}, 'w')")
+    result = hvdrun(
+        "-np",
+        "2",
+        "--dry-run",
+        "--cycle-time-ms",
+        "4",
+        sys.executable,
+        "-c",
+        f"open({str(marker)!r}, 'w')",
+    )
     assert result.returncode == 0, result.output
     line = result.stdout.strip()
     assert "mpiexec" in line and "-n 2" in line and "-prepend-rank" in line
@@ -87,12 +130,23 @@ def test_dry_run_prints_and_starts_nothing(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_check_build_table():
-    result = run([sys.executable, "-m", "hvdlite.runner", "--check-build"], timeout=200,
-                 env=clean_env())
+    result = run(
+        [sys.executable, "-m", "hvdlite.runner", "--check-build"], timeout=200, env=clean_env()
+    )
     assert result.returncode == 0, result.output
     out = result.stdout
-    for label in ("MPI", "launcher", "library", "thread level", "Frameworks", "PyTorch",
-                  "TensorFlow", "GPU", "CUDA", "NCCL"):
+    for label in (
+        "MPI",
+        "launcher",
+        "library",
+        "thread level",
+        "Frameworks",
+        "PyTorch",
+        "TensorFlow",
+        "GPU",
+        "CUDA",
+        "NCCL",
+    ):
         assert label in out, (label, out)
     assert "[X] MPICH" in out or "[X] Open MPI" in out or "[X] Intel" in out, out
     assert "MPI_THREAD_" in out

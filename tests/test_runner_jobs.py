@@ -14,8 +14,15 @@ import time
 import uuid
 
 import pytest
-from helpers_runner.common import (RANKS, ROOT, clean_env, gone_within, hvdrun, hvdrun_cmd,
-                                   processes_with)
+from helpers_runner.common import (
+    RANKS,
+    ROOT,
+    clean_env,
+    gone_within,
+    hvdrun,
+    hvdrun_cmd,
+    processes_with,
+)
 
 from hvdlite.runner import job, protocol
 
@@ -70,9 +77,16 @@ def test_mpi_abort_is_reported():
 
 def _start_sleepers(n, marker):
     env = clean_env(HVDLITE_TEST_MARKER=marker)
-    proc = subprocess.Popen(hvdrun_cmd("-np", str(n), PY, str(RANKS), "sleep"), cwd=ROOT,
-                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        hvdrun_cmd("-np", str(n), PY, str(RANKS), "sleep"),
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     deadline = time.monotonic() + 60
@@ -127,10 +141,16 @@ def _launcher_started(marker):
 @pytest.mark.parametrize("when", ["at-once", "at-launch"])
 def test_early_sigint_leaves_nothing_running(when):
     marker = f"hvdrun-test-{uuid.uuid4().hex}"
-    proc = subprocess.Popen(hvdrun_cmd("-np", "2", PY, str(RANKS), "sleep"), cwd=ROOT,
-                            env=clean_env(HVDLITE_TEST_MARKER=marker), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        hvdrun_cmd("-np", "2", PY, str(RANKS), "sleep"),
+        cwd=ROOT,
+        env=clean_env(HVDLITE_TEST_MARKER=marker),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while when == "at-launch" and not _launcher_started(marker):
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
@@ -173,8 +193,13 @@ def test_signal_while_the_launcher_starts_is_not_lost(monkeypatch):
     monkeypatch.setattr(job, "_launch", launch_then_interrupt)
     err = io.BytesIO()
     try:
-        code = job.run_job(["sh", "-c", "exec sleep 300"], clean_env(HVDLITE_TEST_MARKER=marker),
-                           np=2, out=io.BytesIO(), err=err)
+        code = job.run_job(
+            ["sh", "-c", "exec sleep 300"],
+            clean_env(HVDLITE_TEST_MARKER=marker),
+            np=2,
+            out=io.BytesIO(),
+            err=err,
+        )
     except KeyboardInterrupt:
         code = "KeyboardInterrupt"
     clean = gone_within(marker, 10)
@@ -198,13 +223,30 @@ def test_knobs_from_flags_and_config_file_reach_every_rank(tmp_path):
     config = tmp_path / "hvd.yaml"
     config.write_text("fusion-threshold-mb: 2\ncycle-time-ms: 9\nlog-level: info\n")
     env = clean_env(HVDLITE_LOG_LEVEL="ERROR", HOROVOD_CACHE_CAPACITY="77")
-    result = hvdrun("-np", "2", "--config-file", str(config), "--cycle-time-ms", "3",
-                    PY, str(RANKS), "env", "HVDLITE_FUSION_THRESHOLD", "HVDLITE_CYCLE_TIME",
-                    "HVDLITE_LOG_LEVEL", "HOROVOD_CACHE_CAPACITY", env=env)
+    result = hvdrun(
+        "-np",
+        "2",
+        "--config-file",
+        str(config),
+        "--cycle-time-ms",
+        "3",
+        PY,
+        str(RANKS),
+        "env",
+        "HVDLITE_FUSION_THRESHOLD",
+        "HVDLITE_CYCLE_TIME",
+        "HVDLITE_LOG_LEVEL",
+        "HOROVOD_CACHE_CAPACITY",
+        env=env,
+    )
     assert result.returncode == 0, result.output
     for rank in (0, 1):
-        for line in ("HVDLITE_FUSION_THRESHOLD=2097152", "HVDLITE_CYCLE_TIME=3.0",
-                     "HVDLITE_LOG_LEVEL=INFO", "HOROVOD_CACHE_CAPACITY=77"):
+        for line in (
+            "HVDLITE_FUSION_THRESHOLD=2097152",
+            "HVDLITE_CYCLE_TIME=3.0",
+            "HVDLITE_LOG_LEVEL=INFO",
+            "HOROVOD_CACHE_CAPACITY=77",
+        ):
             assert f"[{rank}] {line}" in result.stdout, result.output
 
 
@@ -230,9 +272,11 @@ def test_verbose_describes_the_launch():
 @pytest.mark.timeout(120)
 def test_start_timeout_stops_a_launcher_that_starts_nothing(tmp_path):
     fake = tmp_path / "mpiexec"
-    fake.write_text("#!/bin/sh\n"
-                    'if [ "$1" = "--version" ]; then echo "HYDRA build details:"; exit 0; fi\n'
-                    "exec sleep 300\n")
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--version" ]; then echo "HYDRA build details:"; exit 0; fi\n'
+        "exec sleep 300\n"
+    )
     fake.chmod(0o755)
     marker = f"hvdrun-test-{uuid.uuid4().hex}"
     env = clean_env(HVDLITE_MPIEXEC=str(fake), HVDLITE_TEST_MARKER=marker)
@@ -267,8 +311,15 @@ def test_a_timeline_path_that_is_a_link_fails_init_and_leaves_its_target(tmp_pat
     victim, link = tmp_path / "victim", tmp_path / "timeline.json"
     victim.write_text("precious\n")
     link.symlink_to(victim)
-    result = hvdrun("-np", "2", "--timeline-filename", str(link), sys.executable, "-c",
-                    "import hvdlite; hvdlite.init()")
+    result = hvdrun(
+        "-np",
+        "2",
+        "--timeline-filename",
+        str(link),
+        sys.executable,
+        "-c",
+        "import hvdlite; hvdlite.init()",
+    )
     assert result.returncode != 0, result.output
     assert f"{link} is a symbolic link: hvdlite does not write through links" in result.output
     assert victim.read_text() == "precious\n"

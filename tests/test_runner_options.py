@@ -14,8 +14,6 @@ from hvdlite.runner.errors import UsageError
 PY = sys.executable  # an executable that surely exists, as the user's command
 
 
-
-
 def test_every_knob_has_a_flag():
     # A knob whose flag a hand-written option has (e.g. --thread-affinity) is set by it.
     flags = {opt.variable: opt.flags[0] for opt in options.OPTIONS if opt.variable}
@@ -30,20 +28,50 @@ def test_every_knob_has_a_flag():
 
 
 def test_knob_flags_become_variables():
-    args = options.parse_args([
-        "-np", "2", "--fusion-threshold-mb", "1.5", "--cycle-time-ms", "3.5",
-        "--cache-capacity", "0", "--hierarchical-allreduce", "--hierarchical-allgather",
-        "--timeline-filename", "tl.json", "--timeline-mark-cycles", "--no-stall-check",
-        "--stall-check-warning-time-seconds", "30", "--stall-check-shutdown-time-seconds", "90",
-        "--mpi-threads-disable", "--log-level", "debug", "python", "train.py", "--lr", "1"])
+    args = options.parse_args(
+        [
+            "-np",
+            "2",
+            "--fusion-threshold-mb",
+            "1.5",
+            "--cycle-time-ms",
+            "3.5",
+            "--cache-capacity",
+            "0",
+            "--hierarchical-allreduce",
+            "--hierarchical-allgather",
+            "--timeline-filename",
+            "tl.json",
+            "--timeline-mark-cycles",
+            "--no-stall-check",
+            "--stall-check-warning-time-seconds",
+            "30",
+            "--stall-check-shutdown-time-seconds",
+            "90",
+            "--mpi-threads-disable",
+            "--log-level",
+            "debug",
+            "python",
+            "train.py",
+            "--lr",
+            "1",
+        ]
+    )
     env = options.knob_environment(options.merge(args, {}))
     assert env == {
-        "HVDLITE_FUSION_THRESHOLD": str(int(1.5 * 1024 * 1024)), "HVDLITE_CYCLE_TIME": "3.5",
-        "HVDLITE_CACHE_CAPACITY": "0", "HVDLITE_HIERARCHICAL_ALLREDUCE": "1",
-        "HVDLITE_HIERARCHICAL_ALLGATHER": "1", "HVDLITE_TIMELINE": "tl.json",
-        "HVDLITE_TIMELINE_MARK_CYCLES": "1", "HVDLITE_STALL_CHECK_DISABLE": "1",
-        "HVDLITE_STALL_CHECK_TIME_SECONDS": "30.0", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "90.0",
-        "HVDLITE_MPI_THREADS_DISABLE": "1", "HVDLITE_LOG_LEVEL": "DEBUG"}
+        "HVDLITE_FUSION_THRESHOLD": str(int(1.5 * 1024 * 1024)),
+        "HVDLITE_CYCLE_TIME": "3.5",
+        "HVDLITE_CACHE_CAPACITY": "0",
+        "HVDLITE_HIERARCHICAL_ALLREDUCE": "1",
+        "HVDLITE_HIERARCHICAL_ALLGATHER": "1",
+        "HVDLITE_TIMELINE": "tl.json",
+        "HVDLITE_TIMELINE_MARK_CYCLES": "1",
+        "HVDLITE_STALL_CHECK_DISABLE": "1",
+        "HVDLITE_STALL_CHECK_TIME_SECONDS": "30.0",
+        "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "90.0",
+        "HVDLITE_MPI_THREADS_DISABLE": "1",
+        "HVDLITE_LOG_LEVEL": "DEBUG",
+    }
     assert args.command == ["python", "train.py", "--lr", "1"]
 
 
@@ -52,30 +80,42 @@ def test_command_flags_are_not_hvdruns():
     assert args.command == ["python", "-np", "--verbose"] and args.verbose is None
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--bogus", "-np", "2", "python"], "unrecognized arguments: --bogus"),
-    (["-np", "0", "python"], "-np"),
-    (["-np", "two", "python"], "-np"),
-    (["--cycle-time-ms", "-1", "python"], "--cycle-time-ms"),
-    (["--log-level", "LOUD", "python"], "--log-level"),
-    (["--launcher", "ssh", "python"], "--launcher"),
-    (["--overlap", "sometimes", "python"], "--overlap"),
-    (["--fusion", "1", "python"], "unrecognized"),  # no abbreviations
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--bogus", "-np", "2", "python"], "unrecognized arguments: --bogus"),
+        (["-np", "0", "python"], "-np"),
+        (["-np", "two", "python"], "-np"),
+        (["--cycle-time-ms", "-1", "python"], "--cycle-time-ms"),
+        (["--log-level", "LOUD", "python"], "--log-level"),
+        (["--launcher", "ssh", "python"], "--launcher"),
+        (["--overlap", "sometimes", "python"], "--overlap"),
+        (["--fusion", "1", "python"], "unrecognized"),  # no abbreviations
+    ],
+)
 def test_bad_flags_are_one_line_usage_errors(argv, message):
     with pytest.raises(UsageError) as info:
         options.parse_args(argv)
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-NUMERIC_FLAGS = [opt.flags[0] for opt in options.OPTIONS
-                 if getattr(opt.convert, "__name__", "") in ("int", "float")]
+NUMERIC_FLAGS = [
+    opt.flags[0]
+    for opt in options.OPTIONS
+    if getattr(opt.convert, "__name__", "") in ("int", "float")
+]
 
 
 def test_numeric_flags_are_all_found():
-    assert {"-np", "--start-timeout", "--fusion-threshold-mb", "--cycle-time-ms",
-            "--cache-capacity", "--stall-check-warning-time-seconds",
-            "--stall-check-shutdown-time-seconds"} <= set(NUMERIC_FLAGS)
+    assert {
+        "-np",
+        "--start-timeout",
+        "--fusion-threshold-mb",
+        "--cycle-time-ms",
+        "--cache-capacity",
+        "--stall-check-warning-time-seconds",
+        "--stall-check-shutdown-time-seconds",
+    } <= set(NUMERIC_FLAGS)
 
 
 @pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "Infinity", "-1", "1e999"])
@@ -91,13 +131,21 @@ def test_numeric_flag_ranges():
         options.parse_args(["--fusion-threshold-mb", "1e9", "python"])
     with pytest.raises(UsageError, match="more than 0"):
         options.parse_args(["--start-timeout", "0", "python"])
-    args = options.parse_args(["--fusion-threshold-mb", "0", "--start-timeout", "0.5",
-                               "--cycle-time-ms", "0", "python"])
+    args = options.parse_args(
+        ["--fusion-threshold-mb", "0", "--start-timeout", "0.5", "--cycle-time-ms", "0", "python"]
+    )
     assert (args.fusion_threshold, args.start_timeout, args.cycle_time_ms) == (0, 0.5, 0)
 
 
-@pytest.mark.parametrize("text", ["fusion-threshold-mb: .nan\n", "start-timeout: .inf\n",
-                                  "cycle-time-ms: -.inf\n", "num-proc: .nan\n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "fusion-threshold-mb: .nan\n",
+        "start-timeout: .inf\n",
+        "cycle-time-ms: -.inf\n",
+        "num-proc: .nan\n",
+    ],
+)
 def test_config_file_rejects_non_finite_numbers(tmp_path, text):
     config = tmp_path / "bad.yaml"
     config.write_text(text)
@@ -109,35 +157,44 @@ def test_config_file_precedence(tmp_path):
     config = tmp_path / "hvd.yaml"
     config.write_text(
         "fusion-threshold-mb: 8\n"
-        "cycle_time_ms: 5\n"            # '_' spelling works too
+        "cycle_time_ms: 5\n"  # '_' spelling works too
         "cache-capacity: 20\n"
         "hierarchical-allreduce: false\n"
         "log-level: info\n"
         "np: 2\n"
-        "mpi-args: [-iface, lo]\n")
-    plan = _plan(["--config-file", str(config), "--cycle-time-ms", "7", PY, "x.py"],
-                 HVDLITE_CACHE_CAPACITY="10",          # the file beats the environment
-                 HOROVOD_HIERARCHICAL_ALLREDUCE="1",   # ... in either spelling
-                 HOROVOD_TIMELINE="/tmp/keep.json")    # untouched when nobody sets it
+        "mpi-args: [-iface, lo]\n"
+    )
+    plan = _plan(
+        ["--config-file", str(config), "--cycle-time-ms", "7", PY, "x.py"],
+        HVDLITE_CACHE_CAPACITY="10",  # the file beats the environment
+        HOROVOD_HIERARCHICAL_ALLREDUCE="1",  # ... in either spelling
+        HOROVOD_TIMELINE="/tmp/keep.json",
+    )  # untouched when nobody sets it
     assert plan.np == 2
     genv = _genv(plan)
-    assert genv == {"HVDLITE_FUSION_THRESHOLD": str(8 * 1024 * 1024),
-                    "HVDLITE_CYCLE_TIME": "7.0",  # the command line beats the file
-                    "HVDLITE_CACHE_CAPACITY": "20", "HVDLITE_HIERARCHICAL_ALLREDUCE": "0",
-                    "HVDLITE_LOG_LEVEL": "INFO"}
+    assert genv == {
+        "HVDLITE_FUSION_THRESHOLD": str(8 * 1024 * 1024),
+        "HVDLITE_CYCLE_TIME": "7.0",  # the command line beats the file
+        "HVDLITE_CACHE_CAPACITY": "20",
+        "HVDLITE_HIERARCHICAL_ALLREDUCE": "0",
+        "HVDLITE_LOG_LEVEL": "INFO",
+    }
     assert plan.env["HVDLITE_CACHE_CAPACITY"] == "20"
     assert plan.env["HOROVOD_TIMELINE"] == "/tmp/keep.json"
     assert "HVDLITE_TIMELINE" not in plan.env
     assert plan.cmd[plan.cmd.index("-iface") + 1] == "lo"
 
 
-@pytest.mark.parametrize("text,message", [
-    ("fusion-thresold-mb: 8\n", "unknown key"),
-    ("cycle-time-ms: fast\n", "cycle-time-ms"),
-    ("hierarchical-allreduce: maybe\n", "true or false"),
-    ("- a\n- b\n", "mapping"),
-    ("a: [\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("fusion-thresold-mb: 8\n", "unknown key"),
+        ("cycle-time-ms: fast\n", "cycle-time-ms"),
+        ("hierarchical-allreduce: maybe\n", "true or false"),
+        ("- a\n- b\n", "mapping"),
+        ("a: [\n", "not valid YAML"),
+    ],
+)
 def test_config_file_errors(tmp_path, text, message):
     config = tmp_path / "bad.yaml"
     config.write_text(text)
@@ -159,8 +216,11 @@ def test_plan_hosts_and_slots():
 
 
 def test_plan_from_slurm_allocation():
-    slurm_env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "node[1-2]",
-                 "SLURM_TASKS_PER_NODE": "2(x2)"}
+    slurm_env = {
+        "SLURM_JOB_ID": "9",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "SLURM_TASKS_PER_NODE": "2(x2)",
+    }
     plan = _plan([PY, "train.py"], **slurm_env)
     assert plan.np == 4 and plan.cmd[plan.cmd.index("-hosts") + 1] == "node1:2,node2:2"
     assert _plan(["-np", "3", PY], **slurm_env).np == 3
@@ -191,8 +251,12 @@ def test_plan_srun_launcher(tmp_path):
     srun = tmp_path / "srun"
     srun.write_text("#!/bin/sh\nexit 0\n")
     srun.chmod(0o755)
-    slurm_env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "node[1-2]",
-                 "SLURM_TASKS_PER_NODE": "2(x2)", "PATH": f"{tmp_path}:/usr/bin:/bin"}
+    slurm_env = {
+        "SLURM_JOB_ID": "9",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "SLURM_TASKS_PER_NODE": "2(x2)",
+        "PATH": f"{tmp_path}:/usr/bin:/bin",
+    }
     plan = _plan(["--launcher", "srun", "--log-level", "info", PY], **slurm_env)
     assert plan.cmd[:3] == [str(srun), "--mpi=pmi2", "--ntasks=4"]
     assert not any(arg.startswith("--nodelist") for arg in plan.cmd)  # srun knows the nodes
@@ -205,8 +269,10 @@ def test_plan_srun_launcher(tmp_path):
 def test_start_timeout_sources():
     assert _plan(["-np", "1", PY]).start_timeout == cli.DEFAULT_START_TIMEOUT
     assert _plan(["-np", "1", PY], HOROVOD_START_TIMEOUT="12").start_timeout == 12
-    assert _plan(["-np", "1", "--start-timeout", "5", PY],
-                 HOROVOD_START_TIMEOUT="12").start_timeout == 5
+    assert (
+        _plan(["-np", "1", "--start-timeout", "5", PY], HOROVOD_START_TIMEOUT="12").start_timeout
+        == 5
+    )
     for raw in ("nan", "inf"):
         with pytest.raises(UsageError, match="not a finite number of seconds"):
             _plan(["-np", "1", PY], HOROVOD_START_TIMEOUT=raw)

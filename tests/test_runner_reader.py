@@ -21,7 +21,7 @@ def _pieces_of(buffer, data, sizes):
     """Feed *data* in chunks of the given sizes; the pieces, and the most it ever held."""
     pieces, most, at = [], 0, 0
     for size in sizes:
-        pieces += buffer.feed(data[at:at + size])
+        pieces += buffer.feed(data[at : at + size])
         most = max(most, len(buffer.pending))
         at += size
     return pieces, most
@@ -29,10 +29,20 @@ def _pieces_of(buffer, data, sizes):
 
 def test_line_buffer_keeps_order_and_bound():
     rng = random.Random(7)
-    status = protocol.encode({"event": "start", "rank": 0, "host": "h", "pid": 1, "size": 1},
-                             TOKEN)
-    data = (b"x" * 1000 + b"\r" + b"y" * 500 + b"\n" + b"line\n" + b"z" * 777 + status
-            + b"@@hvdlite-task-" + b"q" * 300 + b"\n" + b"no newline at the end")
+    status = protocol.encode({"event": "start", "rank": 0, "host": "h", "pid": 1, "size": 1}, TOKEN)
+    data = (
+        b"x" * 1000
+        + b"\r"
+        + b"y" * 500
+        + b"\n"
+        + b"line\n"
+        + b"z" * 777
+        + status
+        + b"@@hvdlite-task-"
+        + b"q" * 300
+        + b"\n"
+        + b"no newline at the end"
+    )
     for _ in range(50):
         buffer = job._LineBuffer(MARKER, limit=len(status) + 10)
         sizes = [rng.randint(1, 200) for _ in range(len(data))]
@@ -65,7 +75,7 @@ def test_reader_passes_megabytes_without_newline_in_bounded_memory():
         def write():
             with os.fdopen(write_fd, "wb") as out:
                 for at in range(0, len(data), 1 << 20):
-                    out.write(data[at:at + (1 << 20)])
+                    out.write(data[at : at + (1 << 20)])
 
         writer = threading.Thread(target=write)
         writer.start()
@@ -78,11 +88,14 @@ def test_reader_passes_megabytes_without_newline_in_bounded_memory():
     assert all(len(text) <= protocol.MAX_LINE_CHARS for _stream, text in tail)
 
 
-@pytest.mark.parametrize("line", [
-    b"@@hvdlite-task@@ {\"event\":\"exit\",\"rank\":0,\"code\":3}\n",
-    MARKER + b" {\"event\":\"exit\",\"rank\":5,\"host\":\"h\",\"code\":3}\n",
-    MARKER + b" {not json\n",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'@@hvdlite-task@@ {"event":"exit","rank":0,"code":3}\n',
+        MARKER + b' {"event":"exit","rank":5,"host":"h","code":3}\n',
+        MARKER + b" {not json\n",
+    ],
+)
 def test_reader_passes_forged_status_lines_through(line):
     read_fd, write_fd = os.pipe()
     os.write(write_fd, line)

@@ -97,8 +97,13 @@ def test_secrets_from_env_never_reach_a_command_line(capfd):
     # hvdlite.run(env=...) values used to be mpiexec arguments (-genv NAME VALUE): any local
     # user saw them in ps, and --verbose printed them into the job's log.
     secret = "s3cr3t-" + os.urandom(6).hex()
-    values = hvdlite.run(_secret_seen, args=("MY_API_TOKEN", secret), np=2,
-                         env={"MY_API_TOKEN": secret, "HVDLITE_CYCLE_TIME": "3"}, verbose=True)
+    values = hvdlite.run(
+        _secret_seen,
+        args=("MY_API_TOKEN", secret),
+        np=2,
+        env={"MY_API_TOKEN": secret, "HVDLITE_CYCLE_TIME": "3"},
+        verbose=True,
+    )
     assert values == [(True, []), (True, [])]
     printed = capfd.readouterr()
     assert "MY_API_TOKEN='***' " in printed.err and "HVDLITE_CYCLE_TIME=3" in printed.err
@@ -108,8 +113,7 @@ def test_secrets_from_env_never_reach_a_command_line(capfd):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_values_come_back_in_rank_order(n, tmp_path, capfd):
-    values = hvdlite.run(_rank_and_args, args=(3,), kwargs={"scale": 2}, np=n,
-                         work_dir=tmp_path)
+    values = hvdlite.run(_rank_and_args, args=(3,), kwargs={"scale": 2}, np=n, work_dir=tmp_path)
     assert values == [(rank, n, 6) for rank in range(n)]
     out = capfd.readouterr().out
     for rank in range(n):  # the ranks' output passes through, with the launcher's prefix
@@ -168,8 +172,14 @@ def test_closures_and_functions_from_main_with_cloudpickle(tmp_path):
     pytest.importorskip("cloudpickle")
     script = tmp_path / "notebook_like.py"
     script.write_text(NOTEBOOK)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=100, env=clean_env(), cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env=clean_env(),
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "closure [6, 6]" in out.stdout and "main [11, 11]" in out.stdout, out.stdout
 
@@ -199,8 +209,14 @@ WITHOUT_CLOUDPICKLE = textwrap.dedent("""
 
 @pytest.mark.timeout(120)
 def test_without_cloudpickle_only_importable_functions_go(tmp_path):
-    out = subprocess.run([sys.executable, "-c", WITHOUT_CLOUDPICKLE], capture_output=True,
-                         text=True, timeout=100, env=clean_env(), cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", WITHOUT_CLOUDPICKLE],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env=clean_env(),
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     refusals = [line for line in out.stdout.splitlines() if line.startswith("refused:")]
     assert len(refusals) == 3, out.stdout
@@ -212,8 +228,14 @@ def test_without_cloudpickle_only_importable_functions_go(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_an_elastic_run_survives_a_killed_rank_and_returns_the_last_launch(tmp_path, capfd):
-    values = hvdlite.run(_elastic_train, args=(6,), np=2, max_restarts=1, work_dir=tmp_path,
-                         elastic_state_dir=tmp_path / "state")
+    values = hvdlite.run(
+        _elastic_train,
+        args=(6,),
+        np=2,
+        max_restarts=1,
+        work_dir=tmp_path,
+        elastic_state_dir=tmp_path / "state",
+    )
     # launch 0 committed steps 1-3 (total 6); launch 1 resumed there and did steps 4-6
     assert values == [(0, 2, 6, 12.0, 1), (1, 2, 6, 12.0, 1)]
     err = capfd.readouterr().err
@@ -224,18 +246,39 @@ def test_an_elastic_run_survives_a_killed_rank_and_returns_the_last_launch(tmp_p
 @pytest.mark.timeout(120)
 def test_an_elastic_run_that_spends_its_restarts_raises_the_last_launchs_error(tmp_path):
     with pytest.raises(RankFailedError, match="rank 1 fails in launch 1") as info:
-        hvdlite.run(_always_fails_on_rank_1, np=2, max_restarts=1, work_dir=tmp_path,
-                    elastic_state_dir=tmp_path / "state")
+        hvdlite.run(
+            _always_fails_on_rank_1,
+            np=2,
+            max_restarts=1,
+            work_dir=tmp_path,
+            elastic_state_dir=tmp_path / "state",
+        )
     assert info.value.rank == 1
 
 
 def test_elastic_arguments_become_hvdruns_flags():
     assert _elastic_argv(None, None, None, None, None, None, None, None, None) == []
     assert _elastic_argv(2, 4, 2, 3, (10, 60), "./hosts.sh", 5, 30, "/shared/s") == [
-        "--min-np", "2", "--max-np", "4", "--slots-per-host", "2", "--reset-limit", "3",
-        "--max-restarts", "5", "--elastic-timeout", "30",
-        "--blacklist-cooldown-range", "10", "60", "--host-discovery-script", "./hosts.sh",
-        "--elastic-state-dir", "/shared/s"]
+        "--min-np",
+        "2",
+        "--max-np",
+        "4",
+        "--slots-per-host",
+        "2",
+        "--reset-limit",
+        "3",
+        "--max-restarts",
+        "5",
+        "--elastic-timeout",
+        "30",
+        "--blacklist-cooldown-range",
+        "10",
+        "60",
+        "--host-discovery-script",
+        "./hosts.sh",
+        "--elastic-state-dir",
+        "/shared/s",
+    ]
 
 
 def test_elastic_jobs_that_may_leave_this_host_exchange_results_in_a_shared_directory():
@@ -270,13 +313,21 @@ def test_bad_arguments_are_refused_before_anything_starts(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_run_is_exported_lazily():
-    code = ("import sys, hvdlite, hvdlite.runner; "
-            "assert 'hvdlite.runner.runfunc' not in sys.modules; "
-            "assert hvdlite.run is hvdlite.runner.run is hvdlite.runner.runfunc.run; "
-            "assert 'run' in hvdlite.__all__; "
-            "print(sorted(m for m in ('mpi4py', 'numpy', 'torch', 'tensorflow') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=50, env=clean_env(), cwd=ROOT)
+    code = (
+        "import sys, hvdlite, hvdlite.runner; "
+        "assert 'hvdlite.runner.runfunc' not in sys.modules; "
+        "assert hvdlite.run is hvdlite.runner.run is hvdlite.runner.runfunc.run; "
+        "assert 'run' in hvdlite.__all__; "
+        "print(sorted(m for m in ('mpi4py', 'numpy', 'torch', 'tensorflow') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env=clean_env(),
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

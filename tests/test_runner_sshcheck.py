@@ -20,8 +20,6 @@ from hvdlite.runner import mpi, sshcheck
 PY = sys.executable
 
 
-
-
 def test_only_other_hosts_reached_through_ssh_are_checked():
     assert _plan(["-H", "n1:1,n2:1", PY]).ssh_hosts == ("n1", "n2")
     assert _plan(["-H", "localhost:1,n2:1", PY]).ssh_hosts == ("n2",)
@@ -34,8 +32,12 @@ def test_only_other_hosts_reached_through_ssh_are_checked():
 
 
 def test_inside_slurm_the_allocation_hosts_are_not_checked(tmp_path):
-    slurm = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
-             "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS": "4"}
+    slurm = {
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "SLURM_TASKS_PER_NODE": "2(x2)",
+        "SLURM_NTASKS": "4",
+    }
     plan = _plan([PY], **slurm)
     assert plan.hosts is not None and plan.ssh_hosts == ()
     key = tmp_path / "key"
@@ -43,7 +45,11 @@ def test_inside_slurm_the_allocation_hosts_are_not_checked(tmp_path):
     # -p/-i make hvdrun ask MPICH for ssh, so then the hosts are checked.
     assert _plan(["-p", "2222", "-i", str(key), PY], **slurm).ssh_hosts == ("n1", "n2")
     assert _plan(["-p", "2222", "-i", str(key), PY], **slurm).ssh_args == (
-        "-p", "2222", "-i", str(key))
+        "-p",
+        "2222",
+        "-i",
+        str(key),
+    )
 
 
 def test_mpich_with_ucx_and_ofi_runs_jobs_across_hosts_on_ofi():
@@ -57,23 +63,42 @@ def test_mpich_with_ucx_and_ofi_runs_jobs_across_hosts_on_ofi():
     assert "MPIR_CVAR_CH4_NETMOD" not in _genv(chosen)  # the user's choice stays
     nics = _genv(_plan(["-H", "n1:1,n2:1", "--network-interface", "eth1,eth2", PY]))
     assert (nics["FI_TCP_IFACE"], nics["FI_SOCKETS_IFACE"], nics["UCX_NET_DEVICES"]) == (
-        "eth1", "eth1", "eth1,eth2")
+        "eth1",
+        "eth1",
+        "eth1,eth2",
+    )
 
 
-@pytest.mark.parametrize("text, netmods", [
-    ("    Configure options:   --with-device=ch4:ucx,ofi --with-pm=hydra:gforker", ("ucx", "ofi")),
-    ("    Configure options:   '--with-device=ch4:ofi' '--prefix=/opt'", ("ofi",)),
-    ("    Configure options:   --with-device=ch3:nemesis", ()),
-    ("HYDRA build details:\n    Version: 4.2.0", ()),
-])
+@pytest.mark.parametrize(
+    "text, netmods",
+    [
+        (
+            "    Configure options:   --with-device=ch4:ucx,ofi --with-pm=hydra:gforker",
+            ("ucx", "ofi"),
+        ),
+        ("    Configure options:   '--with-device=ch4:ofi' '--prefix=/opt'", ("ofi",)),
+        ("    Configure options:   --with-device=ch3:nemesis", ()),
+        ("HYDRA build details:\n    Version: 4.2.0", ()),
+    ],
+)
 def test_parse_netmods(text, netmods):
     assert mpi.parse_netmods(text) == netmods
 
 
 def test_check_command_mirrors_the_launch():
     assert sshcheck.check_command("n2", ["-p", "2222", "-i", "/k"]) == [
-        "ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={sshcheck.CONNECT_TIMEOUT}",
-        "-p", "2222", "-i", "/k", "n2", "true"]
+        "ssh",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"ConnectTimeout={sshcheck.CONNECT_TIMEOUT}",
+        "-p",
+        "2222",
+        "-i",
+        "/k",
+        "n2",
+        "true",
+    ]
 
 
 def test_a_refused_login_names_the_host_and_ssh_s_reason():

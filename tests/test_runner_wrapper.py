@@ -18,16 +18,19 @@ PY = sys.executable
 
 
 def _statuses(stderr, token=""):
-    return [protocol.decode(line, token) for line in stderr.splitlines()
-            if protocol.MARKER in line]
+    return [protocol.decode(line, token) for line in stderr.splitlines() if protocol.MARKER in line]
 
 
 @pytest.mark.timeout(60)
 def test_output_exit_code_and_status_lines():
-    child = ("import sys; print('out line'); print('err line', file=sys.stderr); "
-             "sys.stdout.write('no newline'); sys.exit(4)")
-    result = run([PY, str(WRAPPER), "--tail", "3", "--", PY, "-c", child],
-                 env=clean_env(PMI_RANK="3", PMI_SIZE="4"))
+    child = (
+        "import sys; print('out line'); print('err line', file=sys.stderr); "
+        "sys.stdout.write('no newline'); sys.exit(4)"
+    )
+    result = run(
+        [PY, str(WRAPPER), "--tail", "3", "--", PY, "-c", child],
+        env=clean_env(PMI_RANK="3", PMI_SIZE="4"),
+    )
     assert result.returncode == 4
     assert result.stdout == "out line\nno newline"
     start, end = _statuses(result.stderr)
@@ -49,8 +52,14 @@ def test_command_that_cannot_start():
 @pytest.mark.timeout(60)
 def test_sigterm_is_forwarded():
     child = "import time; print('up', flush=True); time.sleep(60)"
-    proc = subprocess.Popen([PY, str(WRAPPER), "--", PY, "-c", child], cwd=ROOT, env=clean_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PY, str(WRAPPER), "--", PY, "-c", child],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline() == "up\n"
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
@@ -65,9 +74,12 @@ def test_rank_does_not_outlive_its_launcher():
     marker = f"hvdrun-test-{uuid.uuid4().hex}"
     script = "import time; time.sleep(120)"
     # A shell stands in for the MPI proxy: it starts the wrapper and waits for it.
-    proc = subprocess.Popen(["sh", "-c", f'"{PY}" "{WRAPPER}" -- "{PY}" -c "{script}"; true'],
-                            env=clean_env(HVDLITE_TEST_MARKER=marker),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ["sh", "-c", f'"{PY}" "{WRAPPER}" -- "{PY}" -c "{script}"; true'],
+        env=clean_env(HVDLITE_TEST_MARKER=marker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 30
     while len(processes_with(marker)) < 3 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -79,8 +91,9 @@ def test_rank_does_not_outlive_its_launcher():
 
 @pytest.mark.timeout(60)
 def test_job_variables_are_used_and_hidden_from_the_command():
-    child = ("import os; print([os.environ.get(n) for n in "
-             "('HVDLITE_JOB_TOKEN', 'HVDLITE_JOB_OWNER')])")
+    child = (
+        "import os; print([os.environ.get(n) for n in ('HVDLITE_JOB_TOKEN', 'HVDLITE_JOB_OWNER')])"
+    )
     env = clean_env(HVDLITE_JOB_TOKEN="abc123", HVDLITE_JOB_OWNER=lifeline.identity())
     result = run([PY, str(WRAPPER), "--", PY, "-c", child], env=env)
     assert result.returncode == 0, result.output
@@ -95,8 +108,13 @@ def test_rank_does_not_outlive_hvdrun():
     marker = f"hvdrun-test-{uuid.uuid4().hex}"
     owner = subprocess.Popen(["sleep", "60"])  # stands in for hvdrun
     env = clean_env(HVDLITE_TEST_MARKER=marker, HVDLITE_JOB_OWNER=lifeline.identity(owner.pid))
-    proc = subprocess.Popen([PY, str(WRAPPER), "--", PY, "-c", "import time; time.sleep(120)"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PY, str(WRAPPER), "--", PY, "-c", "import time; time.sleep(120)"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while len(processes_with(marker)) < 2 and time.monotonic() < deadline:
@@ -116,8 +134,10 @@ def test_rank_does_not_outlive_hvdrun():
 @pytest.mark.timeout(60)
 def test_owner_on_another_host_is_left_alone():
     other = f"not-this-boot:{os.getpid()}:1"
-    result = run([PY, str(WRAPPER), "--", PY, "-c", "import time; time.sleep(1.5)"],
-                 env=clean_env(HVDLITE_JOB_OWNER=other))
+    result = run(
+        [PY, str(WRAPPER), "--", PY, "-c", "import time; time.sleep(1.5)"],
+        env=clean_env(HVDLITE_JOB_OWNER=other),
+    )
     assert result.returncode == 0, result.output
 
 
@@ -134,8 +154,16 @@ def test_lifeline_identity():
 
 
 def test_protocol_round_trip():
-    message = {"event": "exit", "rank": 1, "host": "h", "code": 3, "signal": None,
-               "stopped": False, "time": 1.5, "tail": ["ünïcode", "x" * 10]}
+    message = {
+        "event": "exit",
+        "rank": 1,
+        "host": "h",
+        "code": 3,
+        "signal": None,
+        "stopped": False,
+        "time": 1.5,
+        "tail": ["ünïcode", "x" * 10],
+    }
     line = protocol.encode(message, "t0k").decode()
     assert line.endswith("\n") and line.isascii()
     assert protocol.decode("[1] " + line, "t0k") == message
@@ -146,26 +174,50 @@ def test_protocol_round_trip():
     assert json.loads(line.split(" ", 1)[1]) == message
 
 
-_EXIT = {"event": "exit", "rank": 0, "host": "h", "code": 1, "signal": None, "stopped": False,
-         "time": 1.0, "tail": []}
+_EXIT = {
+    "event": "exit",
+    "rank": 0,
+    "host": "h",
+    "code": 1,
+    "signal": None,
+    "stopped": False,
+    "time": 1.0,
+    "tail": [],
+}
 
 
-@pytest.mark.parametrize("payload", [
-    "{not json", "[1, 2]", '"exit"', "null", "[" * 100000,
-    json.dumps({**_EXIT, "event": "finish"}), json.dumps({**_EXIT, "event": ["exit"]}),
-    json.dumps({**_EXIT, "event": {"a": 1}}),
-    json.dumps({**_EXIT, "rank": "0"}), json.dumps({**_EXIT, "rank": -1}),
-    json.dumps({**_EXIT, "rank": True}), json.dumps({**_EXIT, "rank": 1.0}),
-    json.dumps({**_EXIT, "code": "1"}), json.dumps({**_EXIT, "code": 256}),
-    json.dumps({**_EXIT, "signal": "KILL"}), json.dumps({**_EXIT, "signal": 0}),
-    json.dumps({**_EXIT, "time": "now"}), json.dumps({**_EXIT, "tail": "line"}),
-    json.dumps({**_EXIT, "tail": [1]}), json.dumps({**_EXIT, "stopped": 1}),
-    json.dumps({**_EXIT, "host": None}), json.dumps({**_EXIT, "signame": 9}),
-    json.dumps({k: v for k, v in _EXIT.items() if k != "code"}),
-    json.dumps({**_EXIT, "time": float("nan")}), json.dumps({**_EXIT, "time": float("inf")}),
-    '{"event": "start", "rank": 0, "host": "h", "pid": 1, "size": 0}',
-    '{"event": "start", "rank": 0, "host": "h", "size": 1}',
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "{not json",
+        "[1, 2]",
+        '"exit"',
+        "null",
+        "[" * 100000,
+        json.dumps({**_EXIT, "event": "finish"}),
+        json.dumps({**_EXIT, "event": ["exit"]}),
+        json.dumps({**_EXIT, "event": {"a": 1}}),
+        json.dumps({**_EXIT, "rank": "0"}),
+        json.dumps({**_EXIT, "rank": -1}),
+        json.dumps({**_EXIT, "rank": True}),
+        json.dumps({**_EXIT, "rank": 1.0}),
+        json.dumps({**_EXIT, "code": "1"}),
+        json.dumps({**_EXIT, "code": 256}),
+        json.dumps({**_EXIT, "signal": "KILL"}),
+        json.dumps({**_EXIT, "signal": 0}),
+        json.dumps({**_EXIT, "time": "now"}),
+        json.dumps({**_EXIT, "tail": "line"}),
+        json.dumps({**_EXIT, "tail": [1]}),
+        json.dumps({**_EXIT, "stopped": 1}),
+        json.dumps({**_EXIT, "host": None}),
+        json.dumps({**_EXIT, "signame": 9}),
+        json.dumps({k: v for k, v in _EXIT.items() if k != "code"}),
+        json.dumps({**_EXIT, "time": float("nan")}),
+        json.dumps({**_EXIT, "time": float("inf")}),
+        '{"event": "start", "rank": 0, "host": "h", "pid": 1, "size": 0}',
+        '{"event": "start", "rank": 0, "host": "h", "size": 1}',
+    ],
+)
 def test_protocol_rejects_bad_messages(payload):
     """A line with the right marker but bad JSON or bad fields is ordinary output."""
     assert protocol.decode(f"[0] {protocol.marker('tok')} {payload}", "tok", size=4) is None

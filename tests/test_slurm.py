@@ -61,8 +61,9 @@ def job_env(cluster, tmp_path_factory):
     hvdrun = shims / "hvdrun"
     hvdrun.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m hvdlite.runner "$@"\n')
     hvdrun.chmod(0o755)
-    path = os.pathsep.join([str(shims), str(Path(sys.executable).parent),
-                            os.environ.get("PATH", "/usr/bin:/bin")])
+    path = os.pathsep.join(
+        [str(shims), str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]
+    )
     return clean_env(SLURM_CONF=str(cluster.conf), PATH=path)
 
 
@@ -79,12 +80,21 @@ def batch_jobs(cluster, job_env, tmp_path_factory):
         else:
             if choice != "default":
                 env["TRAIN_SCRIPT"] = choice
-            env["TRAIN_ARGS"] = os.environ.get("HVDLITE_SLURM_TRAIN_ARGS",
-                                               "--epochs 2 --checkpoint=")
+            env["TRAIN_ARGS"] = os.environ.get(
+                "HVDLITE_SLURM_TRAIN_ARGS", "--epochs 2 --checkpoint="
+            )
         out = outdir / f"{name}.out"
         job_id = cluster.sbatch(
-            ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", f"--chdir={ROOT}",
-             f"--output={out}", str(SCRIPTS / f"{name}.sbatch")], env=env)
+            [
+                "--nodes=1",
+                "--ntasks-per-node=2",
+                "--cpus-per-task=1",
+                f"--chdir={ROOT}",
+                f"--output={out}",
+                str(SCRIPTS / f"{name}.sbatch"),
+            ],
+            env=env,
+        )
         jobs[name] = (job_id, out)
     return jobs
 
@@ -118,8 +128,11 @@ def test_sbatch_script(cluster, batch_jobs, name):
 
 @pytest.mark.timeout(300)
 def test_srun_starts_ranks_without_hvdrun(cluster, job_env):
-    result = run(["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "-n", "2", sys.executable,
-                  str(STAND_IN)], env=job_env, timeout=JOB_TIMEOUT)
+    result = run(
+        ["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "-n", "2", sys.executable, str(STAND_IN)],
+        env=job_env,
+        timeout=JOB_TIMEOUT,
+    )
     assert result.returncode == 0, result.output
     for rank in (0, 1):
         assert f"rank {rank} of 2 (local rank {rank})" in result.stdout, result.output
@@ -128,12 +141,17 @@ def test_srun_starts_ranks_without_hvdrun(cluster, job_env):
 
 @pytest.mark.timeout(300)
 def test_rank_environment_under_srun(cluster, job_env):
-    code = ("from hvdlite.runner.rankenv import from_environ; from mpi4py import MPI; "
-            "e = from_environ(); c = MPI.COMM_WORLD; "
-            "print('check', c.Get_rank(), c.Get_size(), e.rank, e.size, e.local_rank, "
-            "e.local_size, e.source)")
-    result = run(["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "-n", "2", sys.executable,
-                  "-c", code], env=job_env, timeout=JOB_TIMEOUT)
+    code = (
+        "from hvdlite.runner.rankenv import from_environ; from mpi4py import MPI; "
+        "e = from_environ(); c = MPI.COMM_WORLD; "
+        "print('check', c.Get_rank(), c.Get_size(), e.rank, e.size, e.local_rank, "
+        "e.local_size, e.source)"
+    )
+    result = run(
+        ["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "-n", "2", sys.executable, "-c", code],
+        env=job_env,
+        timeout=JOB_TIMEOUT,
+    )
     assert result.returncode == 0, result.output
     lines = sorted(line for line in result.stdout.splitlines() if line.startswith("check"))
     assert lines == ["check 0 2 0 2 0 2 pmi", "check 1 2 1 2 1 2 pmi"], result.output
@@ -143,8 +161,14 @@ def test_rank_environment_under_srun(cluster, job_env):
 def test_mpiexec_in_batch_job_without_hvdrun(cluster, job_env, tmp_path):
     out = tmp_path / "mpiexec.out"
     job_id = cluster.sbatch(
-        ["--ntasks=2", f"--chdir={ROOT}", f"--output={out}",
-         f'--wrap=mpiexec -n "$SLURM_NTASKS" "{sys.executable}" "{STAND_IN}"'], env=job_env)
+        [
+            "--ntasks=2",
+            f"--chdir={ROOT}",
+            f"--output={out}",
+            f'--wrap=mpiexec -n "$SLURM_NTASKS" "{sys.executable}" "{STAND_IN}"',
+        ],
+        env=job_env,
+    )
     text = _finished(cluster, job_id, out)
     for rank in (0, 1):
         assert f"rank {rank} of 2: training finished" in text, text
@@ -154,8 +178,9 @@ def test_mpiexec_in_batch_job_without_hvdrun(cluster, job_env, tmp_path):
 def test_hvdrun_launcher_srun_inside_allocation(cluster, job_env, tmp_path):
     out = tmp_path / "srun.out"
     command = " ".join(hvdrun_cmd("--launcher", "srun", sys.executable, str(RANKS), "ok"))
-    job_id = cluster.sbatch(["--ntasks=2", f"--chdir={ROOT}", f"--output={out}",
-                             f"--wrap={command}"], env=job_env)
+    job_id = cluster.sbatch(
+        ["--ntasks=2", f"--chdir={ROOT}", f"--output={out}", f"--wrap={command}"], env=job_env
+    )
     text = _finished(cluster, job_id, out)
     for rank in (0, 1):  # srun --label prefixes
         assert f"{rank}: rank {rank} of 2 sum 1" in text, text
@@ -163,8 +188,11 @@ def test_hvdrun_launcher_srun_inside_allocation(cluster, job_env, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_hvdrun_launcher_srun_reports_a_failed_rank(cluster, job_env):
-    result = run(hvdrun_cmd("--launcher", "srun", "-np", "2", sys.executable, str(RANKS),
-                            "exit", "1"), env=job_env, timeout=JOB_TIMEOUT)
+    result = run(
+        hvdrun_cmd("--launcher", "srun", "-np", "2", sys.executable, str(RANKS), "exit", "1"),
+        env=job_env,
+        timeout=JOB_TIMEOUT,
+    )
     assert result.returncode == 1, result.output
     assert result.seconds < 30, result.seconds
     assert f"rank 1 on host {cluster.host} exited with code 1" in result.stderr, result.output

@@ -28,6 +28,7 @@ from hvdlite.tensorflow.keras.callbacks import LearningRateScheduleCallback  # n
 
 # ---------------------------------------------------------------- compression
 
+
 def test_none_compression_is_identity():
     x = tf.constant([1.5, 2.5])
     out, ctx = hvd.Compression.none.compress(x)
@@ -54,27 +55,42 @@ def test_cast_compression_leaves_integers_alone():
 
 # ------------------------------------------------------------- names and dtypes
 
+
 def test_graph_names_count_collectives_per_graph():
     names = []
 
     @tf.function
     def f(x):
-        names.extend([_bridge.op_name("Allreduce", [x], None),
-                      _bridge.op_name("Allreduce", [x], None),
-                      _bridge.op_name("Allgather", [x], None)])
+        names.extend(
+            [
+                _bridge.op_name("Allreduce", [x], None),
+                _bridge.op_name("Allreduce", [x], None),
+                _bridge.op_name("Allgather", [x], None),
+            ]
+        )
         with tf.name_scope("outer"):
-            names.extend([_bridge.op_name("Allreduce", [x], "mine"),
-                          _bridge.op_name("Allreduce", [x], "mine"),
-                          _bridge.op_name("Allreduce", [x], "bare", ignore_name_scope=True)])
+            names.extend(
+                [
+                    _bridge.op_name("Allreduce", [x], "mine"),
+                    _bridge.op_name("Allreduce", [x], "mine"),
+                    _bridge.op_name("Allreduce", [x], "bare", ignore_name_scope=True),
+                ]
+            )
         return x
 
     f(tf.constant(1.0))
-    assert names == ["HorovodAllreduce_0", "HorovodAllreduce_1", "HorovodAllgather_0",
-                     "outer/mine", "outer/mine_1", "bare"]
+    assert names == [
+        "HorovodAllreduce_0",
+        "HorovodAllreduce_1",
+        "HorovodAllgather_0",
+        "outer/mine",
+        "outer/mine_1",
+        "bare",
+    ]
     names.clear()
     f(tf.constant([1.0, 2.0]))  # a retrace is a new graph: the same names again
     assert names[:3] == ["HorovodAllreduce_0", "HorovodAllreduce_1", "HorovodAllgather_0"]
-    assert _bridge.op_name("Allreduce", [], None) is None          # eager: engine counter
+    assert _bridge.op_name("Allreduce", [], None) is None  # eager: engine counter
     assert _bridge.op_name("Allreduce", [], "given") == "given"
 
 
@@ -98,6 +114,7 @@ def test_xla_compiled_functions_are_refused_with_the_fix():
 
 # ------------------------------------------------------ graph order and errors
 
+
 def _node(x, fn=None, **kw):
     """One bridge node of ``fn`` (default: identity) on ``x``."""
     fn = fn or (lambda a, outputs=None: [a])
@@ -113,14 +130,14 @@ def test_collectives_of_a_tf1_graph_run_in_creation_order():
     graph = tf.Graph()
     with graph.as_default():
         a, b = v1.placeholder(tf.float32, [2]), v1.placeholder(tf.float32, [2])
-        outs = [_node(a), _node(b), _node(a, ordered=False), _node(b, collective=False),
-                _node(a)]
+        outs = [_node(a), _node(b), _node(a, ordered=False), _node(b, collective=False), _node(a)]
         first, second, alone, local, third = _pyfuncs(graph)
         # a v1 while loop keeps its own chain: nothing crosses its frame
         v1.disable_control_flow_v2()
         try:
-            looped = v1.while_loop(lambda i, t: i < 2, lambda i, t: (i + 1, _node(t)),
-                                   [tf.constant(0), a])[1]
+            looped = v1.while_loop(
+                lambda i, t: i < 2, lambda i, t: (i + 1, _node(t)), [tf.constant(0), a]
+            )[1]
         finally:
             v1.enable_control_flow_v2()
         in_loop = _pyfuncs(graph)[-1]
@@ -132,28 +149,43 @@ def test_collectives_of_a_tf1_graph_run_in_creation_order():
     assert third.control_inputs == [second]
     assert all(op not in in_loop.control_inputs for op in (first, second, third))
     assert _pyfuncs(graph)[-1].control_inputs == [third]
-    assert [g.tolist() for g in got] == [[1.0, 2.0], [3.0, 4.0]] * 2 + [[1.0, 2.0]] * 2 \
-        + [[3.0, 4.0]]
+    assert [g.tolist() for g in got] == [[1.0, 2.0], [3.0, 4.0]] * 2 + [[1.0, 2.0]] * 2 + [
+        [3.0, 4.0]
+    ]
 
 
 def _raising(error):
     def fn(a, outputs=None):
         raise error
+
     return fn
 
 
-@pytest.mark.parametrize("error,eager,graph", [
-    (MismatchError("Mismatched shapes for allreduce 'x': rank 0: [2]; rank 1: [3]."),
-     (tf.errors.FailedPreconditionError, HorovodInternalError, MismatchError),
-     tf.errors.FailedPreconditionError),
-    (ArgumentError("alltoall: splits must be 2 non-negative ints"),
-     (tf.errors.InvalidArgumentError, ArgumentError, ValueError),
-     tf.errors.InvalidArgumentError),
-    (ValueError("alltoall: splits must be 2 non-negative ints"),
-     (tf.errors.InvalidArgumentError, ArgumentError), tf.errors.InvalidArgumentError),
-    (HorovodInternalError("hvdlite was shut down"), (HorovodInternalError,),
-     tf.errors.UnknownError),
-])
+@pytest.mark.parametrize(
+    "error,eager,graph",
+    [
+        (
+            MismatchError("Mismatched shapes for allreduce 'x': rank 0: [2]; rank 1: [3]."),
+            (tf.errors.FailedPreconditionError, HorovodInternalError, MismatchError),
+            tf.errors.FailedPreconditionError,
+        ),
+        (
+            ArgumentError("alltoall: splits must be 2 non-negative ints"),
+            (tf.errors.InvalidArgumentError, ArgumentError, ValueError),
+            tf.errors.InvalidArgumentError,
+        ),
+        (
+            ValueError("alltoall: splits must be 2 non-negative ints"),
+            (tf.errors.InvalidArgumentError, ArgumentError),
+            tf.errors.InvalidArgumentError,
+        ),
+        (
+            HorovodInternalError("hvdlite was shut down"),
+            (HorovodInternalError,),
+            tf.errors.UnknownError,
+        ),
+    ],
+)
 def test_engine_errors_take_horovods_tensorflow_classes(error, eager, graph):
     x = tf.constant([1.0, 2.0])
     fn = _raising(error)
@@ -183,8 +215,9 @@ def test_bfloat16_wire_round_trip_is_exact():
     x = tf.constant([1.0078125, -3.5, 65280.0], dtype=tf.bfloat16)
     moved = _bridge.to_wire(x, reduce=False)
     assert moved.dtype == tf.int16
-    assert _bridge.from_wire(moved, tf.bfloat16, reduce=False).numpy().tolist() == \
-        x.numpy().tolist()
+    assert (
+        _bridge.from_wire(moved, tf.bfloat16, reduce=False).numpy().tolist() == x.numpy().tolist()
+    )
     assert _bridge.to_wire(x, reduce=True).dtype == tf.float32
 
 
@@ -200,6 +233,7 @@ def test_groups_normalization_and_split():
 
 # ------------------------------------------------------------ keras optimizer
 
+
 def test_distributed_optimizer_keeps_class_config_and_reloads_plain(tmp_path):
     sgd = keras.optimizers.SGD(0.25, momentum=0.5, nesterov=True)
     opt = hk.DistributedOptimizer(sgd, backward_passes_per_step=2)
@@ -208,6 +242,7 @@ def test_distributed_optimizer_keeps_class_config_and_reloads_plain(tmp_path):
     assert opt.get_config() == sgd.get_config() | {"name": opt.get_config()["name"]}
     assert opt is not sgd and not hasattr(sgd, "_hvd")
     import hvdlite
+
     via_top = hvdlite.DistributedOptimizer(keras.optimizers.Adam(0.1))
     assert isinstance(via_top, keras.optimizers.Adam) and hasattr(via_top, "_hvd")
     tf1 = hvdlite.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
@@ -217,7 +252,7 @@ def test_distributed_optimizer_keeps_class_config_and_reloads_plain(tmp_path):
     path = str(tmp_path / "m.keras")
     model.save(path)
     loaded = keras.models.load_model(path)
-    assert type(loaded.optimizer) is keras.optimizers.SGD    # no hvdlite needed to reload
+    assert type(loaded.optimizer) is keras.optimizers.SGD  # no hvdlite needed to reload
 
 
 def test_momentum_correction_scales_the_momentum_buffers():
@@ -242,11 +277,17 @@ def test_schedule_callback_needs_initial_lr_and_known_epoch_length():
 
 
 def test_import_does_not_need_keras_for_tensorflow_ops():
-    code = ("import sys, hvdlite.tensorflow as h; "
-            "assert 'hvdlite.tensorflow.keras' not in sys.modules; "
-            "assert 'hvdlite.tensorflow.sync_batch_norm' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
-                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    code = (
+        "import sys, hvdlite.tensorflow as h; "
+        "assert 'hvdlite.tensorflow.keras' not in sys.modules; "
+        "assert 'hvdlite.tensorflow.sync_batch_norm' not in sys.modules"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
 
 
 # ----------------------------------------------------------- one-process run
@@ -293,7 +334,9 @@ ONE_PROCESS = textwrap.dedent("""
 def test_one_process_job_runs_plainly():
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-c", ONE_PROCESS], capture_output=True, text=True,
-                         timeout=180, env=env)
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env.get("PYTHONPATH", "")]
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", ONE_PROCESS], capture_output=True, text=True, timeout=180, env=env
+    )
     assert out.returncode == 0 and "one-process ok" in out.stdout, out.stderr[-3000:]

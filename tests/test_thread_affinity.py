@@ -31,7 +31,8 @@ def test_pins_only_the_calling_thread():
 
     def engine():
         seen["core"] = thread_affinity.pin_current_thread(
-            0, 1, {"HVDLITE_THREAD_AFFINITY": str(core)})
+            0, 1, {"HVDLITE_THREAD_AFFINITY": str(core)}
+        )
         seen["mask"] = os.sched_getaffinity(0)
 
     thread = threading.Thread(target=engine)

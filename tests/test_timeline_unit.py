@@ -56,15 +56,22 @@ def _on(trace, name):
 # from 7 ms: copy in to 8, collective to 9, copy out to 10, callbacks 11 to 12.
 FUSED = [
     (s.R_CYCLE, _ms(0.5), 1),
-    (s.R_SUBMIT, [((0, "a"), _ms(1), int(Kind.ALLREDUCE)),
-                  ((0, "b"), _ms(2), int(Kind.ALLREDUCE))]),
+    (
+        s.R_SUBMIT,
+        [((0, "a"), _ms(1), int(Kind.ALLREDUCE)), ((0, "b"), _ms(2), int(Kind.ALLREDUCE))],
+    ),
     (s.R_REPORTS, _ms(3), [([_params("a"), _params("b")], None), ([_params("a")], None)]),
     (s.R_CYCLE, _ms(4), 2),
     (s.R_REPORTS, _ms(5), [([], None), ([_params("b")], None)]),
     (s.R_DECIDED, _ms(6)),
-    (s.R_BATCH, [_response("a"), _response("b")], Transport.MPI,
-     [_ms(7), (s.COPY_IN, _ms(7.5)), (s.COLLECTIVE, _ms(8)), (s.COPY_OUT, _ms(9))],
-     _ms(10), _ms(12)),
+    (
+        s.R_BATCH,
+        [_response("a"), _response("b")],
+        Transport.MPI,
+        [_ms(7), (s.COPY_IN, _ms(7.5)), (s.COLLECTIVE, _ms(8)), (s.COPY_OUT, _ms(9))],
+        _ms(10),
+        _ms(12),
+    ),
 ]
 
 
@@ -72,12 +79,21 @@ def test_a_fused_batch_draws_every_phase_on_each_of_its_tensors_tracks():
     trace = _trace(FUSED, mark_cycles=True)
     assert set(trace.tracks.values()) == {"engine cycles", "a", "b"}
     a, b = _on(trace, "a"), _on(trace, "b")
-    assert set(a) == set(b) == {"negotiate", "op", "queue", "copy_in", "collective", "copy_out",
-                                "callbacks"}
+    assert (
+        set(a)
+        == set(b)
+        == {"negotiate", "op", "queue", "copy_in", "collective", "copy_out", "callbacks"}
+    )
     spans = {cat: (round(e["ts"]), round(e["ts"] + e["dur"])) for cat, e in a.items()}
-    assert spans == {"negotiate": (1000, 6000), "op": (6000, 12000), "queue": (6000, 7000),
-                     "copy_in": (7000, 8000), "collective": (8000, 9000),
-                     "copy_out": (9000, 10000), "callbacks": (10000, 12000)}
+    assert spans == {
+        "negotiate": (1000, 6000),
+        "op": (6000, 12000),
+        "queue": (6000, 7000),
+        "copy_in": (7000, 8000),
+        "collective": (8000, 9000),
+        "copy_out": (9000, 10000),
+        "callbacks": (10000, 12000),
+    }
     assert a["collective"]["name"] == "MPI allreduce"
     assert b["negotiate"]["ts"] == pytest.approx(2000)
     # one batch id ties the fused tensors together
@@ -94,11 +110,13 @@ def test_a_fused_batch_draws_every_phase_on_each_of_its_tensors_tracks():
 
 
 def test_a_batch_without_marks_is_one_collective_named_by_its_path():
-    trace = _trace([
-        (s.R_SUBMIT, [((0, "g"), _ms(1), int(Kind.ALLREDUCE))]),
-        (s.R_DECIDED, _ms(2)),
-        (s.R_BATCH, [_response("g")], Transport.SHARED_MEMORY, [_ms(3)], _ms(5), _ms(6)),
-    ])
+    trace = _trace(
+        [
+            (s.R_SUBMIT, [((0, "g"), _ms(1), int(Kind.ALLREDUCE))]),
+            (s.R_DECIDED, _ms(2)),
+            (s.R_BATCH, [_response("g")], Transport.SHARED_MEMORY, [_ms(3)], _ms(5), _ms(6)),
+        ]
+    )
     g = _on(trace, "g")
     assert g["collective"]["name"] == "shared memory allreduce"
     assert (g["collective"]["ts"], g["collective"]["dur"]) == pytest.approx((3000, 2000))
@@ -107,11 +125,13 @@ def test_a_batch_without_marks_is_one_collective_named_by_its_path():
 
 
 def test_a_batch_rank_0_does_not_run_only_closes_its_negotiation():
-    trace = _trace([
-        (s.R_REPORTS, _ms(1), [([], None), ([_params("x")], None), ([_params("x")], None)]),
-        (s.R_DECIDED, _ms(2)),
-        (s.R_BATCH, [_response("x")], None, [_ms(3)], None, _ms(3)),  # not a member
-    ])
+    trace = _trace(
+        [
+            (s.R_REPORTS, _ms(1), [([], None), ([_params("x")], None), ([_params("x")], None)]),
+            (s.R_DECIDED, _ms(2)),
+            (s.R_BATCH, [_response("x")], None, [_ms(3)], None, _ms(3)),  # not a member
+        ]
+    )
     assert set(_on(trace, "x")) == {"negotiate"}
     assert summarize(trace)["batches"] == 0
 
@@ -152,8 +172,8 @@ def test_a_file_cut_anywhere_still_loads_the_events_before_the_cut(tmp_path):
     for end in range(1, len(text), 11):
         cut.write_text(text[:end])
         events = load(cut)
-        assert events == complete[:len(events)]
-    cut.write_text(text[:text.rindex("]")])  # all but the closing bracket
+        assert events == complete[: len(events)]
+    cut.write_text(text[: text.rindex("]")])  # all but the closing bracket
     assert load(cut) == complete
     cut.write_text(json.dumps({"traceEvents": complete})[:-30])
     assert 0 < len(load(cut)) < len(complete)
@@ -165,8 +185,9 @@ def test_a_file_cut_anywhere_still_loads_the_events_before_the_cut(tmp_path):
 def test_the_recorder_writes_a_valid_file_and_ignores_records_after_close(tmp_path):
     path = tmp_path / "t.json"
     timeline = Timeline(str(path), mark_cycles=True)
-    entry = SimpleNamespace(key=(0, "w"), submitted=timeline._builder._t0 + 0.001,
-                            params=_params("w"))
+    entry = SimpleNamespace(
+        key=(0, "w"), submitted=timeline._builder._t0 + 0.001, params=_params("w")
+    )
     timeline.cycle_began(1, [entry])
     timeline.reports([([_params("w")], None)])
     timeline.decided()

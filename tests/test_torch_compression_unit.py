@@ -21,8 +21,10 @@ def dense_of(values, indices, numel, divisor=1.0):
 # ---------------------------------------------------------------------- top-k
 
 
-@pytest.mark.parametrize("numel,ratio,k", [(100, 0.01, 1), (1000, 0.01, 10), (1001, 0.01, 11),
-                                           (3, 0.01, 1), (5, 1.0, 5), (7, 0.5, 4)])
+@pytest.mark.parametrize(
+    "numel,ratio,k",
+    [(100, 0.01, 1), (1000, 0.01, 10), (1001, 0.01, 11), (3, 0.01, 1), (5, 1.0, 5), (7, 0.5, 4)],
+)
 def test_topk_count(numel, ratio, k):
     assert topk_count(numel, ratio) == k
 
@@ -127,9 +129,17 @@ def test_argument_errors_and_no_plain_allreduce():
 # -------------------------------------------------------------------- PowerSGD
 
 
-@pytest.mark.parametrize("shape,expected", [((10,), None), ((1024, 784), (1024, 784)),
-                                            ((16, 1, 3, 3), (16, 9)), ((3, 3), None),
-                                            ((10, 64), (10, 64)), ((8, 8), None)])
+@pytest.mark.parametrize(
+    "shape,expected",
+    [
+        ((10,), None),
+        ((1024, 784), (1024, 784)),
+        ((16, 1, 3, 3), (16, 9)),
+        ((3, 3), None),
+        ((10, 64), (10, 64)),
+        ((8, 8), None),
+    ],
+)
 def test_powersgd_matrix_shape(shape, expected):
     assert PowerSGDCompressor(rank=4).matrix_shape(shape) == expected
 
@@ -178,15 +188,14 @@ def test_powersgd_error_feedback_conserves_every_gradient():
         grad = torch.randn(8, 6, generator=gen)
         total_sent += powersgd_round([comp], [grad])
         total_grad += grad
-    torch.testing.assert_close(total_sent + comp.residuals["w"], total_grad,
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(total_sent + comp.residuals["w"], total_grad, rtol=1e-5, atol=1e-5)
 
 
 def test_powersgd_warm_start_converges_to_the_best_rank_r_approximation():
     gen = torch.Generator().manual_seed(7)
     u, _ = torch.linalg.qr(torch.randn(30, 30, generator=gen, dtype=torch.float64))
     v, _ = torch.linalg.qr(torch.randn(20, 20, generator=gen, dtype=torch.float64))
-    s = torch.tensor([2.0 ** -i for i in range(20)], dtype=torch.float64)
+    s = torch.tensor([2.0**-i for i in range(20)], dtype=torch.float64)
     matrix = u[:, :20] @ torch.diag(s) @ v.T
     best = torch.linalg.norm(s[2:])  # error of the truncated SVD at rank 2
     comp = PowerSGDCompressor(rank=2)
@@ -231,7 +240,7 @@ def test_topk_indices_is_exact(case):
     n, k = (100_000, 1000) if case != "small" else (500, 7)
     mags = torch.randn(n, generator=gen).abs()
     if case == "heavy-tailed":
-        mags = mags ** 6
+        mags = mags**6
     if case == "sample-misleads":  # the strided sample sees only huge entries
         mags[::97] = 1e6 + torch.arange(len(mags[::97]), dtype=torch.float32)
     got = topk_indices(mags, k)

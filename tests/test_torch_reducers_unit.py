@@ -115,8 +115,7 @@ def test_compressor_reducer_glue():
     sparse = nn.Parameter(torch.ones(4, 2))
     ctx = context(dense, unused, sparse)
     dense.grad = torch.full((2, 2), 0.5)
-    sparse.grad = torch.sparse_coo_tensor([[1, 3]], torch.ones(2, 2), (4, 2),
-                                          check_invariants=True)
+    sparse.grad = torch.sparse_coo_tensor([[1, 3]], torch.ones(2, 2), (4, 2), check_invariants=True)
     compressor = RecordingCompressor()
     reducer = CompressorReducer(compressor, op=hvd.Sum)
     reducer.synchronize(ctx)
@@ -149,8 +148,11 @@ def test_adasum_reducer_keeps_gradients_local_until_step():
 def test_default_reducer_follows_horovods_arguments():
     plain = _default_reducer(hvd.Compression.fp16, hvd.Sum, 1.0, True)
     assert isinstance(plain, AllreduceReducer)
-    assert (plain.op, plain.compression, plain.sparse_as_dense) == \
-        (hvd.Sum, hvd.Compression.fp16, True)
+    assert (plain.op, plain.compression, plain.sparse_as_dense) == (
+        hvd.Sum,
+        hvd.Compression.fp16,
+        True,
+    )
     topk = hvd.Compression.topk(0.1)
     stateful = _default_reducer(topk, hvd.Average, 1.0, False)
     assert isinstance(stateful, CompressorReducer) and stateful.compressor is topk
@@ -163,12 +165,19 @@ def test_default_reducer_follows_horovods_arguments():
 def test_reducer_conflicts_name_the_argument_and_the_fix():
     reducer = AllreduceReducer()
     _check_reducer(reducer, hvd.Compression.none, hvd.Average, 1.0, False)  # defaults: fine
-    for kwargs, named in [({"compression": hvd.Compression.fp16}, "compression=Compression.fp16"),
-                          ({"op": hvd.Adasum}, "op="),
-                          ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor=2.0"),
-                          ({"sparse_as_dense": True}, "sparse_as_dense=True")]:
-        args = {"compression": hvd.Compression.none, "op": hvd.Average,
-                "gradient_predivide_factor": 1.0, "sparse_as_dense": False, **kwargs}
+    for kwargs, named in [
+        ({"compression": hvd.Compression.fp16}, "compression=Compression.fp16"),
+        ({"op": hvd.Adasum}, "op="),
+        ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor=2.0"),
+        ({"sparse_as_dense": True}, "sparse_as_dense=True"),
+    ]:
+        args = {
+            "compression": hvd.Compression.none,
+            "op": hvd.Average,
+            "gradient_predivide_factor": 1.0,
+            "sparse_as_dense": False,
+            **kwargs,
+        }
         with pytest.raises(ValueError, match=named) as info:
             _check_reducer(reducer, **args)
         assert "AllreduceReducer(op=" in str(info.value) and "reducer=None" in str(info.value)
@@ -177,16 +186,24 @@ def test_reducer_conflicts_name_the_argument_and_the_fix():
 
 
 def test_reducers_are_exported():
-    for name in ("GradientReducer", "ReductionContext", "AllreduceReducer",
-                 "CompressorReducer", "AdasumReducer"):
+    for name in (
+        "GradientReducer",
+        "ReductionContext",
+        "AllreduceReducer",
+        "CompressorReducer",
+        "AdasumReducer",
+    ):
         assert name in hvd.__all__ and getattr(hvd, name).__module__ == "hvdlite.torch.reducers"
 
 
 def test_a_flat_bucket_unflattens_into_its_gradients_in_order():
     from hvdlite.torch.reducers import _flatten, _unflatten_into
 
-    grads = [torch.arange(6.0).reshape(2, 3), torch.tensor([7.0]),
-             torch.arange(4.0).reshape(2, 2).t()]  # non-contiguous: copied by value
+    grads = [
+        torch.arange(6.0).reshape(2, 3),
+        torch.tensor([7.0]),
+        torch.arange(4.0).reshape(2, 2).t(),
+    ]  # non-contiguous: copied by value
     flat = _flatten(grads)
     assert flat.tolist() == [0, 1, 2, 3, 4, 5, 7, 0, 2, 1, 3]
     before = [g.data_ptr() for g in grads]
@@ -200,8 +217,11 @@ def test_a_flat_bucket_unflattens_into_its_gradients_in_order():
 def test_a_bucket_buffer_packs_into_one_kept_tensor_and_unpacks_in_place():
     from hvdlite.torch.reducers import _BucketBuffer
 
-    grads = [torch.arange(6.0).reshape(2, 3), torch.tensor([7.0]),
-             torch.arange(4.0).reshape(2, 2).t()]  # non-contiguous: copied by value
+    grads = [
+        torch.arange(6.0).reshape(2, 3),
+        torch.tensor([7.0]),
+        torch.arange(4.0).reshape(2, 2).t(),
+    ]  # non-contiguous: copied by value
     buffer = _BucketBuffer(grads)
     [flat] = buffer.pack(grads)
     assert flat.tolist() == [0, 1, 2, 3, 4, 5, 7, 0, 2, 1, 3]
@@ -223,8 +243,12 @@ def test_a_bucket_buffer_leaves_large_gradients_where_they_are():
     from hvdlite.torch.reducers import PACK_BELOW_BYTES, _BucketBuffer
 
     large = PACK_BELOW_BYTES // 4  # float32 elements
-    grads = [torch.ones(large), torch.full((3,), 2.0), torch.full((large + 1,), 3.0),
-             torch.full((2,), 4.0)]
+    grads = [
+        torch.ones(large),
+        torch.full((3,), 2.0),
+        torch.full((large + 1,), 3.0),
+        torch.full((2,), 4.0),
+    ]
     buffer = _BucketBuffer(grads)
     arrays = buffer.pack(grads)
     assert arrays[1] is grads[0] and arrays[2] is grads[2]  # reduced in place
@@ -233,8 +257,9 @@ def test_a_bucket_buffer_leaves_large_gradients_where_they_are():
     buffer.unpack_into(grads, arrays[0])
     assert grads[1].tolist() == [20] * 3 and grads[3].tolist() == [40] * 2
     # A large gradient that is not contiguous any more needs a new buffer.
-    assert not buffer.fits([grads[0], grads[1], torch.ones(2, large)[:, :large // 2 + 1].t(),
-                            grads[3]])
+    assert not buffer.fits(
+        [grads[0], grads[1], torch.ones(2, large)[:, : large // 2 + 1].t(), grads[3]]
+    )
     # One small gradient alone is not packed either.
     lone = _BucketBuffer([torch.ones(large), torch.ones(3)])
     assert lone.flat is None and len(lone.pack([torch.ones(large), torch.ones(3)])) == 2

@@ -24,8 +24,9 @@ def test_none_compression_is_identity():
     assert Compression.none.decompress(compressed, ctx) is t
 
 
-@pytest.mark.parametrize("name,wire,tol", [("fp16", torch.float16, 1e-3),
-                                           ("bf16", torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize(
+    "name,wire,tol", [("fp16", torch.float16, 1e-3), ("bf16", torch.bfloat16, 1e-2)]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_cast_compression_round_trip(name, wire, tol, dtype):
     compressor = getattr(Compression, name)
@@ -62,8 +63,12 @@ def test_parameter_names_default_and_validation():
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
     groups = [{"params": list(model[0].parameters())}, {"params": list(model[1].parameters())}]
     names = _name_parameters(groups, None)
-    assert sorted(names.values()) == ["allreduce.noname.0.0", "allreduce.noname.0.1",
-                                      "allreduce.noname.1.0", "allreduce.noname.1.1"]
+    assert sorted(names.values()) == [
+        "allreduce.noname.0.0",
+        "allreduce.noname.0.1",
+        "allreduce.noname.1.0",
+        "allreduce.noname.1.1",
+    ]
     named = list(model.named_parameters())
     assert set(_name_parameters(groups, named).values()) == {n for n, _ in named}
     with pytest.raises(ValueError, match="Found duplicates: a"):
@@ -98,14 +103,16 @@ def test_parameter_groups():
 
 
 def test_distributed_optimizer_needs_init():
-    code = ("import torch, hvdlite.torch as hvd\n"
-            "try:\n"
-            "    hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))],"
-            " lr=0.1))\n"
-            "except ValueError as e:\n"
-            "    assert 'init()' in str(e), e\n"
-            "else:\n"
-            "    raise SystemExit('no error before init()')\n")
+    code = (
+        "import torch, hvdlite.torch as hvd\n"
+        "try:\n"
+        "    hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))],"
+        " lr=0.1))\n"
+        "except ValueError as e:\n"
+        "    assert 'init()' in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('no error before init()')\n"
+    )
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=str(root))
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=root, env=env)
@@ -128,12 +135,14 @@ def test_dispatch_routes_keras_optimizers_without_importing_tensorflow(monkeypat
 
 
 def test_torch_import_does_not_pull_in_tensorflow():
-    code = ("import sys, torch, hvdlite, hvdlite.torch as hvd\n"
-            "hvd.init()\n"
-            "opt = hvdlite.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter("
-            "torch.ones(1))], lr=0.1))\n"
-            "assert isinstance(opt, torch.optim.SGD)\n"
-            "assert not {'tensorflow', 'keras'} & set(sys.modules), 'framework imported'\n")
+    code = (
+        "import sys, torch, hvdlite, hvdlite.torch as hvd\n"
+        "hvd.init()\n"
+        "opt = hvdlite.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter("
+        "torch.ones(1))], lr=0.1))\n"
+        "assert isinstance(opt, torch.optim.SGD)\n"
+        "assert not {'tensorflow', 'keras'} & set(sys.modules), 'framework imported'\n"
+    )
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=str(root))
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=root, env=env)
@@ -151,8 +160,10 @@ def test_buckets_cut_last_layer_first_with_a_small_first_bucket():
     assert params[0].numel() * 4 == FIRST_BUCKET_BYTES
     assert got == [tuple(reversed(params[1:]))]
     extra = torch.nn.Parameter(torch.zeros(10))
-    assert build_buckets([extra] + params, cap=4 << 20) == [tuple(reversed(params[1:])),
-                                                            (params[0], extra)]
+    assert build_buckets([extra] + params, cap=4 << 20) == [
+        tuple(reversed(params[1:])),
+        (params[0], extra),
+    ]
     assert build_buckets(params, cap=0) == []
     # a smaller cap cuts sooner: the small layers, then the big bias and weight alone
     assert build_buckets(params, cap=1 << 10) == [tuple(reversed(params[2:]))]

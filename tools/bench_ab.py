@@ -25,10 +25,16 @@ DEFAULT = ["bench_core.py", "bench_torch_ops.py", "bench_shm_staged.py"]
 
 
 def run(tree: Path, bench: str) -> str:
-    result = subprocess.run([sys.executable, str(tree / "benchmarks" / bench)], cwd=tree,
-                            capture_output=True, text=True, timeout=1200)
-    return result.stdout + (f"\n(exit {result.returncode})\n{result.stderr[-2000:]}"
-                            if result.returncode else "")
+    result = subprocess.run(
+        [sys.executable, str(tree / "benchmarks" / bench)],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    return result.stdout + (
+        f"\n(exit {result.returncode})\n{result.stderr[-2000:]}" if result.returncode else ""
+    )
 
 
 def main(argv=None) -> int:
@@ -37,12 +43,21 @@ def main(argv=None) -> int:
     parser.add_argument("benchmarks", nargs="*", default=DEFAULT)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
-    base = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout.strip()
+    base = subprocess.run(
+        ["git", "rev-parse", "--short", args.base],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="hvdlite-ab-") as tmp:
         other = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(other), base], cwd=ROOT,
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(other), base],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
         try:
             sides = [(f"base {base}", other), ("this tree", ROOT)]
             for bench in args.benchmarks:
@@ -52,8 +67,9 @@ def main(argv=None) -> int:
                         print(f"=== {bench}, round {round_ + 1}, {label}", flush=True)
                         print(run(tree, bench), flush=True)
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(other)], cwd=ROOT,
-                           capture_output=True)
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(other)], cwd=ROOT, capture_output=True
+            )
     return 0
 
 

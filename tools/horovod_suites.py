@@ -60,11 +60,15 @@ def horovod_source(given: str) -> Path:
             print(f"HOROVOD_SRC is not set: cloning {REPOSITORY} into {src} ...", flush=True)
             result = subprocess.run(["git", "clone", "--depth", "1", REPOSITORY, str(src)])
             if result.returncode:
-                sys.exit("could not clone Horovod; pass HOROVOD_SRC=<a checkout of "
-                         f"{REPOSITORY}> (the pip source distribution has no tests).")
+                sys.exit(
+                    "could not clone Horovod; pass HOROVOD_SRC=<a checkout of "
+                    f"{REPOSITORY}> (the pip source distribution has no tests)."
+                )
     if not (src / "test" / "parallel" / "test_torch.py").is_file():
-        sys.exit(f"{src} has no test/parallel/test_torch.py: HOROVOD_SRC must be a checkout "
-                 f"of {REPOSITORY}.")
+        sys.exit(
+            f"{src} has no test/parallel/test_torch.py: HOROVOD_SRC must be a checkout "
+            f"of {REPOSITORY}."
+        )
     return src
 
 
@@ -110,24 +114,47 @@ def ended_early(log: Path, outcome: dict[str, str]) -> str | None:
     return f"{len(outcome)} of {collected} tests reported; it stopped in {last}"
 
 
-def run_suite(src: Path, suite: str, size: int, timeout: float, test_timeout: int,
-              mpiexec: str, select: str | None) -> tuple[dict[str, str], bool]:
+def run_suite(
+    src: Path,
+    suite: str,
+    size: int,
+    timeout: float,
+    test_timeout: int,
+    mpiexec: str,
+    select: str | None,
+) -> tuple[dict[str, str], bool]:
     """Run one suite at one size; returns (outcomes, why it ended early or None)."""
     workdir = src / "test" / "parallel"
     logs = Path(tempfile.mkdtemp(prefix=f"hvd-{suite}-np{size}-"))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SHIM), str(ROOT), str(src / "test" / "utils"), str(workdir)]
-        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     env.setdefault("HVDLITE_COLLECTIVE_TIMEOUT", str(max(30, test_timeout // 2)))
-    args = ["-v", "-p", "no:cacheprovider", f"--timeout={test_timeout}",
-            "--timeout-method=thread", "-o", "addopts=", "--rootdir", str(workdir),
-            SUITES[suite]]
+    args = [
+        "-v",
+        "-p",
+        "no:cacheprovider",
+        f"--timeout={test_timeout}",
+        "--timeout-method=thread",
+        "-o",
+        "addopts=",
+        "--rootdir",
+        str(workdir),
+        SUITES[suite],
+    ]
     if select:
         args += ["-k", select]
     cmd = [mpiexec, "-n", str(size), sys.executable, "-c", _RANK_MAIN, str(logs), *args]
-    proc = subprocess.Popen(cmd, cwd=workdir, env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=workdir,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     finished = True
     try:
         proc.wait(timeout=timeout)
@@ -148,8 +175,12 @@ def main(argv=None) -> int:
     parser.add_argument("--src", default=os.environ.get("HOROVOD_SRC", ""))
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--suites", nargs="+", default=list(SUITES), choices=list(SUITES))
-    parser.add_argument("--timeout", type=float, default=1800.0,
-                        help="seconds for one suite at one size (the job is killed after)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=1800.0,
+        help="seconds for one suite at one size (the job is killed after)",
+    )
     parser.add_argument("--test-timeout", type=int, default=120, help="seconds per test")
     parser.add_argument("-k", dest="select", help="pytest -k expression (a subset)")
     args = parser.parse_args(argv)
@@ -163,27 +194,33 @@ def main(argv=None) -> int:
     for suite in args.suites:
         for size in args.sizes:
             print(f"== {SUITES[suite]} at {size} ranks", flush=True)
-            outcome, early = run_suite(src, suite, size, args.timeout, args.test_timeout,
-                                          mpiexec, args.select)
-            counts = {s: sum(1 for v in outcome.values() if v == s)
-                      for s in ("PASSED", "FAILED", "SKIPPED")}
+            outcome, early = run_suite(
+                src, suite, size, args.timeout, args.test_timeout, mpiexec, args.select
+            )
+            counts = {
+                s: sum(1 for v in outcome.values() if v == s)
+                for s in ("PASSED", "FAILED", "SKIPPED")
+            }
             failed = sorted(t for t, v in outcome.items() if v == "FAILED")
             unexpected, known = [], []
             for test in failed:
                 name = test.rsplit("::", 1)[-1]
-                reason = expected.get(f"{suite}::{name}@{size}") or expected.get(
-                    f"{suite}::{name}")
+                reason = expected.get(f"{suite}::{name}@{size}") or expected.get(f"{suite}::{name}")
                 (known if reason else unexpected).append((name, reason))
-            fixed = sorted(name for key in expected
-                           for name in [key.split("::", 1)[1].split("@")[0]]
-                           if key.startswith(f"{suite}::")
-                           and (key.endswith(f"@{size}") or "@" not in key)
-                           and any(t.endswith("::" + name) and v == "PASSED"
-                                   for t, v in outcome.items()))
-            line = (f"{SUITES[suite]} np={size}: {counts['PASSED']} passed, "
-                    f"{counts['FAILED']} failed ({len(known)} expected), "
-                    f"{counts['SKIPPED']} skipped"
-                    + ("" if early is None else f"; ENDED EARLY: {early}"))
+            fixed = sorted(
+                name
+                for key in expected
+                for name in [key.split("::", 1)[1].split("@")[0]]
+                if key.startswith(f"{suite}::")
+                and (key.endswith(f"@{size}") or "@" not in key)
+                and any(t.endswith("::" + name) and v == "PASSED" for t, v in outcome.items())
+            )
+            line = (
+                f"{SUITES[suite]} np={size}: {counts['PASSED']} passed, "
+                f"{counts['FAILED']} failed ({len(known)} expected), "
+                f"{counts['SKIPPED']} skipped"
+                + ("" if early is None else f"; ENDED EARLY: {early}")
+            )
             summary.append(line)
             print(line)
             for name, reason in known:

@@ -54,12 +54,14 @@ def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 stem = ".".join(base + ([node.module] if node.module else []))
             else:
                 stem = node.module or ""
-            targets = [f"{stem}.{alias.name}" if f"{stem}.{alias.name}" in known else stem
-                       for alias in node.names]
+            targets = [
+                f"{stem}.{alias.name}" if f"{stem}.{alias.name}" in known else stem
+                for alias in node.names
+            ]
         else:
             continue
         for target in targets:
@@ -117,8 +119,14 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 ADAPTERS = ("hvdlite.torch", "hvdlite.tensorflow", "hvdlite.keras", "hvdlite.runner")
 ENGINE = "hvdlite.engine"
 #: What the engine may import besides itself (a module or a package's modules).
-ENGINE_MAY_IMPORT = ("hvdlite.exceptions", "hvdlite.ops", "hvdlite.config",
-                     "hvdlite.process_sets", "hvdlite.device", "hvdlite.timeline.schema")
+ENGINE_MAY_IMPORT = (
+    "hvdlite.exceptions",
+    "hvdlite.ops",
+    "hvdlite.config",
+    "hvdlite.process_sets",
+    "hvdlite.device",
+    "hvdlite.timeline.schema",
+)
 
 
 def _within(module: str, prefixes) -> bool:
@@ -131,11 +139,15 @@ def layering_violations(edges: dict[str, set[str]]) -> list[str]:
     for source in sorted(edges):
         for target in sorted(edges[source]):
             if _within(source, ADAPTERS) and _within(target, (ENGINE,)):
-                found.append(f"{source} imports {target}: adapters reach the engine through "
-                             "hvdlite.basics / hvdlite.collectives, not hvdlite.engine")
+                found.append(
+                    f"{source} imports {target}: adapters reach the engine through "
+                    "hvdlite.basics / hvdlite.collectives, not hvdlite.engine"
+                )
             elif _within(source, (ENGINE,)) and not _within(target, (ENGINE, *ENGINE_MAY_IMPORT)):
-                found.append(f"{source} imports {target}: the engine imports only itself and "
-                             f"{', '.join(ENGINE_MAY_IMPORT)}")
+                found.append(
+                    f"{source} imports {target}: the engine imports only itself and "
+                    f"{', '.join(ENGINE_MAY_IMPORT)}"
+                )
     return found
 
 

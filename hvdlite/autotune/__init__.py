@@ -36,8 +36,17 @@ from .setting import Setting
 from .space import SearchSpace
 from .tuner import SampleLog, Tuner
 
-__all__ = ["TuningLink", "Tuner", "SampleLog", "Setting", "SearchSpace", "BayesianOptimizer",
-           "require_scikit_learn", "prepare", "tuning_for"]
+__all__ = [
+    "TuningLink",
+    "Tuner",
+    "SampleLog",
+    "Setting",
+    "SearchSpace",
+    "BayesianOptimizer",
+    "require_scikit_learn",
+    "prepare",
+    "tuning_for",
+]
 
 
 def prepare(cfg, rank: int) -> SampleLog | None:
@@ -49,14 +58,16 @@ def prepare(cfg, rank: int) -> SampleLog | None:
         try:
             return SampleLog(cfg.autotune_log)
         except OSError as exc:
-            raise OSError(f"HVDLITE_AUTOTUNE_LOG={cfg.autotune_log!r} cannot be written "
-                          f"({exc.strerror or exc}); give a path in a writable directory.") \
-                from exc
+            raise OSError(
+                f"HVDLITE_AUTOTUNE_LOG={cfg.autotune_log!r} cannot be written "
+                f"({exc.strerror or exc}); give a path in a writable directory."
+            ) from exc
     return None
 
 
-def tuning_for(cfg, rank: int, world_size: int, router, hierarchical,
-               sample_log: SampleLog | None = None) -> TuningLink:
+def tuning_for(
+    cfg, rank: int, world_size: int, router, hierarchical, sample_log: SampleLog | None = None
+) -> TuningLink:
     """The engine's link for this rank (with the tuner on rank 0), starting from
     the knobs *cfg* the job was started with.
 
@@ -65,20 +76,25 @@ def tuning_for(cfg, rank: int, world_size: int, router, hierarchical,
     """
     from ..engine.transport import Transport
 
-    start = Setting(cfg.fusion_threshold, cfg.cycle_time_ms, router.shared_memory,
-                    router.hierarchical_allreduce)
+    start = Setting(
+        cfg.fusion_threshold, cfg.cycle_time_ms, router.shared_memory, router.hierarchical_allreduce
+    )
     flat = router.variant(shared_memory=True, hierarchical_allreduce=False)
-    shared_memory = router.shared_memory \
-        and flat.routes(range(world_size)).allreduce is Transport.SHARED_MEMORY
-    multi_node = hierarchical is not None and hierarchical.allreduce_enabled \
-        and len(hierarchical.nodes) > 1
+    shared_memory = (
+        router.shared_memory and flat.routes(range(world_size)).allreduce is Transport.SHARED_MEMORY
+    )
+    multi_node = (
+        hierarchical is not None and hierarchical.allreduce_enabled and len(hierarchical.nodes) > 1
+    )
     tuner = None
     if rank == 0:
         space = SearchSpace(start, shared_memory=shared_memory, hierarchical=multi_node)
-        tuner = Tuner(space, BayesianOptimizer(space.features,
-                                               cfg.autotune_gaussian_process_noise),
-                      warmup_samples=cfg.autotune_warmup_samples,
-                      steps_per_sample=cfg.autotune_steps_per_sample,
-                      max_samples=cfg.autotune_bayes_opt_max_samples,
-                      sample_log=sample_log)
+        tuner = Tuner(
+            space,
+            BayesianOptimizer(space.features, cfg.autotune_gaussian_process_noise),
+            warmup_samples=cfg.autotune_warmup_samples,
+            steps_per_sample=cfg.autotune_steps_per_sample,
+            max_samples=cfg.autotune_bayes_opt_max_samples,
+            sample_log=sample_log,
+        )
     return TuningLink(start, tuner)

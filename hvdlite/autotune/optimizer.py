@@ -22,10 +22,12 @@ import numpy as np
 
 __all__ = ["BayesianOptimizer", "require_scikit_learn"]
 
-_INSTALL = ("HVDLITE_AUTOTUNE (HOROVOD_AUTOTUNE, hvdrun --autotune) needs scikit-learn for "
-            "its Bayesian optimiser, and it cannot be imported here ({error}). Install it on "
-            "every host: pip install scikit-learn (or pip install 'hvdlite[autotune]'), or "
-            "turn autotune off.")
+_INSTALL = (
+    "HVDLITE_AUTOTUNE (HOROVOD_AUTOTUNE, hvdrun --autotune) needs scikit-learn for "
+    "its Bayesian optimiser, and it cannot be imported here ({error}). Install it on "
+    "every host: pip install scikit-learn (or pip install 'hvdlite[autotune]'), or "
+    "turn autotune off."
+)
 
 
 def require_scikit_learn():
@@ -40,15 +42,18 @@ def require_scikit_learn():
 class BayesianOptimizer:
     """Proposes which of *candidates* (an n x d array of features in [0, 1]) to try next."""
 
-    def __init__(self, candidates: np.ndarray, noise: float = 0.8, seed: int = 0,
-                 exploration: float = 0.01):
+    def __init__(
+        self, candidates: np.ndarray, noise: float = 0.8, seed: int = 0, exploration: float = 0.01
+    ):
         gp = require_scikit_learn()
         kernels = gp.kernels
         dims = candidates.shape[1]
         kernel = kernels.ConstantKernel(1.0, (1e-2, 1e2)) * kernels.Matern(
-            length_scale=np.full(dims, 0.5), length_scale_bounds=(0.05, 5.0), nu=2.5)
-        self._model = gp.GaussianProcessRegressor(kernel=kernel, alpha=noise,
-                                                  normalize_y=True, random_state=seed)
+            length_scale=np.full(dims, 0.5), length_scale_bounds=(0.05, 5.0), nu=2.5
+        )
+        self._model = gp.GaussianProcessRegressor(
+            kernel=kernel, alpha=noise, normalize_y=True, random_state=seed
+        )
         self.candidates = candidates
         self.exploration = exploration
         self.tried: list[int] = []  # candidate indices, one per sample

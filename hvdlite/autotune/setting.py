@@ -35,23 +35,27 @@ class Setting(NamedTuple):
         mib = self.fusion_threshold / (1 << 20)
         text = f"fusion threshold {mib:g} MiB, cycle time {self.cycle_time_ms:g} ms"
         text += ", shared-memory allreduce " + ("on" if self.shared_memory_allreduce else "off")
-        return text + ", hierarchical allreduce " + ("on" if self.hierarchical_allreduce
-                                                     else "off")
+        return text + ", hierarchical allreduce " + ("on" if self.hierarchical_allreduce else "off")
 
 
 def to_words(setting: Setting, final: bool) -> int:
     """*setting* as :data:`WORDS` little-endian words in one int (*final*: tuning ended)."""
     cycle_bits = struct.unpack("<Q", struct.pack("<d", float(setting.cycle_time_ms)))[0]
-    switches = (_SHARED_MEMORY if setting.shared_memory_allreduce else 0) \
-        | (_HIERARCHICAL if setting.hierarchical_allreduce else 0) | (_FINAL if final else 0)
-    return (int(setting.fusion_threshold) & _MASK) | (cycle_bits << _WORD) \
-        | (switches << (2 * _WORD))
+    switches = (
+        (_SHARED_MEMORY if setting.shared_memory_allreduce else 0)
+        | (_HIERARCHICAL if setting.hierarchical_allreduce else 0)
+        | (_FINAL if final else 0)
+    )
+    return (
+        (int(setting.fusion_threshold) & _MASK) | (cycle_bits << _WORD) | (switches << (2 * _WORD))
+    )
 
 
 def from_words(value: int) -> tuple[Setting, bool]:
     """The (setting, final) that :func:`to_words` made *value* from."""
     cycle = struct.unpack("<d", struct.pack("<Q", (value >> _WORD) & _MASK))[0]
     switches = (value >> (2 * _WORD)) & _MASK
-    setting = Setting(value & _MASK, cycle, bool(switches & _SHARED_MEMORY),
-                      bool(switches & _HIERARCHICAL))
+    setting = Setting(
+        value & _MASK, cycle, bool(switches & _SHARED_MEMORY), bool(switches & _HIERARCHICAL)
+    )
     return setting, bool(switches & _FINAL)

@@ -39,13 +39,23 @@ class SearchSpace:
 
     def __init__(self, start: Setting, shared_memory: bool = False, hierarchical: bool = False):
         self.start = start
-        self.switches = tuple(name for name, tuned in (("shared_memory_allreduce", shared_memory),
-                                                       ("hierarchical_allreduce", hierarchical))
-                              if tuned)
+        self.switches = tuple(
+            name
+            for name, tuned in (
+                ("shared_memory_allreduce", shared_memory),
+                ("hierarchical_allreduce", hierarchical),
+            )
+            if tuned
+        )
         shm_values = (False, True) if shared_memory else (start.shared_memory_allreduce,)
         hier_values = (False, True) if hierarchical else (start.hierarchical_allreduce,)
-        grid = [Setting(t, c, s, h) for t in THRESHOLDS for c in CYCLE_TIMES_MS
-                for s in shm_values for h in hier_values]
+        grid = [
+            Setting(t, c, s, h)
+            for t in THRESHOLDS
+            for c in CYCLE_TIMES_MS
+            for s in shm_values
+            for h in hier_values
+        ]
         if start not in grid:
             grid.insert(0, start)
         self.settings: list[Setting] = grid
@@ -59,8 +69,10 @@ class SearchSpace:
         return self._index[setting]
 
     def features_of(self, setting: Setting) -> list[float]:
-        row = [_scaled(setting.fusion_threshold, THRESHOLDS[0], THRESHOLDS[-1]),
-               _scaled(setting.cycle_time_ms, CYCLE_TIMES_MS[0], CYCLE_TIMES_MS[-1])]
+        row = [
+            _scaled(setting.fusion_threshold, THRESHOLDS[0], THRESHOLDS[-1]),
+            _scaled(setting.cycle_time_ms, CYCLE_TIMES_MS[0], CYCLE_TIMES_MS[-1]),
+        ]
         return row + [float(getattr(setting, name)) for name in self.switches]
 
     def spread(self, count: int) -> list[int]:
@@ -72,6 +84,7 @@ class SearchSpace:
         while len(chosen) < min(count, len(self)):
             pick = int(np.argmax(nearest))
             chosen.append(pick)
-            nearest = np.minimum(nearest,
-                                 np.linalg.norm(self.features - self.features[pick], axis=1))
+            nearest = np.minimum(
+                nearest, np.linalg.norm(self.features - self.features[pick], axis=1)
+            )
         return chosen

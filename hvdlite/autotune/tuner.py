@@ -35,9 +35,17 @@ log = logging.getLogger("hvdlite")
 
 #: Scored samples spent on spread-out settings (the start first) before the optimiser leads.
 INITIAL_SAMPLES = 4
-_COLUMNS = ("sample", "phase", "fusion_threshold_bytes", "cycle_time_ms",
-            "shared_memory_allreduce", "hierarchical_allreduce", "steps", "seconds",
-            "score_bytes_per_second")
+_COLUMNS = (
+    "sample",
+    "phase",
+    "fusion_threshold_bytes",
+    "cycle_time_ms",
+    "shared_memory_allreduce",
+    "hierarchical_allreduce",
+    "steps",
+    "seconds",
+    "score_bytes_per_second",
+)
 
 
 class SampleLog:
@@ -64,11 +72,22 @@ class SampleLog:
             log.warning("autotune log %s cannot be written (%s); it stops here", self.path, exc)
             self.close()
 
-    def write(self, sample: int, phase: str, setting: Setting, steps: int, seconds: float,
-              score: float) -> None:
-        self._row((sample, phase, setting.fusion_threshold, f"{setting.cycle_time_ms:g}",
-                   int(setting.shared_memory_allreduce), int(setting.hierarchical_allreduce),
-                   steps, f"{seconds:.6f}", f"{score:.1f}"))
+    def write(
+        self, sample: int, phase: str, setting: Setting, steps: int, seconds: float, score: float
+    ) -> None:
+        self._row(
+            (
+                sample,
+                phase,
+                setting.fusion_threshold,
+                f"{setting.cycle_time_ms:g}",
+                int(setting.shared_memory_allreduce),
+                int(setting.hierarchical_allreduce),
+                steps,
+                f"{seconds:.6f}",
+                f"{score:.1f}",
+            )
+        )
 
     def close(self) -> None:
         if self._file is not None:
@@ -82,10 +101,17 @@ class SampleLog:
 class Tuner:
     """Chooses settings for every rank from measured throughput (see the module docstring)."""
 
-    def __init__(self, space: SearchSpace, optimizer, *, warmup_samples: int = 3,
-                 steps_per_sample: int = 10, max_samples: int = 20,
-                 sample_log: SampleLog | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        space: SearchSpace,
+        optimizer,
+        *,
+        warmup_samples: int = 3,
+        steps_per_sample: int = 10,
+        max_samples: int = 20,
+        sample_log: SampleLog | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.space = space
         self.optimizer = optimizer  # add(index, score), propose() -> index, best() -> index
         self.steps_per_sample = steps_per_sample
@@ -146,17 +172,24 @@ class Tuner:
         self.samples += 1
         self.optimizer.add(self._current, score)
         self._log(self.samples, "sample", steps, seconds, score)
-        log.info("autotune sample %d/%d: %s: %.3g bytes/s", self.samples, self.max_samples,
-                 self.setting.describe(), score)
+        log.info(
+            "autotune sample %d/%d: %s: %.3g bytes/s",
+            self.samples,
+            self.max_samples,
+            self.setting.describe(),
+            score,
+        )
         if self.samples >= self.max_samples:
             self._choose(self.optimizer.best())
             self.finished = True
             if self.sample_log is not None:
-                self.sample_log.write(self.samples, "best", self.setting, 0, 0.0,
-                                      self._best_score())
+                self.sample_log.write(
+                    self.samples, "best", self.setting, 0, 0.0, self._best_score()
+                )
                 self.sample_log.close()
-            log.info("autotune finished after %d samples: %s", self.samples,
-                     self.setting.describe())
+            log.info(
+                "autotune finished after %d samples: %s", self.samples, self.setting.describe()
+            )
             return
         if self.samples < len(self._initial):
             self._choose(self._initial[self.samples])
@@ -170,8 +203,9 @@ class Tuner:
         self.setting = self.space.settings[index]
 
     def _best_score(self) -> float:
-        scores = [s for i, s in zip(self.optimizer.tried, self.optimizer.scores)
-                  if i == self._current]
+        scores = [
+            s for i, s in zip(self.optimizer.tried, self.optimizer.scores) if i == self._current
+        ]
         return sum(scores) / len(scores) if scores else 0.0
 
     def _log(self, number: int, phase: str, steps: int, seconds: float, score: float) -> None:

@@ -72,8 +72,10 @@ class CudaBackend(ArrayBackend):
         else:
             arr = cupy.from_dlpack(x)
         if not arr.flags.c_contiguous:
-            raise ArgumentError(f"{what}: the device array is not C-contiguous; pass a contiguous "
-                                "one (e.g. cupy.ascontiguousarray(x) or tensor.contiguous()).")
+            raise ArgumentError(
+                f"{what}: the device array is not C-contiguous; pass a contiguous "
+                "one (e.g. cupy.ascontiguousarray(x) or tensor.contiguous())."
+            )
         return arr
 
     def empty(self, shape, dtype, ready=None):
@@ -93,8 +95,7 @@ class CudaBackend(ArrayBackend):
         device_id = cupy.cuda.Device().id
         pool = self._pools.get(device_id)
         if pool is None:
-            pool = self._pools[device_id] = BufferPool(lambda n, dt: cupy.empty(n, dt),
-                                                       trim=False)
+            pool = self._pools[device_id] = BufferPool(lambda n, dt: cupy.empty(n, dt), trim=False)
         return pool.get(dtype, count, slot)
 
     def staging(self, dtype, count: int, slot: int = 0) -> np.ndarray:
@@ -125,9 +126,11 @@ class CudaBackend(ArrayBackend):
     def record_ready(self, arrays):
         devices = {a.device.id for a in arrays}
         if len(devices) > 1:
-            raise ArgumentError(f"hvdlite: one collective's arrays sit on GPUs {sorted(devices)}; "
-                                "hvdlite moves one GPU per process: put them on one (e.g. "
-                                "torch.cuda.set_device(hvd.local_rank()) before creating them).")
+            raise ArgumentError(
+                f"hvdlite: one collective's arrays sit on GPUs {sorted(devices)}; "
+                "hvdlite moves one GPU per process: put them on one (e.g. "
+                "torch.cuda.set_device(hvd.local_rank()) before creating them)."
+            )
         device_id = devices.pop()
         with cupy.cuda.Device(device_id):
             streams = [cupy.cuda.get_current_stream()]
@@ -201,8 +204,10 @@ def _from_interface(x, what: str):
             expected.append(step)
             step *= dim
         if tuple(strides) != tuple(reversed(expected)) and math.prod(shape) > 1:
-            raise ArgumentError(f"{what}: the device array is not C-contiguous (strides "
-                                f"{tuple(strides)}); pass a contiguous one.")
+            raise ArgumentError(
+                f"{what}: the device array is not C-contiguous (strides "
+                f"{tuple(strides)}); pass a contiguous one."
+            )
     nbytes = math.prod(shape) * dtype.itemsize
     ptr = int(cai["data"][0])
     if nbytes == 0 or ptr == 0:

@@ -36,8 +36,18 @@ from ..engine.adasum import adasum_allreduce
 from ..engine.fusion import Reduction
 from ..engine.messages import Kind
 from ..engine.packing import (
-    Gathered, Scattered, flat_bytes, pack, pack_bytes, pack_rank_major, rank_counts,
-    reduce_alone, unpack, unpack_bytes, unpack_rank_major, unpack_shards,
+    Gathered,
+    Scattered,
+    flat_bytes,
+    pack,
+    pack_bytes,
+    pack_rank_major,
+    rank_counts,
+    reduce_alone,
+    unpack,
+    unpack_bytes,
+    unpack_rank_major,
+    unpack_shards,
 )
 from ..ops import ReduceOp
 from ..engine.splits import even_split
@@ -90,27 +100,47 @@ class DeviceExecutor:
                 return self._adasum(batch, entries, comm, backend)
             return self._allreduce(batch, entries, comm, backend, routes)
         if kind == Kind.ALLGATHER:
-            return self._allgather(batch, entries, comm, backend,
-                                   self._link(p0.set_id, comm, backend, routes, "allgather"))
+            return self._allgather(
+                batch,
+                entries,
+                comm,
+                backend,
+                self._link(p0.set_id, comm, backend, routes, "allgather"),
+            )
         if kind == Kind.BROADCAST:
             root = self._sets.ranks[p0.set_id].index(p0.root)
-            return self._broadcast(entries, comm, backend,
-                                   self._link(p0.set_id, comm, backend, routes, "broadcast"), root)
+            return self._broadcast(
+                entries,
+                comm,
+                backend,
+                self._link(p0.set_id, comm, backend, routes, "broadcast"),
+                root,
+            )
         if kind == Kind.ALLTOALL:
-            return self._alltoall(entries[0], comm, backend,
-                                  self._link(p0.set_id, comm, backend, routes, "alltoall"))
+            return self._alltoall(
+                entries[0], comm, backend, self._link(p0.set_id, comm, backend, routes, "alltoall")
+            )
         if kind == Kind.REDUCESCATTER:
-            return self._reducescatter(batch, entries, comm, backend,
-                                       self._link(p0.set_id, comm, backend, routes,
-                                                  "reducescatter"))
+            return self._reducescatter(
+                batch,
+                entries,
+                comm,
+                backend,
+                self._link(p0.set_id, comm, backend, routes, "reducescatter"),
+            )
         raise RuntimeError(f"the device executor cannot run {Kind(kind).name}")
 
     # --------------------------------------------------------------------- links
     def _link(self, set_id: int, comm, backend, routes: DeviceRoutes, op: str):
         transport = getattr(routes, op)
         helper = self._hierarchical
-        two_level = (op == "allreduce" and routes.hierarchical and helper is not None
-                     and helper.homogeneous and set_id == 0)
+        two_level = (
+            op == "allreduce"
+            and routes.hierarchical
+            and helper is not None
+            and helper.homogeneous
+            and set_id == 0
+        )
         key = (set_id, backend.device, transport, two_level)
         link = self._links.get(key)
         if link is None:
@@ -118,8 +148,9 @@ class DeviceExecutor:
             link = flat
             if two_level:
                 local = self._make(("local",), helper.local, backend, transport, routes.fallback)
-                cross = self._make(("cross",), helper.cross, backend, routes.fallback,
-                                   routes.fallback)
+                cross = self._make(
+                    ("cross",), helper.cross, backend, routes.fallback, routes.fallback
+                )
                 link = HierarchicalLink(local, cross, flat, backend)
             self._links[key] = link
         self.used[link.name] += 1
@@ -141,8 +172,11 @@ class DeviceExecutor:
                 # not serve this set (a shared GPU): every member falls back alike.
                 transport = fallback if backend.device == CUDA else Transport.CUDA_AWARE_MPI
         if link is None:
-            link = (MpiLink(comm, backend, device_memory=True)
-                    if transport is Transport.CUDA_AWARE_MPI else StagedLink(comm, backend))
+            link = (
+                MpiLink(comm, backend, device_memory=True)
+                if transport is Transport.CUDA_AWARE_MPI
+                else StagedLink(comm, backend)
+            )
         self._links[key] = link
         return link
 
@@ -163,8 +197,9 @@ class DeviceExecutor:
                 if entry is None:
                     tensors.add(None, None, None, math.prod(shape), p.prescale, post)
                 else:
-                    tensors.add(entry, entry.inputs[i], entry.outputs[i], math.prod(shape),
-                                p.prescale, post)
+                    tensors.add(
+                        entry, entry.inputs[i], entry.outputs[i], math.prod(shape), p.prescale, post
+                    )
                 dtypes.append(p.dtypes[i])
         link = self._link(p0.set_id, comm, backend, routes, "allreduce")
         backend.wait_ready([e.ready for e in entries if e is not None])
@@ -172,10 +207,15 @@ class DeviceExecutor:
         for wire in dict.fromkeys(wires):
             index = [i for i, w in enumerate(wires) if w == wire]
             part = tensors if len(index) == len(tensors) else tensors.subset(index)
-            if len(part) == 1 and part.inputs[0] is not None \
-                    and np.dtype(dtypes[index[0]]) == wire:
-                reduce_alone(backend, part.inputs[0], part.outputs[0], part.prescales[0],
-                             part.postscales[0], _in_place(backend, link, p0.op))
+            if len(part) == 1 and part.inputs[0] is not None and np.dtype(dtypes[index[0]]) == wire:
+                reduce_alone(
+                    backend,
+                    part.inputs[0],
+                    part.outputs[0],
+                    part.prescales[0],
+                    part.postscales[0],
+                    _in_place(backend, link, p0.op),
+                )
                 continue
             buf = backend.buffer(wire, part.total())
             pack(backend, part, buf)
@@ -217,11 +257,15 @@ class DeviceExecutor:
         dims = np.empty((size, len(tensors)), dtype=np.int64)
         comm.Allgather(local, dims)
         row_bytes = [math.prod(t.trailing) * t.dtype.itemsize for t in tensors]
-        per_rank = [int(sum(int(dims[r, j]) * row_bytes[j] for j in range(len(tensors))))
-                    for r in range(size)]
+        per_rank = [
+            int(sum(int(dims[r, j]) * row_bytes[j] for j in range(len(tensors))))
+            for r in range(size)
+        ]
         block = max(per_rank)  # every rank's region padded to one size: NCCL moves equal blocks
-        outputs = [backend.empty((int(dims[:, j].sum()),) + t.trailing, t.dtype, t.entry.ready)
-                   for j, t in enumerate(tensors)]
+        outputs = [
+            backend.empty((int(dims[:, j].sum()),) + t.trailing, t.dtype, t.entry.ready)
+            for j, t in enumerate(tensors)
+        ]
         backend.wait_ready(dict.fromkeys(e.ready for e in entries if e is not None))
         if block and len(tensors) == 1 and len(set(per_rank)) == 1:
             link.allgather(flat_bytes(tensors[0].input), flat_bytes(outputs[0]))
@@ -230,8 +274,9 @@ class DeviceExecutor:
             pack_bytes(backend, [t.input for t in tensors], send)
             recv = backend.buffer(np.uint8, block * size, slot=1)
             link.allgather(send, recv)
-            unpack_rank_major(backend, recv, [r * block for r in range(size)], dims, row_bytes,
-                              outputs)
+            unpack_rank_major(
+                backend, recv, [r * block for r in range(size)], dims, row_bytes, outputs
+            )
         return _per_entry([t.entry for t in tensors], outputs)
 
     # ----------------------------------------------------------------- broadcast
@@ -263,8 +308,12 @@ class DeviceExecutor:
         comm.Alltoall(splits, received)
         out = backend.empty((int(received.sum()),) + trailing, inp.dtype, entry.ready)
         backend.wait_ready([entry.ready])
-        link.alltoallv(flat_bytes(inp), [int(s) * row_bytes for s in splits],
-                       flat_bytes(out), [int(s) * row_bytes for s in received])
+        link.alltoallv(
+            flat_bytes(inp),
+            [int(s) * row_bytes for s in splits],
+            flat_bytes(out),
+            [int(s) * row_bytes for s in received],
+        )
         return [(entry, (out, received))]
 
     # ------------------------------------------------------------- reducescatter
@@ -276,11 +325,20 @@ class DeviceExecutor:
             p = response.params
             post = p.postscale / size if p.op == ReduceOp.AVERAGE else p.postscale
             for i, (dt, shape) in enumerate(zip(p.dtypes, p.shapes)):
-                tensors.append(Scattered(entry, entry.inputs[i], tuple(shape),
-                                         np.dtype(dt), p.prescale, post,
-                                         even_split(shape[0], size)))
-        outputs = [backend.empty((t.rows[me],) + t.shape[1:], t.dtype, t.entry.ready)
-                   for t in tensors]
+                tensors.append(
+                    Scattered(
+                        entry,
+                        entry.inputs[i],
+                        tuple(shape),
+                        np.dtype(dt),
+                        p.prescale,
+                        post,
+                        even_split(shape[0], size),
+                    )
+                )
+        outputs = [
+            backend.empty((t.rows[me],) + t.shape[1:], t.dtype, t.entry.ready) for t in tensors
+        ]
         backend.wait_ready(dict.fromkeys(e.ready for e in entries if e is not None))
         wires = [link.wire(t.dtype.str) for t in tensors]
         for wire in dict.fromkeys(wires):
@@ -298,6 +356,7 @@ class DeviceExecutor:
 def _in_place(backend, link, op):
     """``allreduce(buf, src)`` for :func:`~hvdlite.engine.packing.reduce_alone` over a
     device link, which reduces in place."""
+
     def allreduce(buf, src) -> None:
         if src is not buf:
             backend.copy(buf, src)

@@ -109,8 +109,10 @@ class MpiLink(Link):
 
     def alltoallv(self, send, send_counts, recv, recv_counts) -> None:
         self._ready()
-        self.comm.Alltoallv([send, (list(send_counts), offsets(send_counts)), MPI.BYTE],
-                            [recv, (list(recv_counts), offsets(recv_counts)), MPI.BYTE])
+        self.comm.Alltoallv(
+            [send, (list(send_counts), offsets(send_counts)), MPI.BYTE],
+            [recv, (list(recv_counts), offsets(recv_counts)), MPI.BYTE],
+        )
 
 
 class StagedLink(Link):

@@ -45,8 +45,11 @@ _OPS = {
     ReduceOp.PRODUCT: nccl.NCCL_PROD,
 }
 #: NCCL has no 16-bit integers or bool: those reduce in a wider (exact) type.
-_WIRE = {np.dtype(np.int16).str: np.dtype(np.int32), np.dtype(np.uint16).str: np.dtype(np.int32),
-         np.dtype(np.bool_).str: np.dtype(np.uint8)}
+_WIRE = {
+    np.dtype(np.int16).str: np.dtype(np.int32),
+    np.dtype(np.uint16).str: np.dtype(np.int32),
+    np.dtype(np.bool_).str: np.dtype(np.uint8),
+}
 
 
 def nccl_dtype(dtype) -> int:
@@ -76,8 +79,11 @@ class NcclLink(Link):
         places = comm.allgather((MPI.Get_processor_name(), device.pci_bus_id))
         if len(set(places)) < len(places):
             if comm.Get_rank() == 0:
-                log.warning("hvdlite: ranks of a process set share a GPU (%s); NCCL refuses "
-                            "that, so the set's device collectives run over MPI.", places)
+                log.warning(
+                    "hvdlite: ranks of a process set share a GPU (%s); NCCL refuses "
+                    "that, so the set's device collectives run over MPI.",
+                    places,
+                )
             return None
         unique_id = nccl.get_unique_id() if comm.Get_rank() == 0 else None
         unique_id = comm.bcast(unique_id, root=0)
@@ -93,23 +99,36 @@ class NcclLink(Link):
         return cupy.cuda.get_current_stream().ptr
 
     def allreduce(self, buf, op: int) -> None:
-        self.communicator.allReduce(buf.data.ptr, buf.data.ptr, buf.size, nccl_dtype(buf.dtype),
-                                    _OPS[ReduceOp(op)], self._stream())
+        self.communicator.allReduce(
+            buf.data.ptr,
+            buf.data.ptr,
+            buf.size,
+            nccl_dtype(buf.dtype),
+            _OPS[ReduceOp(op)],
+            self._stream(),
+        )
 
     def allgather(self, send, recv) -> None:
         send, recv = _bytes(send), _bytes(recv)
-        self.communicator.allGather(send.data.ptr, recv.data.ptr, send.size, nccl.NCCL_UINT8,
-                                    self._stream())
+        self.communicator.allGather(
+            send.data.ptr, recv.data.ptr, send.size, nccl.NCCL_UINT8, self._stream()
+        )
 
     def broadcast(self, buf, root: int) -> None:
         buf = _bytes(buf)
-        self.communicator.broadcast(buf.data.ptr, buf.data.ptr, buf.size, nccl.NCCL_UINT8, root,
-                                    self._stream())
+        self.communicator.broadcast(
+            buf.data.ptr, buf.data.ptr, buf.size, nccl.NCCL_UINT8, root, self._stream()
+        )
 
     def reduce_scatter(self, send, recv, op: int) -> None:
-        self.communicator.reduceScatter(send.data.ptr, recv.data.ptr, recv.size,
-                                        nccl_dtype(recv.dtype), _OPS[ReduceOp(op)],
-                                        self._stream())
+        self.communicator.reduceScatter(
+            send.data.ptr,
+            recv.data.ptr,
+            recv.size,
+            nccl_dtype(recv.dtype),
+            _OPS[ReduceOp(op)],
+            self._stream(),
+        )
 
     def alltoallv(self, send, send_counts, recv, recv_counts) -> None:
         stream = self._stream()
@@ -119,11 +138,13 @@ class NcclLink(Link):
         try:
             for peer in range(self.size):
                 if send_counts[peer]:
-                    self.communicator.send(send_ptr + send_at, int(send_counts[peer]),
-                                           nccl.NCCL_UINT8, peer, stream)
+                    self.communicator.send(
+                        send_ptr + send_at, int(send_counts[peer]), nccl.NCCL_UINT8, peer, stream
+                    )
                 if recv_counts[peer]:
-                    self.communicator.recv(recv_ptr + recv_at, int(recv_counts[peer]),
-                                           nccl.NCCL_UINT8, peer, stream)
+                    self.communicator.recv(
+                        recv_ptr + recv_at, int(recv_counts[peer]), nccl.NCCL_UINT8, peer, stream
+                    )
                 send_at += int(send_counts[peer])
                 recv_at += int(recv_counts[peer])
         finally:

@@ -28,8 +28,15 @@ from typing import NamedTuple
 
 from ..engine.transport import Transport
 
-__all__ = ["OPERATIONS", "Capabilities", "DeviceChoice", "DeviceRoutes", "read_request",
-           "local_capabilities", "agree"]
+__all__ = [
+    "OPERATIONS",
+    "Capabilities",
+    "DeviceChoice",
+    "DeviceRoutes",
+    "read_request",
+    "local_capabilities",
+    "agree",
+]
 
 log = logging.getLogger("hvdlite")
 
@@ -47,9 +54,12 @@ class Capabilities(NamedTuple):
     reason: str = ""  # why cuda_aware_mpi is what it is
 
     def __and__(self, other: Capabilities) -> Capabilities:
-        return Capabilities(self.cuda and other.cuda, self.nccl and other.nccl,
-                            self.cuda_aware_mpi and other.cuda_aware_mpi,
-                            self.reason if self.reason == other.reason else "not on every rank")
+        return Capabilities(
+            self.cuda and other.cuda,
+            self.nccl and other.nccl,
+            self.cuda_aware_mpi and other.cuda_aware_mpi,
+            self.reason if self.reason == other.reason else "not on every rank",
+        )
 
 
 class DeviceRoutes(NamedTuple):
@@ -115,9 +125,11 @@ def read_request(environ: Mapping[str, str] | None = None) -> tuple:
         value = raw.upper()
         if value and value not in _VALUES:
             name = f"HVDLITE_{suffix}" if _env(environ, suffix) else "HVDLITE_GPU_OPERATIONS"
-            raise ValueError(f"{name}={raw!r} (or its HOROVOD_ spelling) is not valid: use NCCL "
-                             "or MPI (hvdlite moves GPU tensors with NCCL, or with MPI on "
-                             "device pointers or staged through host memory).")
+            raise ValueError(
+                f"{name}={raw!r} (or its HOROVOD_ spelling) is not valid: use NCCL "
+                "or MPI (hvdlite moves GPU tensors with NCCL, or with MPI on "
+                "device pointers or staged through host memory)."
+            )
         request.append((op, value))
     return tuple(request)
 
@@ -131,8 +143,9 @@ def local_capabilities(environ: Mapping[str, str] | None = None) -> Capabilities
     return Capabilities(cuda, cuda and nccl_version() > 0, aware, reason)
 
 
-def agree(world, hierarchical_allreduce: bool, homogeneous: bool,
-          environ: Mapping[str, str] | None = None) -> DeviceChoice:
+def agree(
+    world, hierarchical_allreduce: bool, homogeneous: bool, environ: Mapping[str, str] | None = None
+) -> DeviceChoice:
     """Collective over *world* (every rank, during ``init``): the agreed choice.
 
     Raises ValueError on every rank alike when a rank's knobs are invalid or
@@ -151,16 +164,23 @@ def agree(world, hierarchical_allreduce: bool, homogeneous: bool,
     requests = {req for _, req, _ in everyone}
     if len(requests) > 1:
         parts = "; ".join(f"rank {r}: {dict(req)}" for r, (_, req, _) in enumerate(everyone))
-        raise ValueError("The GPU transport knobs (HVDLITE_GPU_OPERATIONS, HVDLITE_GPU_<OP>) "
-                         f"differ between ranks ({parts}); start every rank with the same "
-                         "values (hvdrun passes its environment to every rank).")
+        raise ValueError(
+            "The GPU transport knobs (HVDLITE_GPU_OPERATIONS, HVDLITE_GPU_<OP>) "
+            f"differ between ranks ({parts}); start every rank with the same "
+            "values (hvdrun passes its environment to every rank)."
+        )
     agreed = everyone[0][2]
     for _, _, other in everyone[1:]:
         agreed = agreed & other
-    if world.Get_rank() == 0 and agreed.cuda and not agreed.nccl \
-            and any(asked == "NCCL" for _, asked in request):
-        log.warning("hvdlite: NCCL was asked for GPU collectives but is not usable on every "
-                    "rank; they run over %s instead.",
-                    "CUDA-aware MPI" if agreed.cuda_aware_mpi else "MPI staged through host "
-                    "memory")
+    if (
+        world.Get_rank() == 0
+        and agreed.cuda
+        and not agreed.nccl
+        and any(asked == "NCCL" for _, asked in request)
+    ):
+        log.warning(
+            "hvdlite: NCCL was asked for GPU collectives but is not usable on every "
+            "rank; they run over %s instead.",
+            "CUDA-aware MPI" if agreed.cuda_aware_mpi else "MPI staged through host memory",
+        )
     return DeviceChoice(agreed, request, hierarchical_allreduce, homogeneous)

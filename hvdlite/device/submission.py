@@ -29,12 +29,16 @@ def engine_output(out, like, what: str):
     if out is None:
         return owner.empty(like.shape, like.dtype)
     if device_of(out) != device:
-        raise ArgumentError(f"{what}: the output is on device {device_of(out)!r} but the input "
-                            f"on {device!r}; pass an output on the input's device.")
+        raise ArgumentError(
+            f"{what}: the output is on device {device_of(out)!r} but the input "
+            f"on {device!r}; pass an output on the input's device."
+        )
     arr = owner.wrap(out, what)
     if tuple(arr.shape) != tuple(like.shape) or arr.dtype != like.dtype:
-        raise ArgumentError(f"{what}: output must have the input's shape {tuple(like.shape)} "
-                            f"and dtype {like.dtype}, got {tuple(arr.shape)} {arr.dtype}.")
+        raise ArgumentError(
+            f"{what}: output must have the input's shape {tuple(like.shape)} "
+            f"and dtype {like.dtype}, got {tuple(arr.shape)} {arr.dtype}."
+        )
     return arr
 
 
@@ -48,7 +52,8 @@ def prepare(params, inputs, outputs):
     if len(devices) > 1:
         raise ArgumentError(
             f"{params.name}: the arrays of one collective must all be on one device, got "
-            f"{', '.join(sorted(devices))}; move them first (e.g. tensor.cuda() or .cpu()).")
+            f"{', '.join(sorted(devices))}; move them first (e.g. tensor.cuda() or .cpu())."
+        )
     device = devices.pop()
     ready = backend(device).record_ready(list(inputs) or arrays)
     return params._replace(device=device), ready

@@ -31,6 +31,14 @@ from .persistence import ElasticStateError
 from .run import run, run_fn
 from .state import ObjectState, State
 
-__all__ = ["State", "ObjectState", "run", "run_fn", "ElasticStateError",
-           "HostsUpdatedInterrupt", "HorovodInternalError", "HOSTS_UPDATED_EXIT",
-           "STATE_ERROR_EXIT"]
+__all__ = [
+    "State",
+    "ObjectState",
+    "run",
+    "run_fn",
+    "ElasticStateError",
+    "HostsUpdatedInterrupt",
+    "HorovodInternalError",
+    "HOSTS_UPDATED_EXIT",
+    "STATE_ERROR_EXIT",
+]

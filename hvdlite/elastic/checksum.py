@@ -48,16 +48,16 @@ def state_sum(parts) -> str:
         words = np.frombuffer(view[:whole], dtype="<u8")
         if whole < view.nbytes:
             tail = np.zeros(1, dtype="<u8")
-            tail.view(np.uint8)[:view.nbytes - whole] = view[whole:]
+            tail.view(np.uint8)[: view.nbytes - whole] = view[whole:]
             words = (words, tail)
         else:
             words = (words,)
         for block in words:
             for start in range(0, len(block), _CHUNK):
-                chunk = block[start:start + _CHUNK]
+                chunk = block[start : start + _CHUNK]
                 plain = int(np.add.reduce(chunk, dtype=np.uint64))
                 # weight of word index+k is (2k + 1) + 2*index
-                here = int(np.dot(chunk, weights[:len(chunk)]))
+                here = int(np.dot(chunk, weights[: len(chunk)]))
                 total = (total + plain) & _MASK
                 weighted = (weighted + here + 2 * index * plain) & _MASK
                 index += len(chunk)

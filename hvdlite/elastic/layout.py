@@ -29,12 +29,28 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-__all__ = ["ENABLED_VARIABLE", "JOB_DIR_VARIABLE", "JOB_ID_VARIABLE", "GENERATION_VARIABLE",
-           "EXPECT_COMMIT_VARIABLE", "STATE_FILE", "HOSTS_UPDATED_EXIT", "STATE_ERROR_EXIT",
-           "STATE_WRITE_EXIT",
-           "WorkerContext", "notice_path", "restart_path", "post_notice", "read_notice",
-           "mark_restart", "record_launch", "last_launch", "MARKER_FILE", "write_marker",
-           "has_marker"]
+__all__ = [
+    "ENABLED_VARIABLE",
+    "JOB_DIR_VARIABLE",
+    "JOB_ID_VARIABLE",
+    "GENERATION_VARIABLE",
+    "EXPECT_COMMIT_VARIABLE",
+    "STATE_FILE",
+    "HOSTS_UPDATED_EXIT",
+    "STATE_ERROR_EXIT",
+    "STATE_WRITE_EXIT",
+    "WorkerContext",
+    "notice_path",
+    "restart_path",
+    "post_notice",
+    "read_notice",
+    "mark_restart",
+    "record_launch",
+    "last_launch",
+    "MARKER_FILE",
+    "write_marker",
+    "has_marker",
+]
 
 ENABLED_VARIABLE = "HVDLITE_ELASTIC"
 JOB_DIR_VARIABLE = "HVDLITE_ELASTIC_JOB_DIR"
@@ -83,9 +99,12 @@ class WorkerContext:
         job_dir = env.get(JOB_DIR_VARIABLE, "").strip()
         if not job_dir:
             return cls()
-        return cls(job_dir=job_dir, job_id=env.get(JOB_ID_VARIABLE, ""),
-                   generation=_count(env, GENERATION_VARIABLE),
-                   expect_commit=_count(env, EXPECT_COMMIT_VARIABLE))
+        return cls(
+            job_dir=job_dir,
+            job_id=env.get(JOB_ID_VARIABLE, ""),
+            generation=_count(env, GENERATION_VARIABLE),
+            expect_commit=_count(env, EXPECT_COMMIT_VARIABLE),
+        )
 
     def state_path(self) -> str | None:
         return os.path.join(self.job_dir, STATE_FILE) if self.job_dir else None
@@ -96,8 +115,9 @@ def _count(env: Mapping[str, str], name: str) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a whole number (hvdrun sets it; do not "
-                         "set it by hand)") from None
+        raise ValueError(
+            f"{name}={raw!r} is not a whole number (hvdrun sets it; do not set it by hand)"
+        ) from None
     if value < 0:
         raise ValueError(f"{name}={raw!r} must not be negative")
     return value
@@ -121,8 +141,7 @@ def _write_small(path: str, text: str) -> None:
         os.unlink(tmp)
     except FileNotFoundError:
         pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
-                 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with open(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()

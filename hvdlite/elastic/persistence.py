@@ -54,9 +54,17 @@ import zlib
 
 from .checksum import state_sum
 
-__all__ = ["ElasticStateError", "CommitWriteError", "CorruptStateError", "StaleLaunchError",
-           "Commit",
-           "CommitStore", "MAGIC", "check_private", "make_private_dir"]
+__all__ = [
+    "ElasticStateError",
+    "CommitWriteError",
+    "CorruptStateError",
+    "StaleLaunchError",
+    "Commit",
+    "CommitStore",
+    "MAGIC",
+    "check_private",
+    "make_private_dir",
+]
 
 MAGIC = b"HVDLITE-ELASTIC-STATE 3\n"
 _MAGIC_V2 = b"HVDLITE-ELASTIC-STATE 2\n"  # part lengths in the JSON header: still read
@@ -117,7 +125,7 @@ class Commit:
         view = memoryview(self.payload)
         ends = list(itertools.accumulate(self.parts))
         buffers = [view[start:end] for start, end in zip(ends, ends[1:])]
-        return pickle.loads(view[:ends[0]], buffers=buffers)
+        return pickle.loads(view[: ends[0]], buffers=buffers)
 
     def describe(self) -> str:
         """``commit 4 (epoch=1, batch=20)``: how logs name it."""
@@ -180,8 +188,7 @@ class _Alongside:
     def __init__(self, function, *args) -> None:
         self._call = (function, args)
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="hvdlite-commit-write",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="hvdlite-commit-write", daemon=True)
 
     def _run(self) -> None:
         function, args = self._call
@@ -220,15 +227,15 @@ def check_private(path: str, info: os.stat_result | None = None) -> None:
     if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
         problem = f"is owned by user id {info.st_uid}, not by you ({os.geteuid()})"
     elif info.st_mode & 0o022:
-        problem = (f"may be written by its group or others (mode "
-                   f"{stat.S_IMODE(info.st_mode):04o})")
+        problem = f"may be written by its group or others (mode {stat.S_IMODE(info.st_mode):04o})"
     if problem:
-        fix = ("chmod go-w" if "mode" in problem else "take a copy you own, or delete it")
+        fix = "chmod go-w" if "mode" in problem else "take a copy you own, or delete it"
         raise ElasticStateError(
             f"the elastic state {what} {path} {problem}: refusing to load the state, a "
             "pickle that anyone who can write there could have replaced to run code as you. "
             f"Check who changed it; if you trust it, {fix} {path} (hvdrun makes state "
-            "directories 0700 and files 0600)")
+            "directories 0700 and files 0600)"
+        )
 
 
 _fsync_warned = False
@@ -251,10 +258,12 @@ def _fsync_directory(directory: str) -> None:
             os.close(fd)
     if not _fsync_warned:  # some file systems refuse fsync on a directory
         _fsync_warned = True
-        sys.stderr.write(f"hvdlite.elastic: warning: cannot fsync the directory {directory} "
-                         f"({failure.strerror or failure}): each commit is renamed into "
-                         "place, but a crash of the machine right after a commit may lose "
-                         "that rename (said once)\n")
+        sys.stderr.write(
+            f"hvdlite.elastic: warning: cannot fsync the directory {directory} "
+            f"({failure.strerror or failure}): each commit is renamed into "
+            "place, but a crash of the machine right after a commit may lose "
+            "that rename (said once)\n"
+        )
 
 
 class CommitStore:
@@ -272,8 +281,10 @@ class CommitStore:
         self.launch = launch
 
     def _fix(self) -> str:
-        return ("nothing starts it afresh on its own: start the job again to begin from "
-                "scratch, or put a good copy of the file back and relaunch")
+        return (
+            "nothing starts it afresh on its own: start the job again to begin from "
+            "scratch, or put a good copy of the file back and relaunch"
+        )
 
     def write(self, payload, number: int, size: int, summary: dict | None = None) -> None:
         """Persist *payload* as commit *number*; on return the commit is on disk.
@@ -285,16 +296,24 @@ class CommitStore:
         directory = os.path.dirname(self.path) or "."
         make_private_dir(directory)
         self._check_launch(number, directory)
-        header = {"job": self.job_id, "commit": int(number), "size": int(size),
-                  "time": time.time(), "summary": summary or {},
-                  "bytes": sum(view.nbytes for view in views), "sum": _NO_SUM,
-                  "nparts": len(views), "launch": self.launch}
+        header = {
+            "job": self.job_id,
+            "commit": int(number),
+            "size": int(size),
+            "time": time.time(),
+            "summary": summary or {},
+            "bytes": sum(view.nbytes for view in views),
+            "sum": _NO_SUM,
+            "nparts": len(views),
+            "launch": self.launch,
+        }
         line = _header_line(header)
         if len(line) > _MAX_HEADER:  # a reader would refuse it: refuse it now
             raise ElasticStateError(
                 f"commit {number} cannot be written to {self.path}: its header is "
                 f"{len(line)} bytes, more than the {_MAX_HEADER} a reader takes (the job id "
-                "or the state's summary values are too long); shorten them")
+                "or the state's summary values are too long); shorten them"
+            )
         table = struct.pack(f"<{len(views)}Q", *(view.nbytes for view in views))
         spare = self.path + _SPARE
         # in place (see _publish); never through a symbolic link, and owner-only
@@ -329,7 +348,8 @@ class CommitStore:
                 f"hvdrun has started launch {newest} of this job since, so this process is a "
                 "leftover of an earlier launch (its host was cut off, or hvdrun lost track "
                 "of it); it stops here so that it cannot overwrite the state the current "
-                "launch uses")
+                "launch uses"
+            )
 
     def read(self) -> Commit | None:
         """The commit on disk, None when there is none; ElasticStateError when unusable."""
@@ -338,12 +358,13 @@ class CommitStore:
                 self._check_private(handle)
                 # writable bytes: the loaded tensors are made on them, in place
                 data = bytearray(os.fstat(handle.fileno()).st_size)
-                del data[handle.readinto(data):]
+                del data[handle.readinto(data) :]
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise ElasticStateError(f"cannot read the elastic state file {self.path}: "
-                                    f"{exc.strerror}") from None
+            raise ElasticStateError(
+                f"cannot read the elastic state file {self.path}: {exc.strerror}"
+            ) from None
         return self._parse(data)
 
     def _check_private(self, handle) -> None:
@@ -356,8 +377,10 @@ class CommitStore:
         return CommitStore(self.path + _SPARE, self.job_id, self.launch)
 
     def _corrupt(self, why: str) -> ElasticStateError:
-        return CorruptStateError(f"the elastic state file {self.path} is corrupt ({why}): the "
-                                 f"job cannot resume from it; {self._fix()}")
+        return CorruptStateError(
+            f"the elastic state file {self.path} is corrupt ({why}): the "
+            f"job cannot resume from it; {self._fix()}"
+        )
 
     def read_header(self) -> Commit | None:
         """The commit on disk as its header says (number, job, summary), without reading
@@ -370,8 +393,9 @@ class CommitStore:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise ElasticStateError(f"cannot read the elastic state file {self.path}: "
-                                    f"{exc.strerror}") from None
+            raise ElasticStateError(
+                f"cannot read the elastic state file {self.path}: {exc.strerror}"
+            ) from None
         version, header, _end = self._parse_header(head)
         commit = self._commit_of(header, b"", ())
         self._check_job(commit)
@@ -381,18 +405,19 @@ class CommitStore:
         """``(first line, header fields, where the header line ends)`` of *data*."""
         if not data.startswith(_PREFIX):
             raise self._corrupt("it does not start with the hvdlite state header")
-        version = bytes(data[:len(MAGIC)])
+        version = bytes(data[: len(MAGIC)])
         if version not in (MAGIC, _MAGIC_V2, _MAGIC_V1):
             raise ElasticStateError(
                 f"the elastic state file {self.path} has the format "
-                f"{version[len(_PREFIX):].strip().decode(errors='replace')!r}, which "
+                f"{version[len(_PREFIX) :].strip().decode(errors='replace')!r}, which "
                 "this hvdlite does not read (it reads 1, 2 and 3): resume it with the hvdlite "
-                f"that wrote it, or {self._fix()}")
+                f"that wrote it, or {self._fix()}"
+            )
         end = data.find(b"\n", len(MAGIC), len(MAGIC) + _MAX_HEADER)
         if end < 0:
             raise self._corrupt("its header line is cut short")
         try:
-            header = json.loads(data[len(MAGIC):end])
+            header = json.loads(data[len(MAGIC) : end])
             if not isinstance(header, dict):
                 raise TypeError(header)
             self._commit_of(header, b"", ())  # every field is there and of its type
@@ -409,16 +434,24 @@ class CommitStore:
     @staticmethod
     def _commit_of(header: dict, payload, parts: tuple) -> Commit:
         launch = header.get("launch")
-        return Commit(int(header["commit"]), str(header.get("job", "")), int(header["size"]),
-                      float(header.get("time", 0.0)), dict(header.get("summary") or {}),
-                      payload, parts, None if launch is None else int(launch))
+        return Commit(
+            int(header["commit"]),
+            str(header.get("job", "")),
+            int(header["size"]),
+            float(header.get("time", 0.0)),
+            dict(header.get("summary") or {}),
+            payload,
+            parts,
+            None if launch is None else int(launch),
+        )
 
     def _check_job(self, commit: Commit) -> None:
         if self.job_id and commit.job_id != self.job_id:
             raise ElasticStateError(
                 f"the elastic state file {self.path} belongs to job {commit.job_id!r}, not to "
                 f"this job ({self.job_id!r}): give each job its own --elastic-state-dir, or "
-                f"{self._fix()}")
+                f"{self._fix()}"
+            )
 
     def _parse(self, data: bytes) -> Commit:
         version, header, end = self._parse_header(data)
@@ -428,15 +461,14 @@ class CommitStore:
             count = int(header.get("nparts", 0))
             if count < 0 or start + 8 * count > len(data):
                 raise self._corrupt(f"its table of {count} parts is cut short")
-            table = bytes(data[start:start + 8 * count])
+            table = bytes(data[start : start + 8 * count])
             parts = struct.unpack(f"<{count}Q", table)
             start += 8 * count
         else:
             parts = tuple(int(n) for n in header.get("parts", ()))
         payload = data[start:]
         if len(payload) != length:
-            raise self._corrupt(f"it holds {len(payload)} bytes of state, its header says "
-                                f"{length}")
+            raise self._corrupt(f"it holds {len(payload)} bytes of state, its header says {length}")
         if parts and sum(parts) != length:
             raise self._corrupt("its parts do not add up to its length")
         if version == _MAGIC_V1:

@@ -53,10 +53,12 @@ def run_fn(func: Callable, reset: Callable[[], None] | None = None) -> Callable:
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         if not isinstance(state, State):
-            raise TypeError(f"{getattr(func, '__name__', 'the function')}: the first argument "
-                            "of an hvd.elastic.run function must be an elastic State "
-                            f"(e.g. hvd.elastic.TorchState(model, optimizer)), not "
-                            f"{type(state).__name__}")
+            raise TypeError(
+                f"{getattr(func, '__name__', 'the function')}: the first argument "
+                "of an hvd.elastic.run function must be an elastic State "
+                f"(e.g. hvd.elastic.TorchState(model, optimizer)), not "
+                f"{type(state).__name__}"
+            )
         try:
             state._resume()
         except ElasticStateError as exc:

@@ -88,8 +88,9 @@ class State:
     hvdlite's own (Horovod requires them; the framework states pass theirs).
     """
 
-    def __init__(self, bcast_object: Callable | None = None,
-                 get_rank: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self, bcast_object: Callable | None = None, get_rank: Callable[[], int] | None = None
+    ) -> None:
         self._bcast_object = bcast_object or _default_broadcast
         self._rank = get_rank or _default_rank
         self._reset_callbacks: list[Callable[[], None]] = []
@@ -107,8 +108,10 @@ class State:
         callbacks = list(callbacks)
         for callback in callbacks:
             if not callable(callback):
-                raise TypeError(f"register_reset_callbacks: {callback!r} is not callable; "
-                                "pass a list of functions taking no arguments")
+                raise TypeError(
+                    f"register_reset_callbacks: {callback!r} is not callable; "
+                    "pass a list of functions taking no arguments"
+                )
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
@@ -220,7 +223,8 @@ class State:
                 f"job {ctx.job_id}, which hvdrun wrote into it: this host does not see "
                 "hvdrun's directory, and a commit written here would be lost or resumed "
                 "stale later. Give hvdrun an --elastic-state-dir on a file system that its "
-                "host and every rank's host share, then start the job again")
+                "host and every rank's host share, then start the job again"
+            )
 
     def flush(self) -> None:
         """(+) Wait until the last commit is on disk (rank 0; elsewhere it returns at once).
@@ -280,28 +284,35 @@ class State:
                         f"the elastic state file {ctx.state_path()} is missing, but hvdrun "
                         f"saw commit {ctx.expect_commit} there before this launch: the "
                         "state directory must be one that hvdrun and every host share "
-                        "(--elastic-state-dir on a shared file system)")
+                        "(--elastic-state-dir on a shared file system)"
+                    )
                 return ("none", 0, "")
-            if (commit.number > ctx.expect_commit and commit.launch is not None
-                    and commit.launch < ctx.generation):
+            if (
+                commit.number > ctx.expect_commit
+                and commit.launch is not None
+                and commit.launch < ctx.generation
+            ):
                 raise ElasticStateError(
                     f"the elastic state file {ctx.state_path()} holds commit {commit.number} "
                     f"of launch {commit.launch}, written after hvdrun saw commit "
                     f"{ctx.expect_commit} and started this launch ({ctx.generation}): a "
                     "leftover rank of an earlier launch wrote it. Stop that process (its "
-                    "host was cut off), then start the job again")
+                    "host was cut off), then start the job again"
+                )
             if commit.number < ctx.expect_commit and not fell_back:
                 raise ElasticStateError(
                     f"the elastic state file {ctx.state_path()} holds commit {commit.number}, "
                     f"but hvdrun saw commit {ctx.expect_commit} there before this launch: "
                     "another copy of the directory is in the way (give every host the same "
-                    "shared --elastic-state-dir)")
+                    "shared --elastic-state-dir)"
+                )
             try:
                 snapshot = commit.load()
             except Exception as exc:  # noqa: BLE001 - any unpickling failure is the file's
                 raise ElasticStateError(
                     f"the elastic state file {ctx.state_path()} cannot be unpickled ({exc}); "
-                    "was the state made with other classes than this script has?") from None
+                    "was the state made with other classes than this script has?"
+                ) from None
             self._load_snapshot(snapshot)
             return ("loaded", commit.number, commit.describe())
         except ElasticStateError as exc:
@@ -318,13 +329,16 @@ class State:
             try:
                 older = spare.read()
             except ElasticStateError as again:
-                raise ElasticStateError(f"{exc} (its spare copy {spare.path} cannot be used "
-                                        f"either: {again})") from None
+                raise ElasticStateError(
+                    f"{exc} (its spare copy {spare.path} cannot be used either: {again})"
+                ) from None
             if older is None:
                 raise
-            say(f"warning: {exc}. Resuming instead from the commit before it, "
+            say(
+                f"warning: {exc}. Resuming instead from the commit before it, "
                 f"{older.describe()}, in {spare.path}, whose checksum matches: the work "
-                "since that commit is done again")
+                "since that commit is done again"
+            )
             return older, True
 
     def _leave_for_new_hosts(self) -> None:
@@ -335,8 +349,10 @@ class State:
         self.flush()
         if self._rank() == 0:
             mark_restart(self._context.job_dir, self._context.generation, self._commit_number)
-            say(f"hosts changed: saved commit {self._commit_number}; every rank exits "
-                f"(code {HOSTS_UPDATED_EXIT}) and hvdrun relaunches on the new hosts")
+            say(
+                f"hosts changed: saved commit {self._commit_number}; every rank exits "
+                f"(code {HOSTS_UPDATED_EXIT}) and hvdrun relaunches on the new hosts"
+            )
         raise SystemExit(HOSTS_UPDATED_EXIT)
 
 
@@ -348,8 +364,12 @@ class ObjectState(State):
     hvdrun's elastic mode).
     """
 
-    def __init__(self, bcast_object: Callable | None = None,
-                 get_rank: Callable[[], int] | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        bcast_object: Callable | None = None,
+        get_rank: Callable[[], int] | None = None,
+        **kwargs,
+    ) -> None:
         self._saved_state = dict(kwargs)
         self._set_attrs()
         super().__init__(bcast_object=bcast_object, get_rank=get_rank)
@@ -376,13 +396,17 @@ class ObjectState(State):
 
     def _load_snapshot(self, snapshot: object) -> None:
         if not isinstance(snapshot, dict) or "objects" not in snapshot:
-            raise ElasticStateError("the committed state was not written by an ObjectState "
-                                    "(or a state class built on it)")
+            raise ElasticStateError(
+                "the committed state was not written by an ObjectState "
+                "(or a state class built on it)"
+            )
         saved = dict(snapshot["objects"])
         missing = sorted(set(self._saved_state) - set(saved))
         if missing:
-            raise ElasticStateError(f"the committed state has no value for {missing}: the "
-                                    "script's state has attributes the commit lacks")
+            raise ElasticStateError(
+                f"the committed state has no value for {missing}: the "
+                "script's state has attributes the commit lacks"
+            )
         self._saved_state.update(saved)
         self.restore()
 
@@ -392,6 +416,9 @@ class ObjectState(State):
 
 def _summary_of(values: dict) -> dict:
     """The simple values of *values* that name a commit in the logs (a few, short)."""
-    simple = {name: value for name, value in values.items()
-              if isinstance(value, _SUMMARY_TYPES) and len(repr(value)) <= 40}
+    simple = {
+        name: value
+        for name, value in values.items()
+        if isinstance(value, _SUMMARY_TYPES) and len(repr(value)) <= 40
+    }
     return dict(list(simple.items())[:_SUMMARY_MAX])

@@ -90,8 +90,7 @@ class CommitWriter:
             except BaseException as exc:  # noqa: BLE001 - reported by wait()
                 self._error = exc
 
-        self._thread = threading.Thread(target=write, name=f"hvdlite-commit-{number}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=write, name=f"hvdlite-commit-{number}", daemon=True)
         self._thread.start()
 
     def wait(self) -> None:
@@ -112,9 +111,11 @@ class CommitWriter:
                 f"{error.strerror or error} (errno {error.errno}, {name}); the commit before "
                 f"it stays in {directory}. Free space or raise the quota there (or give "
                 "hvdrun an --elastic-state-dir with room), then start the job again: hvdrun "
-                "does not relaunch it, the next commit would fail the same way")
-        return ElasticStateError(f"writing commit {self._number} to {self.store.path} "
-                                 f"failed: {error}")
+                "does not relaunch it, the next commit would fail the same way"
+            )
+        return ElasticStateError(
+            f"writing commit {self._number} to {self.store.path} failed: {error}"
+        )
 
 
 class InBand:
@@ -149,8 +150,14 @@ class _StatePickler(pickle.Pickler):
 
     def reducer_override(self, obj):
         torch = sys.modules.get("torch")
-        if torch is not None and isinstance(obj, torch.Tensor) and obj.is_cpu \
-                and obj.layout is torch.strided and not obj.requires_grad \
-                and obj.dtype not in (torch.bfloat16, torch.complex32) and not obj.is_quantized:
+        if (
+            torch is not None
+            and isinstance(obj, torch.Tensor)
+            and obj.is_cpu
+            and obj.layout is torch.strided
+            and not obj.requires_grad
+            and obj.dtype not in (torch.bfloat16, torch.complex32)
+            and not obj.is_quantized
+        ):
             return _tensor_from_array, (obj.contiguous().numpy(),)
         return NotImplemented

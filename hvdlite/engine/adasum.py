@@ -45,8 +45,7 @@ def _sub_group_sum(comm, rank: int, values: np.ndarray, group_size: int) -> np.n
     step = 1
     while step < group_size:
         partner = rank ^ step
-        comm.Sendrecv([total, MPI.DOUBLE], partner, _TAG,
-                      [other, MPI.DOUBLE], partner, _TAG)
+        comm.Sendrecv([total, MPI.DOUBLE], partner, _TAG, [other, MPI.DOUBLE], partner, _TAG)
         total += other  # x + y == y + x in IEEE arithmetic: partners agree bit for bit
         step *= 2
     return total
@@ -64,8 +63,10 @@ def adasum_allreduce(comm, data: np.ndarray) -> np.ndarray:
     """
     size = comm.Get_size()
     if size < 1 or size & (size - 1):
-        raise ValueError(f"Adasum needs a power-of-two number of ranks, the communicator has "
-                         f"{size}; use op=Average or run on 2, 4, 8... ranks.")
+        raise ValueError(
+            f"Adasum needs a power-of-two number of ranks, the communicator has "
+            f"{size}; use op=Average or run on 2, 4, 8... ranks."
+        )
     vec = np.array(data, dtype=np.float64).reshape(-1)  # always a private copy
     if size == 1:
         return vec
@@ -78,10 +79,11 @@ def adasum_allreduce(comm, data: np.ndarray) -> np.ndarray:
         lower = not rank & distance
         mid = lo + (hi - lo) // 2
         keep, give = ((lo, mid), (mid, hi)) if lower else ((mid, hi), (lo, mid))
-        mine = vec[keep[0]:keep[1]]
+        mine = vec[keep[0] : keep[1]]
         theirs = np.empty_like(mine)
-        comm.Sendrecv([vec[give[0]:give[1]], MPI.DOUBLE], partner, _TAG,
-                      [theirs, MPI.DOUBLE], partner, _TAG)
+        comm.Sendrecv(
+            [vec[give[0] : give[1]], MPI.DOUBLE], partner, _TAG, [theirs, MPI.DOUBLE], partner, _TAG
+        )
         dot = float(np.dot(mine, theirs))
         mine_sq = float(np.dot(mine, mine))
         theirs_sq = float(np.dot(theirs, theirs))
@@ -97,6 +99,12 @@ def adasum_allreduce(comm, data: np.ndarray) -> np.ndarray:
         lo, hi = keep
         distance *= 2
     for keep, give, partner in reversed(levels):
-        comm.Sendrecv([vec[keep[0]:keep[1]], MPI.DOUBLE], partner, _TAG,
-                      [vec[give[0]:give[1]], MPI.DOUBLE], partner, _TAG)
+        comm.Sendrecv(
+            [vec[keep[0] : keep[1]], MPI.DOUBLE],
+            partner,
+            _TAG,
+            [vec[give[0] : give[1]], MPI.DOUBLE],
+            partner,
+            _TAG,
+        )
     return vec

@@ -34,8 +34,14 @@ class Backoff:
         """The pause before the next look, after *waited* seconds of waiting."""
         return min(self.cap, max(self.floor, waited * self.ratio))
 
-    def wait_for(self, test: Callable[[], bool], clock=time.perf_counter, sleep=time.sleep,
-                 yield_core=os.sched_yield, timeout: float | None = None) -> bool:
+    def wait_for(
+        self,
+        test: Callable[[], bool],
+        clock=time.perf_counter,
+        sleep=time.sleep,
+        yield_core=os.sched_yield,
+        timeout: float | None = None,
+    ) -> bool:
         """Return True once ``test()`` is true: first look in a loop that yields the
         core for ``spin`` seconds, then sleep between looks as :meth:`delay` says.
         With *timeout* (seconds), return False once that much time passed first."""

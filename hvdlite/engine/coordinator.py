@@ -22,16 +22,36 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from .messages import (
-    CACHEABLE, JOIN_KEY, JOIN_PARAMS, JOINABLE, LEAVE_PARAMS, MISMATCH, RESPONSE_ERROR,
-    RESPONSE_OK, Kind, Params, Response, describe, field_label,
+    CACHEABLE,
+    JOIN_KEY,
+    JOIN_PARAMS,
+    JOINABLE,
+    LEAVE_PARAMS,
+    MISMATCH,
+    RESPONSE_ERROR,
+    RESPONSE_OK,
+    Kind,
+    Params,
+    Response,
+    describe,
+    field_label,
 )
 from .order_check import OrderCheck
 from .rank_ranges import describe_ranks, rank_ranges
 
 __all__ = ["Coordinator", "StallClock", "check_agreement"]
 
-_CHECKED_FIELDS = ("kind", "device", "dtypes", "shapes", "op", "root", "prescale", "postscale",
-                   "extra")
+_CHECKED_FIELDS = (
+    "kind",
+    "device",
+    "dtypes",
+    "shapes",
+    "op",
+    "root",
+    "prescale",
+    "postscale",
+    "extra",
+)
 
 
 def check_agreement(name: str, per_rank: Mapping[int, Params]) -> str | None:
@@ -46,8 +66,7 @@ def check_agreement(name: str, per_rank: Mapping[int, Params]) -> str | None:
         for r, v in values.items():
             by_value.setdefault(v, []).append(r)
         parts = "; ".join(
-            f"{describe_ranks(rs)}: {describe(field, v)}"
-            for v, rs in by_value.items()
+            f"{describe_ranks(rs)}: {describe(field, v)}" for v, rs in by_value.items()
         )
         kind = Kind(first.kind).name.lower() if field != "kind" else "collective"
         return (
@@ -61,8 +80,9 @@ def check_agreement(name: str, per_rank: Mapping[int, Params]) -> str | None:
 class Coordinator:
     """Rank 0's negotiation state across cycles."""
 
-    def __init__(self, world_size: int, members: Callable[[int], frozenset | None],
-                 check_order: bool = False):
+    def __init__(
+        self, world_size: int, members: Callable[[int], frozenset | None], check_order: bool = False
+    ):
         self.world_size = world_size
         self._members = members
         self.order = OrderCheck(members) if check_order else None  # HVDLITE_CHECK_ORDER
@@ -121,14 +141,21 @@ class Coordinator:
         set_id, name = key
         members = self._members(set_id)
         if members is None:
-            return Response(RESPONSE_ERROR, None, key,
-                            f"Process set {set_id} of {name!r} is not registered (was it "
-                            "removed?).")
+            return Response(
+                RESPONSE_ERROR,
+                None,
+                key,
+                f"Process set {set_id} of {name!r} is not registered (was it removed?).",
+            )
         outsiders = sorted(set(per_rank) - members)
         if outsiders:
-            return Response(RESPONSE_ERROR, None, key,
-                            f"Ranks [{rank_ranges(outsiders)}] submitted {name!r} to process "
-                            f"set {set_id}, which they are not members of.")
+            return Response(
+                RESPONSE_ERROR,
+                None,
+                key,
+                f"Ranks [{rank_ranges(outsiders)}] submitted {name!r} to process "
+                f"set {set_id}, which they are not members of.",
+            )
         submitted = set(per_rank)
         kind = next(iter(per_rank.values())).kind
         joined_members = members & joined
@@ -138,11 +165,15 @@ class Coordinator:
             # counts calls, and a joined rank skipped this call, so from here on
             # the members' names of one call may differ (rank A's second unnamed
             # allgather is rank B's first); each rank's own call fails all the same.
-            return Response(RESPONSE_ERROR, None, key,
-                            f"{Kind(kind).name.lower()} {name!r} cannot run while ranks "
-                            f"{sorted(joined_members)} have called join(); only allreduce "
-                            "(Adasum included) runs while a rank has joined, as in Horovod.",
-                            MISMATCH)
+            return Response(
+                RESPONSE_ERROR,
+                None,
+                key,
+                f"{Kind(kind).name.lower()} {name!r} cannot run while ranks "
+                f"{sorted(joined_members)} have called join(); only allreduce "
+                "(Adasum included) runs while a rank has joined, as in Horovod.",
+                MISMATCH,
+            )
         if not (members - joined) <= submitted:
             return None
         error = check_agreement(name, per_rank)
@@ -150,9 +181,13 @@ class Coordinator:
             return Response(RESPONSE_ERROR, None, key, error, MISMATCH)
         params = per_rank[min(per_rank)]
         if params.kind == Kind.BROADCAST and params.root in joined:
-            return Response(RESPONSE_ERROR, None, key,
-                            f"broadcast {name!r}: root rank {params.root} has joined.",
-                            MISMATCH)
+            return Response(
+                RESPONSE_ERROR,
+                None,
+                key,
+                f"broadcast {name!r}: root rank {params.root} has joined.",
+                MISMATCH,
+            )
         return Response(RESPONSE_OK, params, key)
 
     def decides_alone(self, requests: list[Params]) -> bool:
@@ -165,8 +200,10 @@ class Coordinator:
         world = self._world
         if world is None:
             world = self._world = frozenset(range(self.world_size))
-        return all(p.kind in CACHEABLE and p.key not in self._table
-                   and self._members(p.set_id) == world for p in requests)
+        return all(
+            p.kind in CACHEABLE and p.key not in self._table and self._members(p.set_id) == world
+            for p in requests
+        )
 
     def process_unanimous(self, requests: list[Params]) -> list[Response]:
         """The responses to *requests*, sent alike by every rank this cycle (checked by
@@ -174,8 +211,9 @@ class Coordinator:
         answer to N copies of them, in O(len(requests)) instead of O(N x len)."""
         return [Response(RESPONSE_OK, p, p.key) for p in requests]
 
-    def stall_report(self, pending: Mapping[int, list[tuple[tuple, float]]],
-                     warn_after: float, fail_after: float) -> tuple[str, list[Response]]:
+    def stall_report(
+        self, pending: Mapping[int, list[tuple[tuple, float]]], warn_after: float, fail_after: float
+    ) -> tuple[str, list[Response]]:
         """From each rank's pending (key, age) list: a warning text and error responses.
 
         A name is stalled when some member of its process set has waited longer
@@ -198,13 +236,17 @@ class Coordinator:
             for r in missing:
                 missing_by_rank.setdefault(r, []).append(key[1])
             if fail_after > 0 and oldest >= fail_after:
-                errors.append(Response(
-                    RESPONSE_ERROR, None, key,
-                    f"Stalled collective {key[1]!r} cancelled after {oldest:.0f} s: ranks "
-                    f"[{rank_ranges(ages)}] submitted it, ranks [{rank_ranges(missing)}] never "
-                    "did. Make every rank of the process set call the same collectives with the "
-                    "same names.",
-                ))
+                errors.append(
+                    Response(
+                        RESPONSE_ERROR,
+                        None,
+                        key,
+                        f"Stalled collective {key[1]!r} cancelled after {oldest:.0f} s: ranks "
+                        f"[{rank_ranges(ages)}] submitted it, ranks [{rank_ranges(missing)}] "
+                        "never did. Make every rank of the process set call the same "
+                        "collectives with the same names.",
+                    )
+                )
                 self._table.pop(key, None)
         if not missing_by_rank:
             return "", errors
@@ -220,19 +262,24 @@ class Coordinator:
         for r in sorted(missing_by_rank):
             by_names.setdefault(tuple(missing_by_rank[r]), []).append(r)
         for names, ranks in by_names.items():
-            shown = ", ".join(names[:10]) + (f" (and {len(names) - 10} more)"
-                                             if len(names) > 10 else "")
+            shown = ", ".join(names[:10]) + (
+                f" (and {len(names) - 10} more)" if len(names) > 10 else ""
+            )
             lines.append(f"  {describe_ranks(ranks)}: [{shown}]")
         return "\n".join(lines), errors
-
 
 
 class StallClock:
     """When a rank should ask for a stall check: it has work pending for longer than
     the warning time, looked at no more often than every few seconds."""
 
-    def __init__(self, warn_seconds: float, fail_seconds: float, enabled: bool,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        warn_seconds: float,
+        fail_seconds: float,
+        enabled: bool,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.warn_seconds = warn_seconds
         self.fail_seconds = fail_seconds
         self.enabled = enabled

@@ -70,7 +70,14 @@ from ..exceptions import HorovodInternalError, MismatchError
 from .executor import MPIExecutor
 from .execution import Execution
 from .messages import (
-    CACHEABLE, JOIN_KEY, LEAVE_PARAMS, MISMATCH, RESPONSE_ERROR, RESPONSE_OK, Kind, Response,
+    CACHEABLE,
+    JOIN_KEY,
+    LEAVE_PARAMS,
+    MISMATCH,
+    RESPONSE_ERROR,
+    RESPONSE_OK,
+    Kind,
+    Response,
 )
 from .response_cache import ResponseCache
 from .negotiation import WaitingStacks, negotiate
@@ -94,34 +101,53 @@ _SHUTDOWN_MESSAGE = (
 
 
 def _interrupted_message(exc: BaseException, rank: int, size: int) -> str:
-    return (f"hvdlite engine stopped on rank {rank}: {type(exc).__name__} arrived in the "
-            "middle of an engine cycle, which cannot be finished. "
-            + ("The other ranks wait inside it, so the job ends when this process exits or "
-               "calls hvd.shutdown()." if size > 1
-               else "Call hvd.shutdown() and hvd.init() to start again."))
+    return (
+        f"hvdlite engine stopped on rank {rank}: {type(exc).__name__} arrived in the "
+        "middle of an engine cycle, which cannot be finished. "
+        + (
+            "The other ranks wait inside it, so the job ends when this process exits or "
+            "calls hvd.shutdown()."
+            if size > 1
+            else "Call hvd.shutdown() and hvd.init() to start again."
+        )
+    )
 
 
 def _stall_clock(config, limit: WaitLimit, size: int) -> StallClock:
     warn = config.stall_check_time_seconds
     if limit.seconds:  # warn (naming the missing ranks) before the limit ends the job
         warn = min(warn, limit.seconds / 2)
-    return StallClock(warn, config.stall_shutdown_time_seconds,
-                      enabled=not config.stall_check_disable and size > 1)
+    return StallClock(
+        warn,
+        config.stall_shutdown_time_seconds,
+        enabled=not config.stall_check_disable and size > 1,
+    )
 
 
 class Engine:
     """The per-process engine (see the module docstring for the cycle)."""
 
-    def __init__(self, world, config, sets, router, timeline=None, hierarchical=None,
-                 overlap=True, core=None, tuning=None):
+    def __init__(
+        self,
+        world,
+        config,
+        sets,
+        router,
+        timeline=None,
+        hierarchical=None,
+        overlap=True,
+        core=None,
+        tuning=None,
+    ):
         self.sets = sets
         self.comm = world.Dup()  # control traffic only: status, gather/bcast, doorbells
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.overlap = overlap
         # Some rank's engine thread has a core of its own (decides follow-up cycles).
-        self.overlap_anywhere = (overlap if self.size == 1
-                                 else self.comm.allreduce(overlap, op=MPI.LOR))
+        self.overlap_anywhere = (
+            overlap if self.size == 1 else self.comm.allreduce(overlap, op=MPI.LOR)
+        )
         self.inbox = Inbox()
         self.interrupted: BaseException | None = None  # a Ctrl-C/exit that broke a cycle
         # HVDLITE_COLLECTIVE_TIMEOUT: alone, this rank never waits for another.
@@ -131,15 +157,29 @@ class Engine:
         self._joined = False  # this rank is inside join()
         self._some_joined = False  # some rank is, as of the last cycle
         self.bits = CacheBits(ResponseCache(config.cache_capacity), self.rank)
-        self.coordinator = (Coordinator(self.size, sets.members.get, config.check_order)
-                            if self.rank == 0 else None)
+        self.coordinator = (
+            Coordinator(self.size, sets.members.get, config.check_order) if self.rank == 0 else None
+        )
         self.check_order = config.check_order  # then the response cache is bypassed
-        self.executor = MPIExecutor(self._pending.get, self._finish, sets, router,
-                                    self._finish_keys, hierarchical,
-                                    self.limit if self.limit.seconds else None)
+        self.executor = MPIExecutor(
+            self._pending.get,
+            self._finish,
+            sets,
+            router,
+            self._finish_keys,
+            hierarchical,
+            self.limit if self.limit.seconds else None,
+        )
         self.tuning = tuning  # autotune's link, or None: rank 0's setting comes in the status
-        self._execution = Execution(self.executor, self.bits, config.fusion_threshold, router,
-                                    timeline, tuning, self._control)
+        self._execution = Execution(
+            self.executor,
+            self.bits,
+            config.fusion_threshold,
+            router,
+            timeline,
+            tuning,
+            self._control,
+        )
         self._stall = _stall_clock(config, self.limit, self.size)
         self._stall_wanted = False
         self._stacks = WaitingStacks(self.rank)  # where waiting threads are, at a stall
@@ -147,19 +187,28 @@ class Engine:
         self.cycles = 0
         self.doorbell = Doorbell(self.comm)
         self._status = StatusExchange(self.comm, self.limit)
-        self._set_control = SetControl(sets, self.bits, self.executor, self.rank,
-                                       self._pending, self._fail, self._finish)
+        self._set_control = SetControl(
+            sets, self.bits, self.executor, self.rank, self._pending, self._fail, self._finish
+        )
         cycle_time = config.cycle_time_ms / 1000.0
-        self.driver = Driver(self, cycle_time,
-                             start_delay=cycle_time if overlap else max(cycle_time, _LAZY_START),
-                             step_limit=self.limit.seconds, core=core, spare_core=overlap)
+        self.driver = Driver(
+            self,
+            cycle_time,
+            start_delay=cycle_time if overlap else max(cycle_time, _LAZY_START),
+            step_limit=self.limit.seconds,
+            core=core,
+            spare_core=overlap,
+        )
         self.driver.start()
 
     def _set_timeline(self, timeline) -> None:
         self._execution.timeline = timeline
 
-    timeline = property(lambda self: self._execution.timeline, _set_timeline,
-                        doc="The Timeline being recorded, or None (start_timeline() sets it).")
+    timeline = property(
+        lambda self: self._execution.timeline,
+        _set_timeline,
+        doc="The Timeline being recorded, or None (start_timeline() sets it).",
+    )
 
     # ============================================================ caller side
     def submit(self, entry: Entry, wake: bool = True):
@@ -256,9 +305,15 @@ class Engine:
         flags = self._flags(bool(new))
         if self._joined or not self._execution.stage():
             flags |= Flag.UNSTAGED
-        status = self._status.exchange(flags, self.bits, self._joined, after_wait,
-                                       self.doorbell.rang, self.tuning,
-                                       self.driver.is_engine_thread())
+        status = self._status.exchange(
+            flags,
+            self.bits,
+            self._joined,
+            after_wait,
+            self.doorbell.rang,
+            self.tuning,
+            self.driver.is_engine_thread(),
+        )
         if self.tuning is not None and status.root:
             setting = self.tuning.receive(status.root, self.cycles)
             if setting is not None:
@@ -316,8 +371,11 @@ class Engine:
             return
         self._pending[entry.key] = entry
         if params.set_id not in self.sets.members:
-            self._fail(entry, f"process set {params.set_id} of {params.name!r} is not "
-                              "registered (was it removed?)")
+            self._fail(
+                entry,
+                f"process set {params.set_id} of {params.name!r} is not "
+                "registered (was it removed?)",
+            )
             return
         if params.kind == _JOIN:
             self._joined = True
@@ -333,23 +391,38 @@ class Engine:
         if join is None:  # it completed (or failed) before the caller left
             return
         sent = join.sent
-        self._fail(join, "join() was left before every rank had joined; this rank takes "
-                         "part in collectives again.")
+        self._fail(
+            join,
+            "join() was left before every rank had joined; this rank takes "
+            "part in collectives again.",
+        )
         if sent:
             self._uncached.append(leave)
 
     def _flags(self, new: bool) -> int:
         stall = self._stall_wanted or self._stall.due(self._pending)
         self._stall_wanted = False
-        return ((Flag.NEW if new else 0) | (Flag.UNCACHED if self._uncached else 0)
-                | (Flag.SHUTDOWN if self.driver.state is Phase.DRAINING else 0)
-                | (Flag.JOINED if self._joined else 0)
-                | (Flag.INVALID if self.bits.invalid_mask else 0) | (Flag.STALL if stall else 0))
+        return (
+            (Flag.NEW if new else 0)
+            | (Flag.UNCACHED if self._uncached else 0)
+            | (Flag.SHUTDOWN if self.driver.state is Phase.DRAINING else 0)
+            | (Flag.JOINED if self._joined else 0)
+            | (Flag.INVALID if self.bits.invalid_mask else 0)
+            | (Flag.STALL if stall else 0)
+        )
 
     def _negotiate(self, stall: bool) -> list[Response]:
         uncached, self._uncached = self._uncached, []
-        return negotiate(self.comm, uncached, self._pending, self.coordinator, stall,
-                         self._stall, self.timeline, self._stacks)
+        return negotiate(
+            self.comm,
+            uncached,
+            self._pending,
+            self.coordinator,
+            stall,
+            self._stall,
+            self.timeline,
+            self._stacks,
+        )
 
     # ---------------------------------------------------------------- execution
     def _control(self, response: Response) -> None:
@@ -357,8 +430,11 @@ class Engine:
         if response.status == RESPONSE_ERROR:
             entry = self._pending.get(response.key)
             if entry is not None:
-                self._fail(entry, response.error,
-                           MismatchError if response.value == MISMATCH else HorovodInternalError)
+                self._fail(
+                    entry,
+                    response.error,
+                    MismatchError if response.value == MISMATCH else HorovodInternalError,
+                )
         elif response.params.kind == _JOIN:
             self._joined = False
             entry = self._pending.get(response.key)
@@ -373,8 +449,9 @@ class Engine:
         """Autotune: run with *setting* from this cycle on (every rank, same cycle)."""
         self._execution.apply_setting(setting)
         cycle_time = setting.cycle_time_ms / 1000.0
-        self.driver.set_cycle_time(cycle_time, cycle_time if self.overlap
-                                   else max(cycle_time, _LAZY_START))
+        self.driver.set_cycle_time(
+            cycle_time, cycle_time if self.overlap else max(cycle_time, _LAZY_START)
+        )
 
     # --------------------------------------------------------------- completion
     def _finish(self, entry: Entry, value) -> None:

@@ -46,8 +46,7 @@ class Doorbell:
         if len(peers) == 1:
             self.comm.Send(self._outbox, dest=peers[0], tag=_TAG)
         elif peers:
-            MPI.Request.Waitall([self.comm.Isend(self._outbox, dest=r, tag=_TAG)
-                                 for r in peers])
+            MPI.Request.Waitall([self.comm.Isend(self._outbox, dest=r, tag=_TAG) for r in peers])
         self.rang = True
         self.rings += 1
 

@@ -92,9 +92,16 @@ class Loop(Protocol):
 class Driver:
     """Takes the engine's steps, on its thread or on a waiting caller's."""
 
-    def __init__(self, loop: Loop, cycle_time: float, start_delay: float,
-                 name: str = "hvdlite-engine", step_limit: float | None = None,
-                 core: int | None = None, spare_core: bool = True):
+    def __init__(
+        self,
+        loop: Loop,
+        cycle_time: float,
+        start_delay: float,
+        name: str = "hvdlite-engine",
+        step_limit: float | None = None,
+        core: int | None = None,
+        spare_core: bool = True,
+    ):
         self.loop = loop
         self.core = core  # the CPU core the engine thread pins itself to, or None
         # A caller that waits longer than this for another thread's step to end
@@ -206,8 +213,10 @@ class Driver:
     def _thread_pause(self) -> float:
         """How long the waiting thread sleeps before its next look."""
         now = time.monotonic()
-        pause = max(self._thread_poll.delay(now - self._wait_start),
-                    min(_QUIET_CAP, (now - self._thread_worked) * _QUIET_RATIO))
+        pause = max(
+            self._thread_poll.delay(now - self._wait_start),
+            min(_QUIET_CAP, (now - self._thread_worked) * _QUIET_RATIO),
+        )
         self._wakes_at = now + pause
         return pause
 
@@ -225,9 +234,12 @@ class Driver:
         try:
             while not handle.done() and not self.finished:
                 if not self._step_lock.acquire(timeout=self.step_limit or -1):
-                    self._failed(TimeoutError(
-                        f"an engine step has run for more than {self.step_limit:g} s "
-                        "(HVDLITE_COLLECTIVE_TIMEOUT): a peer stopped inside a collective"))
+                    self._failed(
+                        TimeoutError(
+                            f"an engine step has run for more than {self.step_limit:g} s "
+                            "(HVDLITE_COLLECTIVE_TIMEOUT): a peer stopped inside a collective"
+                        )
+                    )
                     break
                 try:
                     if self.finished:

@@ -18,8 +18,18 @@ __all__ = ["SUPPORTED", "check_dtype", "reduce_dtype"]
 
 SUPPORTED = frozenset(
     np.dtype(t).str
-    for t in (np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64,
-              np.float16, np.float32, np.float64, np.bool_)
+    for t in (
+        np.uint8,
+        np.int8,
+        np.uint16,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.float16,
+        np.float32,
+        np.float64,
+        np.bool_,
+    )
 )
 _NAMES = "uint8, int8, uint16, int16, int32, int64, float16, float32, float64, bool"
 
@@ -38,8 +48,11 @@ def check_dtype(array: np.ndarray, what: str, op: ReduceOp | None = None) -> str
             f"{what}: dtype {dt} is not supported. Supported dtypes: {_NAMES} "
             "(cast the array, e.g. with .astype(np.float32))."
         )
-    if op is not None and dt.kind == "b" and op not in (ReduceOp.MIN, ReduceOp.MAX,
-                                                       ReduceOp.PRODUCT):
+    if (
+        op is not None
+        and dt.kind == "b"
+        and op not in (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
+    ):
         raise ArgumentError(
             f"{what}: a bool array can only be reduced with op=Min (and), Max (or) or "
             f"Product (and), not {op.name.capitalize()}; cast to an integer type to sum."

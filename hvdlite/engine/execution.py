@@ -29,8 +29,16 @@ class Execution:
     *control(response)*: the engine's handling of an error or control response;
     *tuning*: autotune's link (it measures the batches on rank 0), or None."""
 
-    def __init__(self, executor, bits, threshold: int, router, timeline, tuning,
-                 control: Callable[[Response], None]):
+    def __init__(
+        self,
+        executor,
+        bits,
+        threshold: int,
+        router,
+        timeline,
+        tuning,
+        control: Callable[[Response], None],
+    ):
         self.executor = executor
         self._bits = bits
         self._threshold = threshold
@@ -62,8 +70,9 @@ class Execution:
             staged = False
             batches = plan_batches([cache.get(bit) for bit in ready_bits], self._threshold)
             executor = self.executor
-            plan = self._plans.add(ready, Plan(batches, executor.runners(batches),
-                                               executor.stager(batches)))
+            plan = self._plans.add(
+                ready, Plan(batches, executor.runners(batches), executor.stager(batches))
+            )
         if self.timeline is not None:
             self._run_batches(plan.batches)
             return
@@ -101,5 +110,6 @@ class Execution:
         in the same cycle, so every member of a set picks the same path)."""
         self._threshold = setting.fusion_threshold
         self._plans.clear()
-        self.executor.use_router(self._router.variant(setting.shared_memory_allreduce,
-                                                      setting.hierarchical_allreduce))
+        self.executor.use_router(
+            self._router.variant(setting.shared_memory_allreduce, setting.hierarchical_allreduce)
+        )

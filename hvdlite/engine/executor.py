@@ -29,8 +29,19 @@ from .dtypes import reduce_dtype
 from .fusion import BufferPool, Reduction
 from .messages import Kind, Response
 from .packing import (
-    NUMPY, Gathered, Scattered, flat_bytes, pack, pack_bytes, pack_rank_major, rank_counts,
-    reduce_alone, unpack, unpack_bytes, unpack_rank_major, unpack_shards,
+    NUMPY,
+    Gathered,
+    Scattered,
+    flat_bytes,
+    pack,
+    pack_bytes,
+    pack_rank_major,
+    rank_counts,
+    reduce_alone,
+    unpack,
+    unpack_bytes,
+    unpack_rank_major,
+    unpack_shards,
 )
 from ..ops import ReduceOp
 from .shm import SLOT_BYTES, SharedMemoryAllreduce
@@ -57,6 +68,7 @@ _MPI_OPS = {
 def _mpi_allreduce(comm, op) -> Callable:
     """``allreduce(buf, src=None)``: reduce *src* (default: *buf* itself) into *buf*
     across *comm* with MPI op *op*, as the hierarchical helper's ``allreduce`` does."""
+
     def allreduce(buf: np.ndarray, src: np.ndarray | None = None) -> None:
         comm.Allreduce(MPI.IN_PLACE if src is None or src is buf else src, buf, op)
 
@@ -66,8 +78,16 @@ def _mpi_allreduce(comm, op) -> Callable:
 class MPIExecutor:
     """Executes batches of OK responses; knows nothing about negotiation."""
 
-    def __init__(self, lookup: Callable, finish: Callable, sets, router,
-                 finish_keys: Callable, hierarchical=None, limit=None):
+    def __init__(
+        self,
+        lookup: Callable,
+        finish: Callable,
+        sets,
+        router,
+        finish_keys: Callable,
+        hierarchical=None,
+        limit=None,
+    ):
         self._lookup = lookup  # key -> local Entry or None (joined / not a member)
         self._finish = finish  # (entry, value) -> None
         # keys -> None: finish the local entries of these keys with their outputs
@@ -126,23 +146,31 @@ class MPIExecutor:
         first allreduce does in :meth:`run_batch`), and a rank that runs the plan
         through :meth:`run_batch` (a timeline is on) must have made it too.
         """
-        return [self._single_allreduce(batch) or functools.partial(self.run_batch, batch)
-                for batch in batches]
+        return [
+            self._single_allreduce(batch) or functools.partial(self.run_batch, batch)
+            for batch in batches
+        ]
 
     def _single_allreduce(self, batch) -> Callable[[], None] | None:
         if len(batch) != 1:
             return None
         p = batch[0].params
-        if p.kind != Kind.ALLREDUCE or p.device != "cpu" or len(p.dtypes) != 1 \
-                or p.op == ReduceOp.ADASUM:
+        if (
+            p.kind != Kind.ALLREDUCE
+            or p.device != "cpu"
+            or len(p.dtypes) != 1
+            or p.op == ReduceOp.ADASUM
+        ):
             return None
         comm = self._sets.comm_of(p.set_id)
         if comm is None:  # not a member: run_batch skips it
             return None
         wire = reduce_dtype(p.dtypes[0])
         count = math.prod(p.shapes[0])
-        if wire.str != p.dtypes[0] or \
-                self._path(p.set_id, comm, count * wire.itemsize) is not Transport.MPI:
+        if (
+            wire.str != p.dtypes[0]
+            or self._path(p.set_id, comm, count * wire.itemsize) is not Transport.MPI
+        ):
             return None
         allreduce = _mpi_allreduce(comm, _MPI_OPS[p.op])
         pre = p.prescale
@@ -173,16 +201,19 @@ class MPIExecutor:
             return None
         batch = batches[0]
         p = batch[0].params
-        if p.kind != Kind.ALLREDUCE or p.device != "cpu" or p.op == ReduceOp.ADASUM \
-                or (len(p.dtypes) > 1 and _mixed_wire(p.dtypes)):
+        if (
+            p.kind != Kind.ALLREDUCE
+            or p.device != "cpu"
+            or p.op == ReduceOp.ADASUM
+            or (len(p.dtypes) > 1 and _mixed_wire(p.dtypes))
+        ):
             return None
         comm = self._sets.comm_of(p.set_id)
         if comm is None:
             return None
         wire = reduce_dtype(p.dtypes[0])
         nbytes = sum(sum(_counts(r.params.shapes)) for r in batch) * wire.itemsize
-        if nbytes > SLOT_BYTES \
-                or self._path(p.set_id, comm, nbytes) is not Transport.SHARED_MEMORY:
+        if nbytes > SLOT_BYTES or self._path(p.set_id, comm, nbytes) is not Transport.SHARED_MEMORY:
             return None
         return Stager(self, batch, comm.Get_size(), wire, self._shm[p.set_id])
 
@@ -196,8 +227,14 @@ class MPIExecutor:
         if self.device is None:
             from ..device.executor import DeviceExecutor
 
-            self.device = DeviceExecutor(self._lookup, self._finish, self._finish_keys,
-                                         self._sets, self._routes_of, self.hierarchical)
+            self.device = DeviceExecutor(
+                self._lookup,
+                self._finish,
+                self._finish_keys,
+                self._sets,
+                self._routes_of,
+                self.hierarchical,
+            )
         return self.device
 
     def _routes_of(self, set_id: int):
@@ -218,8 +255,9 @@ class MPIExecutor:
             if entry is None:
                 tensors.extend(None, None, None, _counts(p.shapes), p.prescale, post)
             else:
-                tensors.extend(entry, entry.inputs, entry.outputs, _counts(p.shapes),
-                               p.prescale, post)
+                tensors.extend(
+                    entry, entry.inputs, entry.outputs, _counts(p.shapes), p.prescale, post
+                )
         return tensors
 
     def _path(self, set_id: int, comm, nbytes: int) -> Transport:
@@ -241,8 +279,9 @@ class MPIExecutor:
             wires = [reduce_dtype(d) for d in dtypes]
             for wire in dict.fromkeys(wires):
                 index = [i for i, w in enumerate(wires) if w == wire]
-                self._allreduce_wire(p0, tensors.subset(index), [dtypes[i] for i in index],
-                                     wire, comm, None)
+                self._allreduce_wire(
+                    p0, tensors.subset(index), [dtypes[i] for i in index], wire, comm, None
+                )
         else:
             dtypes = [d for response in batch for d in response.params.dtypes]
             # The batch list stands for its layout: the engine reuses it while the
@@ -262,6 +301,7 @@ class MPIExecutor:
             return
         op = _MPI_OPS[p0.op]  # ReduceOp is an IntEnum: the int finds it
         if path is Transport.HIERARCHICAL:
+
             def allreduce(buf, src=None):
                 self.hierarchical.allreduce(buf, op, src)
         else:
@@ -340,8 +380,9 @@ class MPIExecutor:
                     data = entry.inputs[i].reshape(-1).astype(np.float64) * p.prescale
                 result = adasum_allreduce(comm, data)
                 if entry is not None:
-                    np.multiply(result, p.postscale, out=entry.outputs[i].reshape(-1),
-                                casting="unsafe")
+                    np.multiply(
+                        result, p.postscale, out=entry.outputs[i].reshape(-1), casting="unsafe"
+                    )
             if entry is not None:
                 self._finish(entry, None)
 
@@ -358,18 +399,22 @@ class MPIExecutor:
         row_bytes = [math.prod(t.trailing) * t.dtype.itemsize for t in tensors]
 
         def outputs_for(dims):
-            return [np.empty((int(dims[:, j].sum()),) + tuple(t.trailing), dtype=t.dtype)
-                    for j, t in enumerate(tensors)]
+            return [
+                np.empty((int(dims[:, j].sum()),) + tuple(t.trailing), dtype=t.dtype)
+                for j, t in enumerate(tensors)
+            ]
 
         dims = None
-        shm = self._shm_of(batch[0].params.set_id, comm) \
-            if path is Transport.SHARED_MEMORY else None
+        shm = (
+            self._shm_of(batch[0].params.set_id, comm) if path is Transport.SHARED_MEMORY else None
+        )
         if shm is not None:
             if tl is not None:
                 tl.via(path)
                 tl.phase(COPY_IN)
-            dims, outputs = shm.allgather([t.input for t in tensors], row_bytes, outputs_for,
-                                          None if tl is None else tl.phase)
+            dims, outputs = shm.allgather(
+                [t.input for t in tensors], row_bytes, outputs_for, None if tl is None else tl.phase
+            )
             if outputs is not None:
                 self._finish_per_entry([t.entry for t in tensors], outputs)
                 return
@@ -390,8 +435,10 @@ class MPIExecutor:
         else:
             if tl is not None:
                 tl.phase(COPY_IN)
-            per_rank = [int(sum(int(dims[r, j]) * row_bytes[j] for j in range(len(tensors))))
-                        for r in range(size)]
+            per_rank = [
+                int(sum(int(dims[r, j]) * row_bytes[j] for j in range(len(tensors))))
+                for r in range(size)
+            ]
             me = comm.Get_rank()
             send = self.pool.get(np.uint8, per_rank[me], slot=0)
             pack_bytes(NUMPY, [t.input for t in tensors], send)
@@ -441,8 +488,10 @@ class MPIExecutor:
         out = np.empty((int(received.sum()),) + trailing, dtype=inp.dtype)
         sc = [int(s) * row_bytes for s in splits]
         rc = [int(s) * row_bytes for s in received]
-        comm.Alltoallv([flat_bytes(inp), (sc, offsets(sc)), MPI.BYTE],
-                       [flat_bytes(out), (rc, offsets(rc)), MPI.BYTE])
+        comm.Alltoallv(
+            [flat_bytes(inp), (sc, offsets(sc)), MPI.BYTE],
+            [flat_bytes(out), (rc, offsets(rc)), MPI.BYTE],
+        )
         self._finish(entry, (out, received))
 
     # ------------------------------------------------------------- reducescatter
@@ -455,17 +504,24 @@ class MPIExecutor:
             entry = self._lookup(response.key)  # here: only allreduce runs past a join
             post = p.postscale / size if p.op == ReduceOp.AVERAGE else p.postscale
             for i, (dt, shape) in enumerate(zip(p.dtypes, p.shapes)):
-                tensors.append(Scattered(entry, entry.inputs[i], shape,
-                                          np.dtype(dt), p.prescale, post,
-                                          even_split(shape[0], size)))
+                tensors.append(
+                    Scattered(
+                        entry,
+                        entry.inputs[i],
+                        shape,
+                        np.dtype(dt),
+                        p.prescale,
+                        post,
+                        even_split(shape[0], size),
+                    )
+                )
         # One Reduce_scatter per wire dtype (a grouped call may mix dtypes), in order of
         # first appearance, which is the same on every rank.
         wires = [reduce_dtype(t.dtype.str) for t in tensors]
         outputs: list = [None] * len(tensors)
         for wire in dict.fromkeys(wires):
             index = [j for j, w in enumerate(wires) if w == wire]
-            shards = _reduce_scatter_rows(self.pool, [tensors[j] for j in index], wire, op,
-                                          comm)
+            shards = _reduce_scatter_rows(self.pool, [tensors[j] for j in index], wire, op, comm)
             for j, out in zip(index, shards, strict=True):
                 outputs[j] = out
         self._finish_per_entry([t.entry for t in tensors], outputs)

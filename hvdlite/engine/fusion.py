@@ -124,8 +124,14 @@ class Reduction:
         """The tensors at *indices*, in that order."""
         part = Reduction()
         for i in indices:
-            part.add(self.entries[i], self.inputs[i], self.outputs[i], self.counts[i],
-                     self.prescales[i], self.postscales[i])
+            part.add(
+                self.entries[i],
+                self.inputs[i],
+                self.outputs[i],
+                self.counts[i],
+                self.prescales[i],
+                self.postscales[i],
+            )
         return part
 
     def total(self) -> int:

@@ -55,8 +55,16 @@ def _even_split(count: int, parts: int) -> tuple[list[int], list[int]]:
 class Hierarchical:
     """Two-level collectives over a job's node topology (see the module docstring)."""
 
-    def __init__(self, world, local, cross, nodes: list[tuple[int, ...]], *,
-                 allreduce: bool = True, allgather: bool = False):
+    def __init__(
+        self,
+        world,
+        local,
+        cross,
+        nodes: list[tuple[int, ...]],
+        *,
+        allreduce: bool = True,
+        allgather: bool = False,
+    ):
         self.world = world
         self.local = local
         self.cross = cross
@@ -82,9 +90,14 @@ class Hierarchical:
         layout = world.allgather((local.Get_rank(), members))
         nodes = sorted((m for lr, m in layout if lr == 0), key=lambda m: m[0])
         cfg = state.config
-        helper = cls(world, local, cross, nodes,
-                     allreduce=bool(getattr(cfg, "hierarchical_allreduce", True)),
-                     allgather=bool(getattr(cfg, "hierarchical_allgather", False)))
+        helper = cls(
+            world,
+            local,
+            cross,
+            nodes,
+            allreduce=bool(getattr(cfg, "hierarchical_allreduce", True)),
+            allgather=bool(getattr(cfg, "hierarchical_allgather", False)),
+        )
         if world.Get_rank() == 0:
             helper._describe()
         return helper
@@ -92,15 +105,23 @@ class Hierarchical:
     def _describe(self) -> None:
         sizes = [len(n) for n in self.nodes]
         if len(self.nodes) == 1:
-            log.info("hierarchical collectives: one node of %d ranks, so they run as flat "
-                     "collectives inside the node", sizes[0])
+            log.info(
+                "hierarchical collectives: one node of %d ranks, so they run as flat "
+                "collectives inside the node",
+                sizes[0],
+            )
         elif max(sizes) == 1:
-            log.info("hierarchical collectives: every node has one rank, so they run as flat "
-                     "collectives across nodes")
+            log.info(
+                "hierarchical collectives: every node has one rank, so they run as flat "
+                "collectives across nodes"
+            )
         elif not self.homogeneous and self.allreduce_enabled:
-            log.info("hierarchical allreduce: node sizes differ (%s), so each node reduces to "
-                     "its local rank 0, leaders allreduce, and leaders broadcast in the node "
-                     "(no intra-node reduce-scatter)", sizes)
+            log.info(
+                "hierarchical allreduce: node sizes differ (%s), so each node reduces to "
+                "its local rank 0, leaders allreduce, and leaders broadcast in the node "
+                "(no intra-node reduce-scatter)",
+                sizes,
+            )
         else:
             log.info("hierarchical collectives: %d nodes of %d ranks", len(self.nodes), sizes[0])
 
@@ -169,8 +190,11 @@ class Hierarchical:
         if max(len(n) for n in self.nodes) == 1:
             self.cross.Allgatherv([send, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
             return
-        direct = all(displs[a] + counts[a] == displs[b]
-                     for node in self.nodes for a, b in zip(node, node[1:], strict=False))
+        direct = all(
+            displs[a] + counts[a] == displs[b]
+            for node in self.nodes
+            for a, b in zip(node, node[1:], strict=False)
+        )
         if direct:
             target, tdispls = recv, displs
         else:
@@ -184,15 +208,17 @@ class Hierarchical:
             target = self._pool.get(np.uint8, acc, slot=1)
         mine = [counts[r] for r in self.node]
         if self.is_leader:
-            self.local.Gatherv([send, MPI.BYTE],
-                               [target, (mine, [tdispls[r] for r in self.node]), MPI.BYTE],
-                               root=0)
+            self.local.Gatherv(
+                [send, MPI.BYTE],
+                [target, (mine, [tdispls[r] for r in self.node]), MPI.BYTE],
+                root=0,
+            )
             blocks = [sum(counts[r] for r in node) for node in self.nodes]
             starts = [tdispls[node[0]] for node in self.nodes]
             self.cross.Allgatherv(MPI.IN_PLACE, [target, (blocks, starts), MPI.BYTE])
             if not direct:
                 for r, c in enumerate(counts):
-                    recv[displs[r]:displs[r] + c] = target[tdispls[r]:tdispls[r] + c]
+                    recv[displs[r] : displs[r] + c] = target[tdispls[r] : tdispls[r] + c]
         else:
             self.local.Gatherv([send, MPI.BYTE], None, root=0)
         if self.local_size > 1:

@@ -45,20 +45,26 @@ def check(summaries: list[tuple]) -> str | None:
     if failed:
         lines = "; ".join(f"{describe_ranks(ranks)}: {error}" for error, ranks in failed.items())
         count = sum(len(ranks) for ranks in failed.values())
-        return (f"hvdlite.init() failed on {count} of {len(summaries)} ranks, so no "
-                f"rank is initialized. {lines}")
+        return (
+            f"hvdlite.init() failed on {count} of {len(summaries)} ranks, so no "
+            f"rank is initialized. {lines}"
+        )
     mismatches = _config.disagreements([s[1] for s in summaries])
     if mismatches:
-        return ("hvdlite.init(): knobs that change what ranks do together must be equal on "
-                "every rank, but " + "; ".join(mismatches) + ". Give every rank the same "
-                "environment (hvdrun forwards its own to every rank).")
+        return (
+            "hvdlite.init(): knobs that change what ranks do together must be equal on "
+            "every rank, but " + "; ".join(mismatches) + ". Give every rank the same "
+            "environment (hvdrun forwards its own to every rank)."
+        )
     sets = {}
     for rank, s in enumerate(summaries):
         sets.setdefault(repr(s[2]), []).append(rank)
     if len(sets) > 1:
         parts = "; ".join(f"{describe_ranks(r)}: {v}" for v, r in sets.items())
-        return ("hvdlite.init(process_sets=...) must list the same sets, in the same order, "
-                f"on every rank, but they differ ({parts}).")
+        return (
+            "hvdlite.init(process_sets=...) must list the same sets, in the same order, "
+            f"on every rank, but they differ ({parts})."
+        )
     return None
 
 

@@ -19,9 +19,21 @@ from typing import NamedTuple
 
 from ..process_sets import GLOBAL_SET_ID
 
-__all__ = ["Kind", "Params", "Response", "RESPONSE_OK", "RESPONSE_ERROR", "describe",
-           "JOIN_NAME", "JOIN_PARAMS", "JOIN_KEY", "LEAVE_PARAMS", "CACHEABLE", "JOINABLE",
-           "MISMATCH"]
+__all__ = [
+    "Kind",
+    "Params",
+    "Response",
+    "RESPONSE_OK",
+    "RESPONSE_ERROR",
+    "describe",
+    "JOIN_NAME",
+    "JOIN_PARAMS",
+    "JOIN_KEY",
+    "LEAVE_PARAMS",
+    "CACHEABLE",
+    "JOINABLE",
+    "MISMATCH",
+]
 
 
 class Kind(enum.IntEnum):
@@ -37,8 +49,16 @@ class Kind(enum.IntEnum):
 
 
 #: Kinds whose results the response cache may remember (control messages never are).
-CACHEABLE = frozenset({Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.ALLTOALL,
-                       Kind.REDUCESCATTER, Kind.BARRIER})
+CACHEABLE = frozenset(
+    {
+        Kind.ALLREDUCE,
+        Kind.ALLGATHER,
+        Kind.BROADCAST,
+        Kind.ALLTOALL,
+        Kind.REDUCESCATTER,
+        Kind.BARRIER,
+    }
+)
 #: What may run while some rank of the set is inside join(): allreduce (Adasum
 #: included), to which the joined ranks contribute zeros, as in Horovod.  Every
 #: other kind fails on the ranks that call it.
@@ -76,8 +96,7 @@ JOIN_KEY = JOIN_PARAMS.key
 #: A rank that left join() before it returned (an exception arrived while it
 #: waited: a test's timeout, Ctrl-C) takes its join back with this request: the
 #: coordinator stops counting it as joined.
-LEAVE_PARAMS = Params(set_id=0, name=JOIN_NAME + ".leave", kind=int(Kind.JOIN),
-                      extra=("leave",))
+LEAVE_PARAMS = Params(set_id=0, name=JOIN_NAME + ".leave", kind=int(Kind.JOIN), extra=("leave",))
 
 
 RESPONSE_OK = 0

@@ -54,8 +54,9 @@ class WaitingStacks:
 
     def log(self, pending: dict, older_than: float) -> None:
         now = time.monotonic()
-        waiting = {(key, e.submitted): e for key, e in pending.items()
-                   if now - e.submitted >= older_than}
+        waiting = {
+            (key, e.submitted): e for key, e in pending.items() if now - e.submitted >= older_than
+        }
         self._told &= waiting.keys()  # forget what finished
         new = [e for mark, e in waiting.items() if mark not in self._told]
         if not new:
@@ -67,14 +68,20 @@ class WaitingStacks:
         frames = sys._current_frames()
         names = {t.ident: t.name for t in threading.enumerate()}
         for ident, entries in by_thread.items():
-            waited = ", ".join(f"{e.params.name!r} ({now - e.submitted:.1f} s)"
-                               for e in entries[:5])
+            waited = ", ".join(
+                f"{e.params.name!r} ({now - e.submitted:.1f} s)" for e in entries[:5]
+            )
             more = f" and {len(entries) - 5} more" if len(entries) > 5 else ""
             frame = frames.get(ident)
-            where = ("has ended" if frame is None
-                     else "is now at:\n" + _user_stack(frame))
-            log.warning("hvdlite stall: rank %d waits on %s%s; thread %r, which submitted "
-                        "them, %s", self._rank, waited, more, names.get(ident, ident), where)
+            where = "has ended" if frame is None else "is now at:\n" + _user_stack(frame)
+            log.warning(
+                "hvdlite stall: rank %d waits on %s%s; thread %r, which submitted them, %s",
+                self._rank,
+                waited,
+                more,
+                names.get(ident, ident),
+                where,
+            )
 
 
 def _user_stack(frame) -> str:
@@ -82,13 +89,21 @@ def _user_stack(frame) -> str:
     summary = traceback.extract_stack(frame)
     for i, item in enumerate(summary):
         if item.filename.startswith(_PACKAGE_DIR + os.sep):
-            summary = summary[:i + 1]
+            summary = summary[: i + 1]
             break
     return "".join(traceback.format_list(summary)).rstrip()
 
 
-def negotiate(comm, uncached: list, pending: dict, coordinator, stall, stall_clock,
-              timeline, stacks: WaitingStacks | None = None) -> list[Response]:
+def negotiate(
+    comm,
+    uncached: list,
+    pending: dict,
+    coordinator,
+    stall,
+    stall_clock,
+    timeline,
+    stacks: WaitingStacks | None = None,
+) -> list[Response]:
     """Collective: this rank's *uncached* entries (marked sent) against every rank's.
 
     *pending*: this rank's in-flight entries by key (reported when *stall*, and
@@ -101,8 +116,9 @@ def negotiate(comm, uncached: list, pending: dict, coordinator, stall, stall_clo
     if not stall and comm.Get_size() > 1:
         alone = coordinator is None or (timeline is None and coordinator.decides_alone(requests))
         if _everyone_sent(comm, requests, spoil=not alone):
-            return comm.bcast(coordinator.process_unanimous(requests)
-                              if coordinator is not None else None, root=0)
+            return comm.bcast(
+                coordinator.process_unanimous(requests) if coordinator is not None else None, root=0
+            )
     now = time.monotonic()
     waiting = [(key, now - e.submitted) for key, e in pending.items()] if stall else None
     if stall and stacks is not None:
@@ -116,7 +132,9 @@ def negotiate(comm, uncached: list, pending: dict, coordinator, stall, stall_clo
         if stall:
             report, errors = coordinator.stall_report(
                 {r: item[1] or [] for r, item in enumerate(gathered)},
-                stall_clock.warn_seconds, stall_clock.fail_seconds)
+                stall_clock.warn_seconds,
+                stall_clock.fail_seconds,
+            )
             if report:
                 log.warning(report)
             responses += errors
@@ -129,8 +147,9 @@ _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 def _everyone_sent(comm, requests: list, spoil: bool) -> bool:
     """Collective: True when every rank passed equal *requests* and none *spoil*-ed."""
     # repr, not pickle: a pickle's bytes depend on which equal strings are one object.
-    digest = int.from_bytes(hashlib.blake2b(repr(requests).encode(), digest_size=8).digest(),
-                            "little")
+    digest = int.from_bytes(
+        hashlib.blake2b(repr(requests).encode(), digest_size=8).digest(), "little"
+    )
     if spoil:
         digest ^= 1  # differs from the digest of the same list on every other rank
     vector = np.array([digest, digest ^ 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)

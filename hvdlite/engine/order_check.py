@@ -85,8 +85,11 @@ class OrderCheck:
             f"{Kind(params.kind).name.lower()} {params.name!r}. Every rank of a process set "
             "must call the same collectives (HVDLITE_CHECK_ORDER=1 compares their order; "
             "ranks that take different code paths, or call an unnamed collective only on "
-            "some ranks, do this).")
+            "some ranks, do this)."
+        )
         self._stopped.add(set_id)
         self._diverged[first.key] = self._diverged[params.key] = message
-        return [Response(RESPONSE_ERROR, None, first.key, message, MISMATCH),
-                Response(RESPONSE_ERROR, None, params.key, message, MISMATCH)]
+        return [
+            Response(RESPONSE_ERROR, None, first.key, message, MISMATCH),
+            Response(RESPONSE_ERROR, None, params.key, message, MISMATCH),
+        ]

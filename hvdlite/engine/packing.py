@@ -31,9 +31,21 @@ import numpy as np
 
 from .fusion import Reduction
 
-__all__ = ["NUMPY", "Gathered", "Scattered", "flat_bytes", "pack", "unpack", "reduce_alone",
-           "rank_counts", "pack_rank_major", "unpack_shards", "unpack_rank_major", "pack_bytes",
-           "unpack_bytes"]
+__all__ = [
+    "NUMPY",
+    "Gathered",
+    "Scattered",
+    "flat_bytes",
+    "pack",
+    "unpack",
+    "reduce_alone",
+    "rank_counts",
+    "pack_rank_major",
+    "unpack_shards",
+    "unpack_rank_major",
+    "pack_bytes",
+    "unpack_bytes",
+]
 
 
 class _NumpyOps:
@@ -96,14 +108,15 @@ def pack(ops, tensors: Reduction, buf) -> None:
     """The inputs of *tensors* into *buf*, back to back: prescaled, cast to buf's
     dtype, zeros for a joined rank."""
     inputs, prescales = tensors.inputs, tensors.prescales
-    if all(inp is not None and inp.dtype == buf.dtype for inp in inputs) \
-            and all(pre == 1.0 for pre in prescales):
+    if all(inp is not None and inp.dtype == buf.dtype for inp in inputs) and all(
+        pre == 1.0 for pre in prescales
+    ):
         # The common case (no scaling, one dtype): one call packs every tensor.
         ops.concatenate([inp.reshape(-1) for inp in inputs], buf)
         return
     offset = 0
     for inp, count, pre in zip(inputs, tensors.counts, prescales):
-        view = buf[offset:offset + count]
+        view = buf[offset : offset + count]
         offset += count
         if inp is None:
             ops.zero(view)
@@ -118,7 +131,7 @@ def unpack(ops, tensors: Reduction, buf) -> None:
     for a joined rank."""
     offset = 0
     for out, count, post in zip(tensors.outputs, tensors.counts, tensors.postscales):
-        view = buf[offset:offset + count]
+        view = buf[offset : offset + count]
         offset += count
         if out is None:
             continue
@@ -154,8 +167,8 @@ def pack_rank_major(ops, tensors: Sequence[Scattered], send, starts: Sequence[in
     for r, offset in enumerate(starts):
         for j, t in enumerate(tensors):
             n = t.rows[r] * t.row_elements
-            view = send[offset:offset + n]
-            src = t.input.reshape(-1)[taken[j]:taken[j] + n]
+            view = send[offset : offset + n]
+            src = t.input.reshape(-1)[taken[j] : taken[j] + n]
             if t.prescale != 1.0:
                 ops.scale(view, src, t.prescale)
             else:
@@ -170,7 +183,7 @@ def unpack_shards(ops, tensors: Sequence[Scattered], recv, me: int, outputs) -> 
     offset = 0
     for t, out in zip(tensors, outputs):
         n = t.rows[me] * t.row_elements
-        view = recv[offset:offset + n]
+        view = recv[offset : offset + n]
         offset += n
         if not n:
             continue
@@ -180,8 +193,9 @@ def unpack_shards(ops, tensors: Sequence[Scattered], recv, me: int, outputs) -> 
             ops.copy(out.reshape(-1), view)
 
 
-def unpack_rank_major(ops, recv, starts: Sequence[int], dims, row_bytes: Sequence[int],
-                      outputs) -> None:
+def unpack_rank_major(
+    ops, recv, starts: Sequence[int], dims, row_bytes: Sequence[int], outputs
+) -> None:
     """A grouped allgather's bytes (rank r's rows of every tensor from
     ``starts[r]``) into the tensors' *outputs*."""
     row_at = [0] * len(outputs)
@@ -189,8 +203,9 @@ def unpack_rank_major(ops, recv, starts: Sequence[int], dims, row_bytes: Sequenc
         for j, out in enumerate(outputs):
             nbytes = int(dims[r, j]) * row_bytes[j]
             if nbytes:
-                ops.copy(flat_bytes(out)[row_at[j]:row_at[j] + nbytes],
-                         recv[offset:offset + nbytes])
+                ops.copy(
+                    flat_bytes(out)[row_at[j] : row_at[j] + nbytes], recv[offset : offset + nbytes]
+                )
             row_at[j] += nbytes
             offset += nbytes
 
@@ -201,7 +216,7 @@ def pack_bytes(ops, arrays, buf) -> None:
     offset = 0
     for array in arrays:
         if array.nbytes:
-            ops.copy(buf[offset:offset + array.nbytes], flat_bytes(array))
+            ops.copy(buf[offset : offset + array.nbytes], flat_bytes(array))
         offset += array.nbytes
 
 
@@ -211,5 +226,5 @@ def unpack_bytes(ops, buf, arrays, skip=()) -> None:
     offset = 0
     for i, array in enumerate(arrays):
         if array.nbytes and i not in skip:
-            ops.copy(flat_bytes(array), buf[offset:offset + array.nbytes])
+            ops.copy(flat_bytes(array), buf[offset : offset + array.nbytes])
         offset += array.nbytes

@@ -72,8 +72,10 @@ class ProcessSetTable:
         """The ranks of a registered *process_set* (ValueError naming the fix if not)."""
         set_id = process_set.process_set_id
         if set_id is None or set_id not in self._sets:
-            raise ValueError(f"{process_set} is not registered; pass it to "
-                             "hvd.init(process_sets=[...]) or hvd.add_process_set() first.")
+            raise ValueError(
+                f"{process_set} is not registered; pass it to "
+                "hvd.init(process_sets=[...]) or hvd.add_process_set() first."
+            )
         return self.ranks[set_id]
 
     def find_ranks(self, ranks: Sequence[int]) -> ProcessSet | None:

@@ -13,8 +13,17 @@ from __future__ import annotations
 from .auto_names import AutoNames
 from ..exceptions import HorovodInternalError
 
-__all__ = ["Runtime", "state", "live", "current", "install", "clear", "forget_after_fork",
-           "refuse_in_forked_child", "abort_job"]
+__all__ = [
+    "Runtime",
+    "state",
+    "live",
+    "current",
+    "install",
+    "clear",
+    "forget_after_fork",
+    "refuse_in_forked_child",
+    "abort_job",
+]
 
 _NOT_INITIALIZED = "hvdlite has not been initialized; use hvd.init() first."
 _FORKED = (

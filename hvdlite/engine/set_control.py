@@ -22,8 +22,9 @@ class SetControl:
     *pending*: the engine's in-flight entries by key; *fail(entry, message)* and
     *finish(entry, value)* complete an entry's handle."""
 
-    def __init__(self, sets, bits, executor, rank: int, pending: dict,
-                 fail: Callable, finish: Callable):
+    def __init__(
+        self, sets, bits, executor, rank: int, pending: dict, fail: Callable, finish: Callable
+    ):
         self._sets = sets
         self._bits = bits
         self._executor = executor
@@ -39,8 +40,11 @@ class SetControl:
         existing = self._sets.find_ranks(ranks)
         if existing is not None:
             if entry is not None:
-                self._fail(entry, f"a process set with ranks {ranks} already exists "
-                                  f"(id {existing.process_set_id}).")
+                self._fail(
+                    entry,
+                    f"a process set with ranks {ranks} already exists "
+                    f"(id {existing.process_set_id}).",
+                )
             return
         ps = entry.payload if entry is not None else ProcessSet(ranks)
         self._sets.create(ps, ranks)
@@ -53,14 +57,16 @@ class SetControl:
         entry = self._pending.get(response.key)
         if set_id == GLOBAL_SET_ID or self._sets.get(set_id) is None:
             if entry is not None:
-                self._fail(entry, f"process set {set_id} cannot be removed "
-                                  "(it is the global set or not registered).")
+                self._fail(
+                    entry,
+                    f"process set {set_id} cannot be removed "
+                    "(it is the global set or not registered).",
+                )
             return
         self._bits.erase_set(set_id)
         for key, other in list(self._pending.items()):
             if key[0] == set_id:
-                self._fail(other, f"process set {set_id} was removed while {key[1]!r} was "
-                                  "pending.")
+                self._fail(other, f"process set {set_id} was removed while {key[1]!r} was pending.")
         if self._rank in self._sets.members.get(set_id, ()):
             self._executor.forget_set(set_id)
         ps = self._sets.remove(set_id)

@@ -148,8 +148,11 @@ class SharedMemoryAllreduce:
         # Every rank must agree, or the collective allocation below would hang.
         room = _free_shm_bytes() >= 2 * size * 2 * SLOT_BYTES
         if not node.allreduce(room, op=MPI.LAND):
-            log.info("hvdlite: /dev/shm is too small for the shared-memory allreduce "
-                     "(needs %d MiB free); reducing through MPI", 4 * size * SLOT_BYTES >> 20)
+            log.info(
+                "hvdlite: /dev/shm is too small for the shared-memory allreduce "
+                "(needs %d MiB free); reducing through MPI",
+                4 * size * SLOT_BYTES >> 20,
+            )
             node.Free()
             return None
         info = MPI.Info.Create()
@@ -225,7 +228,7 @@ class SharedMemoryAllreduce:
         """Step 1 of a chunk: this rank's data for the peers' portions into its area."""
         fill, bounds, portions = chunk
         rank = self._rank
-        mine = self._contributions[rank][start:start + fill * step.wire.itemsize].view(step.wire)
+        mine = self._contributions[rank][start : start + fill * step.wire.itemsize].view(step.wire)
         for p, pieces in enumerate(portions):
             if p != rank:
                 step.copy_in(pieces, mine, bounds[p], bounds[p + 1])
@@ -238,8 +241,13 @@ class SharedMemoryAllreduce:
         rank, wire = self._rank, step.wire
         end = start + fill * wire.itemsize
         contributions = [a[start:end].view(wire) for a in self._contributions]
-        step.reduce_own(portions[rank], contributions, rank,
-                        self._results[rank][start:end].view(wire), bounds[rank])
+        step.reduce_own(
+            portions[rank],
+            contributions,
+            rank,
+            self._results[rank][start:end].view(wire),
+            bounds[rank],
+        )
         self._sync()
         for p, pieces in enumerate(portions):
             if p != rank:
@@ -262,8 +270,12 @@ class SharedMemoryAllreduce:
         start = self._peek(chunk[0] * wire.itemsize)
         entries = tensors.entries
         staged = self._staged
-        if staged is not None and staged[1] == start and len(staged[2]) == len(entries) \
-                and all(a is b for a, b in zip(staged[2], entries)):
+        if (
+            staged is not None
+            and staged[1] == start
+            and len(staged[2]) == len(entries)
+            and all(a is b for a, b in zip(staged[2], entries))
+        ):
             return True
         step = _Step(tensors, layout, wire, _UFUNCS[op])
         self._contribute(step, chunk, start)
@@ -275,8 +287,10 @@ class SharedMemoryAllreduce:
         """Collective over the set, after a status exchange that every rank entered
         having staged the same batch (see :meth:`stage`): steps 3-5 of its chunk."""
         if self._staged is None:
-            raise RuntimeError("hvdlite internal error: a staged allreduce ran without its "
-                               "batch staged on this rank")
+            raise RuntimeError(
+                "hvdlite internal error: a staged allreduce ran without its "
+                "batch staged on this rank"
+            )
         step, start, _ = self._staged
         self._staged = None
         chunk = step.layout.chunks[0]
@@ -312,8 +326,10 @@ class SharedMemoryAllreduce:
         head[1:] = rows
         self._staged = None  # its area is about to be overwritten
         if fits and nbytes:
-            np.concatenate([x.reshape(-1).view(np.uint8) for x in inputs if x.size],
-                           out=area[start:start + nbytes])
+            np.concatenate(
+                [x.reshape(-1).view(np.uint8) for x in inputs if x.size],
+                out=area[start : start + nbytes],
+            )
         if phase is not None:
             phase(COLLECTIVE)
         self._sync()
@@ -332,7 +348,7 @@ class SharedMemoryAllreduce:
             for j, out in enumerate(outputs):
                 count = head[1 + j] * row_bytes[j]
                 if count:
-                    out[filled[j]:filled[j] + count] = area[at:at + count]
+                    out[filled[j] : filled[j] + count] = area[at : at + count]
                     filled[j] += count
                     at += count
         self._sync()
@@ -384,41 +400,48 @@ class _Step:
     def __init__(self, tensors, layout: _Layout, wire: np.dtype, ufunc):
         self.ins = [x if x is None or x.ndim == 1 else x.reshape(-1) for x in tensors.inputs]
         self.outs = [x if x is None or x.ndim == 1 else x.reshape(-1) for x in tensors.outputs]
-        self.direct = [typed and pre == 1.0 and x is not None
-                       for typed, pre, x in zip(layout.wire_typed, layout.pre, self.ins)]
+        self.direct = [
+            typed and pre == 1.0 and x is not None
+            for typed, pre, x in zip(layout.wire_typed, layout.pre, self.ins)
+        ]
         self.plain = [d and post == 1.0 for d, post in zip(self.direct, layout.post)]
         self.layout = layout
         self.wire = wire
         self.ufunc = ufunc
         self.block = BLOCK_BYTES // wire.itemsize
 
-    def copy_in(self, pieces, area: np.ndarray, lo: int | None = None,
-                hi: int | None = None) -> None:
+    def copy_in(
+        self, pieces, area: np.ndarray, lo: int | None = None, hi: int | None = None
+    ) -> None:
         """This rank's *pieces* into its contribution *area*: prescaled, cast, zeros when
         joined.  With *lo*/*hi*, the pieces cover ``area[lo:hi]`` exactly."""
         ins, direct, counts = self.ins, self.direct, self.layout.counts
         if lo is not None and pieces and all(direct[piece[0]] for piece in pieces):
             # The common case: one C call packs every piece.
-            np.concatenate([ins[i] if n == counts[i] else ins[i][offset:offset + n]
-                            for i, offset, _, n in pieces], out=area[lo:hi])
+            np.concatenate(
+                [
+                    ins[i] if n == counts[i] else ins[i][offset : offset + n]
+                    for i, offset, _, n in pieces
+                ],
+                out=area[lo:hi],
+            )
             return
         pre = self.layout.pre
         for i, offset, at, n in pieces:
-            dst = area[at:at + n]
+            dst = area[at : at + n]
             if ins[i] is None:
                 dst.fill(0)
             elif pre[i] != 1.0:
-                np.multiply(ins[i][offset:offset + n], pre[i], out=dst, casting="unsafe")
+                np.multiply(ins[i][offset : offset + n], pre[i], out=dst, casting="unsafe")
             else:
-                np.copyto(dst, ins[i][offset:offset + n], casting="unsafe")
+                np.copyto(dst, ins[i][offset : offset + n], casting="unsafe")
 
-    def reduce_own(self, pieces, contributions, rank: int, result: np.ndarray,
-                   lo: int) -> None:
+    def reduce_own(self, pieces, contributions, rank: int, result: np.ndarray, lo: int) -> None:
         """Reduce this rank's portion (*pieces*) into *result* (its result area, whose
         element 0 is chunk element *lo*) and into this rank's outputs."""
         ins, outs, plain, counts = self.ins, self.outs, self.plain, self.layout.counts
         ufunc, block = self.ufunc, self.block
-        others = contributions[:rank] + contributions[rank + 1:]
+        others = contributions[:rank] + contributions[rank + 1 :]
         group, group_at, group_n = [], 0, 0  # reduced outputs awaiting one copy to result
         for i, offset, at, n in pieces:
             if plain[i] and n <= block:
@@ -426,43 +449,43 @@ class _Step:
                 # rank order); the result area gets a copy, many pieces per call.
                 inp, out = ins[i], outs[i]
                 if n != counts[i]:
-                    inp, out = inp[offset:offset + n], out[offset:offset + n]
-                ufunc(inp, others[0][at:at + n], out=out)
+                    inp, out = inp[offset : offset + n], out[offset : offset + n]
+                ufunc(inp, others[0][at : at + n], out=out)
                 for other in others[1:]:
-                    ufunc(out, other[at:at + n], out=out)
+                    ufunc(out, other[at : at + n], out=out)
                 if not group:
                     group_at = at
                 group.append(out)
                 group_n += n
                 if group_n >= block:
-                    np.concatenate(group, out=result[group_at - lo:group_at - lo + group_n])
+                    np.concatenate(group, out=result[group_at - lo : group_at - lo + group_n])
                     group, group_n = [], 0
                 continue
             if group:
-                np.concatenate(group, out=result[group_at - lo:group_at - lo + group_n])
+                np.concatenate(group, out=result[group_at - lo : group_at - lo + group_n])
                 group, group_n = [], 0
             # A block at a time into the result area, so the delivery reads the
             # reduced values from cache.
             for start in range(0, n, block):
                 m = min(block, n - start)
                 a, o = at + start, offset + start
-                parts = [c[a:a + m] for c in contributions]
+                parts = [c[a : a + m] for c in contributions]
                 if self.direct[i]:
-                    parts[rank] = ins[i][o:o + m]
-                dst = result[a - lo:a - lo + m]
+                    parts[rank] = ins[i][o : o + m]
+                dst = result[a - lo : a - lo + m]
                 _reduce(ufunc, parts, dst)
                 self._deliver(dst, i, o, m)
         if group:
-            np.concatenate(group, out=result[group_at - lo:group_at - lo + group_n])
+            np.concatenate(group, out=result[group_at - lo : group_at - lo + group_n])
 
     def copy_out(self, pieces, peer_result: np.ndarray, start: int) -> None:
         """A peer's reduced portion (its result area, element 0 = chunk element *start*)
         into this rank's outputs."""
         outs, plain, counts = self.outs, self.plain, self.layout.counts
         for i, offset, at, n in pieces:
-            src = peer_result[at - start:at - start + n]
+            src = peer_result[at - start : at - start + n]
             if plain[i]:
-                np.copyto(outs[i] if n == counts[i] else outs[i][offset:offset + n], src)
+                np.copyto(outs[i] if n == counts[i] else outs[i][offset : offset + n], src)
             else:
                 self._deliver(src, i, offset, n)
 
@@ -471,7 +494,7 @@ class _Step:
         out = self.outs[i]
         if out is None:
             return
-        dst = out[offset:offset + n]
+        dst = out[offset : offset + n]
         post = self.layout.post[i]
         if post != 1.0:
             np.multiply(reduced, post, out=dst, casting="unsafe")

@@ -56,8 +56,7 @@ class Layout(NamedTuple):
     root_words: int = 0
 
     @classmethod
-    def of(cls, num_bits: int, world_size: int, after_wait: bool,
-           root_words: int = 0) -> Layout:
+    def of(cls, num_bits: int, world_size: int, after_wait: bool, root_words: int = 0) -> Layout:
         ringers = (world_size + _WORD - 1) // _WORD if after_wait else 0
         return cls((num_bits + _WORD - 1) // _WORD, ringers, root_words)
 
@@ -81,8 +80,15 @@ class Status(NamedTuple):
     root: int = 0  # rank 0's words, as one int (0 without the root field)
 
 
-def encode(layout: Layout, flags: int, hit_and: int, hit_or: int, invalid: int,
-           ringer_rank: int | None = None, root: int | None = None) -> np.ndarray:
+def encode(
+    layout: Layout,
+    flags: int,
+    hit_and: int,
+    hit_or: int,
+    invalid: int,
+    ringer_rank: int | None = None,
+    root: int | None = None,
+) -> np.ndarray:
     """This rank's vector (a fresh uint64 array to allreduce in place).
 
     *hit_and* may have bits set beyond this rank's hits (bits of process sets it
@@ -92,9 +98,12 @@ def encode(layout: Layout, flags: int, hit_and: int, hit_or: int, invalid: int,
     """
     width = layout.bit_words * _WORD
     full = (1 << width) - 1
-    value = (~flags & _ALL_ONES) | (hit_and << _WORD) \
-        | ((~hit_or & full) << (_WORD + width)) \
+    value = (
+        (~flags & _ALL_ONES)
+        | (hit_and << _WORD)
+        | ((~hit_or & full) << (_WORD + width))
         | ((~invalid & full) << (_WORD + 2 * width))
+    )
     if layout.ringer_words:
         ringer_full = (1 << (layout.ringer_words * _WORD)) - 1
         mine = 0 if ringer_rank is None else 1 << ringer_rank
@@ -125,15 +134,23 @@ def decode(layout: Layout, vector: np.ndarray) -> Status:
     return Status(flags, all_hit, any_hit, invalid, ringers, root)
 
 
-def alone(layout: Layout, flags: int, hit_and: int, hit_or: int, invalid: int,
-          rang: bool, root: int | None = None) -> Status:
+def alone(
+    layout: Layout,
+    flags: int,
+    hit_and: int,
+    hit_or: int,
+    invalid: int,
+    rang: bool,
+    root: int | None = None,
+) -> Status:
     """What :func:`decode` makes of the vector of a job of one rank, without one."""
     full = (1 << (layout.bit_words * _WORD)) - 1
     root_value = 0
     if layout.root_words and root is not None:
         root_value = root & ((1 << (layout.root_words * _WORD)) - 1)
-    return Status(flags, hit_and & full, hit_or, invalid,
-                  int(rang) if layout.ringer_words else 0, root_value)
+    return Status(
+        flags, hit_and & full, hit_or, invalid, int(rang) if layout.ringer_words else 0, root_value
+    )
 
 
 class Codec:
@@ -152,16 +169,25 @@ class Codec:
         self._vectors: dict[tuple, bytes] = {}
         self._statuses: dict[tuple, Status] = {}
 
-    def encode(self, layout: Layout, flags: int, hit_and: int, hit_or: int, invalid: int,
-               ringer_rank: int | None = None, root: int | None = None) -> np.ndarray:
+    def encode(
+        self,
+        layout: Layout,
+        flags: int,
+        hit_and: int,
+        hit_or: int,
+        invalid: int,
+        ringer_rank: int | None = None,
+        root: int | None = None,
+    ) -> np.ndarray:
         """As :func:`encode`: a fresh vector, the caller's to allreduce in place."""
         key = (layout, flags, hit_and, hit_or, invalid, ringer_rank, root)
         raw = self._vectors.get(key)
         if raw is None:
             if len(self._vectors) >= self.limit:
                 self._vectors.clear()
-            raw = self._vectors[key] = encode(layout, flags, hit_and, hit_or, invalid,
-                                              ringer_rank, root).tobytes()
+            raw = self._vectors[key] = encode(
+                layout, flags, hit_and, hit_or, invalid, ringer_rank, root
+            ).tobytes()
         return np.frombuffer(bytearray(raw), dtype="<u8")
 
     def decode(self, layout: Layout, vector: np.ndarray) -> Status:

@@ -35,8 +35,16 @@ class StatusExchange:
         self._codec = Codec()
         self._layouts: dict[tuple, tuple] = {}  # (bits, after a wait, root words) -> layout
 
-    def exchange(self, flags: int, bits, joined: bool, after_wait: bool, rang: bool, tuning,
-                 on_engine_thread: bool) -> Status:
+    def exchange(
+        self,
+        flags: int,
+        bits,
+        joined: bool,
+        after_wait: bool,
+        rang: bool,
+        tuning,
+        on_engine_thread: bool,
+    ) -> Status:
         """Collective: this rank's *flags* and cache *bits* (a CacheBits) against
         every rank's.  *rang*: this rank rang the doorbell; *tuning*: autotune's
         link, whose words rank 0 sends, or None."""
@@ -52,8 +60,9 @@ class StatusExchange:
         invalid = bits.invalid_mask
         if self._size == 1:
             return alone(layout, flags, hit_and, hit_or, invalid, rang, root)
-        vector = self._codec.encode(layout, flags, hit_and, hit_or, invalid,
-                                    self._rank if rang else None, root)
+        vector = self._codec.encode(
+            layout, flags, hit_and, hit_or, invalid, self._rank if rang else None, root
+        )
         req = self._comm.Iallreduce(MPI.IN_PLACE, vector, MPI.BAND)
         wait = _WAIT_THREAD if on_engine_thread else _WAIT_CALLER
         if not wait.wait_for(req.Test, timeout=self._limit.seconds):

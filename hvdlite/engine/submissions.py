@@ -22,11 +22,25 @@ __all__ = ["Entry", "Inbox"]
 class Entry:
     """One submitted collective, owned by the engine thread once queued."""
 
-    __slots__ = ("params", "key", "inputs", "outputs", "handle", "submitted", "grouped",
-                 "splits", "payload", "bit", "sent", "ready", "thread")
+    __slots__ = (
+        "params",
+        "key",
+        "inputs",
+        "outputs",
+        "handle",
+        "submitted",
+        "grouped",
+        "splits",
+        "payload",
+        "bit",
+        "sent",
+        "ready",
+        "thread",
+    )
 
-    def __init__(self, params: Params, inputs, outputs, handle, grouped=False,
-                 splits=None, payload=None):
+    def __init__(
+        self, params: Params, inputs, outputs, handle, grouped=False, splits=None, payload=None
+    ):
         self.params = params
         self.key = (params.set_id, params.name)  # params.key, computed once
         self.inputs = inputs

@@ -18,8 +18,9 @@ __all__ = ["VARIABLES", "core_for", "pin_current_thread"]
 VARIABLES = ("HVDLITE_THREAD_AFFINITY", "HOROVOD_THREAD_AFFINITY")
 
 
-def core_for(local_rank: int, local_size: int, environ: Mapping[str, str] | None = None
-             ) -> int | None:
+def core_for(
+    local_rank: int, local_size: int, environ: Mapping[str, str] | None = None
+) -> int | None:
     """The core local rank *local_rank* (of *local_size*) pins its engine thread to.
 
     None when no variable is set; ValueError (naming the variable and the fix)
@@ -32,16 +33,21 @@ def core_for(local_rank: int, local_size: int, environ: Mapping[str, str] | None
     raw = env[name]
     parts = [part.strip() for part in raw.split(",")]
     if not all(part.isdigit() for part in parts):
-        raise ValueError(f"{name}={raw!r} is not valid: give one core id per local rank, "
-                         "e.g. 0,8 for two ranks per node.")
+        raise ValueError(
+            f"{name}={raw!r} is not valid: give one core id per local rank, "
+            "e.g. 0,8 for two ranks per node."
+        )
     if len(parts) < local_size:
-        raise ValueError(f"{name}={raw!r} names {len(parts)} core(s) for {local_size} local "
-                         "ranks: give one core id per local rank.")
+        raise ValueError(
+            f"{name}={raw!r} names {len(parts)} core(s) for {local_size} local "
+            "ranks: give one core id per local rank."
+        )
     return int(parts[local_rank])
 
 
-def pin_current_thread(local_rank: int, local_size: int,
-                       environ: Mapping[str, str] | None = None) -> int | None:
+def pin_current_thread(
+    local_rank: int, local_size: int, environ: Mapping[str, str] | None = None
+) -> int | None:
     """Pin the calling thread (Linux: affinity is per thread) as :func:`core_for` says.
 
     Returns the core, or None when nothing was pinned (no variable, or no

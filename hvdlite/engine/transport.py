@@ -21,8 +21,7 @@ from typing import NamedTuple
 
 from . import runtime
 
-__all__ = ["Transport", "Routes", "Router", "routes_of", "SHM_MIN_BYTES",
-           "SHM_MAX_RANKS"]
+__all__ = ["Transport", "Routes", "Router", "routes_of", "SHM_MIN_BYTES", "SHM_MAX_RANKS"]
 
 #: Smallest batch (in wire bytes) worth the shared-memory path: below it, one MPI
 #: allreduce's latency beats that path's two barriers (``bench_core`` shows both).
@@ -59,8 +58,15 @@ class Routes(NamedTuple):
 class Router:
     """Decides routes from the knobs and the job's layout (no communication)."""
 
-    def __init__(self, world_size: int, node_ranks, shared_memory: bool,
-                 hierarchical_allreduce: bool, hierarchical_allgather: bool, device=None):
+    def __init__(
+        self,
+        world_size: int,
+        node_ranks,
+        shared_memory: bool,
+        hierarchical_allreduce: bool,
+        hierarchical_allgather: bool,
+        device=None,
+    ):
         self.world_size = world_size
         self.node_ranks = frozenset(node_ranks)
         self.shared_memory = shared_memory
@@ -80,15 +86,24 @@ class Router:
     def variant(self, shared_memory: bool, hierarchical_allreduce: bool) -> Router:
         """A router for the same job with these two switches (autotune changes them
         for the executor, on every rank in the same cycle; adapters keep this one)."""
-        return Router(self.world_size, self.node_ranks, shared_memory,
-                       hierarchical_allreduce, self.hierarchical_allgather, self.device)
+        return Router(
+            self.world_size,
+            self.node_ranks,
+            shared_memory,
+            hierarchical_allreduce,
+            self.hierarchical_allgather,
+            self.device,
+        )
 
     def _decide(self, ranks: tuple) -> Routes:
         # The node topology describes the whole job only: hierarchical paths serve
         # the set that spans it; other sets run flat.
         whole_job = len(ranks) == self.world_size
-        one_node = self.shared_memory and 2 <= len(ranks) <= SHM_MAX_RANKS \
+        one_node = (
+            self.shared_memory
+            and 2 <= len(ranks) <= SHM_MAX_RANKS
             and self.node_ranks.issuperset(ranks)
+        )
         allreduce = Transport.MPI
         if self.hierarchical_allreduce and whole_job:
             allreduce = Transport.HIERARCHICAL

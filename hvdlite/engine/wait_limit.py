@@ -29,8 +29,9 @@ _PENDING_LOOK = 0.5
 class WaitLimit:
     """The limit of one rank's waits on the others (``seconds`` 0 or None: no limit)."""
 
-    def __init__(self, seconds: float | None, rank: int,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, seconds: float | None, rank: int, clock: Callable[[], float] = time.monotonic
+    ):
         self.seconds = seconds or None
         self.rank = rank
         self._clock = clock
@@ -57,5 +58,7 @@ class WaitLimit:
         self._next_look = now + _PENDING_LOOK
         key, entry = min(pending.items(), key=lambda item: item[1].submitted)
         if now - entry.submitted > self.seconds:
-            raise self.error(f"to submit collective {key[1]!r} (process set {key[0]}); the "
-                             "stall warning in rank 0's log names the ranks that did not")
+            raise self.error(
+                f"to submit collective {key[1]!r} (process set {key[0]}); the "
+                "stall warning in rank 0's log names the ranks that did not"
+            )

@@ -24,8 +24,12 @@ class _Entry:
 class Blacklist:
     """Which hosts to leave out now, and why (see the module doc)."""
 
-    def __init__(self, cooldown_range: tuple[float, float] | None = None,
-                 clock: Callable[[], float] = time.monotonic, limit: int = 4096) -> None:
+    def __init__(
+        self,
+        cooldown_range: tuple[float, float] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        limit: int = 4096,
+    ) -> None:
         if cooldown_range is not None:
             low, high = (float(v) for v in cooldown_range)
             if not 0 <= low <= high:

@@ -108,8 +108,7 @@ except Exception as exc:
 print(json.dumps(out))
 """
 
-PROBES = {"mpi": _MPI_PROBE, "torch": _TORCH_PROBE, "tensorflow": _TF_PROBE,
-          "cupy": _CUPY_PROBE}
+PROBES = {"mpi": _MPI_PROBE, "torch": _TORCH_PROBE, "tensorflow": _TF_PROBE, "cupy": _CUPY_PROBE}
 _LAUNCHER_VARS = ("PMI_", "PMIX_", "OMPI_COMM_WORLD", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 
 
@@ -125,8 +124,14 @@ def _run_probes(environ: Mapping[str, str], timeout: float) -> dict[str, dict]:
         if name == "cupy" and importlib.util.find_spec("cupy") is None:
             continue  # do not start a child just to fail an import
         procs[name] = subprocess.Popen(
-            [sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=env, text=True, start_new_session=True)
+            [sys.executable, "-c", code],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+            start_new_session=True,
+        )
     results = {}
     for name, proc in procs.items():
         try:
@@ -172,46 +177,75 @@ def check_build(environ: Mapping[str, str] | None = None, timeout: float = 120.0
     """The --check-build table (it starts probe processes; it never raises)."""
     env = os.environ if environ is None else environ
     results = _run_probes(env, timeout)
-    lines = [f"hvdlite {__version__} (Python {platform.python_version()}, {sys.executable})",
-             "", "MPI"]
+    lines = [
+        f"hvdlite {__version__} (Python {platform.python_version()}, {sys.executable})",
+        "",
+        "MPI",
+    ]
     try:
         path = find_mpiexec(env)
         info = detect(path) if path else None
-        lines.append(_row("launcher", info is not None,
-                          f"{info.label}  {info.path}" if info else "no mpiexec/mpirun found"))
+        lines.append(
+            _row(
+                "launcher",
+                info is not None,
+                f"{info.label}  {info.path}" if info else "no mpiexec/mpirun found",
+            )
+        )
     except UsageError as exc:
         lines.append(_row("launcher", False, str(exc)))
     mpi = results["mpi"]
     if "library" in mpi:
-        lines.append(_row("library", True, f"{mpi['library']} (MPI {mpi['standard']}, "
-                                           f"mpi4py {mpi['mpi4py']})"))
-        lines.append(_row("thread level", mpi["thread_level"] == "MPI_THREAD_MULTIPLE",
-                          f"{mpi['thread_level']} (asked for MPI_THREAD_MULTIPLE)"))
+        lines.append(
+            _row(
+                "library", True, f"{mpi['library']} (MPI {mpi['standard']}, mpi4py {mpi['mpi4py']})"
+            )
+        )
+        lines.append(
+            _row(
+                "thread level",
+                mpi["thread_level"] == "MPI_THREAD_MULTIPLE",
+                f"{mpi['thread_level']} (asked for MPI_THREAD_MULTIPLE)",
+            )
+        )
     else:
         lines.append(_row("library", False, mpi.get("error", "mpi4py not usable")))
     srun = shutil.which("srun", path=env.get("PATH"))
     lines.append(_row("SLURM srun", srun is not None, srun or "not on PATH"))
     torch, tf, cupy = results["torch"], results["tensorflow"], results["cupy"]
-    lines += ["", "Frameworks",
-              _framework_row("PyTorch", torch, "hvdlite.torch"),
-              _framework_row("TensorFlow", tf, "hvdlite.tensorflow")]
+    lines += [
+        "",
+        "Frameworks",
+        _framework_row("PyTorch", torch, "hvdlite.torch"),
+        _framework_row("TensorFlow", tf, "hvdlite.tensorflow"),
+    ]
     if "keras" in tf:
         keras_adapter = _adapter("hvdlite.tensorflow.keras")
         lines.append(_row("Keras", True, f"{tf['keras']}  ({keras_adapter})"))
-    cuda_sources = [f"{name} (CUDA {r['cuda']})" for name, r in
-                    (("PyTorch", torch), ("TensorFlow", tf), ("CuPy", cupy))
-                    if r.get("cuda")]
+    cuda_sources = [
+        f"{name} (CUDA {r['cuda']})"
+        for name, r in (("PyTorch", torch), ("TensorFlow", tf), ("CuPy", cupy))
+        if r.get("cuda")
+    ]
     gpus = any(r.get("cuda_available") for r in (torch, tf, cupy))
     nccl = cupy.get("nccl") or torch.get("nccl")
-    lines += ["", "GPU",
-              _row("CUDA build", bool(cuda_sources), ", ".join(cuda_sources) or "none (CPU only)"),
-              _row("CUDA device", gpus, "found" if gpus else "none visible"),
-              _row("NCCL", bool(cupy.get("nccl")),
-                   f"{nccl} via {'CuPy' if cupy.get('nccl') else 'PyTorch (hvdlite uses CuPy)'}"
-                   if nccl else "not available (hvdlite uses NCCL through CuPy)"),
-              _row("CUDA-aware MPI", bool(mpi.get("cuda_aware")),
-                   mpi.get("cuda_aware_reason", "not asked")),
-              _gpu_transport_row(cupy, mpi, env)]
+    lines += [
+        "",
+        "GPU",
+        _row("CUDA build", bool(cuda_sources), ", ".join(cuda_sources) or "none (CPU only)"),
+        _row("CUDA device", gpus, "found" if gpus else "none visible"),
+        _row(
+            "NCCL",
+            bool(cupy.get("nccl")),
+            f"{nccl} via {'CuPy' if cupy.get('nccl') else 'PyTorch (hvdlite uses CuPy)'}"
+            if nccl
+            else "not available (hvdlite uses NCCL through CuPy)",
+        ),
+        _row(
+            "CUDA-aware MPI", bool(mpi.get("cuda_aware")), mpi.get("cuda_aware_reason", "not asked")
+        ),
+        _gpu_transport_row(cupy, mpi, env),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -227,9 +261,15 @@ def _gpu_transport_row(cupy: dict, mpi: dict, environ: Mapping[str, str]) -> str
         return _row("GPU tensors", False, str(exc))
     if not usable:
         why = "CuPy is not installed" if "missing" in cupy else "CuPy sees no CUDA device"
-        return _row("GPU tensors", False, f"cannot be moved: {why} (pip install "
-                                          "hvdlite[cuda12] or hvdlite[cuda13])")
+        return _row(
+            "GPU tensors",
+            False,
+            f"cannot be moved: {why} (pip install hvdlite[cuda12] or hvdlite[cuda13])",
+        )
     caps = Capabilities(True, bool(cupy.get("nccl")), bool(mpi.get("cuda_aware")))
     routes = DeviceChoice(caps, request).routes()
-    return _row("GPU tensors", True, f"would use {routes.describe()} "
-                                     "(HVDLITE_GPU_OPERATIONS=NCCL|MPI chooses)")
+    return _row(
+        "GPU tensors",
+        True,
+        f"would use {routes.describe()} (HVDLITE_GPU_OPERATIONS=NCCL|MPI chooses)",
+    )

@@ -22,11 +22,25 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from . import elastic_settings, lifeline, protocol, slurm, sshcheck
-from .command import (LaunchSpec, forwarded_names, launcher_environment, mpiexec_command,
-                      srun_command, srun_mpi_plugin)
+from .command import (
+    LaunchSpec,
+    forwarded_names,
+    launcher_environment,
+    mpiexec_command,
+    srun_command,
+    srun_mpi_plugin,
+)
 from .errors import USAGE_EXIT, UsageError
-from .hosts import (Host, all_local, format_hosts, is_local_host, parse_hosts, read_hostfile,
-                    total_slots, used_hosts)
+from .hosts import (
+    Host,
+    all_local,
+    format_hosts,
+    is_local_host,
+    parse_hosts,
+    read_hostfile,
+    total_slots,
+    used_hosts,
+)
 from .mpi import NO_MPI_HINT, MpiInfo, detect, find_mpiexec
 from .configfile import read_config_file
 from .options import check_available, knob_environment, merge, parse_args
@@ -78,8 +92,7 @@ class Launch:
 # Variables whose values hvdrun prints: its own knobs and launcher settings (they come
 # from hvdrun's flags, on its own command line anyway).  Any other value -- e.g. from
 # hvdlite.run(env=...) -- may be a secret and is printed as ***.
-_SHOWN_PREFIXES = ("HVDLITE_", "HOROVOD_", "NCCL_", "MPIR_CVAR_", "FI_", "UCX_", "HYDRA_",
-                   "I_MPI_")
+_SHOWN_PREFIXES = ("HVDLITE_", "HOROVOD_", "NCCL_", "MPIR_CVAR_", "FI_", "UCX_", "HYDRA_", "I_MPI_")
 MASK = "***"
 
 
@@ -99,8 +112,9 @@ def _check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
         raise UsageError(f"command not found: {program} (not on PATH)")
 
 
-def _resolve_hosts(values: Mapping[str, object], environ: Mapping[str, str]
-                   ) -> tuple[int, list[Host] | None, str]:
+def _resolve_hosts(
+    values: Mapping[str, object], environ: Mapping[str, str]
+) -> tuple[int, list[Host] | None, str]:
     """(np, hosts or None for this machine only, where the hosts came from)."""
     np = values.get("np")
     if values.get("hosts") and values.get("hostfile"):
@@ -113,15 +127,17 @@ def _resolve_hosts(values: Mapping[str, object], environ: Mapping[str, str]
         hosts, source = slurm.allocation_hosts(environ), "the SLURM allocation"
     else:
         if np is None:
-            raise UsageError("-np is required outside a SLURM allocation: e.g. hvdrun -np 2 "
-                             "python train.py")
+            raise UsageError(
+                "-np is required outside a SLURM allocation: e.g. hvdrun -np 2 python train.py"
+            )
         return int(np), None, "this machine"
     slots = total_slots(hosts)
     if np is None:
         np = slots
     elif np > slots:
-        raise UsageError(f"-np {np} is more than the {slots} slot(s) in {source} "
-                         f"({format_hosts(hosts)})")
+        raise UsageError(
+            f"-np {np} is more than the {slots} slot(s) in {source} ({format_hosts(hosts)})"
+        )
     return int(np), used_hosts(hosts, int(np)), source
 
 
@@ -153,14 +169,17 @@ def _ssh_args(values: Mapping[str, object]) -> list[str]:
         if not (os.path.isfile(path) and os.access(path, os.R_OK)):
             raise UsageError(f"--ssh-identity-file {given!r}: cannot read it")
         if any(char.isspace() for char in path):
-            raise UsageError(f"--ssh-identity-file {path!r}: the path must not contain white "
-                             "space (MPI launchers split their ssh arguments at spaces)")
+            raise UsageError(
+                f"--ssh-identity-file {path!r}: the path must not contain white "
+                "space (MPI launchers split their ssh arguments at spaces)"
+            )
         args += ["-i", path]
     return args
 
 
-def _mpich_environment(mpi: MpiInfo | None, nics: Sequence[str], other_hosts: bool,
-                       environ: Mapping[str, str]) -> dict[str, str]:
+def _mpich_environment(
+    mpi: MpiInfo | None, nics: Sequence[str], other_hosts: bool, environ: Mapping[str, str]
+) -> dict[str, str]:
     """Variables an MPICH job needs for its traffic between hosts.
 
     - An MPICH built with both the UCX and the libfabric (OFI) network module
@@ -181,14 +200,20 @@ def _mpich_environment(mpi: MpiInfo | None, nics: Sequence[str], other_hosts: bo
     if other_hosts and {"ucx", "ofi"} <= set(mpi.netmods):
         wanted["MPIR_CVAR_CH4_NETMOD"] = "ofi"
     if nics:
-        wanted.update(FI_TCP_IFACE=nics[0], FI_SOCKETS_IFACE=nics[0],
-                      UCX_NET_DEVICES=",".join(nics))
+        wanted.update(
+            FI_TCP_IFACE=nics[0], FI_SOCKETS_IFACE=nics[0], UCX_NET_DEVICES=",".join(nics)
+        )
     return {name: value for name, value in wanted.items() if name not in environ}
 
 
-def _ssh_hosts(hosts: Sequence[Host] | None, mpi: MpiInfo, from_allocation: bool,
-               ssh_args: Sequence[str], mpi_args: Sequence[str],
-               environ: Mapping[str, str]) -> tuple[str, ...]:
+def _ssh_hosts(
+    hosts: Sequence[Host] | None,
+    mpi: MpiInfo,
+    from_allocation: bool,
+    ssh_args: Sequence[str],
+    mpi_args: Sequence[str],
+    environ: Mapping[str, str],
+) -> tuple[str, ...]:
     """The hosts the launcher will reach through ssh (see :mod:`.sshcheck`)."""
     if not hosts or not sshcheck.uses_ssh(mpi_args, environ):
         return ()
@@ -199,17 +224,22 @@ def _ssh_hosts(hosts: Sequence[Host] | None, mpi: MpiInfo, from_allocation: bool
     return tuple(host.name for host in hosts if not is_local_host(host.name))
 
 
-def _notes(values: Mapping[str, object], mpi: MpiInfo | None, nics: Sequence[str]
-           ) -> tuple[str, ...]:
+def _notes(
+    values: Mapping[str, object], mpi: MpiInfo | None, nics: Sequence[str]
+) -> tuple[str, ...]:
     notes = []
     streams = values.get("num_nccl_streams")
     if streams is not None and streams != 1:
-        notes.append(f"--num-nccl-streams {streams}: hvdlite runs each process set's NCCL "
-                     "collectives on one stream; the value is only passed on (as "
-                     "HVDLITE_NUM_NCCL_STREAMS)")
+        notes.append(
+            f"--num-nccl-streams {streams}: hvdlite runs each process set's NCCL "
+            "collectives on one stream; the value is only passed on (as "
+            "HVDLITE_NUM_NCCL_STREAMS)"
+        )
     if len(nics) > 1 and mpi is not None and mpi.flavour in ("mpich", "intel"):
-        notes.append(f"--network-interfaces {','.join(nics)}: {mpi.label}'s mpiexec takes one "
-                     f"interface (-iface {nics[0]}); NCCL gets them all")
+        notes.append(
+            f"--network-interfaces {','.join(nics)}: {mpi.label}'s mpiexec takes one "
+            f"interface (-iface {nics[0]}); NCCL gets them all"
+        )
     return tuple(notes)
 
 
@@ -222,10 +252,12 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, dict[str, object]]:
     return args, values
 
 
-def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None,
-         rank_env: Mapping[str, str] | None = None,
-         placement: tuple[int, Sequence[Host]] | None = None
-         ) -> tuple[argparse.Namespace, Launch | None]:
+def prepare(
+    argv: Sequence[str],
+    environ: Mapping[str, str] | None = None,
+    rank_env: Mapping[str, str] | None = None,
+    placement: tuple[int, Sequence[Host]] | None = None,
+) -> tuple[argparse.Namespace, Launch | None]:
     """Parse *argv* and decide the launch without starting anything.
 
     Returns ``(args, launch)``; ``launch`` is None for ``--check-build``.  Raises
@@ -249,8 +281,12 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None,
     ssh_args = _ssh_args(values)
     binding = shlex.split(str(values["binding_args"])) if values.get("binding_args") else None
     # The job's variables are in the launch so that Open MPI's -x forwards them too.
-    env = {**environ, **knob_env, protocol.TOKEN_VARIABLE: protocol.new_token(),
-           lifeline.OWNER_VARIABLE: lifeline.identity() or ""}
+    env = {
+        **environ,
+        **knob_env,
+        protocol.TOKEN_VARIABLE: protocol.new_token(),
+        lifeline.OWNER_VARIABLE: lifeline.identity() or "",
+    }
     launcher = values.get("launcher") or "mpiexec"
     mpi_args = shlex.split(str(values.get("mpi_args") or ""))
     program = [sys.executable, str(WRAPPER), "--tail", str(REPORT_TAIL_LINES)]
@@ -261,17 +297,22 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None,
     program += ["--", *args.command]
     local = hosts is None or all_local(hosts)
     from_allocation = slurm.in_allocation(environ) and not (
-        values.get("hosts") or values.get("hostfile"))
+        values.get("hosts") or values.get("hostfile")
+    )
     ssh_hosts: tuple[str, ...] = ()
     if launcher == "srun":
         srun = shutil.which("srun", path=environ.get("PATH"))
         if srun is None:
-            raise UsageError("--launcher srun: srun is not on PATH (run inside SLURM, or "
-                             "use the default mpiexec launcher)")
+            raise UsageError(
+                "--launcher srun: srun is not on PATH (run inside SLURM, or "
+                "use the default mpiexec launcher)"
+            )
         if ssh_args or nics:
-            raise UsageError("--launcher srun starts ranks through SLURM, not ssh, and has no "
-                             "interface choice: drop -p/-i/--network-interface, or use the "
-                             "default mpiexec launcher")
+            raise UsageError(
+                "--launcher srun starts ranks through SLURM, not ssh, and has no "
+                "interface choice: drop -p/-i/--network-interface, or use the "
+                "default mpiexec launcher"
+            )
         try:
             path = find_mpiexec(environ)
             mpi = detect(path) if path else None
@@ -280,9 +321,13 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None,
         mpich_env = _mpich_environment(mpi, (), not local, environ)
         knob_env.update(mpich_env)
         env.update(mpich_env)
-        spec = LaunchSpec(np=np, program=program, mpi_args=mpi_args,
-                          hosts=None if from_allocation and placement is None else hosts,
-                          binding=binding)
+        spec = LaunchSpec(
+            np=np,
+            program=program,
+            mpi_args=mpi_args,
+            hosts=None if from_allocation and placement is None else hosts,
+            binding=binding,
+        )
         cmd, extra_env = srun_command(spec, srun_mpi_plugin(mpi), srun=srun), knob_env
     else:
         path = find_mpiexec(environ)
@@ -294,16 +339,34 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None,
         env.update(mpich_env)
         if not local:
             ssh_hosts = _ssh_hosts(hosts, mpi, from_allocation, ssh_args, mpi_args, environ)
-        spec = LaunchSpec(np=np, program=program, hosts=None if local else hosts, env=knob_env,
-                          mpi_args=mpi_args, forward=forwarded_names(env, exclude=knob_env),
-                          binding=binding, nics=nics, ssh_args=ssh_args)
+        spec = LaunchSpec(
+            np=np,
+            program=program,
+            hosts=None if local else hosts,
+            env=knob_env,
+            mpi_args=mpi_args,
+            forward=forwarded_names(env, exclude=knob_env),
+            binding=binding,
+            nics=nics,
+            ssh_args=ssh_args,
+        )
         cmd, extra_env = mpiexec_command(mpi, spec), launcher_environment(mpi, spec)
         env.update(extra_env)
         extra_env = {**knob_env, **extra_env}
-    return args, Launch(cmd, env, extra_env, np, None if local else hosts,
-                      _start_timeout(values, environ), launcher, mpi,
-                      bool(values.get("verbose")), _notes(values, mpi, nics), ssh_hosts,
-                      tuple(ssh_args))
+    return args, Launch(
+        cmd,
+        env,
+        extra_env,
+        np,
+        None if local else hosts,
+        _start_timeout(values, environ),
+        launcher,
+        mpi,
+        bool(values.get("verbose")),
+        _notes(values, mpi, nics),
+        ssh_hosts,
+        tuple(ssh_args),
+    )
 
 
 def describe(p: Launch) -> str:
@@ -311,13 +374,20 @@ def describe(p: Launch) -> str:
     where = format_hosts(p.hosts) if p.hosts else "this machine"
     mpi = f"{p.mpi.label} ({p.mpi.path})" if p.mpi else "unknown MPI"
     job_variables = (protocol.TOKEN_VARIABLE, lifeline.OWNER_VARIABLE)
-    knobs = " ".join(f"{k}={v}" for k, v in p.env.items()
-                     if k.startswith("HVDLITE_") and k not in job_variables) or "none"
-    ssh = (f"hvdrun: checking ssh login to {', '.join(p.ssh_hosts)} first\n"
-           if p.ssh_hosts else "")
-    return (f"hvdrun: {p.np} rank(s) on {where}, launcher {p.launcher}, {mpi}\n"
-            f"hvdrun: knob variables: {knobs}\n{ssh}"
-            f"hvdrun: running: {p.shell_line()}\n")
+    knobs = (
+        " ".join(
+            f"{k}={v}"
+            for k, v in p.env.items()
+            if k.startswith("HVDLITE_") and k not in job_variables
+        )
+        or "none"
+    )
+    ssh = f"hvdrun: checking ssh login to {', '.join(p.ssh_hosts)} first\n" if p.ssh_hosts else ""
+    return (
+        f"hvdrun: {p.np} rank(s) on {where}, launcher {p.launcher}, {mpi}\n"
+        f"hvdrun: knob variables: {knobs}\n{ssh}"
+        f"hvdrun: running: {p.shell_line()}\n"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -329,8 +399,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def run_elastic_job(argv: list[str], environ: Mapping[str, str], *,
-                    rank_env: Mapping[str, str] | None = None, out=None, err=None) -> int:
+def run_elastic_job(
+    argv: list[str],
+    environ: Mapping[str, str],
+    *,
+    rank_env: Mapping[str, str] | None = None,
+    out=None,
+    err=None,
+) -> int:
     """Run hvdrun's *argv*, which asks for elastic mode, under the elastic loop (see
     :mod:`.elastic_driver`), launching through :func:`prepare`; hvdrun's exit status.
 
@@ -342,8 +418,10 @@ def run_elastic_job(argv: list[str], environ: Mapping[str, str], *,
     args, values = parse(argv)
     settings = elastic_settings.settings_from(values, environ)
     if settings is None:
-        raise UsageError("not an elastic job: give --host-discovery-script, --min-np/"
-                         "--max-np or --max-restarts N")
+        raise UsageError(
+            "not an elastic job: give --host-discovery-script, --min-np/"
+            "--max-np or --max-restarts N"
+        )
     environ = dict(environ)
     _check_command(args.command, environ)
     if settings.source == "script":
@@ -356,13 +434,19 @@ def run_elastic_job(argv: list[str], environ: Mapping[str, str], *,
     extra = dict(rank_env or {})
 
     def make_launch(np: int, hosts: list[Host], elastic_env: dict[str, str]) -> Launch:
-        return prepare(argv, environ, rank_env={**extra, **elastic_env},
-                    placement=(np, hosts))[1]
+        return prepare(argv, environ, rank_env={**extra, **elastic_env}, placement=(np, hosts))[1]
 
     for note in make_launch(1, [Host("localhost", 1)], {}).notes:
         sys.stderr.write(f"hvdrun: note: {note}\n")
-    return run_elastic(settings, source, make_launch, dry_run=bool(args.dry_run),
-                       describe=describe if values.get("verbose") else None, out=out, err=err)
+    return run_elastic(
+        settings,
+        source,
+        make_launch,
+        dry_run=bool(args.dry_run),
+        describe=describe if values.get("verbose") else None,
+        out=out,
+        err=err,
+    )
 
 
 def _run(argv: list[str]) -> int:
@@ -396,4 +480,3 @@ def _run(argv: list[str]) -> int:
     from .job import run_job
 
     return run_job(launch.cmd, launch.env, np=launch.np, start_timeout=launch.start_timeout)
-

@@ -46,14 +46,39 @@ from collections.abc import Mapping, Sequence
 from .hosts import Host, format_hosts
 from .mpi import MpiInfo
 
-__all__ = ["LaunchSpec", "mpiexec_command", "srun_command", "forwarded_names",
-           "srun_mpi_plugin", "launcher_environment"]
+__all__ = [
+    "LaunchSpec",
+    "mpiexec_command",
+    "srun_command",
+    "forwarded_names",
+    "srun_mpi_plugin",
+    "launcher_environment",
+]
 
 # Inherited variables Open MPI must be told to forward (names or prefixes).
-_FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CONDA_PREFIX",
-                  "CUDA_VISIBLE_DEVICES")
-_FORWARD_PREFIXES = ("HVDLITE_", "HOROVOD_", "PYTHON", "MPI4PY_", "NCCL_", "OMP_", "KMP_",
-                     "TF_", "TORCH_", "UCX_", "FI_", "MPICH_", "MPIR_CVAR_")
+_FORWARD_NAMES = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "CUDA_VISIBLE_DEVICES",
+)
+_FORWARD_PREFIXES = (
+    "HVDLITE_",
+    "HOROVOD_",
+    "PYTHON",
+    "MPI4PY_",
+    "NCCL_",
+    "OMP_",
+    "KMP_",
+    "TF_",
+    "TORCH_",
+    "UCX_",
+    "FI_",
+    "MPICH_",
+    "MPIR_CVAR_",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +107,8 @@ def forwarded_names(environ: Mapping[str, str], exclude: Sequence[str] = ()) -> 
     """Inherited variable names an Open MPI job forwards with ``-x``, sorted."""
     skip = set(exclude)
     return sorted(
-        name for name in environ
+        name
+        for name in environ
         if name not in skip and (name in _FORWARD_NAMES or name.startswith(_FORWARD_PREFIXES))
     )
 
@@ -114,8 +140,17 @@ def _intel(info: MpiInfo, spec: LaunchSpec) -> list[str]:
     if not hosts:
         return [info.path, "-n", str(spec.np), *common, *spec.program]
     if len({host.slots for host in hosts}) == 1:
-        return [info.path, "-n", str(spec.np), "-hosts", ",".join(h.name for h in hosts),
-                "-ppn", str(hosts[0].slots), *common, *spec.program]
+        return [
+            info.path,
+            "-n",
+            str(spec.np),
+            "-hosts",
+            ",".join(h.name for h in hosts),
+            "-ppn",
+            str(hosts[0].slots),
+            *common,
+            *spec.program,
+        ]
     # Uneven slots: one MPMD section per host, filled in order.
     cmd, left = [info.path, *common], spec.np
     for host in hosts:
@@ -184,9 +219,15 @@ def srun_command(spec: LaunchSpec, plugin: str, srun: str = "srun") -> list[str]
     cmd = [srun]
     if not any(arg.startswith("--mpi") for arg in spec.mpi_args):
         cmd.append(f"--mpi={plugin}")
-    cmd += [f"--ntasks={spec.np}", "--label", *_binding(spec, ["--cpu-bind=none"]),
-            "--kill-on-bad-exit=1"]
+    cmd += [
+        f"--ntasks={spec.np}",
+        "--label",
+        *_binding(spec, ["--cpu-bind=none"]),
+        "--kill-on-bad-exit=1",
+    ]
     if spec.hosts:
-        cmd += [f"--nodes={len(spec.hosts)}",
-                "--nodelist=" + ",".join(host.name for host in spec.hosts)]
+        cmd += [
+            f"--nodes={len(spec.hosts)}",
+            "--nodelist=" + ",".join(host.name for host in spec.hosts),
+        ]
     return cmd + list(spec.mpi_args) + list(spec.program)

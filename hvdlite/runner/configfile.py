@@ -51,16 +51,14 @@ SECTIONS: dict[str, dict[str, tuple[str, bool] | str | None]] = {
         "torus_allreduce": ("torus_allreduce", False),
     },
     "autotune": {
-        "enabled": ("autotune", False), "log_file": ("autotune_log", False),
+        "enabled": ("autotune", False),
+        "log_file": ("autotune_log", False),
         "warmup_samples": ("autotune_warmup_samples", False),
         "steps_per_sample": ("autotune_steps_per_sample", False),
         "bayes_opt_max_samples": ("autotune_bayes_opt_max_samples", False),
         "gaussian_process_noise": ("autotune_gaussian_process_noise", False),
     },
-    "timeline": {
-        "filename": ("timeline", False),
-        "mark_cycles": ("timeline_mark_cycles", False),
-    },
+    "timeline": {"filename": ("timeline", False), "mark_cycles": ("timeline_mark_cycles", False)},
     "stall_check": {
         "enabled": ("stall_check_disable", True),
         "warning_time_seconds": ("stall_check_time_seconds", False),
@@ -72,7 +70,7 @@ SECTIONS: dict[str, dict[str, tuple[str, bool] | str | None]] = {
         "thread_affinity": ("thread_affinity", False),
         "ccl_bgt_affinity": ("thread_affinity", False),  # its name before Horovod 0.21
         "gloo_timeout_seconds": _GLOO + "; for a time limit on every wait between ranks "
-                                        "use collective-timeout",
+        "use collective-timeout",
     },
     "logging": {
         "level": ("log_level", False),
@@ -82,10 +80,13 @@ SECTIONS: dict[str, dict[str, tuple[str, bool] | str | None]] = {
     # hvdlite's own (horovodrun's file has no elastic section): the flags' names, and
     # the names of horovod.run's arguments.
     "elastic": {
-        "min_np": ("min_np", False), "max_np": ("max_np", False),
-        "slots_per_host": ("slots_per_host", False), "slots": ("slots_per_host", False),
+        "min_np": ("min_np", False),
+        "max_np": ("max_np", False),
+        "slots_per_host": ("slots_per_host", False),
+        "slots": ("slots_per_host", False),
         "host_discovery_script": ("host_discovery_script", False),
-        "elastic_timeout": ("elastic_timeout", False), "timeout": ("elastic_timeout", False),
+        "elastic_timeout": ("elastic_timeout", False),
+        "timeout": ("elastic_timeout", False),
         "reset_limit": ("reset_limit", False),
         "blacklist_cooldown_range": ("blacklist_cooldown_range", False),
         "cooldown_range": ("blacklist_cooldown_range", False),
@@ -118,14 +119,19 @@ def _flat_names() -> dict[str, tuple[Option, bool] | str]:
     return names
 
 
-def _file_value(opt: Option, value: object, where: str, label: str, invert: bool = False
-                ) -> object:
+def _file_value(opt: Option, value: object, where: str, label: str, invert: bool = False) -> object:
     """*value* from the file, converted and checked as the flag's would be."""
     if opt.is_flag:
         if isinstance(value, bool) or value in (0, 1):
             on = bool(value)
-        elif isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on",
-                                                          "off"):
+        elif isinstance(value, str) and value.lower() in (
+            "true",
+            "false",
+            "yes",
+            "no",
+            "on",
+            "off",
+        ):
             on = value.lower() in ("true", "yes", "on")
         else:
             raise UsageError(f"{where}: {label} must be true or false, not {value!r}")
@@ -133,8 +139,10 @@ def _file_value(opt: Option, value: object, where: str, label: str, invert: bool
     if opt.nargs:  # a fixed number of values: a list in the file, or one string
         items = value.split() if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)) or len(items) != opt.nargs:
-            raise UsageError(f"{where}: {label} needs {opt.nargs} values, e.g. "
-                             f"[{', '.join(['1'] * opt.nargs)}], not {value!r}")
+            raise UsageError(
+                f"{where}: {label} needs {opt.nargs} values, e.g. "
+                f"[{', '.join(['1'] * opt.nargs)}], not {value!r}"
+            )
         try:
             return [opt.convert(str(item)) for item in items]
         except (argparse.ArgumentTypeError, ValueError) as exc:
@@ -181,8 +189,10 @@ class _Values:
 
     def set(self, dest: str, value: object, label: str) -> None:
         if dest in self.labels:
-            raise UsageError(f"{self.where}: {label} sets what {self.labels[dest]} already "
-                             "sets; keep one of them")
+            raise UsageError(
+                f"{self.where}: {label} sets what {self.labels[dest]} already "
+                "sets; keep one of them"
+            )
         self.values[dest], self.labels[dest] = value, label
 
 
@@ -197,8 +207,9 @@ def _read_section(section: str, body: object, out: _Values) -> None:
         label = f"{section}.{key}"
         if str(key) not in keys:
             known = ", ".join(keys)
-            raise UsageError(f"{where}: unknown key {label!r} (horovodrun's keys in "
-                             f"{section}: {known})")
+            raise UsageError(
+                f"{where}: unknown key {label!r} (horovodrun's keys in {section}: {known})"
+            )
         target = keys[str(key)]
         if target is _UNUSED:
             continue
@@ -211,8 +222,9 @@ def _read_section(section: str, body: object, out: _Values) -> None:
 def _read_controller(value: object, out: _Values) -> None:
     name = str(value).strip().lower()
     if name == "gloo":
-        raise UsageError(f"{out.where}: controller: {_GLOO}; write 'controller: mpi' or "
-                         "leave it out")
+        raise UsageError(
+            f"{out.where}: controller: {_GLOO}; write 'controller: mpi' or leave it out"
+        )
     if name != "mpi":
         raise UsageError(f"{out.where}: controller must be mpi, not {value!r}")
     out.set("use_mpi", True, "controller")
@@ -238,8 +250,10 @@ def read_config_file(path: str) -> dict[str, object]:
             _read_controller(value, out)
             continue
         if found is None:
-            raise UsageError(f"{where}: unknown key {key!r} (keys are hvdrun's long flags, "
-                             "e.g. fusion-threshold-mb, or horovodrun's sections, e.g. params)")
+            raise UsageError(
+                f"{where}: unknown key {key!r} (keys are hvdrun's long flags, "
+                "e.g. fusion-threshold-mb, or horovodrun's sections, e.g. params)"
+            )
         if isinstance(found, str):
             if value in (False, None):
                 continue

@@ -36,16 +36,41 @@ from . import slurm
 from .errors import UsageError
 from .hosts import Host, _check_name, _check_slots
 
-__all__ = ["DiscoveryError", "parse_discovered", "ScriptDiscovery", "SlurmDiscovery",
-           "FixedHosts", "UNUSABLE_NODE_STATES", "script_argv", "MAX_OUTPUT_BYTES"]
+__all__ = [
+    "DiscoveryError",
+    "parse_discovered",
+    "ScriptDiscovery",
+    "SlurmDiscovery",
+    "FixedHosts",
+    "UNUSABLE_NODE_STATES",
+    "script_argv",
+    "MAX_OUTPUT_BYTES",
+]
 
 SCRIPT_TIMEOUT_SECONDS = 30.0
 MAX_OUTPUT_BYTES = 1 << 20  # a host list of 1 MiB is tens of thousands of hosts
 _STDERR_KEPT = 64 * 1024
 # sinfo's short node states in which a node takes no new job step.
-UNUSABLE_NODE_STATES = ("drain", "drng", "drained", "draining", "down", "fail", "failg",
-                        "maint", "npc", "pow_dn", "powered_down", "powering_down", "boot",
-                        "reboot", "futr", "future", "inval", "unk")
+UNUSABLE_NODE_STATES = (
+    "drain",
+    "drng",
+    "drained",
+    "draining",
+    "down",
+    "fail",
+    "failg",
+    "maint",
+    "npc",
+    "pow_dn",
+    "powered_down",
+    "powering_down",
+    "boot",
+    "reboot",
+    "futr",
+    "future",
+    "inval",
+    "unk",
+)
 
 
 class DiscoveryError(RuntimeError):
@@ -99,7 +124,7 @@ class _Capture(threading.Thread):
             if not chunk:
                 return
             room = self.limit - len(self.data)
-            self.data += chunk[:max(room, 0)]
+            self.data += chunk[: max(room, 0)]
             if len(chunk) > room:
                 self.over.set()
 
@@ -117,9 +142,13 @@ class ScriptDiscovery:
 
     dynamic = True
 
-    def __init__(self, script: str, default_slots: int = 1,
-                 timeout: float = SCRIPT_TIMEOUT_SECONDS,
-                 max_output: int = MAX_OUTPUT_BYTES) -> None:
+    def __init__(
+        self,
+        script: str,
+        default_slots: int = 1,
+        timeout: float = SCRIPT_TIMEOUT_SECONDS,
+        max_output: int = MAX_OUTPUT_BYTES,
+    ) -> None:
         self.script, self.default_slots, self.timeout = script, default_slots, timeout
         self.max_output = max_output
         self.label = f"--host-discovery-script {script!r}"
@@ -127,13 +156,20 @@ class ScriptDiscovery:
     def _run(self) -> tuple[int, str, str]:
         try:
             argv = script_argv(self.script)
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         except ValueError as exc:
             raise DiscoveryError(f"{self.label} cannot be split into words ({exc})") from None
         except OSError as exc:
-            raise DiscoveryError(f"{self.label} cannot run: {exc.strerror} (give the path of "
-                                 "an executable file: chmod +x it)") from None
+            raise DiscoveryError(
+                f"{self.label} cannot run: {exc.strerror} (give the path of "
+                "an executable file: chmod +x it)"
+            ) from None
         out, err = _Capture(proc.stdout, self.max_output), _Capture(proc.stderr, _STDERR_KEPT)
         out.start()
         err.start()
@@ -141,14 +177,18 @@ class ScriptDiscovery:
         try:
             while proc.poll() is None and not out.over.is_set():
                 if time.monotonic() >= deadline:
-                    raise DiscoveryError(f"{self.label} did not finish within "
-                                         f"{self.timeout:g} s (it and what it started were "
-                                         "killed)")
+                    raise DiscoveryError(
+                        f"{self.label} did not finish within "
+                        f"{self.timeout:g} s (it and what it started were "
+                        "killed)"
+                    )
                 time.sleep(0.01)
             if out.over.is_set():
-                raise DiscoveryError(f"{self.label} printed more than {self.max_output} bytes "
-                                     "(it and what it started were killed): it should print "
-                                     "one host a line")
+                raise DiscoveryError(
+                    f"{self.label} printed more than {self.max_output} bytes "
+                    "(it and what it started were killed): it should print "
+                    "one host a line"
+                )
         finally:
             _kill_group(proc)  # also what it left running in the background
             proc.wait()
@@ -156,8 +196,11 @@ class ScriptDiscovery:
                 capture.join(timeout=1.0)
             proc.stdout.close()
             proc.stderr.close()
-        return (proc.returncode, out.data.decode(errors="replace"),
-                err.data.decode(errors="replace"))
+        return (
+            proc.returncode,
+            out.data.decode(errors="replace"),
+            err.data.decode(errors="replace"),
+        )
 
     def discover(self) -> list[Host]:
         returncode, stdout, stderr = self._run()
@@ -216,9 +259,14 @@ class SlurmDiscovery:
             return list(self.hosts)
         names = ",".join(host.name for host in self.hosts)
         try:
-            proc = subprocess.run([self._sinfo, "-h", "-N", "-n", names, "-o", "%N %t"],
-                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=SCRIPT_TIMEOUT_SECONDS, env=self.environ)
+            proc = subprocess.run(
+                [self._sinfo, "-h", "-N", "-n", names, "-o", "%N %t"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=SCRIPT_TIMEOUT_SECONDS,
+                env=self.environ,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise DiscoveryError(f"sinfo failed: {exc}") from None
         if proc.returncode != 0:

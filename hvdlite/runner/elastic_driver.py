@@ -44,16 +44,34 @@ import time
 from collections.abc import Callable
 from typing import BinaryIO
 
-from ..elastic.layout import (EXPECT_COMMIT_VARIABLE, GENERATION_VARIABLE, HOSTS_UPDATED_EXIT,
-                              JOB_DIR_VARIABLE, JOB_ID_VARIABLE, ENABLED_VARIABLE,
-                              STATE_ERROR_EXIT, STATE_FILE, STATE_WRITE_EXIT, last_launch,
-                              post_notice, record_launch, restart_path, write_marker)
+from ..elastic.layout import (
+    EXPECT_COMMIT_VARIABLE,
+    GENERATION_VARIABLE,
+    HOSTS_UPDATED_EXIT,
+    JOB_DIR_VARIABLE,
+    JOB_ID_VARIABLE,
+    ENABLED_VARIABLE,
+    STATE_ERROR_EXIT,
+    STATE_FILE,
+    STATE_WRITE_EXIT,
+    last_launch,
+    post_notice,
+    record_launch,
+    restart_path,
+    write_marker,
+)
 from ..elastic.persistence import Commit, CommitStore, ElasticStateError, make_private_dir
 from . import sshcheck
 from .blacklist import Blacklist
 from .discovery import DiscoveryError
-from .elastic_hosts import (REPEAT_WINDOW_SECONDS, FailureHistory, HostPool, describe_change,
-                            rank_host, ranks_on)
+from .elastic_hosts import (
+    REPEAT_WINDOW_SECONDS,
+    FailureHistory,
+    HostPool,
+    describe_change,
+    rank_host,
+    ranks_on,
+)
 from .elastic_settings import DEFAULT_STATE_DIR, ElasticSettings
 from .errors import USAGE_EXIT
 from .hosts import Host, format_hosts, total_slots
@@ -79,19 +97,26 @@ def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
-def rank_environment(job_dir: str, job_id: str, generation: int,
-                     commit: Commit | None) -> dict[str, str]:
+def rank_environment(
+    job_dir: str, job_id: str, generation: int, commit: Commit | None
+) -> dict[str, str]:
     """The variables every rank of launch *generation* gets (HOROVOD_ELASTIC too)."""
-    return {ENABLED_VARIABLE: "1", "HOROVOD_ELASTIC": "1", JOB_DIR_VARIABLE: job_dir,
-            JOB_ID_VARIABLE: job_id, GENERATION_VARIABLE: str(generation),
-            EXPECT_COMMIT_VARIABLE: str(commit.number if commit else 0)}
+    return {
+        ENABLED_VARIABLE: "1",
+        "HOROVOD_ELASTIC": "1",
+        JOB_DIR_VARIABLE: job_dir,
+        JOB_ID_VARIABLE: job_id,
+        GENERATION_VARIABLE: str(generation),
+        EXPECT_COMMIT_VARIABLE: str(commit.number if commit else 0),
+    }
 
 
 class _HostWatch(threading.Thread):
     """Polls the pool while a launch runs; posts the notice once the placement would change."""
 
-    def __init__(self, pool: HostPool, placement: list[Host], job_dir: str, generation: int,
-                 interval: float) -> None:
+    def __init__(
+        self, pool: HostPool, placement: list[Host], job_dir: str, generation: int, interval: float
+    ) -> None:
         super().__init__(daemon=True, name="hvdrun-host-watch")
         self.pool, self.placement = pool, placement
         self.job_dir, self.generation, self.interval = job_dir, generation, interval
@@ -125,9 +150,11 @@ class _HostWatch(threading.Thread):
                 try:
                     post_notice(self.job_dir, self.generation, notice)
                 except OSError as exc:  # the ranks must still hear of it: try again
-                    self._warn(f"cannot post the host-update notice in {self.job_dir} "
-                               f"({exc.strerror or exc}); retrying every "
-                               f"{self.interval:g} s")
+                    self._warn(
+                        f"cannot post the host-update notice in {self.job_dir} "
+                        f"({exc.strerror or exc}); retrying every "
+                        f"{self.interval:g} s"
+                    )
                     continue
                 self.notice = notice
                 say(f"hosts changed: {self.notice}; the ranks leave at their next commit")
@@ -155,12 +182,16 @@ def _wait_for_slots(pool: HostPool, settings: ElasticSettings) -> list[Host]:
             raise GiveUp(
                 f"only {have} slot(s) available ({format_hosts(hosts) or 'no host'}), fewer "
                 f"than --min-np {settings.min_np}, after waiting {settings.timeout:g} s "
-                f"(--elastic-timeout)" + (f"; lost: {'; '.join(lost)}" if lost else "")
-                + (f"; last discovery error: {last_error}" if last_error else ""))
+                f"(--elastic-timeout)"
+                + (f"; lost: {'; '.join(lost)}" if lost else "")
+                + (f"; last discovery error: {last_error}" if last_error else "")
+            )
         if not announced:
             announced = True
-            say(f"{have} slot(s) available, fewer than --min-np {settings.min_np}: waiting up "
-                f"to {settings.timeout:g} s for more")
+            say(
+                f"{have} slot(s) available, fewer than --min-np {settings.min_np}: waiting up "
+                f"to {settings.timeout:g} s for more"
+            )
         time.sleep(min(settings.poll_interval, max(left, 0.01)))
 
 
@@ -199,8 +230,9 @@ def _unreachable(launch) -> Callable[[str], str | None]:
     return why
 
 
-def _judge_failure(outcome: JobOutcome, placement: list[Host], history: FailureHistory,
-                   launch) -> tuple[str, str | None]:
+def _judge_failure(
+    outcome: JobOutcome, placement: list[Host], history: FailureHistory, launch
+) -> tuple[str, str | None]:
     """``(host, why it is the host's failure or None)`` for a launch a rank failed."""
     failure = outcome.failure
     host = rank_host(placement, failure.rank) or failure.host
@@ -218,10 +250,16 @@ def _remove_job_dir(job_dir: str, settings: ElasticSettings) -> None:
             pass
 
 
-def run_elastic(settings: ElasticSettings, source,
-                make_launch: Callable[[int, list[Host], dict[str, str]], object], *,
-                dry_run: bool = False, describe: Callable[[object], str] | None = None,
-                out: BinaryIO | None = None, err: BinaryIO | None = None) -> int:
+def run_elastic(
+    settings: ElasticSettings,
+    source,
+    make_launch: Callable[[int, list[Host], dict[str, str]], object],
+    *,
+    dry_run: bool = False,
+    describe: Callable[[object], str] | None = None,
+    out: BinaryIO | None = None,
+    err: BinaryIO | None = None,
+) -> int:
     """Run the elastic job (see the module doc); returns hvdrun's exit status.
 
     *make_launch(np, hosts, rank_env)* returns the launch :class:`~.cli.Launch` for one
@@ -237,25 +275,30 @@ def run_elastic(settings: ElasticSettings, source,
     job_id = settings.resume or new_job_id()
     job_dir = os.path.join(settings.state_dir, job_id)
     if settings.resume and not os.path.exists(os.path.join(job_dir, STATE_FILE)):
-        sys.stderr.write(f"hvdrun: error: --elastic-resume {job_id}: no commit of that job in "
-                         f"{job_dir}; give the job id hvdrun printed at its start, and the "
-                         "same --elastic-state-dir\n")
+        sys.stderr.write(
+            f"hvdrun: error: --elastic-resume {job_id}: no commit of that job in "
+            f"{job_dir}; give the job id hvdrun printed at its start, and the "
+            "same --elastic-state-dir\n"
+        )
         return USAGE_EXIT
     if dry_run:
         placement = pool.placement(first)
         if not placement:
             sys.stderr.write(f"hvdrun: error: {source.label} offers no host now\n")
             return USAGE_EXIT
-        launch = make_launch(total_slots(placement), placement,
-                           rank_environment(job_dir, job_id, 0, None))
+        launch = make_launch(
+            total_slots(placement), placement, rank_environment(job_dir, job_id, 0, None)
+        )
         sys.stdout.write(launch.shell_line() + "\n")
         return 0
     make_private_dir(settings.state_dir)  # 0700 when hvdrun makes it; kept as it is
     make_private_dir(job_dir)
     write_marker(job_dir, job_id)  # rank 0 writes commits only where it sees this
     if not settings.resume:
-        say(f"job {job_id}: commits go to {job_dir} (should hvdrun itself end, resume with "
-            f"--elastic-resume {job_id})")
+        say(
+            f"job {job_id}: commits go to {job_dir} (should hvdrun itself end, resume with "
+            f"--elastic-resume {job_id})"
+        )
     try:
         return _loop(settings, source, pool, make_launch, describe, job_id, job_dir, (out, err))
     except GiveUp as exc:
@@ -265,8 +308,16 @@ def run_elastic(settings: ElasticSettings, source,
         return exc.code
 
 
-def _loop(settings: ElasticSettings, source, pool: HostPool, make_launch, describe,
-          job_id: str, job_dir: str, streams: tuple) -> int:
+def _loop(
+    settings: ElasticSettings,
+    source,
+    pool: HostPool,
+    make_launch,
+    describe,
+    job_id: str,
+    job_dir: str,
+    streams: tuple,
+) -> int:
     generation = restarts = resets = 0
     if settings.resume:  # count on from the launches of the hvdrun that ended
         generation = (last_launch(job_dir) or 0) + 1
@@ -293,37 +344,48 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_launch, descri
         if source.dynamic:
             watch.start()
         try:
-            outcome = run_job_outcome(launch.cmd, launch.env, np=np,
-                                      start_timeout=launch.start_timeout,
-                                      out=streams[0], err=streams[1],
-                                      quiet_codes=(HOSTS_UPDATED_EXIT, STATE_ERROR_EXIT),
-                                      host_names=_host_names(placement))
+            outcome = run_job_outcome(
+                launch.cmd,
+                launch.env,
+                np=np,
+                start_timeout=launch.start_timeout,
+                out=streams[0],
+                err=streams[1],
+                quiet_codes=(HOSTS_UPDATED_EXIT, STATE_ERROR_EXIT),
+                host_names=_host_names(placement),
+            )
         finally:
             if watch.is_alive():
                 watch.stop()
         if outcome.reason == "signal":
             return outcome.code
         if STATE_ERROR_EXIT in outcome.quiet_exits.values():
-            raise GiveUp("the ranks could not load the commit to resume from (their message "
-                         "is above); not relaunching")
+            raise GiveUp(
+                "the ranks could not load the commit to resume from (their message "
+                "is above); not relaunching"
+            )
         unwritable = [f for f in outcome.failures if f.code == STATE_WRITE_EXIT]
         if unwritable:
-            raise GiveUp(f"rank {unwritable[0].rank} could not write a commit (its message "
-                         "is above: the file, the error and the fix); not relaunching, and its "
-                         "host stays in (it is not the host's failure)", STATE_WRITE_EXIT)
-        if (HOSTS_UPDATED_EXIT in outcome.quiet_exits.values()
-                and not os.path.exists(restart_path(job_dir, generation))):
+            raise GiveUp(
+                f"rank {unwritable[0].rank} could not write a commit (its message "
+                "is above: the file, the error and the fix); not relaunching, and its "
+                "host stays in (it is not the host's failure)",
+                STATE_WRITE_EXIT,
+            )
+        if HOSTS_UPDATED_EXIT in outcome.quiet_exits.values() and not os.path.exists(
+            restart_path(job_dir, generation)
+        ):
             raise GiveUp(
                 f"the ranks left to be relaunched (exit {HOSTS_UPDATED_EXIT}: they committed "
                 f"first), but hvdrun sees neither their commit's restart marker nor a new "
                 f"commit in {job_dir}: rank 0 wrote into a directory hvdrun does not see. "
                 "Give --elastic-state-dir on a file system that hvdrun's host and every rank's "
-                "host share; not relaunching (it would start from an older state)")
+                "host share; not relaunching (it would start from an older state)"
+            )
         if os.path.exists(restart_path(job_dir, generation)):
             resets += 1
             _check_reset_limit(settings, resets, "the hosts changed")
-            say(f"the ranks left for new hosts ({watch.notice or 'notice posted'}): "
-                "relaunching")
+            say(f"the ranks left for new hosts ({watch.notice or 'notice posted'}): relaunching")
         elif outcome.code == 0 and outcome.reason is None:
             if generation > first:
                 say(f"the job finished after {generation - first} relaunch(es)")
@@ -336,16 +398,23 @@ def _loop(settings: ElasticSettings, source, pool: HostPool, make_launch, descri
             if outcome.failure is not None and source.dynamic:
                 host, why = _judge_failure(outcome, placement, history, launch)
                 if why is None:
-                    say(f"{what}: a process failure, not the host's (host {host} is reachable "
-                        "and its other ranks were healthy); it stays in")
+                    say(
+                        f"{what}: a process failure, not the host's (host {host} is reachable "
+                        "and its other ranks were healthy); it stays in"
+                    )
                 else:
-                    pool.blacklist.add(host, f"rank {outcome.failure.rank} failed there "
-                                             f"({outcome.failure.how}) and {why}")
+                    pool.blacklist.add(
+                        host,
+                        f"rank {outcome.failure.rank} failed there "
+                        f"({outcome.failure.how}) and {why}",
+                    )
                     say(f"host {host} is left out: {pool.blacklist.reason(host)}")
             budget = settings.max_restarts
             if budget is not None and restarts > budget:
-                raise GiveUp(f"{what}; the restart budget is spent (--max-restarts {budget})",
-                             outcome.code or 1)
+                raise GiveUp(
+                    f"{what}; the restart budget is spent (--max-restarts {budget})",
+                    outcome.code or 1,
+                )
             _check_reset_limit(settings, resets, what, outcome.code or 1)
             count = f"restart {restarts}" + (f" of {budget}" if budget is not None else "")
             say(f"{what}: relaunching ({count})")
@@ -362,8 +431,10 @@ def _host_names(placement: list[Host]) -> dict[int, str]:
     return names
 
 
-def _check_reset_limit(settings: ElasticSettings, resets: int, what: str, code: int = 1
-                       ) -> None:
+def _check_reset_limit(settings: ElasticSettings, resets: int, what: str, code: int = 1) -> None:
     if settings.reset_limit is not None and resets > settings.reset_limit:
-        raise GiveUp(f"{what}, but the job was relaunched {resets - 1} time(s) already "
-                     f"(--reset-limit {settings.reset_limit})", code)
+        raise GiveUp(
+            f"{what}, but the job was relaunched {resets - 1} time(s) already "
+            f"(--reset-limit {settings.reset_limit})",
+            code,
+        )

@@ -18,8 +18,14 @@ from collections.abc import Callable, Collection, Sequence
 from .blacklist import Blacklist
 from .hosts import Host, format_hosts, total_slots, used_hosts
 
-__all__ = ["HostPool", "FailureHistory", "describe_change", "rank_host", "ranks_on",
-           "REPEAT_WINDOW_SECONDS"]
+__all__ = [
+    "HostPool",
+    "FailureHistory",
+    "describe_change",
+    "rank_host",
+    "ranks_on",
+    "REPEAT_WINDOW_SECONDS",
+]
 
 # A host whose ranks fail twice within this many seconds (or within the cooldown
 # range's MAX, when larger) is left out, though each failure alone was a rank's.
@@ -32,8 +38,9 @@ MAX_REMEMBERED_HOSTS = 4096
 class HostPool:
     """See the module doc.  *source* has ``discover()``, ``dynamic`` and ``label``."""
 
-    def __init__(self, source, blacklist: Blacklist, max_np: int | None,
-                 limit: int = MAX_REMEMBERED_HOSTS) -> None:
+    def __init__(
+        self, source, blacklist: Blacklist, max_np: int | None, limit: int = MAX_REMEMBERED_HOSTS
+    ) -> None:
         self.source, self.blacklist, self.max_np = source, blacklist, max_np
         self.limit = limit
         self._order: dict[str, None] = {}  # host names in the order they first came
@@ -41,8 +48,7 @@ class HostPool:
 
     def available(self) -> list[Host]:
         """The usable hosts now (DiscoveryError when the source fails)."""
-        found = [host for host in self.source.discover()
-                 if not self.blacklist.blocked(host.name)]
+        found = [host for host in self.source.discover() if not self.blacklist.blocked(host.name)]
         for host in found:
             self._order.setdefault(host.name)
         by_name = {host.name: host for host in found}
@@ -124,13 +130,22 @@ class FailureHistory:
     remembered (the oldest failures are forgotten first).
     """
 
-    def __init__(self, window: float = REPEAT_WINDOW_SECONDS, limit: int = 1024,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        window: float = REPEAT_WINDOW_SECONDS,
+        limit: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.window, self.limit, self._clock = window, limit, clock
         self._last: dict[str, float] = {}  # host -> time of its last process failure
 
-    def judge(self, host: str, placed: Collection[int], failed: Collection[int],
-              unreachable: Callable[[str], str | None]) -> str | None:
+    def judge(
+        self,
+        host: str,
+        placed: Collection[int],
+        failed: Collection[int],
+        unreachable: Callable[[str], str | None],
+    ) -> str | None:
         """Why the failure of the ranks *failed* (unprompted) is *host*'s, or None when it
         is a process failure.  *placed*: the ranks on *host*; *unreachable(host)*: why
         the host cannot be reached, None when it can."""

@@ -50,11 +50,9 @@ from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
 from . import lifeline, protocol
-from .report import (Failure, exit_code_of, first_failure, format_failure,
-                     format_launcher_failure)
+from .report import Failure, exit_code_of, first_failure, format_failure, format_launcher_failure
 
-__all__ = ["run_job", "run_job_outcome", "JobOutcome", "STOP_GRACE_SECONDS",
-           "MAX_PENDING_BYTES"]
+__all__ = ["run_job", "run_job_outcome", "JobOutcome", "STOP_GRACE_SECONDS", "MAX_PENDING_BYTES"]
 
 STOP_GRACE_SECONDS = 8.0
 QUIET_GRACE_SECONDS = 30.0
@@ -90,7 +88,7 @@ class _LineBuffer:
     def feed(self, chunk: bytes) -> list[tuple[bytes, bool]]:
         data = self.pending + chunk
         cut = data.rfind(b"\n") + 1
-        pieces = [(line + b"\n", True) for line in data[:cut - 1].split(b"\n")] if cut else []
+        pieces = [(line + b"\n", True) for line in data[: cut - 1].split(b"\n")] if cut else []
         rest = data[cut:]
         bar = rest.rfind(b"\r") + 1  # a progress bar goes through at once
         if bar and self.marker not in rest:
@@ -107,8 +105,16 @@ class _LineBuffer:
 class _Reader(threading.Thread):
     """Passes one output stream of the launcher through, picking out status lines."""
 
-    def __init__(self, name: str, pipe: BinaryIO, sink: BinaryIO, events: queue.Queue,
-                 tail: collections.deque, token: str, np: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        pipe: BinaryIO,
+        sink: BinaryIO,
+        events: queue.Queue,
+        tail: collections.deque,
+        token: str,
+        np: int,
+    ) -> None:
         super().__init__(daemon=True)
         self._name, self._pipe, self._sink = name, pipe, sink
         self._events, self._tail = events, tail
@@ -132,7 +138,7 @@ class _Reader(threading.Thread):
             return
         self._write(raw)
         if text.strip():
-            self._tail.append((self._name, text.rstrip("\r\n")[:protocol.MAX_LINE_CHARS]))
+            self._tail.append((self._name, text.rstrip("\r\n")[: protocol.MAX_LINE_CHARS]))
 
     def run(self) -> None:
         fd = self._pipe.fileno()
@@ -156,10 +162,17 @@ class _Reader(threading.Thread):
 
 
 class _Job:
-    def __init__(self, proc: subprocess.Popen, np: int, start_timeout: float,
-                 launcher: str, err: BinaryIO, signals: list[int],
-                 quiet_codes: Sequence[int] = (),
-                 host_names: Mapping[int, str] | None = None) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        np: int,
+        start_timeout: float,
+        launcher: str,
+        err: BinaryIO,
+        signals: list[int],
+        quiet_codes: Sequence[int] = (),
+        host_names: Mapping[int, str] | None = None,
+    ) -> None:
         self.proc, self.np, self.start_timeout, self.launcher = proc, np, start_timeout, launcher
         self.err = err
         self.started: set[int] = set()
@@ -222,17 +235,25 @@ class _Job:
             elif self.signum is None:
                 self.signum = signum
                 self.reason = "signal"
-                self.say(f"hvdrun: got {signal.Signals(signum).name}: stopping all ranks "
-                         "(again to kill them at once)\n")
+                self.say(
+                    f"hvdrun: got {signal.Signals(signum).name}: stopping all ranks "
+                    "(again to kill them at once)\n"
+                )
                 self.stop("signal")
             else:
                 self.kill()
         now = time.monotonic()
-        if (self.reason is None and len(self.started) < self.np
-                and now - started_at > self.start_timeout):
+        if (
+            self.reason is None
+            and len(self.started) < self.np
+            and now - started_at > self.start_timeout
+        ):
             self.stop("start-timeout")
-        if (self.reason is None and self.quiet_since is not None
-                and now - self.quiet_since > QUIET_GRACE_SECONDS):
+        if (
+            self.reason is None
+            and self.quiet_since is not None
+            and now - self.quiet_since > QUIET_GRACE_SECONDS
+        ):
             self.stop("quiet-timeout")  # some ranks left on purpose, the others hang
         if self.stop_at is not None and now - self.stop_at > STOP_GRACE_SECONDS:
             self.kill()
@@ -241,8 +262,12 @@ class _Job:
 def _launch(cmd: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen:
     """Start the launcher in its own session; it gets SIGTERM should this process die."""
     return subprocess.Popen(
-        list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=dict(env), start_new_session=True,
+        list(cmd),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(env),
+        start_new_session=True,
         preexec_fn=lifeline.parent_death_signal(signal.SIGTERM),
     )
 
@@ -251,8 +276,9 @@ def _catch_stop_signals(into: list[int]) -> dict:
     """Queue SIGINT/SIGTERM/SIGHUP in *into* from now on; the previous handlers by signal."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {signum: signal.signal(signum, lambda s, _frame: into.append(s))
-            for signum in _STOP_SIGNALS}
+    return {
+        signum: signal.signal(signum, lambda s, _frame: into.append(s)) for signum in _STOP_SIGNALS
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,45 +297,78 @@ class JobOutcome:
     failures: tuple = ()
 
 
-def run_job(cmd: Sequence[str], env: Mapping[str, str], *, np: int,
-            start_timeout: float = 30.0, out: BinaryIO | None = None,
-            err: BinaryIO | None = None) -> int:
+def run_job(
+    cmd: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    np: int,
+    start_timeout: float = 30.0,
+    out: BinaryIO | None = None,
+    err: BinaryIO | None = None,
+) -> int:
     """Run *cmd* (a launcher command whose ranks run the task wrapper); see the module doc."""
-    return run_job_outcome(cmd, env, np=np, start_timeout=start_timeout, out=out,
-                           err=err).code
+    return run_job_outcome(cmd, env, np=np, start_timeout=start_timeout, out=out, err=err).code
 
 
-def run_job_outcome(cmd: Sequence[str], env: Mapping[str, str], *, np: int,
-                    start_timeout: float = 30.0, out: BinaryIO | None = None,
-                    err: BinaryIO | None = None, quiet_codes: Sequence[int] = (),
-                    host_names: Mapping[int, str] | None = None) -> JobOutcome:
+def run_job_outcome(
+    cmd: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    np: int,
+    start_timeout: float = 30.0,
+    out: BinaryIO | None = None,
+    err: BinaryIO | None = None,
+    quiet_codes: Sequence[int] = (),
+    host_names: Mapping[int, str] | None = None,
+) -> JobOutcome:
     """:func:`run_job`, returning a :class:`JobOutcome` (see the module doc)."""
     signals: list[int] = []
     previous = _catch_stop_signals(signals)  # first: nothing may start unguarded
     try:
-        return _run(cmd, env, np, start_timeout, out if out is not None else sys.stdout.buffer,
-                    err if err is not None else sys.stderr.buffer, signals, quiet_codes,
-                    host_names)
+        return _run(
+            cmd,
+            env,
+            np,
+            start_timeout,
+            out if out is not None else sys.stdout.buffer,
+            err if err is not None else sys.stderr.buffer,
+            signals,
+            quiet_codes,
+            host_names,
+        )
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
-def _run(cmd: Sequence[str], env: Mapping[str, str], np: int, start_timeout: float,
-         out: BinaryIO, err: BinaryIO, signals: list[int],
-         quiet_codes: Sequence[int] = (), host_names: Mapping[int, str] | None = None
-         ) -> JobOutcome:
+def _run(
+    cmd: Sequence[str],
+    env: Mapping[str, str],
+    np: int,
+    start_timeout: float,
+    out: BinaryIO,
+    err: BinaryIO,
+    signals: list[int],
+    quiet_codes: Sequence[int] = (),
+    host_names: Mapping[int, str] | None = None,
+) -> JobOutcome:
     token = env.get(protocol.TOKEN_VARIABLE) or protocol.new_token()
-    env = {**env, protocol.TOKEN_VARIABLE: token,
-           lifeline.OWNER_VARIABLE: lifeline.identity() or ""}
+    env = {
+        **env,
+        protocol.TOKEN_VARIABLE: token,
+        lifeline.OWNER_VARIABLE: lifeline.identity() or "",
+    }
     events: queue.Queue = queue.Queue()
     tail: collections.deque[tuple[str, str]] = collections.deque(maxlen=_TAIL_LINES)
     started_at, wall_start = time.monotonic(), time.time()
     proc = _launch(cmd, env)
-    job = _Job(proc, np, start_timeout, os.path.basename(cmd[0]), err, signals, quiet_codes,
-               host_names)
-    readers = [_Reader("stdout", proc.stdout, out, events, tail, token, np),
-               _Reader("stderr", proc.stderr, err, events, tail, token, np)]
+    job = _Job(
+        proc, np, start_timeout, os.path.basename(cmd[0]), err, signals, quiet_codes, host_names
+    )
+    readers = [
+        _Reader("stdout", proc.stdout, out, events, tail, token, np),
+        _Reader("stderr", proc.stderr, err, events, tail, token, np),
+    ]
     for reader in readers:
         reader.start()
     try:
@@ -342,8 +401,14 @@ def _run(cmd: Sequence[str], env: Mapping[str, str], np: int, start_timeout: flo
             job.kill()
             proc.wait()
     code = _conclude(job, returncode, wall_start, tail)
-    return JobOutcome(code, job.reason, first_failure(job.failures), dict(job.quiet_exits),
-                      job.signum, tuple(job.failures))
+    return JobOutcome(
+        code,
+        job.reason,
+        first_failure(job.failures),
+        dict(job.quiet_exits),
+        job.signum,
+        tuple(job.failures),
+    )
 
 
 def _conclude(job: _Job, returncode: int, wall_start: float, tail) -> int:
@@ -354,7 +419,8 @@ def _conclude(job: _Job, returncode: int, wall_start: float, tail) -> int:
         job.say(
             f"hvdrun: only {len(job.started)} of {job.np} ranks started within "
             f"{job.start_timeout:g} s (--start-timeout); stopped the job. Check the host "
-            "names, that they are reachable, and the launcher's messages above.\n")
+            "names, that they are reachable, and the launcher's messages above.\n"
+        )
         return 1
     failure = first_failure(job.failures)
     if failure is None and job.quiet_exits:  # left on purpose: the caller says why

@@ -30,8 +30,15 @@ from pathlib import Path
 
 from .errors import UsageError
 
-__all__ = ["MpiInfo", "FLAVOURS", "find_mpiexec", "parse_version_text", "parse_netmods",
-           "detect", "NO_MPI_HINT"]
+__all__ = [
+    "MpiInfo",
+    "FLAVOURS",
+    "find_mpiexec",
+    "parse_version_text",
+    "parse_netmods",
+    "detect",
+    "NO_MPI_HINT",
+]
 
 FLAVOURS = ("mpich", "openmpi", "intel")
 NO_MPI_HINT = (
@@ -104,8 +111,11 @@ def detect(path: str, timeout: float = 20.0) -> MpiInfo:
     """Ask *path* for its version; UsageError when it does not answer like a known MPI."""
     try:
         proc = subprocess.run(
-            [path, "--version"], stdin=subprocess.DEVNULL, capture_output=True,
-            text=True, timeout=timeout,
+            [path, "--version"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UsageError(f"cannot run {path} --version to detect the MPI ({exc})") from None

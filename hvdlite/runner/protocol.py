@@ -24,8 +24,7 @@ import json
 import math
 import secrets
 
-__all__ = ["MARKER", "MAX_LINE_CHARS", "TOKEN_VARIABLE", "new_token", "marker", "encode",
-           "decode"]
+__all__ = ["MARKER", "MAX_LINE_CHARS", "TOKEN_VARIABLE", "new_token", "marker", "encode", "decode"]
 
 MARKER = "@@hvdlite-task"  # what every status line starts with, whatever its token
 MAX_LINE_CHARS = 300  # each tail line in an exit message is cut to this length
@@ -52,10 +51,15 @@ def _is_lines(value) -> bool:
 # other fields are ignored.
 _FIELDS = {
     "start": {"host": _is_str, "pid": _is_int, "size": lambda v: _is_int(v) and v >= 1},
-    "exit": {"host": _is_str, "code": lambda v: _is_int(v) and 0 <= v < 256,
-             "signal": lambda v: v is None or (_is_int(v) and v > 0),
-             "signame": lambda v: v is None or _is_str(v),
-             "stopped": lambda v: isinstance(v, bool), "time": _is_time, "tail": _is_lines},
+    "exit": {
+        "host": _is_str,
+        "code": lambda v: _is_int(v) and 0 <= v < 256,
+        "signal": lambda v: v is None or (_is_int(v) and v > 0),
+        "signame": lambda v: v is None or _is_str(v),
+        "stopped": lambda v: isinstance(v, bool),
+        "time": _is_time,
+        "tail": _is_lines,
+    },
 }
 
 
@@ -71,8 +75,9 @@ def marker(token: str) -> str:
 
 def encode(message: dict, token: str) -> bytes:
     """The wire form of *message*: one line, ASCII-only, ending in a newline."""
-    return (marker(token) + " " + json.dumps(message, ensure_ascii=True, separators=(",", ":"))
-            + "\n").encode("ascii")
+    return (
+        marker(token) + " " + json.dumps(message, ensure_ascii=True, separators=(",", ":")) + "\n"
+    ).encode("ascii")
 
 
 def _valid(message: dict, size: int | None) -> bool:
@@ -94,7 +99,7 @@ def decode(line: str, token: str, size: int | None = None) -> dict | None:
     if at < 0:
         return None
     try:
-        message = json.loads(line[at + len(marker(token)):])
+        message = json.loads(line[at + len(marker(token)) :])
     except (ValueError, RecursionError):
         return None
     return message if isinstance(message, dict) and _valid(message, size) else None

@@ -78,8 +78,10 @@ def from_environ(environ: Mapping[str, str] | None = None) -> RankEnv | None:
     size = _int(env, "OMPI_COMM_WORLD_SIZE")
     if rank is not None and size is not None:
         return RankEnv(
-            rank, size,
-            _int(env, "OMPI_COMM_WORLD_LOCAL_RANK"), _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
+            rank,
+            size,
+            _int(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
+            _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
             "openmpi",
         )
     slurm_local = _slurm_local(env)

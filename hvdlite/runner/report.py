@@ -12,8 +12,14 @@ import dataclasses
 import re
 from collections.abc import Iterable, Sequence
 
-__all__ = ["Failure", "first_failure", "format_failure", "format_launcher_failure",
-           "exit_code_of", "rank_of_line"]
+__all__ = [
+    "Failure",
+    "first_failure",
+    "format_failure",
+    "format_launcher_failure",
+    "exit_code_of",
+    "rank_of_line",
+]
 
 _RULE = "=" * 72
 _FALLBACK_LINES = 12
@@ -46,9 +52,12 @@ class Failure:
     @classmethod
     def from_message(cls, message: dict) -> Failure:
         return cls(
-            rank=int(message.get("rank", -1)), host=str(message.get("host", "?")),
-            code=int(message.get("code") or 1), signal=message.get("signal"),
-            signame=message.get("signame"), stopped=bool(message.get("stopped")),
+            rank=int(message.get("rank", -1)),
+            host=str(message.get("host", "?")),
+            code=int(message.get("code") or 1),
+            signal=message.get("signal"),
+            signame=message.get("signame"),
+            stopped=bool(message.get("stopped")),
             time=float(message.get("time") or 0.0),
             tail=tuple(str(line) for line in message.get("tail") or ()),
         )
@@ -97,20 +106,31 @@ def format_failure(failure: Failure, elapsed: float, nfailed: int, np: int) -> s
     return "\n".join(lines) + "\n"
 
 
-def format_launcher_failure(launcher: str, returncode: int,
-                            tail: Sequence[tuple[str, str]]) -> str:
+def format_launcher_failure(launcher: str, returncode: int, tail: Sequence[tuple[str, str]]) -> str:
     """The report when the launcher failed and no rank reported a status.
 
     That happens when a rank calls MPI_Abort (the launcher kills every rank at
     once) or when the launcher itself fails.  *tail* holds ``(stream, line)``
     pairs; the rank that wrote last to stderr is named as the likely culprit.
     """
-    how = (f"was killed by signal {-returncode}" if returncode < 0
-           else f"exited with code {returncode}")
-    lines = [_RULE, f"hvdrun: the job failed: {launcher} {how} and no rank reported its exit "
-                    "(a rank called MPI_Abort, or the launcher failed)"]
-    suspect = next((rank_of_line(text) for stream, text in reversed(tail)
-                    if stream == "stderr" and rank_of_line(text) is not None), None)
+    how = (
+        f"was killed by signal {-returncode}"
+        if returncode < 0
+        else f"exited with code {returncode}"
+    )
+    lines = [
+        _RULE,
+        f"hvdrun: the job failed: {launcher} {how} and no rank reported its exit "
+        "(a rank called MPI_Abort, or the launcher failed)",
+    ]
+    suspect = next(
+        (
+            rank_of_line(text)
+            for stream, text in reversed(tail)
+            if stream == "stderr" and rank_of_line(text) is not None
+        ),
+        None,
+    )
     shown = [text for _stream, text in tail]
     if suspect is not None:
         lines.append(f"the last error output came from rank {suspect}; its last lines:")

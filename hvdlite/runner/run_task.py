@@ -62,8 +62,9 @@ def _write(path: Path, data: bytes) -> None:
         partial.unlink()
     except FileNotFoundError:
         pass
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
-                 0o600)
+    fd = os.open(
+        partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
+    )
     with open(fd, "wb") as handle:
         handle.write(data)
     os.replace(partial, path)
@@ -77,8 +78,7 @@ def _dumps(value: object) -> bytes:
     return cloudpickle.dumps(value)
 
 
-def _fail(directory: Path, rank: int, exc: BaseException, what: str,
-          own_frames: int = 0) -> int:
+def _fail(directory: Path, rank: int, exc: BaseException, what: str, own_frames: int = 0) -> int:
     """Report *exc* in DIR and on stderr, then end this rank with code 1.
 
     *own_frames*: how many of the traceback's first frames are this module's
@@ -87,8 +87,15 @@ def _fail(directory: Path, rank: int, exc: BaseException, what: str,
     for _ in range(own_frames):
         tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb
     text = "".join(traceback.format_exception(type(exc), exc, tb))
-    report = {"rank": rank, "host": socket.gethostname(), "type": type(exc).__name__,
-              "message": str(exc), "what": what, "traceback": text, "time": time.time()}
+    report = {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "what": what,
+        "traceback": text,
+        "time": time.time(),
+    }
     _write(error_file(directory, rank), json.dumps(report).encode())
     sys.stderr.write(f"hvdlite.run: rank {rank}: {what}:\n{text}")
     sys.stdout.flush()
@@ -115,13 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         value = func(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too
         name = getattr(func, "__qualname__", repr(func))
-        return _fail(where, rank, exc, f"{name}() raised {type(exc).__name__}",
-                     own_frames=1)
+        return _fail(where, rank, exc, f"{name}() raised {type(exc).__name__}", own_frames=1)
     try:
         data = _dumps(value)
     except BaseException as exc:  # noqa: BLE001
-        return _fail(where, rank, exc, f"cannot pickle the value it returned "
-                                           f"({type(value).__name__})")
+        return _fail(
+            where, rank, exc, f"cannot pickle the value it returned ({type(value).__name__})"
+        )
     _write(result_file(where, rank), data)
     return 0
 

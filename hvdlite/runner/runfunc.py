@@ -63,7 +63,8 @@ class RankFailedError(RuntimeError):
         super().__init__(
             f"hvdlite.run: rank {self.rank} on host {self.host}: {report.get('what')}: "
             f"{report.get('message')}{others}\n--- traceback of rank {self.rank} ---\n"
-            f"{self.remote_traceback}")
+            f"{self.remote_traceback}"
+        )
 
 
 def _why_plain_pickle_cannot(func) -> str | None:
@@ -73,8 +74,10 @@ def _why_plain_pickle_cannot(func) -> str | None:
     if "<locals>" in qualname:
         return "a closure (a function defined inside another function)"
     if getattr(func, "__module__", None) == "__main__":
-        return "defined in __main__ (a notebook, or the script being run), which the ranks " \
-               "cannot import"
+        return (
+            "defined in __main__ (a notebook, or the script being run), which the ranks "
+            "cannot import"
+        )
     return None
 
 
@@ -88,19 +91,25 @@ def _serialize(func, args: tuple, kwargs: dict) -> bytes:
         try:
             return cloudpickle.dumps(payload)
         except Exception as exc:
-            raise TypeError(f"hvdlite.run: cannot pickle the function or its arguments "
-                            f"with cloudpickle: {exc}") from exc
+            raise TypeError(
+                f"hvdlite.run: cannot pickle the function or its arguments with cloudpickle: {exc}"
+            ) from exc
     why = _why_plain_pickle_cannot(func)
-    fix = ("install cloudpickle (pip install 'hvdlite[cloudpickle]'), or define the function "
-           "at the top level of a module the ranks can import")
+    fix = (
+        "install cloudpickle (pip install 'hvdlite[cloudpickle]'), or define the function "
+        "at the top level of a module the ranks can import"
+    )
     if why is not None:
-        raise TypeError(f"hvdlite.run: {getattr(func, '__qualname__', func)!r} is {why}; "
-                        f"without cloudpickle only importable functions can be shipped: {fix}")
+        raise TypeError(
+            f"hvdlite.run: {getattr(func, '__qualname__', func)!r} is {why}; "
+            f"without cloudpickle only importable functions can be shipped: {fix}"
+        )
     try:
         return pickle.dumps(payload)
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
-        raise TypeError(f"hvdlite.run: cannot pickle the function or its arguments ({exc}): "
-                        f"{fix}") from exc
+        raise TypeError(
+            f"hvdlite.run: cannot pickle the function or its arguments ({exc}): {fix}"
+        ) from exc
 
 
 def _python_path(environ: Mapping[str, str]) -> str:
@@ -109,8 +118,9 @@ def _python_path(environ: Mapping[str, str]) -> str:
     entries = [_PACKAGE_ROOT]
     for entry in sys.path:
         path = os.path.realpath(entry or os.getcwd())
-        if not os.path.isdir(path) or any(path == p or path.startswith(p + os.sep)
-                                          for p in installed):
+        if not os.path.isdir(path) or any(
+            path == p or path.startswith(p + os.sep) for p in installed
+        ):
             continue
         if path not in entries:
             entries.append(path)
@@ -141,9 +151,19 @@ def _sink(stream):
     return buffer if buffer is not None else _TextSink(stream)
 
 
-def _hvdrun_argv(np: int, hosts, hostfile, start_timeout, ssh_port, ssh_identity_file,
-                 disable_cache, output_filename, verbose, mpi_args, network_interface,
-                 ) -> list[str]:
+def _hvdrun_argv(
+    np: int,
+    hosts,
+    hostfile,
+    start_timeout,
+    ssh_port,
+    ssh_identity_file,
+    disable_cache,
+    output_filename,
+    verbose,
+    mpi_args,
+    network_interface,
+) -> list[str]:
     argv = ["-np", str(np)]
     if hosts:
         argv += ["-H", hosts if isinstance(hosts, str) else ",".join(map(str, hosts))]
@@ -164,19 +184,23 @@ def _hvdrun_argv(np: int, hosts, hostfile, start_timeout, ssh_port, ssh_identity
     if mpi_args:
         argv.append(f"--mpi-args={mpi_args}")
     if network_interface:
-        nics = network_interface if isinstance(network_interface, str) else ",".join(
-            network_interface)
+        nics = (
+            network_interface if isinstance(network_interface, str) else ",".join(network_interface)
+        )
         argv += ["--network-interfaces", nics]
     return argv
 
 
-def _check_arguments(func, args, kwargs, env, use_gloo, hosts, hostfile
-                     ) -> tuple[tuple, dict, dict[str, str]]:
+def _check_arguments(
+    func, args, kwargs, env, use_gloo, hosts, hostfile
+) -> tuple[tuple, dict, dict[str, str]]:
     if not callable(func):
         raise TypeError(f"hvdlite.run: func must be callable, not {type(func).__name__}")
     if not isinstance(args, (tuple, list)):
-        raise TypeError(f"hvdlite.run: args must be a tuple, not {type(args).__name__} "
-                        "(for one argument: args=(value,))")
+        raise TypeError(
+            f"hvdlite.run: args must be a tuple, not {type(args).__name__} "
+            "(for one argument: args=(value,))"
+        )
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise TypeError(f"hvdlite.run: kwargs must be a dict, not {type(kwargs).__name__}")
     if use_gloo:
@@ -184,22 +208,50 @@ def _check_arguments(func, args, kwargs, env, use_gloo, hosts, hostfile
     if hosts and hostfile:
         raise ValueError("hvdlite.run: give either hosts or hostfile, not both")
     env = dict(env or {})
-    bad = [name for name, value in env.items()
-           if not isinstance(name, str) or not isinstance(value, str)]
+    bad = [
+        name
+        for name, value in env.items()
+        if not isinstance(name, str) or not isinstance(value, str)
+    ]
     if bad:
         raise TypeError(f"hvdlite.run: env must map names to strings; not so for {bad}")
     return tuple(args), dict(kwargs or {}), env
 
 
-def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
-        reset_limit=None, cooldown_range=None, hosts=None, hostfile=None, start_timeout=None,
-        ssh_port=None, ssh_identity_file=None, disable_cache=None, output_filename=None,
-        verbose=None, use_gloo=None, use_mpi=None, mpi_args=None, network_interface=None,
-        executable=None, *, num_proc: int | None = None, min_num_proc=None,
-        max_num_proc=None, host_discovery_script=None, max_restarts: int | None = None,
-        elastic_timeout: float | None = None, elastic_state_dir=None,
-        env: Mapping[str, str] | None = None,
-        work_dir: str | os.PathLike | None = None) -> list:
+def run(
+    func,
+    args=(),
+    kwargs=None,
+    np=1,
+    min_np=None,
+    max_np=None,
+    slots=None,
+    reset_limit=None,
+    cooldown_range=None,
+    hosts=None,
+    hostfile=None,
+    start_timeout=None,
+    ssh_port=None,
+    ssh_identity_file=None,
+    disable_cache=None,
+    output_filename=None,
+    verbose=None,
+    use_gloo=None,
+    use_mpi=None,
+    mpi_args=None,
+    network_interface=None,
+    executable=None,
+    *,
+    num_proc: int | None = None,
+    min_num_proc=None,
+    max_num_proc=None,
+    host_discovery_script=None,
+    max_restarts: int | None = None,
+    elastic_timeout: float | None = None,
+    elastic_state_dir=None,
+    env: Mapping[str, str] | None = None,
+    work_dir: str | os.PathLike | None = None,
+) -> list:
     """Run ``func(*args, **kwargs)`` on every rank of a new job; the return values, by rank.
 
     Horovod's ``horovod.run``, same arguments: ``np`` ranks (``num_proc`` is
@@ -239,22 +291,40 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
         if np not in (1, num_proc):
             raise ValueError(f"hvdlite.run: np={np} and num_proc={num_proc} disagree; give one")
         np = num_proc
-    args, kwargs, rank_env = _check_arguments(func, args, kwargs, env, use_gloo, hosts,
-                                              hostfile)
-    elastic = _elastic_argv(min_np if min_np is not None else min_num_proc,
-                            max_np if max_np is not None else max_num_proc, slots,
-                            reset_limit, cooldown_range, host_discovery_script, max_restarts,
-                            elastic_timeout, elastic_state_dir)
+    args, kwargs, rank_env = _check_arguments(func, args, kwargs, env, use_gloo, hosts, hostfile)
+    elastic = _elastic_argv(
+        min_np if min_np is not None else min_num_proc,
+        max_np if max_np is not None else max_num_proc,
+        slots,
+        reset_limit,
+        cooldown_range,
+        host_discovery_script,
+        max_restarts,
+        elastic_timeout,
+        elastic_state_dir,
+    )
     payload = _serialize(func, args, kwargs)
-    options = _hvdrun_argv(np, hosts, hostfile, start_timeout, ssh_port, ssh_identity_file,
-                           disable_cache, output_filename, verbose, mpi_args, network_interface)
+    options = _hvdrun_argv(
+        np,
+        hosts,
+        hostfile,
+        start_timeout,
+        ssh_port,
+        ssh_identity_file,
+        disable_cache,
+        output_filename,
+        verbose,
+        mpi_args,
+        network_interface,
+    )
     environ = dict(os.environ)
     environ["PYTHONPATH"] = _python_path(environ)
     python = os.fspath(executable) if executable else sys.executable
     if elastic:
         remote = _elastic_hosts_are_remote(hosts, hostfile, host_discovery_script, environ)
-        return _run_elastic([*options, *elastic], python, payload, environ, rank_env,
-                            work_dir, remote)
+        return _run_elastic(
+            [*options, *elastic], python, payload, environ, rank_env, work_dir, remote
+        )
 
     def launch_for(directory: Path) -> cli.Launch:
         argv = _task_argv(options, python, directory)
@@ -280,9 +350,14 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
             sshcheck.check_hosts(launch.ssh_hosts, launch.ssh_args, launch.env)
         except sshcheck.HostCheckError as exc:
             raise RuntimeError(f"hvdlite.run: {exc}") from None
-        code = run_job(launch.cmd, launch.env, np=launch.np,
-                       start_timeout=launch.start_timeout, out=_sink(sys.stdout),
-                       err=_sink(sys.stderr))
+        code = run_job(
+            launch.cmd,
+            launch.env,
+            np=launch.np,
+            start_timeout=launch.start_timeout,
+            out=_sink(sys.stdout),
+            err=_sink(sys.stderr),
+        )
         return _collect(directory, launch.np, code, remote=launch.hosts is not None)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -299,22 +374,36 @@ def _elastic_hosts_are_remote(hosts, hostfile, discovery_script, environ) -> boo
     return bool(hosts or hostfile or discovery_script) or slurm.in_allocation(environ)
 
 
-def _elastic_argv(min_np, max_np, slots, reset_limit, cooldown_range, discovery_script,
-                  max_restarts, elastic_timeout, state_dir) -> list[str]:
+def _elastic_argv(
+    min_np,
+    max_np,
+    slots,
+    reset_limit,
+    cooldown_range,
+    discovery_script,
+    max_restarts,
+    elastic_timeout,
+    state_dir,
+) -> list[str]:
     """hvdrun's elastic flags for run()'s elastic arguments (empty: not an elastic job)."""
     argv: list[str] = []
-    for flag, value in (("--min-np", min_np), ("--max-np", max_np),
-                        ("--slots-per-host", slots), ("--reset-limit", reset_limit),
-                        ("--max-restarts", max_restarts),
-                        ("--elastic-timeout", elastic_timeout)):
+    for flag, value in (
+        ("--min-np", min_np),
+        ("--max-np", max_np),
+        ("--slots-per-host", slots),
+        ("--reset-limit", reset_limit),
+        ("--max-restarts", max_restarts),
+        ("--elastic-timeout", elastic_timeout),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     if cooldown_range is not None:
         try:
             low, high = cooldown_range
         except (TypeError, ValueError):
-            raise ValueError("hvdlite.run: cooldown_range must be (min, max) in seconds, not "
-                             f"{cooldown_range!r}") from None
+            raise ValueError(
+                f"hvdlite.run: cooldown_range must be (min, max) in seconds, not {cooldown_range!r}"
+            ) from None
         argv += ["--blacklist-cooldown-range", str(low), str(high)]
     if discovery_script is not None:
         argv += ["--host-discovery-script", os.fspath(discovery_script)]
@@ -323,19 +412,28 @@ def _elastic_argv(min_np, max_np, slots, reset_limit, cooldown_range, discovery_
     return argv
 
 
-def _run_elastic(options: list[str], python: str, payload: bytes, environ: dict,
-                 rank_env: dict, work_dir, remote: bool) -> list:
+def _run_elastic(
+    options: list[str],
+    python: str,
+    payload: bytes,
+    environ: dict,
+    rank_env: dict,
+    work_dir,
+    remote: bool,
+) -> list:
     """run() for an elastic job: hvdrun's elastic loop; the last launch's values."""
     if remote and work_dir is None:  # other hosts: a directory they can see, not /tmp
         work_dir = os.getcwd()
-    directory = Path(tempfile.mkdtemp(prefix=".hvdlite-run-" if remote else "hvdlite-run-",
-                                      dir=work_dir))
+    directory = Path(
+        tempfile.mkdtemp(prefix=".hvdlite-run-" if remote else "hvdlite-run-", dir=work_dir)
+    )
     try:
         (directory / FUNCTION_FILE).write_bytes(payload)
         argv = _task_argv(options, python, directory)
         try:
-            code = cli.run_elastic_job(argv, environ, rank_env=rank_env,
-                                       out=_sink(sys.stdout), err=_sink(sys.stderr))
+            code = cli.run_elastic_job(
+                argv, environ, rank_env=rank_env, out=_sink(sys.stdout), err=_sink(sys.stderr)
+            )
         except UsageError as exc:
             raise ValueError(f"hvdlite.run: {exc}") from None
         launches = sorted(directory.glob("launch.*"), key=lambda p: int(p.suffix[1:]))
@@ -361,21 +459,28 @@ def _collect(directory: Path, np: int | None, code: int, remote: bool) -> list:
     if code == 128 + signal.SIGINT:
         raise KeyboardInterrupt("hvdlite.run: interrupted; every rank was stopped")
     if code != 0:
-        raise RuntimeError(f"hvdlite.run: the job failed with exit code {code} before every "
-                           "rank returned; hvdrun's report above names the rank and why")
+        raise RuntimeError(
+            f"hvdlite.run: the job failed with exit code {code} before every "
+            "rank returned; hvdrun's report above names the rank and why"
+        )
     if np is None:
         np = len(list(directory.glob("result.*.pkl")))
     values = []
     for rank in range(np):
         path = result_file(directory, rank)
         if not path.exists():
-            hint = (" (with other hosts, work_dir must be on a file system every host shares)"
-                    if remote else "")
-            raise RuntimeError(f"hvdlite.run: rank {rank} ended without leaving its result in "
-                               f"{directory}{hint}")
+            hint = (
+                " (with other hosts, work_dir must be on a file system every host shares)"
+                if remote
+                else ""
+            )
+            raise RuntimeError(
+                f"hvdlite.run: rank {rank} ended without leaving its result in {directory}{hint}"
+            )
         try:
             values.append(pickle.loads(path.read_bytes()))
         except Exception as exc:
-            raise RuntimeError(f"hvdlite.run: cannot unpickle the value rank {rank} returned: "
-                               f"{exc}") from exc
+            raise RuntimeError(
+                f"hvdlite.run: cannot unpickle the value rank {rank} returned: {exc}"
+            ) from exc
     return values

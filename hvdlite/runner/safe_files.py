@@ -32,9 +32,12 @@ def open_for_writing(path: str, binary: bool = False, **text_options):
         fd = os.open(path, flags, 0o666)
     except OSError as exc:
         if exc.errno == errno.ELOOP and os.path.islink(path):
-            raise OSError(exc.errno, f"{path} is a symbolic link: hvdlite does not write "
-                          "through links (one in a shared directory could point at any of "
-                          "your files); remove the link or choose another path") from None
+            raise OSError(
+                exc.errno,
+                f"{path} is a symbolic link: hvdlite does not write "
+                "through links (one in a shared directory could point at any of "
+                "your files); remove the link or choose another path",
+            ) from None
         raise
     try:
         info = os.fstat(fd)
@@ -43,9 +46,12 @@ def open_for_writing(path: str, binary: bool = False, **text_options):
         elif not stat.S_ISREG(info.st_mode):
             raise OSError(errno.EINVAL, f"{path} is not a regular file: choose another path")
         elif info.st_nlink > 1:
-            raise OSError(errno.EMLINK, f"{path} has {info.st_nlink} names (hard links): "
-                          "writing it would change the other names' file too; remove it or "
-                          "choose another path")
+            raise OSError(
+                errno.EMLINK,
+                f"{path} has {info.st_nlink} names (hard links): "
+                "writing it would change the other names' file too; remove it or "
+                "choose another path",
+            )
         if stat.S_ISREG(info.st_mode):
             os.ftruncate(fd, 0)
     except BaseException:

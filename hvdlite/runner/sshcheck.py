@@ -34,11 +34,16 @@ CONNECT_TIMEOUT = 10  # seconds for ssh's connection; the whole login gets this 
 _LOGIN_SLACK = 20
 _MAX_PARALLEL = 32
 # mpiexec arguments and variables that choose how remote daemons start.
-_AGENT_ARGS = ("-launcher", "-bootstrap", "-rsh", "plm_rsh_agent", "--launch-agent",
-               "--mca plm ")
-_AGENT_VARIABLES = ("HYDRA_LAUNCHER", "HYDRA_BOOTSTRAP", "I_MPI_HYDRA_BOOTSTRAP",
-                    "OMPI_MCA_plm_rsh_agent", "PRTE_MCA_plm_rsh_agent", "OMPI_MCA_plm",
-                    "PRTE_MCA_plm")
+_AGENT_ARGS = ("-launcher", "-bootstrap", "-rsh", "plm_rsh_agent", "--launch-agent", "--mca plm ")
+_AGENT_VARIABLES = (
+    "HYDRA_LAUNCHER",
+    "HYDRA_BOOTSTRAP",
+    "I_MPI_HYDRA_BOOTSTRAP",
+    "OMPI_MCA_plm_rsh_agent",
+    "PRTE_MCA_plm_rsh_agent",
+    "OMPI_MCA_plm",
+    "PRTE_MCA_plm",
+)
 
 
 class HostCheckError(RuntimeError):
@@ -57,28 +62,51 @@ def uses_ssh(mpi_args: Sequence[str], environ: Mapping[str, str]) -> bool:
     return True
 
 
-def check_command(host: str, ssh_args: Sequence[str], ssh: str = "ssh",
-                  connect_timeout: int = CONNECT_TIMEOUT) -> list[str]:
+def check_command(
+    host: str, ssh_args: Sequence[str], ssh: str = "ssh", connect_timeout: int = CONNECT_TIMEOUT
+) -> list[str]:
     """The ssh command line that tests the login to *host*."""
-    return [ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect_timeout}",
-            *ssh_args, host, "true"]
+    return [
+        ssh,
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"ConnectTimeout={connect_timeout}",
+        *ssh_args,
+        host,
+        "true",
+    ]
 
 
 def _reason(stderr: str, returncode: int) -> str:
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()
-             and not line.lstrip().startswith("Warning: Permanently added")]
+    lines = [
+        line.strip()
+        for line in stderr.splitlines()
+        if line.strip() and not line.lstrip().startswith("Warning: Permanently added")
+    ]
     return lines[-1] if lines else f"ssh exited with code {returncode}"
 
 
-def _try(host: str, ssh_args: Sequence[str], ssh: str, connect_timeout: int,
-         environ: Mapping[str, str] | None) -> str | None:
+def _try(
+    host: str,
+    ssh_args: Sequence[str],
+    ssh: str,
+    connect_timeout: int,
+    environ: Mapping[str, str] | None,
+) -> str | None:
     """None when the login works, else why not."""
     try:
-        proc = subprocess.run(check_command(host, ssh_args, ssh, connect_timeout),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, errors="replace",
-                              timeout=connect_timeout + _LOGIN_SLACK, check=False,
-                              env=None if environ is None else dict(environ))
+        proc = subprocess.run(
+            check_command(host, ssh_args, ssh, connect_timeout),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            timeout=connect_timeout + _LOGIN_SLACK,
+            check=False,
+            env=None if environ is None else dict(environ),
+        )
     except subprocess.TimeoutExpired:
         return f"no answer within {connect_timeout + _LOGIN_SLACK} s"
     except OSError as exc:
@@ -86,9 +114,12 @@ def _try(host: str, ssh_args: Sequence[str], ssh: str, connect_timeout: int,
     return None if proc.returncode == 0 else _reason(proc.stderr, proc.returncode)
 
 
-def check_hosts(hosts: Sequence[str], ssh_args: Sequence[str] = (),
-                environ: Mapping[str, str] | None = None,
-                connect_timeout: int = CONNECT_TIMEOUT) -> None:
+def check_hosts(
+    hosts: Sequence[str],
+    ssh_args: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+    connect_timeout: int = CONNECT_TIMEOUT,
+) -> None:
     """Log in to every host in *hosts* at once; raise HostCheckError naming each failure."""
     if not hosts:
         return
@@ -97,18 +128,22 @@ def check_hosts(hosts: Sequence[str], ssh_args: Sequence[str] = (),
     if ssh is None:
         raise HostCheckError(
             f"ssh is not on PATH; it is needed to start ranks on {', '.join(hosts)} "
-            "(install an ssh client, or run inside SLURM with hosts from the allocation)")
+            "(install an ssh client, or run inside SLURM with hosts from the allocation)"
+        )
     workers = min(len(hosts), _MAX_PARALLEL)
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        reasons = list(pool.map(lambda h: _try(h, ssh_args, ssh, connect_timeout, environ),
-                                hosts))
+        reasons = list(pool.map(lambda h: _try(h, ssh_args, ssh, connect_timeout, environ), hosts))
     failed = [(host, why) for host, why in zip(hosts, reasons) if why is not None]
     if failed:
         shown = " ".join(["ssh", *ssh_args, "HOST", "true"])
-        lines = [f"cannot log in with ssh to {len(failed)} of {len(hosts)} other host(s); "
-                 "no rank was started:"]
+        lines = [
+            f"cannot log in with ssh to {len(failed)} of {len(hosts)} other host(s); "
+            "no rank was started:"
+        ]
         lines += [f"  {host}: {why}" for host, why in failed]
-        lines.append(f"hvdrun needs `{shown}` to work without a password or prompt for "
-                     "every host (key-based login, known host key; see -p/--ssh-port and "
-                     "-i/--ssh-identity-file)")
+        lines.append(
+            f"hvdrun needs `{shown}` to work without a password or prompt for "
+            "every host (key-based login, known host key; see -p/--ssh-port and "
+            "-i/--ssh-identity-file)"
+        )
         raise HostCheckError("\n".join(lines))

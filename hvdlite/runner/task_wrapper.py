@@ -62,7 +62,7 @@ def _write_all(fd: int, data: bytes) -> bool:
     view = memoryview(data)
     while view:
         try:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         except InterruptedError:
             continue
         except OSError:
@@ -91,8 +91,9 @@ class _Tail:
 class _Pump(threading.Thread):
     """Copies one pipe to *out_fd* (and a log file) in whole lines."""
 
-    def __init__(self, pipe, out_fd: int, tail: _Tail, log_path: str | None,
-                 timestamp: bool = False) -> None:
+    def __init__(
+        self, pipe, out_fd: int, tail: _Tail, log_path: str | None, timestamp: bool = False
+    ) -> None:
         super().__init__(daemon=True)
         self._pipe, self._out_fd, self._tail = pipe, out_fd, tail
         self._log = open_for_writing(log_path, binary=True) if log_path else None
@@ -112,7 +113,7 @@ class _Pump(threading.Thread):
         if self._log is not None:
             self._log.write(out)
             self._log.flush()
-        for line in block.replace(b"\r", b"\n").split(b"\n")[-self._tail.size:]:
+        for line in block.replace(b"\r", b"\n").split(b"\n")[-self._tail.size :]:
             if line.strip():
                 self._tail.add(line)
 
@@ -240,22 +241,37 @@ def main(argv: list[str] | None = None) -> int:
     _status(token, "start", rank, host, pid=os.getpid(), size=size)
     try:
         child = subprocess.Popen(
-            args.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-            close_fds=False, preexec_fn=_child_setup(),
+            args.command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            close_fds=False,
+            preexec_fn=_child_setup(),
         )
     except OSError as exc:
         code = 127 if isinstance(exc, FileNotFoundError) else 126
         line = f"hvdrun: rank {rank} on {host} cannot run {args.command[0]!r}: {exc.strerror}"
         _write_all(2, (line + "\n").encode())
-        _status(token, "exit", rank, host, code=code, signal=None, stopped=False,
-                time=time.time(), tail=[line])
+        _status(
+            token,
+            "exit",
+            rank,
+            host,
+            code=code,
+            signal=None,
+            stopped=False,
+            time=time.time(),
+            tail=[line],
+        )
         return code
     supervisor = _Supervisor(child, owner)
     for signum in FORWARD_SIGNALS:
         signal.signal(signum, supervisor.on_signal)
     tail = _Tail(args.tail)
-    pumps = [_Pump(child.stdout, 1, tail, out_log, args.timestamp),
-             _Pump(child.stderr, 2, tail, err_log, args.timestamp)]
+    pumps = [
+        _Pump(child.stdout, 1, tail, out_log, args.timestamp),
+        _Pump(child.stderr, 2, tail, err_log, args.timestamp),
+    ]
     for pump in pumps:
         pump.start()
     threading.Thread(target=supervisor.watch, daemon=True).start()
@@ -265,9 +281,18 @@ def main(argv: list[str] | None = None) -> int:
         pump.join(timeout=2.0)
     signum = -returncode if returncode < 0 else None
     code = 128 + signum if signum else returncode
-    _status(token, "exit", rank, host, code=code, signal=signum,
-            signame=signal.Signals(signum).name if signum else None,
-            stopped=supervisor.stopped, time=ended, tail=tail.lines())
+    _status(
+        token,
+        "exit",
+        rank,
+        host,
+        code=code,
+        signal=signum,
+        signame=signal.Signals(signum).name if signum else None,
+        stopped=supervisor.stopped,
+        time=ended,
+        tail=tail.lines(),
+    )
     return code
 
 

@@ -35,15 +35,57 @@ from .functions import allgather_object, broadcast_object, broadcast_object_fn, 
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .legacy import BroadcastGlobalVariablesHook, broadcast_global_variables
 from .mpi_ops import (  # noqa: F401  (Horovod exposes the underscored ops too)
-    Adasum, Average, HorovodInternalError, Max, Min, Product, ProcessSet, Sum,
-    _allreduce, _grouped_allreduce, _grouped_reducescatter, _reducescatter,
-    add_process_set, allgather, alltoall, barrier, broadcast, broadcast_, ccl_built,
-    check_num_rank_power_of_2, cross_rank, cross_size, cuda_built, ddl_built,
-    global_process_set, gloo_built, gloo_enabled, grouped_allgather,
-    handle_average_backwards_compatibility, init, is_homogeneous, is_initialized, join,
-    local_rank, local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, process_set_included_op, rank, rank_op,
-    remove_process_set, rocm_built, shutdown, size, size_op, start_timeline, stop_timeline,
+    Adasum,
+    Average,
+    HorovodInternalError,
+    Max,
+    Min,
+    Product,
+    ProcessSet,
+    Sum,
+    _allreduce,
+    _grouped_allreduce,
+    _grouped_reducescatter,
+    _reducescatter,
+    add_process_set,
+    allgather,
+    alltoall,
+    barrier,
+    broadcast,
+    broadcast_,
+    ccl_built,
+    check_num_rank_power_of_2,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    global_process_set,
+    gloo_built,
+    gloo_enabled,
+    grouped_allgather,
+    handle_average_backwards_compatibility,
+    init,
+    is_homogeneous,
+    is_initialized,
+    join,
+    local_rank,
+    local_rank_op,
+    local_size,
+    local_size_op,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    process_set_included_op,
+    rank,
+    rank_op,
+    remove_process_set,
+    rocm_built,
+    shutdown,
+    size,
+    size_op,
+    start_timeline,
+    stop_timeline,
 )
 from .reductions import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
 
@@ -52,25 +94,57 @@ from ..basics import COMMON_NAMES
 
 __all__ = [
     *COMMON_NAMES,
-    "HorovodInternalError", "HostsUpdatedInterrupt",
+    "HorovodInternalError",
+    "HostsUpdatedInterrupt",
     # collectives
-    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
-    "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
-    "size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op",
+    "allreduce",
+    "grouped_allreduce",
+    "allgather",
+    "grouped_allgather",
+    "broadcast",
+    "broadcast_",
+    "alltoall",
+    "reducescatter",
+    "grouped_reducescatter",
+    "join",
+    "barrier",
+    "size_op",
+    "local_size_op",
+    "rank_op",
+    "local_rank_op",
+    "process_set_included_op",
     # helpers and training
-    "Compression", "broadcast_variables", "broadcast_object", "broadcast_object_fn",
-    "allgather_object", "DistributedGradientTape", "PartialDistributedGradientTape",
-    "DistributedOptimizer", "SyncBatchNormalization", "broadcast_global_variables",
+    "Compression",
+    "broadcast_variables",
+    "broadcast_object",
+    "broadcast_object_fn",
+    "allgather_object",
+    "DistributedGradientTape",
+    "PartialDistributedGradientTape",
+    "DistributedOptimizer",
+    "SyncBatchNormalization",
+    "broadcast_global_variables",
     "BroadcastGlobalVariablesHook",
 ]
 
 
-def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
-                         device_sparse="", compression=Compression.none,
-                         sparse_as_dense=False, backward_passes_per_step=1, op=Average,
-                         gradient_predivide_factor=1.0, average_aggregated_gradients=False,
-                         num_groups=0, groups=None, process_set=global_process_set,
-                         scale_local_gradients=True):
+def DistributedOptimizer(
+    optimizer,
+    name=None,
+    use_locking=False,
+    device_dense="",
+    device_sparse="",
+    compression=Compression.none,
+    sparse_as_dense=False,
+    backward_passes_per_step=1,
+    op=Average,
+    gradient_predivide_factor=1.0,
+    average_aggregated_gradients=False,
+    num_groups=0,
+    groups=None,
+    process_set=global_process_set,
+    scale_local_gradients=True,
+):
     """Horovod's ``hvd.DistributedOptimizer`` for TensorFlow.
 
     A ``tf.compat.v1.train.Optimizer`` (TF1 graphs, ``minimize`` /
@@ -86,11 +160,18 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         from .legacy import make_legacy_distributed
 
         return make_legacy_distributed(
-            optimizer, name=name, use_locking=use_locking, compression=compression,
-            sparse_as_dense=sparse_as_dense, backward_passes_per_step=backward_passes_per_step,
-            op=op, gradient_predivide_factor=gradient_predivide_factor,
+            optimizer,
+            name=name,
+            use_locking=use_locking,
+            compression=compression,
+            sparse_as_dense=sparse_as_dense,
+            backward_passes_per_step=backward_passes_per_step,
+            op=op,
+            gradient_predivide_factor=gradient_predivide_factor,
             average_aggregated_gradients=average_aggregated_gradients,
-            groups=normalize_groups(num_groups, groups), process_set=process_set)
+            groups=normalize_groups(num_groups, groups),
+            process_set=process_set,
+        )
     import keras
 
     if isinstance(optimizer, keras.optimizers.Optimizer):
@@ -99,17 +180,25 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         from .keras import DistributedOptimizer as _keras_distributed_optimizer
 
         return _keras_distributed_optimizer(
-            optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
-            gradient_predivide_factor=gradient_predivide_factor, op=op,
+            optimizer,
+            name=name,
+            compression=compression,
+            sparse_as_dense=sparse_as_dense,
+            gradient_predivide_factor=gradient_predivide_factor,
+            op=op,
             backward_passes_per_step=backward_passes_per_step,
             average_aggregated_gradients=average_aggregated_gradients,
-            num_groups=num_groups, groups=groups, process_set=process_set,
-            scale_local_gradients=scale_local_gradients)
+            num_groups=num_groups,
+            groups=groups,
+            process_set=process_set,
+            scale_local_gradients=scale_local_gradients,
+        )
     raise ValueError(
         "Provided optimizer doesn't inherit from either legacy TensorFlow or Keras optimizer: "
         f"{type(optimizer).__name__}. hvdlite supports tf.compat.v1.train.Optimizer and "
         "Keras 3 optimizers (keras.optimizers.*); for custom training loops use "
-        "hvdlite.tensorflow.DistributedGradientTape.")
+        "hvdlite.tensorflow.DistributedGradientTape."
+    )
 
 
 def __getattr__(name):

@@ -74,10 +74,22 @@ __all__ = [
 
 #: TensorFlow dtypes the collectives accept.  bfloat16 is an hvdlite extension:
 #: numpy has no bfloat16, so it is reduced in float32 and moved bit-exactly as int16.
-SUPPORTED_DTYPES = frozenset({
-    tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64,
-    tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.bool,
-})
+SUPPORTED_DTYPES = frozenset(
+    {
+        tf.uint8,
+        tf.int8,
+        tf.uint16,
+        tf.int16,
+        tf.int32,
+        tf.int64,
+        tf.float16,
+        tf.bfloat16,
+        tf.float32,
+        tf.float64,
+        tf.bool,
+    }
+)
+
 
 def check_dtype(dtype: tf.DType, what: str, *, op=None) -> None:
     """Raise ValueError at call time for a dtype the engine cannot carry.
@@ -91,8 +103,7 @@ def check_dtype(dtype: tf.DType, what: str, *, op=None) -> None:
             f"hvdlite {what} does not support tensors of dtype {dtype.name}; "
             f"supported: {names}. Cast the tensor first."
         )
-    if op is not None and dtype == tf.bool and op not in (_ops.Min, _ops.Max,
-                                                         _ops.Product):
+    if op is not None and dtype == tf.bool and op not in (_ops.Min, _ops.Max, _ops.Product):
         raise ValueError(
             f"hvdlite {what}: a bool tensor can only be reduced with op=Min (and), Max (or) "
             "or Product (and); cast it to an integer type to sum or average."
@@ -103,8 +114,8 @@ def check_process_set(process_set, what: str) -> None:
     """Fail at call time (not deep inside a graph run) for a set this rank is not in:
     InvalidArgumentError, as Horovod's ops (also a ValueError)."""
     if not process_set.included():
-        raise _errors.ArgumentError(message=
-            f"hvdlite {what}: this rank ({_basics.rank()}) is not a member of "
+        raise _errors.ArgumentError(
+            message=f"hvdlite {what}: this rank ({_basics.rank()}) is not a member of "
             f"process set {process_set.ranks}; only its members may call collectives on it."
         )
 
@@ -114,8 +125,9 @@ def normalize_name(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
-def op_name(kind: str, tensors: Sequence, name: str | None,
-            ignore_name_scope: bool = False) -> str | None:
+def op_name(
+    kind: str, tensors: Sequence, name: str | None, ignore_name_scope: bool = False
+) -> str | None:
     """The engine name for one collective, fixed at trace time in a graph.
 
     Eagerly the user's name is passed through (None: the engine's counter).
@@ -181,7 +193,7 @@ def fresh_output(shape, dtype) -> np.ndarray:
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.empty(nbytes + _ADOPTED_ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % _ADOPTED_ALIGNMENT
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
 def _as_array(value) -> np.ndarray:
@@ -189,10 +201,17 @@ def _as_array(value) -> np.ndarray:
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
-def run(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
-        out_dtypes: Sequence[tf.DType], out_shapes: Sequence, name: str | None = None,
-        *, outputs_like_inputs: int = 0, collective: bool = True,
-        ordered: bool = True) -> list[tf.Tensor]:
+def run(
+    fn: Callable[..., Sequence[np.ndarray]],
+    inputs: Sequence[tf.Tensor],
+    out_dtypes: Sequence[tf.DType],
+    out_shapes: Sequence,
+    name: str | None = None,
+    *,
+    outputs_like_inputs: int = 0,
+    collective: bool = True,
+    ordered: bool = True,
+) -> list[tf.Tensor]:
     """Run ``fn(*arrays, outputs=...) -> arrays`` on tensors, eagerly or as one graph node.
 
     ``fn`` receives C-contiguous numpy arrays and must return arrays of exactly
@@ -232,7 +251,8 @@ def run(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
             "they call into Python.  Use jit_compile=False, e.g. "
             "model.compile(..., jit_compile=False) or tf.function(jit_compile=False). "
             "(GPU tensors are moved without a host copy only in eager mode; in a tf.function "
-            "TensorFlow copies a collective's tensors to the host.)")
+            "TensorFlow copies a collective's tensors to the host.)"
+        )
     np_dtypes = [d.as_numpy_dtype for d in out_dtypes]
 
     def graph_fn(*arrays):

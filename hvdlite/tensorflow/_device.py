@@ -36,9 +36,15 @@ def run_eager(fn, inputs, out_dtypes):
     import cupy
 
     tf.test.experimental.sync_devices()  # TF's producer streams are not ours to order
-    arrays = [cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(x)) if "GPU" in x.device
-              else x.numpy() for x in inputs]
+    arrays = [
+        cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(x)) if "GPU" in x.device else x.numpy()
+        for x in inputs
+    ]
     outs = fn(*arrays, outputs=None)
     cupy.cuda.Device().synchronize()  # the results are complete before TF reads them
-    return [tf.experimental.dlpack.from_dlpack(o.toDlpack()) if isinstance(o, cupy.ndarray)
-            else tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes, strict=True)]
+    return [
+        tf.experimental.dlpack.from_dlpack(o.toDlpack())
+        if isinstance(o, cupy.ndarray)
+        else tf.convert_to_tensor(o, dtype=d)
+        for o, d in zip(outs, out_dtypes, strict=True)
+    ]

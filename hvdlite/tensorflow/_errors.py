@@ -90,9 +90,12 @@ def _fail_with_precondition(message: tf.Tensor) -> tf.Tensor:
     """An op that fails with FailedPreconditionError carrying ``message``."""
     table = tf.raw_ops.AnonymousHashTable(key_dtype=tf.string, value_dtype=tf.int32)
     key = tf.strings.join(["\n", message, "\n"])
-    init = tf.raw_ops.InitializeTableV2(table_handle=table, keys=tf.stack([key, key]),
-                                        values=tf.constant([0, 1]),
-                                        name="HorovodCollectiveFailed")
+    init = tf.raw_ops.InitializeTableV2(
+        table_handle=table,
+        keys=tf.stack([key, key]),
+        values=tf.constant([0, 1]),
+        name="HorovodCollectiveFailed",
+    )
     with tf.control_dependencies([init]):
         return tf.constant(False)
 
@@ -102,7 +105,8 @@ def gate(outputs: list[tf.Tensor], failure: tf.Tensor) -> list[tf.Tensor]:
 
     A non-empty ``failure`` fails the graph run with FailedPreconditionError.
     """
-    check = tf.cond(tf.equal(failure, ""), lambda: tf.constant(True),
-                    lambda: _fail_with_precondition(failure))
+    check = tf.cond(
+        tf.equal(failure, ""), lambda: tf.constant(True), lambda: _fail_with_precondition(failure)
+    )
     with tf.control_dependencies([check]):
         return list(tf.identity_n(outputs)) if outputs else []  # one node for all

@@ -29,9 +29,11 @@ def _values(variables) -> list:
 def _assign(variables, values, what: str) -> None:
     variables = list(variables)
     if len(variables) != len(values):
-        raise ElasticStateError(f"the committed state holds {len(values)} {what} variables, "
-                                f"this process has {len(variables)}: build the same model "
-                                "and optimizer before the elastic function runs")
+        raise ElasticStateError(
+            f"the committed state holds {len(values)} {what} variables, "
+            f"this process has {len(variables)}: build the same model "
+            "and optimizer before the elastic function runs"
+        )
     for variable, value in zip(variables, values):
         variable.assign(value)
 
@@ -43,8 +45,10 @@ def _optimizer_variables(optimizer) -> list:
 
 def _require_eager(what: str, session) -> None:
     if session is not None or not tf.executing_eagerly():
-        raise ValueError(f"{what}: hvdlite's elastic states need eager execution (TF 2); "
-                         "TF1 sessions are not supported: leave session/backend unset")
+        raise ValueError(
+            f"{what}: hvdlite's elastic states need eager execution (TF 2); "
+            "TF1 sessions are not supported: leave session/backend unset"
+        )
 
 
 class TensorFlowKerasState(ObjectState):
@@ -58,12 +62,15 @@ class TensorFlowKerasState(ObjectState):
     def __init__(self, model, optimizer=None, backend=None, **kwargs) -> None:
         _require_eager("TensorFlowKerasState", None)
         if not getattr(model, "built", True):
-            raise ValueError("TensorFlowKerasState: the model must be built first: call "
-                             "model.build(input_shape) or run it on a batch")
+            raise ValueError(
+                "TensorFlowKerasState: the model must be built first: call "
+                "model.build(input_shape) or run it on a batch"
+            )
         optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         if optimizer is None:
-            raise ValueError("TensorFlowKerasState: no optimizer: compile the model with one "
-                             "or pass optimizer=")
+            raise ValueError(
+                "TensorFlowKerasState: no optimizer: compile the model with one or pass optimizer="
+            )
         self.model, self.optimizer, self.backend = model, optimizer, backend
         self._build_optimizer()
         self._save_model()
@@ -91,8 +98,9 @@ class TensorFlowKerasState(ObjectState):
 
     def sync(self) -> None:
         self._build_optimizer()
-        broadcast_variables(list(self.model.variables)
-                            + _optimizer_variables(self.optimizer), root_rank=0)
+        broadcast_variables(
+            list(self.model.variables) + _optimizer_variables(self.optimizer), root_rank=0
+        )
         self._save_model()
         super().sync()
 
@@ -116,9 +124,11 @@ class TensorFlowState(ObjectState):
     def __init__(self, variables=None, session=None, **kwargs) -> None:
         _require_eager("TensorFlowState", session)
         if not variables:
-            raise ValueError("TensorFlowState: pass the variables to track, e.g. "
-                             "TensorFlowState(model.variables) (TF 2 has no global "
-                             "variable collection)")
+            raise ValueError(
+                "TensorFlowState: pass the variables to track, e.g. "
+                "TensorFlowState(model.variables) (TF 2 has no global "
+                "variable collection)"
+            )
         self.variables, self.session = list(variables), None
         self._values = _values(self.variables)
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)

@@ -20,8 +20,7 @@ from .mpi_ops import _broadcast_group_nograd, _check_root, global_process_set
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
-__all__ = ["broadcast_variables", "broadcast_object", "broadcast_object_fn",
-           "allgather_object"]
+__all__ = ["broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object"]
 
 
 @_no_autograph
@@ -53,14 +52,12 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     return tf.group(*[var.assign(value) for var, value in zip(variables, new, strict=True)])
 
 
-def broadcast_object(obj, root_rank=0, session=None, name=None,
-                     process_set=global_process_set):
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
     """Every member gets a copy of ``root_rank``'s picklable ``obj``.
 
     Unpickles what other ranks send: the ranks must trust each other, as in any MPI job.
     """
-    return _objects.broadcast_object(obj, root_rank=root_rank, name=name,
-                                    process_set=process_set)
+    return _objects.broadcast_object(obj, root_rank=root_rank, name=name, process_set=process_set)
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):

@@ -44,9 +44,14 @@ from .packing import PACK_BYTES, Packing
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
-__all__ = ["GradientReducer", "LocalSources", "local_layer_list", "normalize_groups",
-           "reduce_with_local",
-           "scale_local"]
+__all__ = [
+    "GradientReducer",
+    "LocalSources",
+    "local_layer_list",
+    "normalize_groups",
+    "reduce_with_local",
+    "scale_local",
+]
 
 
 def local_layer_list(local_layers) -> list:
@@ -66,20 +71,26 @@ def local_layer_list(local_layers) -> list:
 def normalize_groups(num_groups, groups):
     """Horovod's rule: ``num_groups`` is the deprecated spelling of an int ``groups``."""
     if num_groups:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be "
-                      "removed in a future version.", DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            "Parameter `num_groups` has been replaced by `groups` and will be "
+            "removed in a future version.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         if groups is None:
             groups = num_groups
-    if groups is not None and not (isinstance(groups, list) or
-                                   (isinstance(groups, int) and groups > 0)):
-        raise ValueError("groups should be a non-negative integer or a list of list of "
-                         "tf.Variable.")
+    if groups is not None and not (
+        isinstance(groups, list) or (isinstance(groups, int) and groups > 0)
+    ):
+        raise ValueError(
+            "groups should be a non-negative integer or a list of list of tf.Variable."
+        )
     return groups
 
 
 def _split_evenly(items, k):
     n = len(items)
-    chunks = [items[i * n // k:(i + 1) * n // k] for i in range(k)]
+    chunks = [items[i * n // k : (i + 1) * n // k] for i in range(k)]
     return [c for c in chunks if c]
 
 
@@ -107,14 +118,22 @@ class LocalSources:
 class GradientReducer:
     """Callable ``reducer(grads, variables) -> reduced grads`` (see module docstring)."""
 
-    def __init__(self, name="DistributedGradientTape", compression=Compression.none,
-                 sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0,
-                 groups=None, process_set=global_process_set):
+    def __init__(
+        self,
+        name="DistributedGradientTape",
+        compression=Compression.none,
+        sparse_as_dense=False,
+        op=Average,
+        gradient_predivide_factor=1.0,
+        groups=None,
+        process_set=global_process_set,
+    ):
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
         if op not in (Average, Sum, Adasum):
-            raise ValueError(f"hvdlite: gradients can be reduced with Average, Sum or "
-                             f"Adasum, not {op!r}.")
+            raise ValueError(
+                f"hvdlite: gradients can be reduced with Average, Sum or Adasum, not {op!r}."
+            )
         self.name = name
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
@@ -135,8 +154,9 @@ class GradientReducer:
         if isinstance(groups, int):
             return _split_evenly(dense_positions, groups)
         if variables is None:
-            raise ValueError("groups given as lists of variables need the variables; "
-                             "pass them to the reducer.")
+            raise ValueError(
+                "groups given as lists of variables need the variables; pass them to the reducer."
+            )
         where = {id(variables[p]): p for p in dense_positions}
         for p in dense_positions:
             inner = getattr(variables[p], "value", None)
@@ -166,16 +186,19 @@ class GradientReducer:
         if not ps.included() or ps.size() == 1:
             return grads
         if self.sparse_as_dense:
-            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-                     for g in grads]
-        dense = [i for i, g in enumerate(grads)
-                 if g is not None and not isinstance(g, tf.IndexedSlices)]
+            grads = [
+                tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads
+            ]
+        dense = [
+            i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)
+        ]
         sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
         if not dense and not sparse:
             return grads
         if sparse and self.op == Adasum:
-            raise NotImplementedError("The Adasum reduction does not support sparse "
-                                      "gradients; pass sparse_as_dense=True.")
+            raise NotImplementedError(
+                "The Adasum reduction does not support sparse gradients; pass sparse_as_dense=True."
+            )
 
         with tf.name_scope(f"{self.name}_Allreduce"):
             compressed, ctxs = {}, {}
@@ -192,29 +215,34 @@ class GradientReducer:
                 _bridge.check_dtype(w.dtype, "gradient allreduce")
             for i in dense:
                 if not compressed[i].dtype.is_floating:
-                    raise ValueError(f"hvdlite: gradient {i} has dtype "
-                                     f"{compressed[i].dtype.name}; gradients must be "
-                                     "floating point.")
+                    raise ValueError(
+                        f"hvdlite: gradient {i} has dtype "
+                        f"{compressed[i].dtype.name}; gradients must be "
+                        "floating point."
+                    )
 
             position = {i: k for k, i in enumerate(dense)}
-            dense_groups = [[position[i] for i in g]
-                            for g in self._dense_groups(dense, grads, variables) if g]
+            dense_groups = [
+                [position[i] for i in g] for g in self._dense_groups(dense, grads, variables) if g
+            ]
             # In a graph, small gradients of a group travel as one flat tensor.
             packable = self.op in (Average, Sum) and not tf.executing_eagerly()
-            packing = Packing(wire[:len(dense)], dense_groups, PACK_BYTES if packable else 0)
-            dense_wire, dense_groups = packing.pack(wire[:len(dense)], dense_groups)
+            packing = Packing(wire[: len(dense)], dense_groups, PACK_BYTES if packable else 0)
+            dense_wire, dense_groups = packing.pack(wire[: len(dense)], dense_groups)
             base = self._base_name(wire, use_generic_names)
-            outs = self._submit(dense_wire + wire[len(dense):], dense_groups, len(dense_wire),
-                                base)
-            outs = packing.unpack(outs[:len(dense_wire)]) + outs[len(dense_wire):]
+            outs = self._submit(
+                dense_wire + wire[len(dense) :], dense_groups, len(dense_wire), base
+            )
+            outs = packing.unpack(outs[: len(dense_wire)]) + outs[len(dense_wire) :]
 
             result = list(grads)
             for k, i in enumerate(dense):
                 out = _bridge.from_wire(outs[k], dtypes[k], reduce=True)
                 result[i] = self.compression.decompress(out, ctxs[i])
             for j, i in enumerate(sparse):
-                values = _bridge.from_wire(outs[len(dense) + 2 * j],
-                                           grads[i].values.dtype, reduce=False)
+                values = _bridge.from_wire(
+                    outs[len(dense) + 2 * j], grads[i].values.dtype, reduce=False
+                )
                 indices = outs[len(dense) + 2 * j + 1]
                 if self.op == Average:
                     values = values / tf.cast(ps.size(), values.dtype)
@@ -242,8 +270,11 @@ class GradientReducer:
         plans = []
         for members in dense_groups:
             ws = [wire[m] for m in members]
-            flat = (self.op in (Average, Sum) and len({w.dtype for w in ws}) == 1
-                    and all(w.shape.is_fully_defined() for w in ws))
+            flat = (
+                self.op in (Average, Sum)
+                and len({w.dtype for w in ws}) == 1
+                and all(w.shape.is_fully_defined() for w in ws)
+            )
             plans.append(("flat" if flat else "each", members))
         return plans
 
@@ -289,25 +320,40 @@ class GradientReducer:
                     offset = 0
                     member_views = []
                     for m, part in zip(members, parts, strict=True):
-                        view = flat[offset:offset + part.size]
+                        view = flat[offset : offset + part.size]
                         offset += part.size
                         if scale != 1.0:
                             np.multiply(part, scale, out=view, casting="unsafe")
                         else:
                             np.copyto(view, part)
                         member_views.append(view.reshape(arrays[m].shape))
-                    handles.append(_collectives.allreduce_async(
-                        flat, op=Sum, name=name, process_set=ps, output=flat))
+                    handles.append(
+                        _collectives.allreduce_async(
+                            flat, op=Sum, name=name, process_set=ps, output=flat
+                        )
+                    )
                     views.append(member_views)
                 else:
                     outs = [buffer(arrays[m].shape, arrays[m].dtype) for m in members]
-                    handles.append(_collectives.grouped_allreduce_async(
-                        [arrays[m] for m in members], op=op, prescale_factor=pre,
-                        postscale_factor=post, process_set=ps, name=name, outputs=outs))
+                    handles.append(
+                        _collectives.grouped_allreduce_async(
+                            [arrays[m] for m in members],
+                            op=op,
+                            prescale_factor=pre,
+                            postscale_factor=post,
+                            process_set=ps,
+                            name=name,
+                            outputs=outs,
+                        )
+                    )
             if n_sparse:
-                handles.append(_collectives.grouped_allgather_async(
-                    list(arrays[n_dense:]), process_set=ps,
-                    name=None if base is None else f"{base}.sparse"))
+                handles.append(
+                    _collectives.grouped_allgather_async(
+                        list(arrays[n_dense:]),
+                        process_set=ps,
+                        name=None if base is None else f"{base}.sparse",
+                    )
+                )
             return handles, views
 
         dtypes, shapes = [], []
@@ -336,23 +382,29 @@ def scale_local(grads, variables, local: LocalSources, size):
         if g is None or v not in local:
             out.append(g)
         elif isinstance(g, tf.IndexedSlices):
-            out.append(tf.IndexedSlices(g.values / tf.cast(size, g.values.dtype), g.indices,
-                                        g.dense_shape))
+            out.append(
+                tf.IndexedSlices(g.values / tf.cast(size, g.values.dtype), g.indices, g.dense_shape)
+            )
         else:
             out.append(g / tf.cast(size, g.dtype))
     return out
 
 
-def reduce_with_local(reducer: GradientReducer, grads, variables, local: LocalSources,
-                      scale_local_gradients: bool, use_generic_names=False):
+def reduce_with_local(
+    reducer: GradientReducer,
+    grads,
+    variables,
+    local: LocalSources,
+    scale_local_gradients: bool,
+    use_generic_names=False,
+):
     """Reduce the non-local gradients; scale the local ones if asked (Horovod semantics)."""
     grads = list(grads)
     variables = list(variables) if variables is not None else None
     if variables is None or not len(local):
         return reducer(grads, variables, use_generic_names)
     shared = [i for i, v in enumerate(variables) if v not in local]
-    reduced = reducer([grads[i] for i in shared], [variables[i] for i in shared],
-                      use_generic_names)
+    reduced = reducer([grads[i] for i in shared], [variables[i] for i in shared], use_generic_names)
     out = list(grads)
     for i, g in zip(shared, reduced, strict=True):
         out[i] = g

@@ -32,8 +32,11 @@ from .mpi_ops import Adasum, Average, global_process_set
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
-__all__ = ["DistributedLegacyOptimizer", "broadcast_global_variables",
-           "BroadcastGlobalVariablesHook"]
+__all__ = [
+    "DistributedLegacyOptimizer",
+    "broadcast_global_variables",
+    "BroadcastGlobalVariablesHook",
+]
 
 _LegacyOptimizer = tf.compat.v1.train.Optimizer
 
@@ -50,7 +53,8 @@ def broadcast_global_variables(root_rank):
     if tf.executing_eagerly():
         raise RuntimeError(
             "hvd.broadcast_global_variables() does not support eager execution. "
-            "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead.")
+            "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead."
+        )
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
@@ -85,22 +89,35 @@ class DistributedLegacyOptimizer(_LegacyOptimizer):
     :func:`hvdlite.tensorflow.DistributedOptimizer`.
     """
 
-    def __init__(self, optimizer, name=None, use_locking=False,
-                 compression=Compression.none, sparse_as_dense=False, op=Average,
-                 gradient_predivide_factor=1.0, backward_passes_per_step=1,
-                 average_aggregated_gradients=False, groups=None,
-                 process_set=global_process_set):
+    def __init__(
+        self,
+        optimizer,
+        name=None,
+        use_locking=False,
+        compression=Compression.none,
+        sparse_as_dense=False,
+        op=Average,
+        gradient_predivide_factor=1.0,
+        backward_passes_per_step=1,
+        average_aggregated_gradients=False,
+        groups=None,
+        process_set=global_process_set,
+    ):
         if name is None:
             name = f"Distributed{type(optimizer).__name__}"
         super().__init__(name=name, use_locking=use_locking)
         self._optimizer = optimizer
-        self._reducer = GradientReducer(name, compression, sparse_as_dense, op,
-                                        gradient_predivide_factor, groups, process_set)
+        self._reducer = GradientReducer(
+            name, compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set
+        )
         self._aggregation = None
         if backward_passes_per_step > 1:
             self._aggregation = _LocalAggregation(
-                self._reducer, backward_passes_per_step, average_aggregated_gradients,
-                sparse_as_dense)
+                self._reducer,
+                backward_passes_per_step,
+                average_aggregated_gradients,
+                sparse_as_dense,
+            )
 
     @_no_autograph
     def compute_gradients(self, *args, **kwargs):
@@ -122,7 +139,8 @@ class DistributedLegacyOptimizer(_LegacyOptimizer):
         """Apply (already reduced) gradients with the wrapped optimizer."""
         if self._aggregation is not None:
             return self._aggregation.apply(
-                lambda: self._optimizer.apply_gradients(*args, **kwargs), args, kwargs)
+                lambda: self._optimizer.apply_gradients(*args, **kwargs), args, kwargs
+            )
         return self._optimizer.apply_gradients(*args, **kwargs)
 
     def get_slot(self, *args, **kwargs):
@@ -135,26 +153,41 @@ class DistributedLegacyOptimizer(_LegacyOptimizer):
         return self._optimizer.variables(*args, **kwargs)
 
 
-def make_legacy_distributed(optimizer, name=None, use_locking=False,
-                            compression=Compression.none, sparse_as_dense=False,
-                            backward_passes_per_step=1, op=Average,
-                            gradient_predivide_factor=1.0, average_aggregated_gradients=False,
-                            groups=None, process_set=global_process_set):
+def make_legacy_distributed(
+    optimizer,
+    name=None,
+    use_locking=False,
+    compression=Compression.none,
+    sparse_as_dense=False,
+    backward_passes_per_step=1,
+    op=Average,
+    gradient_predivide_factor=1.0,
+    average_aggregated_gradients=False,
+    groups=None,
+    process_set=global_process_set,
+):
     """:class:`DistributedLegacyOptimizer` for ``optimizer``, after checking what
     hvdlite supports with TF1 optimizers."""
     if op == Adasum:
         raise ValueError(
             "op=Adasum with a tf.compat.v1 optimizer (Horovod's delta-model Adasum) is not "
-            "supported by hvdlite; use hvd.DistributedGradientTape(tape, op=hvd.Adasum).")
+            "supported by hvdlite; use hvd.DistributedGradientTape(tape, op=hvd.Adasum)."
+        )
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
     return DistributedLegacyOptimizer(
-        optimizer, name=name, use_locking=use_locking, compression=compression,
-        sparse_as_dense=sparse_as_dense, op=op,
+        optimizer,
+        name=name,
+        use_locking=use_locking,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        op=op,
         gradient_predivide_factor=gradient_predivide_factor,
         backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
-        process_set=process_set)
+        average_aggregated_gradients=average_aggregated_gradients,
+        groups=groups,
+        process_set=process_set,
+    )
 
 
 class _LocalAggregation:
@@ -176,13 +209,20 @@ class _LocalAggregation:
         self.counter = None
 
     def _local_variable(self, name, initial, dtype):
-        return tf.compat.v1.Variable(initial, name=name, dtype=dtype, trainable=False,
-                                     collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+        return tf.compat.v1.Variable(
+            initial,
+            name=name,
+            dtype=dtype,
+            trainable=False,
+            collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
+        )
 
     def compute(self, grads, variables):
         if tf.executing_eagerly():
-            raise ValueError("backward_passes_per_step > 1 with a tf.compat.v1 optimizer "
-                             "works in graph mode only; eagerly, use a Keras optimizer.")
+            raise ValueError(
+                "backward_passes_per_step > 1 with a tf.compat.v1 optimizer "
+                "works in graph mode only; eagerly, use a Keras optimizer."
+            )
         present = [i for i, g in enumerate(grads) if g is not None]
         if not present:
             return list(grads)
@@ -191,15 +231,18 @@ class _LocalAggregation:
             g = grads[i]
             if isinstance(g, tf.IndexedSlices):
                 if not self.sparse_as_dense:
-                    raise ValueError("IndexedSlices are not supported when "
-                                     "backward_passes_per_step > 1 and sparse_as_dense is "
-                                     "False.")
+                    raise ValueError(
+                        "IndexedSlices are not supported when "
+                        "backward_passes_per_step > 1 and sparse_as_dense is "
+                        "False."
+                    )
                 g = tf.convert_to_tensor(g)
             dense.append(g)
         with tf.compat.v1.variable_scope(None, default_name="hvd_aggregation"):
             accumulators = [
                 self._local_variable(f"aggregated_{k}", tf.zeros(g.shape, g.dtype), g.dtype)
-                for k, g in enumerate(dense)]
+                for k, g in enumerate(dense)
+            ]
             self.counter = self._local_variable("counter", 0, tf.int32)
         adds = [acc.assign_add(g) for acc, g in zip(accumulators, dense, strict=True)]
         with tf.control_dependencies(adds):
@@ -219,7 +262,7 @@ class _LocalAggregation:
         def skip():
             return [tf.identity(g) for g in dense]
 
-        with _bridge.chain_link() as link:   # the cond holds a collective: order it
+        with _bridge.chain_link() as link:  # the cond holds a collective: order it
             out = tf.cond(tf.equal(count, self.n), reduce, skip)
             out = out if isinstance(out, (list, tuple)) else [out]
             link.append(out[0].op)
@@ -230,11 +273,16 @@ class _LocalAggregation:
 
     def apply(self, apply_fn, args, kwargs):
         if self.counter is None:
-            raise ValueError("Call compute_gradients (or minimize) before apply_gradients "
-                             "when backward_passes_per_step > 1.")
+            raise ValueError(
+                "Call compute_gradients (or minimize) before apply_gradients "
+                "when backward_passes_per_step > 1."
+            )
         grads_and_vars = args[0] if args else kwargs.get("grads_and_vars", ())
-        grads = [g.values if isinstance(g, tf.IndexedSlices) else g
-                 for g, _ in grads_and_vars if g is not None]
+        grads = [
+            g.values if isinstance(g, tf.IndexedSlices) else g
+            for g, _ in grads_and_vars
+            if g is not None
+        ]
 
         def advance_step():
             step = tf.compat.v1.train.get_global_step()

@@ -61,20 +61,45 @@ import tensorflow as tf
 from hvdlite import collectives as _collectives
 from hvdlite import handles as _handles
 from hvdlite.basics import (  # noqa: F401  (re-exported basics)
-    ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
-    is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
-    stop_timeline
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
 )
 from hvdlite.dynamic_sets import (  # noqa: F401  (re-exported basics)
-    add_process_set, remove_process_set
+    add_process_set,
+    remove_process_set,
 )
 from hvdlite.exceptions import HorovodInternalError  # noqa: F401  (re-exported basics)
 from hvdlite.ops import (  # noqa: F401  (re-exported basics)
-    Adasum, Average, Max, Min, Product, Sum
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
 )
 from hvdlite.process_sets import (  # noqa: F401  (re-exported basics)
-    ProcessSet, global_process_set
+    ProcessSet,
+    global_process_set,
 )
 
 from . import _bridge
@@ -88,15 +113,24 @@ if TYPE_CHECKING:  # annotations only (postponed by the __future__ import)
 _no_autograph = tf.autograph.experimental.do_not_convert
 
 __all__ = [
-    "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall",
-    "join", "barrier", "size_op", "local_size_op", "rank_op", "local_rank_op",
-    "process_set_included_op", "handle_average_backwards_compatibility",
+    "allgather",
+    "grouped_allgather",
+    "broadcast",
+    "broadcast_",
+    "alltoall",
+    "join",
+    "barrier",
+    "size_op",
+    "local_size_op",
+    "rank_op",
+    "local_rank_op",
+    "process_set_included_op",
+    "handle_average_backwards_compatibility",
     "check_num_rank_power_of_2",
 ]
 
 
-def handle_average_backwards_compatibility(op: ReduceOp | None,
-                                           average: bool | None) -> ReduceOp:
+def handle_average_backwards_compatibility(op: ReduceOp | None, average: bool | None) -> ReduceOp:
     """Resolve Horovod's deprecated ``average=`` against ``op=``; local, no collective.
 
     Arguments:
@@ -110,13 +144,19 @@ def handle_average_backwards_compatibility(op: ReduceOp | None,
     """
     if op is not None:
         if average is not None:
-            raise ValueError("The op parameter supersedes average. "
-                             "Please provide only one of them.")
+            raise ValueError(
+                "The op parameter supersedes average. Please provide only one of them."
+            )
         return op
     if average is not None:
         import warnings
-        warnings.warn("Parameter `average` has been replaced with `op` and will be "
-                      "removed in a future version", DeprecationWarning, stacklevel=3)
+
+        warnings.warn(
+            "Parameter `average` has been replaced with `op` and will be "
+            "removed in a future version",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         return Average if average else Sum
     return Average
 
@@ -139,8 +179,8 @@ def _zeros_if_none(grads, outputs):
 
 # --- allreduce ---------------------------------------------------------------
 
-def _grouped_allreduce_nograd(tensors, name, op, prescale_factor, postscale_factor,
-                              process_set):
+
+def _grouped_allreduce_nograd(tensors, name, op, prescale_factor, postscale_factor, process_set):
     dtypes = [t.dtype for t in tensors]
     wire = [_bridge.to_wire(t, reduce=True) for t in tensors]
     if name is None:
@@ -148,30 +188,48 @@ def _grouped_allreduce_nograd(tensors, name, op, prescale_factor, postscale_fact
 
     def fn(*arrays, outputs=None):
         return _collectives.grouped_allreduce(
-            list(arrays), name=name, op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, process_set=process_set, outputs=outputs)
+            list(arrays),
+            name=name,
+            op=op,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+            process_set=process_set,
+            outputs=outputs,
+        )
 
-    outs = _bridge.run(fn, wire, [w.dtype for w in wire], [w.shape for w in wire], name,
-                       outputs_like_inputs=len(wire))
+    outs = _bridge.run(
+        fn,
+        wire,
+        [w.dtype for w in wire],
+        [w.shape for w in wire],
+        name,
+        outputs_like_inputs=len(wire),
+    )
     return [_bridge.from_wire(o, d, reduce=True) for o, d in zip(outs, dtypes, strict=True)]
 
 
 def _reduce_backward(dys, xs, ys, op, prescale_factor, postscale_factor, process_set):
     if op in (Min, Max):
         summed = _grouped_allreduce_nograd(dys, None, Sum, 1.0, 1.0, process_set)
-        return [s * tf.cast(tf.equal(x, y), s.dtype)
-                for s, x, y in zip(summed, xs, ys, strict=True)]
+        return [
+            s * tf.cast(tf.equal(x, y), s.dtype) for s, x, y in zip(summed, xs, ys, strict=True)
+        ]
     if op == Product:
         summed = _grouped_allreduce_nograd(dys, None, Sum, 1.0, 1.0, process_set)
         return [tf.math.divide_no_nan(s * y, x) for s, x, y in zip(summed, xs, ys, strict=True)]
-    return _grouped_allreduce_nograd(dys, None, op, prescale_factor, postscale_factor,
-                                     process_set)
+    return _grouped_allreduce_nograd(dys, None, op, prescale_factor, postscale_factor, process_set)
 
 
 @_no_autograph
-def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0,
-                       postscale_factor=1.0, ignore_name_scope=False,
-                       process_set=global_process_set):
+def _grouped_allreduce(
+    tensors,
+    name=None,
+    op=Sum,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    ignore_name_scope=False,
+    process_set=global_process_set,
+):
     """Differentiable grouped allreduce: one engine submission for the whole list.
 
     Every rank gets, per position, ``postscale * op(prescale * x_r over ranks)``.
@@ -182,33 +240,50 @@ def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0,
     for t in tensors:
         _bridge.check_dtype(t.dtype, "allreduce", op=op)
     _bridge.check_process_set(process_set, "allreduce")
-    name = _bridge.op_name("GroupedAllreduce" if len(tensors) > 1 else "Allreduce",
-                           tensors, name, ignore_name_scope)
+    name = _bridge.op_name(
+        "GroupedAllreduce" if len(tensors) > 1 else "Allreduce", tensors, name, ignore_name_scope
+    )
 
     @tf.custom_gradient
     def _op(*xs):
-        ys = _grouped_allreduce_nograd(list(xs), name, op, prescale_factor,
-                                       postscale_factor, process_set)
+        ys = _grouped_allreduce_nograd(
+            list(xs), name, op, prescale_factor, postscale_factor, process_set
+        )
 
         def grad(*dys):
-            return _reduce_backward(_zeros_if_none(dys, ys), xs, ys, op,
-                                    prescale_factor, postscale_factor, process_set)
+            return _reduce_backward(
+                _zeros_if_none(dys, ys), xs, ys, op, prescale_factor, postscale_factor, process_set
+            )
+
         return ys, grad
 
     return list(_op(*tensors))
 
 
 @_no_autograph
-def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
-               ignore_name_scope=False, process_set=global_process_set):
+def _allreduce(
+    tensor,
+    name=None,
+    op=Sum,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    ignore_name_scope=False,
+    process_set=global_process_set,
+):
     """Differentiable allreduce of one tensor (no compression; default op Sum)."""
-    return _grouped_allreduce([tensor], name=name, op=op, prescale_factor=prescale_factor,
-                              postscale_factor=postscale_factor,
-                              ignore_name_scope=ignore_name_scope,
-                              process_set=process_set)[0]
+    return _grouped_allreduce(
+        [tensor],
+        name=name,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        ignore_name_scope=ignore_name_scope,
+        process_set=process_set,
+    )[0]
 
 
 # --- allgather ---------------------------------------------------------------
+
 
 def _grouped_allgather_nograd(tensors, name, process_set):
     dtypes = [t.dtype for t in tensors]
@@ -220,16 +295,18 @@ def _grouped_allgather_nograd(tensors, name, process_set):
     def fn(*arrays, outputs=None):
         return _collectives.grouped_allgather(list(arrays), name=name, process_set=process_set)
 
-    shapes = [w.shape if single else tf.TensorShape([None]).concatenate(w.shape[1:])
-              for w in wire]
+    shapes = [w.shape if single else tf.TensorShape([None]).concatenate(w.shape[1:]) for w in wire]
     outs = _bridge.run(fn, wire, [w.dtype for w in wire], shapes, name)
     return [_bridge.from_wire(o, d, reduce=False) for o, d in zip(outs, dtypes, strict=True)]
 
 
 @_no_autograph
-def grouped_allgather(tensors: Sequence[tf.Tensor], name: str | None = None,
-                      ignore_name_scope: bool = False,
-                      process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
+def grouped_allgather(
+    tensors: Sequence[tf.Tensor],
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> list[tf.Tensor]:
     """Allgather each tensor of a list, as one unit (see :func:`allgather`).
 
     Returns:
@@ -242,11 +319,14 @@ def grouped_allgather(tensors: Sequence[tf.Tensor], name: str | None = None,
     for t in tensors:
         _bridge.check_dtype(t.dtype, "allgather")
         if t.shape.rank == 0:
-            raise ArgumentError(message="hvdlite allgather needs tensors of rank >= 1; "
-                                        "reshape a scalar to [1] first.")
+            raise ArgumentError(
+                message="hvdlite allgather needs tensors of rank >= 1; "
+                "reshape a scalar to [1] first."
+            )
     _bridge.check_process_set(process_set, "allgather")
-    name = _bridge.op_name("GroupedAllgather" if len(tensors) > 1 else "Allgather",
-                           tensors, name, ignore_name_scope)
+    name = _bridge.op_name(
+        "GroupedAllgather" if len(tensors) > 1 else "Allgather", tensors, name, ignore_name_scope
+    )
 
     @tf.custom_gradient
     def _op(*xs):
@@ -255,8 +335,15 @@ def grouped_allgather(tensors: Sequence[tf.Tensor], name: str | None = None,
         def grad(*dys):
             dys = _zeros_if_none(dys, ys)
             floating = [i for i, d in enumerate(dys) if d.dtype.is_floating]
-            reduced = dict(zip(floating, _grouped_allreduce_nograd(
-                [dys[i] for i in floating], None, Average, 1.0, 1.0, process_set), strict=True))
+            reduced = dict(
+                zip(
+                    floating,
+                    _grouped_allreduce_nograd(
+                        [dys[i] for i in floating], None, Average, 1.0, 1.0, process_set
+                    ),
+                    strict=True,
+                )
+            )
             firsts = tf.stack([tf.shape(x, out_type=tf.int32)[0] for x in xs])
             all_firsts = _grouped_allgather_nograd([firsts], None, process_set)[0]
             all_firsts = tf.reshape(all_firsts, [process_set.size(), len(xs)])
@@ -267,17 +354,27 @@ def grouped_allgather(tensors: Sequence[tf.Tensor], name: str | None = None,
                     out.append(None)
                     continue
                 start = tf.reduce_sum(all_firsts[:me, i])
-                out.append(tf.slice(reduced[i], tf.concat([[start], tf.zeros(
-                    [x.shape.rank - 1], tf.int32)], 0), tf.shape(x)))
+                out.append(
+                    tf.slice(
+                        reduced[i],
+                        tf.concat([[start], tf.zeros([x.shape.rank - 1], tf.int32)], 0),
+                        tf.shape(x),
+                    )
+                )
             return out
+
         return ys, grad
 
     return list(_op(*tensors))
 
 
 @_no_autograph
-def allgather(tensor: tf.Tensor, name: str | None = None, ignore_name_scope: bool = False,
-              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+def allgather(
+    tensor: tf.Tensor,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> tf.Tensor:
     """Concatenate every member's *tensor* (rank >= 1) along dim 0, in rank order.
 
     Dim 0 may differ between ranks; the other dimensions must agree.
@@ -286,11 +383,13 @@ def allgather(tensor: tf.Tensor, name: str | None = None, ignore_name_scope: boo
         A new tensor of shape ``[sum of every member's dim 0, *rest]``, the
         same on every rank.
     """
-    return grouped_allgather([tensor], name=name, ignore_name_scope=ignore_name_scope,
-                             process_set=process_set)[0]
+    return grouped_allgather(
+        [tensor], name=name, ignore_name_scope=ignore_name_scope, process_set=process_set
+    )[0]
 
 
 # --- broadcast ---------------------------------------------------------------
+
 
 def _broadcast_group_nograd(tensors, root_rank, name, process_set, ordered=True):
     """Broadcast many tensors from ``root_rank`` as one graph node / one wait."""
@@ -301,30 +400,46 @@ def _broadcast_group_nograd(tensors, root_rank, name, process_set, ordered=True)
 
     def fn(*arrays, outputs=None):
         handles = [
-            _collectives.broadcast_async(a, root_rank,
-                                    name=None if name is None else
-                                    (name if len(arrays) == 1 else f"{name}.{i}"),
-                                    process_set=process_set,
-                                    output=None if outputs is None else outputs[i])
-            for i, a in enumerate(arrays)]
+            _collectives.broadcast_async(
+                a,
+                root_rank,
+                name=None if name is None else (name if len(arrays) == 1 else f"{name}.{i}"),
+                process_set=process_set,
+                output=None if outputs is None else outputs[i],
+            )
+            for i, a in enumerate(arrays)
+        ]
         return [_handles.synchronize(h) for h in handles]
 
-    outs = _bridge.run(fn, wire, [w.dtype for w in wire], [w.shape for w in wire], name,
-                       outputs_like_inputs=len(wire), ordered=ordered)
+    outs = _bridge.run(
+        fn,
+        wire,
+        [w.dtype for w in wire],
+        [w.shape for w in wire],
+        name,
+        outputs_like_inputs=len(wire),
+        ordered=ordered,
+    )
     return [_bridge.from_wire(o, d, reduce=False) for o, d in zip(outs, dtypes, strict=True)]
 
 
 def _check_root(root_rank, process_set, what):
     _bridge.check_process_set(process_set, what)
     if root_rank not in process_set.ranks:
-        raise ArgumentError(message=f"hvdlite {what}: root_rank {root_rank} is not a "
-                                    f"member of process set {process_set.ranks}.")
+        raise ArgumentError(
+            message=f"hvdlite {what}: root_rank {root_rank} is not a "
+            f"member of process set {process_set.ranks}."
+        )
 
 
 @_no_autograph
-def broadcast(tensor: tf.Tensor, root_rank: int, name: str | None = None,
-              ignore_name_scope: bool = False,
-              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+def broadcast(
+    tensor: tf.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> tf.Tensor:
     """Copy *root_rank*'s *tensor* to every member of *process_set*.
 
     Arguments:
@@ -349,15 +464,19 @@ def broadcast(tensor: tf.Tensor, root_rank: int, name: str | None = None,
                 return None
             dy = _grouped_allreduce_nograd([dy], None, Average, 1.0, 1.0, process_set)[0]
             return dy if rank() == root_rank else dy * 0
+
         return y, grad
 
     return _op(tensor)
 
 
 @_no_autograph
-def broadcast_(variables: tf.Variable | Sequence[tf.Variable], root_rank: int,
-               name: str | None = None, process_set: ProcessSet = global_process_set
-               ) -> tf.Tensor | list[tf.Tensor]:
+def broadcast_(
+    variables: tf.Variable | Sequence[tf.Variable],
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> tf.Tensor | list[tf.Tensor]:
     """In-place broadcast: assign *root_rank*'s values to *variables* on every rank.
 
     One submission for all variables.  In a ``tf.compat.v1`` graph the node
@@ -403,11 +522,15 @@ def _read(var):
 
 # --- alltoall ----------------------------------------------------------------
 
+
 @_no_autograph
-def alltoall(tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor | None = None,
-             name: str | None = None, ignore_name_scope: bool = False,
-             process_set: ProcessSet = global_process_set
-             ) -> tf.Tensor | tuple[tf.Tensor, tf.Tensor]:
+def alltoall(
+    tensor: tf.Tensor,
+    splits: Sequence[int] | tf.Tensor | None = None,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> tf.Tensor | tuple[tf.Tensor, tf.Tensor]:
     """Send dim-0 slices of *tensor* to the members and receive theirs.
 
     Arguments:
@@ -433,14 +556,18 @@ def alltoall(tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor | None = None,
 
         def fn(array, *rest, outputs=None):
             out, received = _collectives.alltoall_async(
-                array, splits=rest[0] if rest else None, name=name,
-                process_set=process_set).result()
+                array, splits=rest[0] if rest else None, name=name, process_set=process_set
+            ).result()
             return [out, np.asarray(received, dtype=np.int32)]
 
         inputs = [wire] if s is None else [wire, s]
         out, received = _bridge.run(
-            fn, inputs, [wire.dtype, tf.int32],
-            [tf.TensorShape([None]).concatenate(wire.shape[1:]), tf.TensorShape([n])], name)
+            fn,
+            inputs,
+            [wire.dtype, tf.int32],
+            [tf.TensorShape([None]).concatenate(wire.shape[1:]), tf.TensorShape([n])],
+            name,
+        )
         return _bridge.from_wire(out, x.dtype, reduce=False), received
 
     @tf.custom_gradient
@@ -454,6 +581,7 @@ def alltoall(tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor | None = None,
                 return None
             back, _ = forward(dy, received, _bridge.op_name("Alltoall", [dy], None))
             return back
+
         return (y, received), grad
 
     out, received = _op(tensor)
@@ -462,8 +590,10 @@ def alltoall(tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor | None = None,
 
 # --- reducescatter -----------------------------------------------------------
 
-def _grouped_reducescatter_nograd(tensors, name, op, prescale_factor, postscale_factor,
-                                  process_set):
+
+def _grouped_reducescatter_nograd(
+    tensors, name, op, prescale_factor, postscale_factor, process_set
+):
     dtypes = [t.dtype for t in tensors]
     wire = [_bridge.to_wire(t, reduce=True) for t in tensors]
     if name is None:
@@ -471,8 +601,13 @@ def _grouped_reducescatter_nograd(tensors, name, op, prescale_factor, postscale_
 
     def fn(*arrays, outputs=None):
         return _collectives.grouped_reducescatter(
-            list(arrays), name=name, op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, process_set=process_set)
+            list(arrays),
+            name=name,
+            op=op,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+            process_set=process_set,
+        )
 
     shapes = [tf.TensorShape([None]).concatenate(w.shape[1:]) for w in wire]
     outs = _bridge.run(fn, wire, [w.dtype for w in wire], shapes, name)
@@ -480,9 +615,15 @@ def _grouped_reducescatter_nograd(tensors, name, op, prescale_factor, postscale_
 
 
 @_no_autograph
-def _grouped_reducescatter(tensors, name=None, op=Sum, ignore_name_scope=False,
-                           process_set=global_process_set, prescale_factor=1.0,
-                           postscale_factor=1.0):
+def _grouped_reducescatter(
+    tensors,
+    name=None,
+    op=Sum,
+    ignore_name_scope=False,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+):
     """Differentiable grouped reduce-scatter along dim 0 (uneven splits allowed).
 
     Member i of the set gets the i-th block of rows of the reduction; the first
@@ -492,20 +633,24 @@ def _grouped_reducescatter(tensors, name=None, op=Sum, ignore_name_scope=False,
     if not tensors:
         return []
     if op not in (Sum, Average):
-        raise ArgumentError(
-            message="hvdlite reducescatter supports op=Sum and op=Average only.")
+        raise ArgumentError(message="hvdlite reducescatter supports op=Sum and op=Average only.")
     for t in tensors:
         _bridge.check_dtype(t.dtype, "reducescatter", op=op)
         if t.shape.rank == 0:
             raise ArgumentError(message="hvdlite reducescatter needs tensors of rank >= 1.")
     _bridge.check_process_set(process_set, "reducescatter")
-    name = _bridge.op_name("GroupedReducescatter" if len(tensors) > 1 else "Reducescatter",
-                           tensors, name, ignore_name_scope)
+    name = _bridge.op_name(
+        "GroupedReducescatter" if len(tensors) > 1 else "Reducescatter",
+        tensors,
+        name,
+        ignore_name_scope,
+    )
 
     @tf.custom_gradient
     def _op(*xs):
-        ys = _grouped_reducescatter_nograd(list(xs), name, op, prescale_factor,
-                                           postscale_factor, process_set)
+        ys = _grouped_reducescatter_nograd(
+            list(xs), name, op, prescale_factor, postscale_factor, process_set
+        )
 
         def grad(*dys):
             # Horovod's rule, not the per-rank derivative: Sum multiplies by the
@@ -517,28 +662,48 @@ def _grouped_reducescatter(tensors, name=None, op=Sum, ignore_name_scope=False,
             if scale != 1.0:
                 dys = [d * tf.cast(scale, d.dtype) for d in dys]
             return _grouped_allgather_nograd(dys, None, process_set)
+
         return ys, grad
 
     return list(_op(*tensors))
 
 
 @_no_autograph
-def _reducescatter(tensor, name=None, op=Sum, ignore_name_scope=False,
-                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+def _reducescatter(
+    tensor,
+    name=None,
+    op=Sum,
+    ignore_name_scope=False,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+):
     """Differentiable reduce-scatter of one tensor (no compression; default op Sum)."""
-    return _grouped_reducescatter([tensor], name=name, op=op,
-                                  ignore_name_scope=ignore_name_scope,
-                                  process_set=process_set, prescale_factor=prescale_factor,
-                                  postscale_factor=postscale_factor)[0]
+    return _grouped_reducescatter(
+        [tensor],
+        name=name,
+        op=op,
+        ignore_name_scope=ignore_name_scope,
+        process_set=process_set,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+    )[0]
 
 
 # --- join, barrier, graph-time basics ----------------------------------------
 
+
 def _scalar_op(fn, name, dtype=tf.int32, collective=False):
     if tf.executing_eagerly() and not collective:
         return tf.constant(fn(), dtype=dtype)
-    return _bridge.run(lambda outputs=None: [np.asarray(fn(), dtype=dtype.as_numpy_dtype)], [],
-                       [dtype], [tf.TensorShape([])], name, collective=collective)[0]
+    return _bridge.run(
+        lambda outputs=None: [np.asarray(fn(), dtype=dtype.as_numpy_dtype)],
+        [],
+        [dtype],
+        [tf.TensorShape([])],
+        name,
+        collective=collective,
+    )[0]
 
 
 @_no_autograph
@@ -583,8 +748,9 @@ def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     Returns:
         An int32 scalar tensor.
     """
-    return _scalar_op(lambda: _bridge.process_set_by_id(process_set_id).size(),
-                      name or "HorovodSize")
+    return _scalar_op(
+        lambda: _bridge.process_set_by_id(process_set_id).size(), name or "HorovodSize"
+    )
 
 
 @_no_autograph
@@ -627,5 +793,7 @@ def process_set_included_op(process_set_id: int = 0, name: str | None = None) ->
     Returns:
         An int32 scalar tensor: 1 for a member, else 0.
     """
-    return _scalar_op(lambda: int(_bridge.process_set_by_id(process_set_id).included()),
-                      name or "HorovodProcessSetIncluded")
+    return _scalar_op(
+        lambda: int(_bridge.process_set_by_id(process_set_id).included()),
+        name or "HorovodProcessSetIncluded",
+    )

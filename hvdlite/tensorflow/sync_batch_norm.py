@@ -60,8 +60,8 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         k = tf.size(count_vec)
         n_channels = tf.size(total)
         g_count = tf.reshape(reduced[:k], tf.shape(count_vec))
-        g_sum = tf.reshape(reduced[k:k + n_channels], stat_shape)
-        g_sq = tf.reshape(reduced[k + n_channels:], stat_shape)
+        g_sum = tf.reshape(reduced[k : k + n_channels], stat_shape)
+        g_sq = tf.reshape(reduced[k + n_channels :], stat_shape)
         if mask is None:
             g_count = tf.reshape(g_count, [])
         else:

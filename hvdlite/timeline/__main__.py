@@ -14,18 +14,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hvdlite.timeline",
         description="Read an hvdlite timeline (a Chrome trace written by rank 0). "
-                    "A file cut off by a killed job loads too.")
+        "A file cut off by a killed job loads too.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    text = sub.add_parser("summary", help="per phase and per tensor: total and median "
-                                          "time; the ranks that reported last")
+    text = sub.add_parser(
+        "summary",
+        help="per phase and per tensor: total and median time; the ranks that reported last",
+    )
     text.add_argument("file")
     text.add_argument("--top", type=int, default=30, help="tensors listed (default 30)")
     picture = sub.add_parser("plot", help="draw one or more steps (needs matplotlib)")
     picture.add_argument("file")
     picture.add_argument("-o", "--output", required=True, help="image file (.png, .svg, .pdf)")
-    picture.add_argument("--step", type=int, default=2,
-                         help="first step drawn, counted from 1 (default 2: the first step "
-                              "negotiates every name with the coordinator)")
+    picture.add_argument(
+        "--step",
+        type=int,
+        default=2,
+        help="first step drawn, counted from 1 (default 2: the first step "
+        "negotiates every name with the coordinator)",
+    )
     picture.add_argument("--steps", type=int, default=1, help="steps drawn (default 1)")
     args = parser.parse_args(argv)
 

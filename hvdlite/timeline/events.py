@@ -42,22 +42,31 @@ _PATHS = {"mpi": "MPI"}  # Transport values as they read in a slice name
 _LAST_SHOWN = 16  # ranks listed in a negotiation's "last" at most
 
 _TID = "\x00"  # stands for the track id in a batch's block of lines
-_SLICE = ('{"ph":"X","cat":"%s","name":"%s","pid":0,"tid":\x00,"ts":%.3f,"dur":%.3f,'
-          '"args":{"batch":%d}},\n')
-_OP = ('{"ph":"X","cat":"op","name":"%s","pid":0,"tid":%d,"ts":%.3f,"dur":%.3f,'
-       '"args":{"batch":%d,"fused":%d,%s}},\n')
-_NEGOTIATE = ('{"ph":"X","cat":"negotiate","name":"negotiate %s","pid":0,"tid":%d,'
-              '"ts":%.3f,"dur":%.3f,"args":%s},\n')
-_REPORT = ('{"ph":"i","s":"t","cat":"report","name":"rank %d ready","pid":0,"tid":%d,'
-           '"ts":%.3f,"args":{"rank":%d}},\n')
-_CYCLE = ('{"ph":"X","cat":"cycle","name":"cycle %d","pid":0,"tid":%d,"ts":%.3f,'
-          '"dur":%.3f},\n')
+_SLICE = (
+    '{"ph":"X","cat":"%s","name":"%s","pid":0,"tid":\x00,"ts":%.3f,"dur":%.3f,'
+    '"args":{"batch":%d}},\n'
+)
+_OP = (
+    '{"ph":"X","cat":"op","name":"%s","pid":0,"tid":%d,"ts":%.3f,"dur":%.3f,'
+    '"args":{"batch":%d,"fused":%d,%s}},\n'
+)
+_NEGOTIATE = (
+    '{"ph":"X","cat":"negotiate","name":"negotiate %s","pid":0,"tid":%d,'
+    '"ts":%.3f,"dur":%.3f,"args":%s},\n'
+)
+_REPORT = (
+    '{"ph":"i","s":"t","cat":"report","name":"rank %d ready","pid":0,"tid":%d,'
+    '"ts":%.3f,"args":{"rank":%d}},\n'
+)
+_CYCLE = '{"ph":"X","cat":"cycle","name":"cycle %d","pid":0,"tid":%d,"ts":%.3f,"dur":%.3f},\n'
 _REPORTED = '{"ranks":%d,"last":%s,"wait_for_last_us":%.3f}'
 _DESCRIPTION = '"dtypes":%s,"shapes":%s'
 _PROCESS = '{"ph":"M","name":"process_name","pid":0,"args":{"name":%s}},\n'
 _END = '{"ph":"i","s":"g","name":"timeline end","pid":0,"tid":0,"ts":%.3f}\n]\n'
-_TRACK = ('{"ph":"M","name":"thread_name","pid":0,"tid":%d,"args":{"name":%s}},\n'
-          '{"ph":"M","name":"thread_sort_index","pid":0,"tid":%d,"args":{"sort_index":%d}},\n')
+_TRACK = (
+    '{"ph":"M","name":"thread_name","pid":0,"tid":%d,"args":{"name":%s}},\n'
+    '{"ph":"M","name":"thread_sort_index","pid":0,"tid":%d,"args":{"sort_index":%d}},\n'
+)
 
 
 class _Negotiation:
@@ -85,8 +94,11 @@ class _Negotiation:
     def args(self) -> str:
         if not self.reported:
             return '{"cached":true}'
-        return _REPORTED % (self.reported, json.dumps(self.last_ranks[:_LAST_SHOWN]),
-                            (self.last - self.first) * 1e6)
+        return _REPORTED % (
+            self.reported,
+            json.dumps(self.last_ranks[:_LAST_SHOWN]),
+            (self.last - self.first) * 1e6,
+        )
 
 
 class TraceBuilder:
@@ -146,8 +158,10 @@ class TraceBuilder:
     def _end_cycle(self, out: list[str]) -> None:
         if self._cycle is not None:
             number, start = self._cycle
-            out.append(_CYCLE % (number, s.CYCLES_TRACK, self._us(start),
-                                 max(0.0, self._latest - start) * 1e6))
+            out.append(
+                _CYCLE
+                % (number, s.CYCLES_TRACK, self._us(start), max(0.0, self._latest - start) * 1e6)
+            )
             self._cycle = None
 
     def _submitted(self, items) -> None:
@@ -205,11 +219,22 @@ class TraceBuilder:
             neg = self._open.pop(key, None)
             if neg is not None:
                 start = min(max(neg.start, self._t0), decided)
-                out.append(_NEGOTIATE % (kind, tid, self._us(start), (decided - start) * 1e6,
-                                         neg.args()))
+                out.append(
+                    _NEGOTIATE % (kind, tid, self._us(start), (decided - start) * 1e6, neg.args())
+                )
             if executed:
-                out.append(_OP % (kind, tid, at, took, self._batches, fused,
-                                  self._describe(key, response.params)))
+                out.append(
+                    _OP
+                    % (
+                        kind,
+                        tid,
+                        at,
+                        took,
+                        self._batches,
+                        fused,
+                        self._describe(key, response.params),
+                    )
+                )
                 out.append(block.replace(_TID, str(tid)))
 
     def _phases(self, marks, finish, end, decided, path, kind, batch_id) -> str:
@@ -218,26 +243,37 @@ class TraceBuilder:
         points = marks[1:] or [(s.COLLECTIVE, start)]
         path = getattr(path, "value", path) or "mpi"
         name = f"{_PATHS.get(path, path)} {kind}"
-        lines = [_SLICE % (s.QUEUE, "queue", self._us(decided), max(0.0, start - decided) * 1e6,
-                           batch_id)]
+        lines = [
+            _SLICE
+            % (s.QUEUE, "queue", self._us(decided), max(0.0, start - decided) * 1e6, batch_id)
+        ]
         stop = finish if finish is not None else end
         for i, (phase, t) in enumerate(points):
             t = start if i == 0 else t
             until = points[i + 1][1] if i + 1 < len(points) else stop
             label = name if phase == s.COLLECTIVE else s.LABELS[phase]
-            lines.append(_SLICE % (phase, label, self._us(t), max(0.0, until - t) * 1e6,
-                                   batch_id))
+            lines.append(_SLICE % (phase, label, self._us(t), max(0.0, until - t) * 1e6, batch_id))
         if finish is not None:
-            lines.append(_SLICE % (s.CALLBACKS, "callbacks", self._us(finish),
-                                   max(0.0, end - finish) * 1e6, batch_id))
+            lines.append(
+                _SLICE
+                % (
+                    s.CALLBACKS,
+                    "callbacks",
+                    self._us(finish),
+                    max(0.0, end - finish) * 1e6,
+                    batch_id,
+                )
+            )
         return "".join(lines)
 
     def _describe(self, key, params) -> str:
         known = self._described.get(key)
         if known is not None and known[0] == params:
             return known[1]
-        text = _DESCRIPTION % (json.dumps(list(params.dtypes)),
-                               json.dumps([list(x) for x in params.shapes]))
+        text = _DESCRIPTION % (
+            json.dumps(list(params.dtypes)),
+            json.dumps([list(x) for x in params.shapes]),
+        )
         if len(self._described) >= _KEYS_KEPT:
             self._described.clear()
         self._described[key] = (params, text)
@@ -250,7 +286,7 @@ class TraceBuilder:
             return tid
         set_id, name = key
         auto = name.find(_NONAME + ".")
-        row = name if auto < 0 else name[:auto + len(_NONAME)]
+        row = name if auto < 0 else name[: auto + len(_NONAME)]
         if set_id:
             row = f"{row} (process set {set_id})"
         tid = self._tracks.get(row)

@@ -18,8 +18,14 @@ __all__ = ["plot_steps", "step_starts", "MAX_ROWS_DRAWN", "MissingMatplotlib"]
 
 #: Tensor rows in one picture at most (the first to start in the window).
 MAX_ROWS_DRAWN = 60
-_COLOURS = {s.NEGOTIATE: "#c9c9c9", s.QUEUE: "#f2c14e", s.COPY_IN: "#5b9bd5",
-            s.COLLECTIVE: "#d1495b", s.COPY_OUT: "#66a182", s.CALLBACKS: "#8d6cab"}
+_COLOURS = {
+    s.NEGOTIATE: "#c9c9c9",
+    s.QUEUE: "#f2c14e",
+    s.COPY_IN: "#5b9bd5",
+    s.COLLECTIVE: "#d1495b",
+    s.COPY_OUT: "#66a182",
+    s.CALLBACKS: "#8d6cab",
+}
 
 
 class MissingMatplotlib(RuntimeError):
@@ -45,15 +51,17 @@ def _window(trace: Trace, first: int, count: int) -> tuple[float, float, int, in
         raise ValueError("the trace has no tensor slices to draw")
     first = min(max(first, 1), len(starts))
     last = min(first + count - 1, len(starts))
-    end_times = [float(e["ts"]) + float(e.get("dur", 0)) for e in trace.events
-                 if e.get("ph") == "X"]
+    end_times = [
+        float(e["ts"]) + float(e.get("dur", 0)) for e in trace.events if e.get("ph") == "X"
+    ]
     lo = starts[first - 1]
     hi = starts[last] if last < len(starts) else max(end_times)
     return lo, hi, first, last
 
 
-def plot_steps(trace: Trace, out: str, first: int = 2, count: int = 1,
-               title: str = "") -> tuple[int, int]:
+def plot_steps(
+    trace: Trace, out: str, first: int = 2, count: int = 1, title: str = ""
+) -> tuple[int, int]:
     """Draw steps *first* .. *first* + *count* - 1 (1-based, clamped to the trace)
     into the image *out*; returns the steps drawn."""
     try:
@@ -63,7 +71,8 @@ def plot_steps(trace: Trace, out: str, first: int = 2, count: int = 1,
     except ImportError as exc:
         raise MissingMatplotlib(
             "plotting a timeline needs matplotlib: pip install 'hvdlite[plot]' "
-            "(or pip install matplotlib)") from exc
+            "(or pip install matplotlib)"
+        ) from exc
     lo, hi, first, last = _window(trace, first, count)
 
     def inside(e) -> bool:
@@ -76,8 +85,7 @@ def plot_steps(trace: Trace, out: str, first: int = 2, count: int = 1,
     order = sorted(rows, key=lambda tid: min(float(e["ts"]) for _, e in rows[tid]))
     order = order[:MAX_ROWS_DRAWN]
     cycles = [e for e in trace.slices.get(s.CYCLE, ()) if inside(e)]
-    labels = (["engine cycles"] if cycles else []) + [trace.tracks.get(t, str(t))
-                                                      for t in order]
+    labels = (["engine cycles"] if cycles else []) + [trace.tracks.get(t, str(t)) for t in order]
     fig = Figure(figsize=(12, 1.2 + 0.28 * len(labels)))
     ax = fig.add_subplot()
 
@@ -95,11 +103,15 @@ def plot_steps(trace: Trace, out: str, first: int = 2, count: int = 1,
         by_phase: dict[str, list] = {}
         for phase, e in rows[tid]:
             by_phase.setdefault(phase, []).append(
-                (ms(float(e["ts"])), max(float(e.get("dur", 0)) / 1e3, 1e-3)))
+                (ms(float(e["ts"])), max(float(e.get("dur", 0)) / 1e3, 1e-3))
+            )
         for phase, bars in by_phase.items():
             ax.broken_barh(bars, (y + 0.15, 0.7), facecolors=_COLOURS[phase])
-    ticks = [(ms(float(e["ts"])), row_of[e.get("tid")]) for e in trace.reports
-             if e.get("tid") in row_of and lo <= float(e["ts"]) < hi]
+    ticks = [
+        (ms(float(e["ts"])), row_of[e.get("tid")])
+        for e in trace.reports
+        if e.get("tid") in row_of and lo <= float(e["ts"]) < hi
+    ]
     if ticks:
         ax.plot([x for x, _ in ticks], [y + 0.5 for _, y in ticks], "k|", markersize=9)
     ax.set_yticks([i + 0.5 for i in range(len(labels))], labels, fontsize=7)
@@ -110,10 +122,24 @@ def plot_steps(trace: Trace, out: str, first: int = 2, count: int = 1,
     ax.set_title(f"{title}: {steps}" if title else steps, fontsize=9)
     legend = [Patch(color=c, label=s.LABELS[p]) for p, c in _COLOURS.items()]
     if ticks:
-        legend.append(Line2D([], [], color="black", marker="|", linestyle="None",
-                             label="a rank reported (coordinator)"))
-    ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.6 / len(labels) - 0.1),
-              ncol=len(legend), fontsize=7, frameon=False)
+        legend.append(
+            Line2D(
+                [],
+                [],
+                color="black",
+                marker="|",
+                linestyle="None",
+                label="a rank reported (coordinator)",
+            )
+        )
+    ax.legend(
+        handles=legend,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.6 / len(labels) - 0.1),
+        ncol=len(legend),
+        fontsize=7,
+        frameon=False,
+    )
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     return first, last

@@ -27,8 +27,9 @@ def load(path) -> list[dict]:
     if isinstance(data, dict):
         data = data.get("traceEvents", [])
     if not isinstance(data, list):
-        raise ValueError(f"{path}: not a Chrome trace (neither a JSON array nor an object "
-                         "with traceEvents)")
+        raise ValueError(
+            f"{path}: not a Chrome trace (neither a JSON array nor an object with traceEvents)"
+        )
     return [event for event in data if isinstance(event, dict)]
 
 

@@ -60,8 +60,7 @@ class Timeline:
         if self.mark_cycles:
             append((schema.R_CYCLE, _clock(), number))
         if new_entries:
-            append((schema.R_SUBMIT,
-                    [(e.key, e.submitted, e.params.kind) for e in new_entries]))
+            append((schema.R_SUBMIT, [(e.key, e.submitted, e.params.kind) for e in new_entries]))
 
     def reports(self, gathered) -> None:
         """The coordinator received every rank's requests (``gathered[rank][0]``)."""
@@ -95,8 +94,7 @@ class Timeline:
     def batch_ended(self, batch) -> None:
         marks = self._marks
         if marks is not None:
-            self._records.append((schema.R_BATCH, batch, self._path, marks, self._finish,
-                                  _clock()))
+            self._records.append((schema.R_BATCH, batch, self._path, marks, self._finish, _clock()))
             self._marks = None
 
     # --------------------------------------------------------- any thread

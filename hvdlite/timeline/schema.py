@@ -28,8 +28,19 @@ from its start to the last thing recorded in it.
 from __future__ import annotations
 
 __all__ = [
-    "NEGOTIATE", "QUEUE", "COPY_IN", "COLLECTIVE", "COPY_OUT", "CALLBACKS", "PHASES",
-    "EXECUTION", "OPERATION", "REPORT", "CYCLE", "LABELS", "CYCLES_TRACK",
+    "NEGOTIATE",
+    "QUEUE",
+    "COPY_IN",
+    "COLLECTIVE",
+    "COPY_OUT",
+    "CALLBACKS",
+    "PHASES",
+    "EXECUTION",
+    "OPERATION",
+    "REPORT",
+    "CYCLE",
+    "LABELS",
+    "CYCLES_TRACK",
     "FIRST_TENSOR_TRACK",
 ]
 
@@ -49,8 +60,14 @@ CYCLE = "cycle"
 
 #: How each phase reads in a table or legend (a collective slice's own name says
 #: its path and kind).
-LABELS = {NEGOTIATE: "negotiate", QUEUE: "queue", COPY_IN: "copy in", COLLECTIVE: "collective",
-          COPY_OUT: "copy out", CALLBACKS: "callbacks"}
+LABELS = {
+    NEGOTIATE: "negotiate",
+    QUEUE: "queue",
+    COPY_IN: "copy in",
+    COLLECTIVE: "collective",
+    COPY_OUT: "copy out",
+    CALLBACKS: "callbacks",
+}
 
 CYCLES_TRACK = 1
 FIRST_TENSOR_TRACK = 2

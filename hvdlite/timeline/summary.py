@@ -27,8 +27,7 @@ def _stats(durations_us: list[float]) -> tuple[int, float, float]:
     """(count, total ms, median ms)."""
     if not durations_us:
         return 0, 0.0, 0.0
-    return (len(durations_us), sum(durations_us) / 1e3,
-            statistics.median(durations_us) / 1e3)
+    return (len(durations_us), sum(durations_us) / 1e3, statistics.median(durations_us) / 1e3)
 
 
 def summarize(trace: Trace) -> dict:
@@ -59,8 +58,9 @@ def summarize(trace: Trace) -> dict:
         if "last" not in args:
             continue
         name = trace.track(event)
-        entry = stragglers.setdefault(name, {"negotiations": 0, "waited": 0, "last": Counter(),
-                                             "waits_us": []})
+        entry = stragglers.setdefault(
+            name, {"negotiations": 0, "waited": 0, "last": Counter(), "waits_us": []}
+        )
         entry["negotiations"] += 1
         wait = float(args.get("wait_for_last_us", 0.0))
         if wait <= 0:
@@ -81,11 +81,15 @@ def summarize(trace: Trace) -> dict:
         "batches": len(batches - {None}),
         "cycles": len(trace.slices.get(s.CYCLE, ())),
         "phases": {row: _stats(d) for row, d in per_phase.items()},
-        "tensors": {name: {phase: _stats(d) for phase, d in phases.items()}
-                    for name, phases in per_tensor.items()},
+        "tensors": {
+            name: {phase: _stats(d) for phase, d in phases.items()}
+            for name, phases in per_tensor.items()
+        },
         "stragglers": stragglers,
-        "late_ranks": {rank: (count, statistics.median(waits_by_rank[rank]) / 1e3)
-                       for rank, count in last_counts.items()},
+        "late_ranks": {
+            rank: (count, statistics.median(waits_by_rank[rank]) / 1e3)
+            for rank, count in last_counts.items()
+        },
         "waited": waited,
         "coordinated": sum(e["negotiations"] for e in stragglers.values()),
     }
@@ -97,12 +101,17 @@ def _phase_order(row: str) -> tuple:
 
 
 def format_summary(summary: dict, top: int = 30) -> str:
-    lines = [f"{summary['span_ms']:.1f} ms traced, {summary['tracks']} tensor tracks, "
-             f"{summary['batches']} batches"
-             + (f", {summary['cycles']} engine cycles" if summary["cycles"] else "")]
+    lines = [
+        f"{summary['span_ms']:.1f} ms traced, {summary['tracks']} tensor tracks, "
+        f"{summary['batches']} batches"
+        + (f", {summary['cycles']} engine cycles" if summary["cycles"] else "")
+    ]
 
-    lines += ["", "Per phase (negotiate: per tensor, they overlap; the others: per batch)",
-              f"{'phase':44s}{'count':>8s}{'total ms':>12s}{'median ms':>12s}"]
+    lines += [
+        "",
+        "Per phase (negotiate: per tensor, they overlap; the others: per batch)",
+        f"{'phase':44s}{'count':>8s}{'total ms':>12s}{'median ms':>12s}",
+    ]
     for row in sorted(summary["phases"], key=_phase_order):
         n, total, median = summary["phases"][row]
         phase, _, path = row.partition(": ")
@@ -112,38 +121,49 @@ def format_summary(summary: dict, top: int = 30) -> str:
     tensors = summary["tensors"]
     ranked = sorted(tensors, key=lambda name: -sum(v[1] for v in tensors[name].values()))
     header = "".join(f"{s.LABELS[p]:>20s}" for p in s.PHASES)
-    lines += ["", f"Per tensor: total / median ms per phase (top {min(top, len(ranked))} of "
-                  f"{len(ranked)} by total time)",
-              f"{'tensor':32s}{'count':>6s}{header}"]
+    lines += [
+        "",
+        f"Per tensor: total / median ms per phase (top {min(top, len(ranked))} of "
+        f"{len(ranked)} by total time)",
+        f"{'tensor':32s}{'count':>6s}{header}",
+    ]
     for name in ranked[:top]:
         phases = tensors[name]
         count = max((v[0] for v in phases.values()), default=0)
         cells = "".join(
             f"{phases[p][1]:11.3f} /{phases[p][2]:7.3f}" if p in phases else f"{'-':>20s}"
-            for p in s.PHASES)
+            for p in s.PHASES
+        )
         shown = name if len(name) <= 31 else "..." + name[-28:]
         lines.append(f"{shown:32s}{count:6d}{cells}")
 
     lines += ["", "Stragglers (negotiations through the coordinator; rank 0's report times)"]
     if not summary["coordinated"]:
-        lines.append("  none recorded: every tensor was decided by the response cache. "
-                     "Start the job with HVDLITE_CACHE_CAPACITY=0 to send every name to the "
-                     "coordinator and see which ranks report last.")
+        lines.append(
+            "  none recorded: every tensor was decided by the response cache. "
+            "Start the job with HVDLITE_CACHE_CAPACITY=0 to send every name to the "
+            "coordinator and see which ranks report last."
+        )
         return "\n".join(lines)
-    lines.append(f"  {summary['coordinated']} negotiations, {summary['waited']} of them waited "
-                 "for a later cycle's report")
-    for rank, (count, median) in sorted(summary["late_ranks"].items(),
-                                        key=lambda kv: -kv[1][0]):
-        lines.append(f"  rank {rank}: last to report {count} times, median wait for it "
-                     f"{median:.3f} ms")
+    lines.append(
+        f"  {summary['coordinated']} negotiations, {summary['waited']} of them waited "
+        "for a later cycle's report"
+    )
+    for rank, (count, median) in sorted(summary["late_ranks"].items(), key=lambda kv: -kv[1][0]):
+        lines.append(
+            f"  rank {rank}: last to report {count} times, median wait for it {median:.3f} ms"
+        )
     late = {n: e for n, e in summary["stragglers"].items() if e["waited"]}
     if late:
-        lines.append(f"  {'tensor':32s}{'waited':>8s}{'median ms':>11s}  slowest ranks "
-                     "(times last)")
+        lines.append(
+            f"  {'tensor':32s}{'waited':>8s}{'median ms':>11s}  slowest ranks (times last)"
+        )
         for name in sorted(late, key=lambda n: -sum(late[n]["waits_us"]))[:top]:
             e = late[name]
             slow = ", ".join(f"{r} ({c})" for r, c in e["last"].most_common(5))
             shown = name if len(name) <= 31 else "..." + name[-28:]
-            lines.append(f"  {shown:32s}{e['waited']:5d}/{e['negotiations']:<2d}"
-                         f"{statistics.median(e['waits_us']) / 1e3:11.3f}  {slow}")
+            lines.append(
+                f"  {shown:32s}{e['waited']:5d}/{e['negotiations']:<2d}"
+                f"{statistics.median(e['waits_us']) / 1e3:11.3f}  {slow}"
+            )
     return "\n".join(lines)

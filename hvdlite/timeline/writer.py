@@ -35,8 +35,7 @@ class Writer:
         self._lock = threading.Lock()  # one drain at a time (the thread, or close)
         self._warned_backlog = False
         self._write(builder.header())
-        self._thread = threading.Thread(target=self._run, name="hvdlite-timeline",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="hvdlite-timeline", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -48,8 +47,10 @@ class Writer:
             records = self._records
             if not self._warned_backlog and records.maxlen and len(records) >= records.maxlen:
                 self._warned_backlog = True
-                log.warning("hvdlite: the timeline writer fell behind the engine; some of "
-                            "its events were dropped.")
+                log.warning(
+                    "hvdlite: the timeline writer fell behind the engine; some of "
+                    "its events were dropped."
+                )
             add = self._builder.add
             while records:
                 lines: list[str] = []
@@ -80,8 +81,11 @@ class Writer:
         """Stop writing (one warning); never fail the engine."""
         if self._file is None:
             return
-        log.warning("hvdlite: the timeline could not be written (%s); it is off from now on, "
-                    "and the file ends where the failed write began.", why)
+        log.warning(
+            "hvdlite: the timeline could not be written (%s); it is off from now on, "
+            "and the file ends where the failed write began.",
+            why,
+        )
         try:
             self._file.close()
         except OSError:

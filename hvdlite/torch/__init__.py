@@ -18,14 +18,37 @@ Cross-rank contracts are stated on each function.
 """
 
 from hvdlite.basics import (
-    ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
-    is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
-    stop_timeline
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
 )
 from hvdlite.dynamic_sets import add_process_set, remove_process_set
-from hvdlite.exceptions import (ArgumentError, CollectiveTimeoutError, HorovodInternalError,
-                                HostsUpdatedInterrupt, MismatchError)
+from hvdlite.exceptions import (
+    ArgumentError,
+    CollectiveTimeoutError,
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+    MismatchError,
+)
 from hvdlite.ops import Adasum, Average, Max, Min, Product, Sum
 from hvdlite.process_sets import ProcessSet, global_process_set
 from hvdlite.torch.compression import Compression
@@ -80,15 +103,26 @@ from hvdlite.torch.mpi_ops import __all__ as _mpi_ops_all
 
 __all__ = [
     *COMMON_NAMES,
-    "HorovodInternalError", "HostsUpdatedInterrupt", "ArgumentError", "CollectiveTimeoutError",
+    "HorovodInternalError",
+    "HostsUpdatedInterrupt",
+    "ArgumentError",
+    "CollectiveTimeoutError",
     "MismatchError",
     # collectives
     *_mpi_ops_all,
     # training helpers
-    "Compression", "DistributedOptimizer", "broadcast_parameters",
-    "broadcast_optimizer_state", "broadcast_object", "allgather_object", "SyncBatchNorm",
+    "Compression",
+    "DistributedOptimizer",
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
+    "broadcast_object",
+    "allgather_object",
+    "SyncBatchNorm",
     # gradient reducers for DistributedOptimizer(reducer=...)
-    "GradientReducer", "ReductionContext", "AllreduceReducer", "CompressorReducer",
+    "GradientReducer",
+    "ReductionContext",
+    "AllreduceReducer",
+    "CompressorReducer",
     "AdasumReducer",
     # elastic training (hvd.elastic.run, TorchState, ElasticSampler)
     "elastic",

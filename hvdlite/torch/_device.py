@@ -24,7 +24,8 @@ def check(tensor: torch.Tensor, what: str) -> None:
     if tensor.device.type != "cuda":
         raise ArgumentError(
             f"hvdlite.torch.{what}: the tensor is on device '{tensor.device}'; hvdlite moves "
-            "CPU and CUDA tensors only: move it with tensor.cpu() or tensor.cuda() first")
+            "CPU and CUDA tensors only: move it with tensor.cpu() or tensor.cuda() first"
+        )
 
 
 def engine_view(tensor: torch.Tensor):

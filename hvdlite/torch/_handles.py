@@ -26,33 +26,50 @@ from hvdlite.torch import _device
 __all__ = ["poll", "synchronize"]
 
 # dtypes whose .numpy() view the engine takes as is; bfloat16 is handled here.
-_NUMPY_DTYPES = frozenset({
-    torch.uint8, torch.int8, torch.uint16, torch.int16, torch.int32, torch.int64,
-    torch.float16, torch.float32, torch.float64, torch.bool,
-})
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.uint8,
+        torch.int8,
+        torch.uint16,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.bool,
+    }
+)
 _ACCEPTED = _NUMPY_DTYPES | {torch.bfloat16}
-_SUPPORTED = ("uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, "
-              "bool")
+_SUPPORTED = "uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, bool"
 
 
 # --------------------------------------------------------------------------- checks
 
 
 def _check(tensor, what: str) -> None:
-    if tensor.__class__ is torch.Tensor and tensor.is_cpu and tensor.layout is torch.strided \
-            and tensor.dtype in _ACCEPTED:
+    if (
+        tensor.__class__ is torch.Tensor
+        and tensor.is_cpu
+        and tensor.layout is torch.strided
+        and tensor.dtype in _ACCEPTED
+    ):
         return  # the common case, in a few attribute reads
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"hvdlite.torch.{what}: expected a torch.Tensor, "
-                        f"got {type(tensor).__name__}")
+        raise TypeError(
+            f"hvdlite.torch.{what}: expected a torch.Tensor, got {type(tensor).__name__}"
+        )
     if tensor.device.type != "cpu":
         _device.check(tensor, what)
     if tensor.layout != torch.strided:
-        raise ArgumentError(f"hvdlite.torch.{what}: {tensor.layout} tensors are not supported; "
-                         f"use sparse_allreduce_async for sparse COO tensors")
+        raise ArgumentError(
+            f"hvdlite.torch.{what}: {tensor.layout} tensors are not supported; "
+            f"use sparse_allreduce_async for sparse COO tensors"
+        )
     if tensor.dtype not in _NUMPY_DTYPES and tensor.dtype != torch.bfloat16:
-        raise ArgumentError(f"hvdlite.torch.{what}: unsupported dtype {tensor.dtype}; "
-                         f"supported: {_SUPPORTED}")
+        raise ArgumentError(
+            f"hvdlite.torch.{what}: unsupported dtype {tensor.dtype}; supported: {_SUPPORTED}"
+        )
 
 
 def _source(tensor, what: str) -> torch.Tensor:
@@ -67,10 +84,12 @@ def _target(tensor, what: str) -> torch.Tensor:
     """A detached view of *tensor* for in-place ops, which need it contiguous."""
     _check(tensor, what)
     if not tensor.is_contiguous():
-        raise ArgumentError(f"hvdlite.torch.{what}: in-place ops need a contiguous tensor "
-                         f"(got strides {tuple(tensor.stride())} for shape "
-                         f"{tuple(tensor.shape)}); use the out-of-place spelling or "
-                         f"call .contiguous() first")
+        raise ArgumentError(
+            f"hvdlite.torch.{what}: in-place ops need a contiguous tensor "
+            f"(got strides {tuple(tensor.stride())} for shape "
+            f"{tuple(tensor.shape)}); use the out-of-place spelling or "
+            f"call .contiguous() first"
+        )
     return tensor.detach() if tensor.requires_grad else tensor
 
 
@@ -164,8 +183,7 @@ class _AllOf(_handles.Handle):
                 part.exception(left)
             except FutureTimeout:
                 break
-        return super().result(None if deadline is None
-                              else max(0.0, deadline - time.monotonic()))
+        return super().result(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def __call__(self):
         """Wait and return the converted result: Horovod's sparse handles are called

@@ -30,8 +30,7 @@ from hvdlite.torch.mpi_ops import grouped_allreduce_async_, synchronize
 __all__ = ["adasum_delta_step"]
 
 
-def adasum_delta_step(named_params, base_step, closure, *, compression, process_set,
-                      start: dict):
+def adasum_delta_step(named_params, base_step, closure, *, compression, process_set, start: dict):
     """Run *base_step* (the wrapped optimizer's own step) on this rank's
     gradients, then set each parameter of *named_params* (a list of (name,
     parameter), in the same order on every rank) to its value before the step
@@ -53,8 +52,11 @@ def adasum_delta_step(named_params, base_step, closure, *, compression, process_
     with torch.no_grad():
         wires = [compression.compress(p - start[p]) for p in params]
         name = f"hvdlite.adasum_delta.{named_params[0][0]}"
-        synchronize(grouped_allreduce_async_([w for w, _ in wires], name=name, op=Adasum,
-                                             process_set=process_set))
+        synchronize(
+            grouped_allreduce_async_(
+                [w for w, _ in wires], name=name, op=Adasum, process_set=process_set
+            )
+        )
         for p, (wire, ctx) in zip(params, wires, strict=True):
             p.copy_(start[p].add_(compression.decompress(wire, ctx)))
     return result, sum(w.nbytes for w, _ in wires)

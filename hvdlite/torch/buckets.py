@@ -36,10 +36,15 @@ def bucket_cap_bytes(bucket_cap_mb) -> int:
     turns buckets off (one allreduce per gradient, as Horovod does)."""
     if bucket_cap_mb is None:
         return int(basics.job_config().bucket_cap_mb * (1 << 20))
-    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
-            or not 0 <= bucket_cap_mb < float("inf"):
-        raise ValueError(f"bucket_cap_mb must be a finite number of MB >= 0 (0: one "
-                         f"allreduce per gradient), got {bucket_cap_mb!r}")
+    if (
+        isinstance(bucket_cap_mb, bool)
+        or not isinstance(bucket_cap_mb, (int, float))
+        or not 0 <= bucket_cap_mb < float("inf")
+    ):
+        raise ValueError(
+            f"bucket_cap_mb must be a finite number of MB >= 0 (0: one "
+            f"allreduce per gradient), got {bucket_cap_mb!r}"
+        )
     return int(bucket_cap_mb * (1 << 20))
 
 

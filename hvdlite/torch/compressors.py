@@ -31,14 +31,15 @@ import zlib
 import torch
 
 from hvdlite.ops import Average, Sum
-from hvdlite.torch.mpi_ops import (
-    grouped_allgather_async,
-    grouped_allreduce_async_,
-    synchronize,
-)
+from hvdlite.torch.mpi_ops import grouped_allgather_async, grouped_allreduce_async_, synchronize
 
-__all__ = ["StatefulCompressor", "TopKCompressor", "PowerSGDCompressor", "topk_count",
-           "topk_indices"]
+__all__ = [
+    "StatefulCompressor",
+    "TopKCompressor",
+    "PowerSGDCompressor",
+    "topk_count",
+    "topk_indices",
+]
 
 STATE_KEY = "hvdlite_compression"  # the optimizer state_dict key holding our state
 
@@ -76,15 +77,19 @@ class StatefulCompressor:
     def _check_kind(self, state: dict) -> None:
         if not isinstance(state, dict) or state.get("kind") != self.kind:
             found = state.get("kind") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"the optimizer state holds '{found}' compression state, but this "
-                             f"DistributedOptimizer uses {self!r}; wrap it with the same "
-                             f"compression that wrote the checkpoint")
+            raise ValueError(
+                f"the optimizer state holds '{found}' compression state, but this "
+                f"DistributedOptimizer uses {self!r}; wrap it with the same "
+                f"compression that wrote the checkpoint"
+            )
 
     def compress(self, tensor):
         """Refused: the optimizer calls :meth:`reduce` instead."""
-        raise TypeError(f"{self!r} keeps per-parameter state across steps and works only as "
-                        "DistributedOptimizer(compression=...); for a single allreduce use "
-                        "Compression.fp16 or Compression.bf16")
+        raise TypeError(
+            f"{self!r} keeps per-parameter state across steps and works only as "
+            "DistributedOptimizer(compression=...); for a single allreduce use "
+            "Compression.fp16 or Compression.bf16"
+        )
 
     def decompress(self, tensor, ctx):
         """Refused, like :meth:`compress`."""
@@ -135,10 +140,11 @@ class TopKCompressor(StatefulCompressor):
     kind = "topk"
 
     def __init__(self, ratio: float = 0.01):
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) \
-                or not 0.0 < ratio <= 1.0:
-            raise ValueError(f"Compression.topk: ratio must be in (0, 1], got {ratio!r} "
-                             "(0.01 sends 1 % of each gradient)")
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < ratio <= 1.0:
+            raise ValueError(
+                f"Compression.topk: ratio must be in (0, 1], got {ratio!r} "
+                "(0.01 sends 1 % of each gradient)"
+            )
         self.ratio = float(ratio)
         self.residuals: dict[str, torch.Tensor] = {}
 
@@ -163,8 +169,9 @@ class TopKCompressor(StatefulCompressor):
         return values, indices
 
     @staticmethod
-    def scatter(values: torch.Tensor, indices: torch.Tensor, divisor: float,
-                out: torch.Tensor) -> torch.Tensor:
+    def scatter(
+        values: torch.Tensor, indices: torch.Tensor, divisor: float, out: torch.Tensor
+    ) -> torch.Tensor:
         """Overwrite the flat *out* with the sum of *values* at *indices*
         (repeated indices add up), divided by *divisor*."""
         values = values.to(out.dtype)
@@ -178,22 +185,33 @@ class TopKCompressor(StatefulCompressor):
         wires = []
         for name, grad in grads:
             wires.extend(self.select(name, grad))
-        gathered = synchronize(grouped_allgather_async(
-            wires, name=f"hvdlite.topk.{grads[0][0]}", process_set=process_set))
+        gathered = synchronize(
+            grouped_allgather_async(
+                wires, name=f"hvdlite.topk.{grads[0][0]}", process_set=process_set
+            )
+        )
         divisor = process_set.size() if op == Average else 1
-        for (_, grad), values, indices in zip(grads, gathered[0::2], gathered[1::2],
-                                              strict=True):
+        for (_, grad), values, indices in zip(grads, gathered[0::2], gathered[1::2], strict=True):
             if grad.is_contiguous():
                 self.scatter(values, indices, divisor, grad.view(-1))
             else:
-                _copy_into(grad, self.scatter(values, indices, divisor,
-                                              torch.empty(grad.numel(), dtype=grad.dtype,
-                                                          device=grad.device)))
+                _copy_into(
+                    grad,
+                    self.scatter(
+                        values,
+                        indices,
+                        divisor,
+                        torch.empty(grad.numel(), dtype=grad.dtype, device=grad.device),
+                    ),
+                )
         return sum(w.nbytes for w in wires)
 
     def state_dict(self) -> dict:
-        return {"kind": self.kind, "ratio": self.ratio,
-                "residuals": {n: r.clone() for n, r in self.residuals.items()}}
+        return {
+            "kind": self.kind,
+            "ratio": self.ratio,
+            "residuals": {n: r.clone() for n, r in self.residuals.items()},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self._check_kind(state)
@@ -223,8 +241,9 @@ class PowerSGDCompressor(StatefulCompressor):
     def __init__(self, rank: int = 4, start_step: int = 100, seed: int = 0):
         for what, value, low in (("rank", rank, 1), ("start_step", start_step, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"Compression.powersgd: {what} must be an integer >= {low}, "
-                                 f"got {value!r}")
+                raise ValueError(
+                    f"Compression.powersgd: {what} must be an integer >= {low}, got {value!r}"
+                )
         self.rank = rank
         self.start_step = start_step
         self.seed = int(seed)
@@ -272,8 +291,9 @@ class PowerSGDCompressor(StatefulCompressor):
         p.copy_(torch.linalg.qr(p_average, mode="reduced").Q)
         return matrix.t() @ p
 
-    def approximate(self, name: str, q_average: torch.Tensor,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+    def approximate(
+        self, name: str, q_average: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Phase 3 (local): returns the approximation P Q^T (n x m) of the
         averaged M (written to *out* if given); the residual becomes M - P Q^T
         and Q is kept (warm start)."""
@@ -296,10 +316,16 @@ class PowerSGDCompressor(StatefulCompressor):
         first = grads[0][0]
         # Phase 1: every P and every plain gradient, in flight together.  P is
         # always averaged (Sum would only rescale it); plain gradients use op.
-        handles = [grouped_allreduce_async_(tensors, name=f"hvdlite.powersgd.{what}.{first}",
-                                            op=group_op, process_set=process_set)
-                   for what, tensors, group_op in (("p", ps, Average), ("plain", wires, op))
-                   if tensors]
+        handles = [
+            grouped_allreduce_async_(
+                tensors,
+                name=f"hvdlite.powersgd.{what}.{first}",
+                op=group_op,
+                process_set=process_set,
+            )
+            for what, tensors, group_op in (("p", ps, Average), ("plain", wires, op))
+            if tensors
+        ]
         for h in handles:
             synchronize(h)
         for g, w in zip(plain, wires, strict=True):
@@ -310,8 +336,11 @@ class PowerSGDCompressor(StatefulCompressor):
             return sent
         # Phase 2: Q = M^T P for every matrix, one grouped allreduce.
         qs = [self.back_project(n, p) for (n, _), p in zip(matrices, ps, strict=True)]
-        synchronize(grouped_allreduce_async_(qs, name=f"hvdlite.powersgd.q.{first}",
-                                             op=Average, process_set=process_set))
+        synchronize(
+            grouped_allreduce_async_(
+                qs, name=f"hvdlite.powersgd.q.{first}", op=Average, process_set=process_set
+            )
+        )
         scale = process_set.size() if op == Sum else 1
         for (name, grad), q in zip(matrices, qs, strict=True):
             if grad.is_contiguous() and grad.dtype == q.dtype:  # straight into the gradient
@@ -324,17 +353,24 @@ class PowerSGDCompressor(StatefulCompressor):
         return sent + sum(q.nbytes for q in qs)
 
     def state_dict(self) -> dict:
-        return {"kind": self.kind, "rank": self.rank, "start_step": self.start_step,
-                "seed": self.seed, "steps": self.steps,
-                "qs": {n: q.clone() for n, q in self.qs.items()},
-                "residuals": {n: r.clone() for n, r in self.residuals.items()}}
+        return {
+            "kind": self.kind,
+            "rank": self.rank,
+            "start_step": self.start_step,
+            "seed": self.seed,
+            "steps": self.steps,
+            "qs": {n: q.clone() for n, q in self.qs.items()},
+            "residuals": {n: r.clone() for n, r in self.residuals.items()},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self._check_kind(state)
         if state["rank"] != self.rank:
-            raise ValueError(f"the checkpoint's PowerSGD state has rank {state['rank']}, this "
-                             f"compressor rank {self.rank}; use Compression.powersgd("
-                             f"rank={state['rank']}) to resume it")
+            raise ValueError(
+                f"the checkpoint's PowerSGD state has rank {state['rank']}, this "
+                f"compressor rank {self.rank}; use Compression.powersgd("
+                f"rank={state['rank']}) to resume it"
+            )
         self.steps = int(state["steps"])
         self.qs = {n: q.detach().clone() for n, q in state["qs"].items()}
         self.residuals = {n: r.detach().clone() for n, r in state["residuals"].items()}

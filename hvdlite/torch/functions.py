@@ -18,8 +18,12 @@ from hvdlite import objects as _objects
 from hvdlite.process_sets import global_process_set
 from hvdlite.torch.mpi_ops import broadcast_async_, synchronize
 
-__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
-           "allgather_object"]
+__all__ = [
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
+    "broadcast_object",
+    "allgather_object",
+]
 
 
 def _broadcast_tensors_(tensors, root_rank: int, names, process_set) -> None:
@@ -28,8 +32,9 @@ def _broadcast_tensors_(tensors, root_rank: int, names, process_set) -> None:
     for tensor, name in zip(tensors, names, strict=True):
         view = tensor.detach()
         staging = view if view.is_contiguous() else view.contiguous()
-        pending.append((broadcast_async_(staging, root_rank, name, process_set=process_set),
-                        view, staging))
+        pending.append(
+            (broadcast_async_(staging, root_rank, name, process_set=process_set), view, staging)
+        )
     for handle, view, staging in pending:
         synchronize(handle)
         if staging is not view:
@@ -46,15 +51,19 @@ def broadcast_parameters(params, root_rank: int, process_set=global_process_set)
     if isinstance(params, Mapping):
         items = sorted(params.items(), key=lambda kv: str(kv[0]))
     elif isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
-        raise ValueError(f"invalid params of type: {type(params).__name__}; pass a "
-                         f"state_dict, named_parameters() or a list of tensors")
+        raise ValueError(
+            f"invalid params of type: {type(params).__name__}; pass a "
+            f"state_dict, named_parameters() or a list of tensors"
+        )
     else:
         items = [p if isinstance(p, tuple) else (None, p) for p in params]
     items = [(name, p) for name, p in items if p is not None]
     for name, p in items:
         if not isinstance(p, torch.Tensor):
-            raise ValueError(f"broadcast_parameters: {name or 'an entry'} is a "
-                             f"{type(p).__name__}, not a torch.Tensor")
+            raise ValueError(
+                f"broadcast_parameters: {name or 'an entry'} is a "
+                f"{type(p).__name__}, not a torch.Tensor"
+            )
     _broadcast_tensors_([p for _, p in items], root_rank, [n for n, _ in items], process_set)
 
 
@@ -82,8 +91,11 @@ def _strip(obj, tensors: list):
 def _fill(obj, tensors: list):
     """Inverse of :func:`_strip` on a non-root rank: allocate a tensor per slot."""
     if isinstance(obj, _Slot):
-        device = torch.device("cuda", torch.cuda.current_device()) \
-            if obj.device_type == "cuda" else "cpu"
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if obj.device_type == "cuda"
+            else "cpu"
+        )
         tensors.append(torch.empty(obj.shape, dtype=obj.dtype, device=device))
         return tensors[-1]
     if isinstance(obj, dict):
@@ -93,8 +105,9 @@ def _fill(obj, tensors: list):
     return obj
 
 
-def broadcast_optimizer_state(optimizer, root_rank: int, model=None,
-                              process_set=global_process_set) -> None:
+def broadcast_optimizer_state(
+    optimizer, root_rank: int, model=None, process_set=global_process_set
+) -> None:
     """Give every rank the root rank's optimizer state and hyperparameters.
 
     The root's ``state_dict()`` travels as a small pickled skeleton plus one
@@ -109,16 +122,18 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None,
     other, as in any MPI job.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError("broadcast_optimizer_state expects a torch.optim.Optimizer, got "
-                        f"{type(optimizer).__name__}")
+        raise TypeError(
+            "broadcast_optimizer_state expects a torch.optim.Optimizer, got "
+            f"{type(optimizer).__name__}"
+        )
     if not optimizer.state_dict()["state"] and not isinstance(optimizer, torch.optim.LBFGS):
         _initialize_state(optimizer)
     is_root = _basics.rank() == root_rank
     tensors: list = []
     skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
-    skeleton = _objects.broadcast_object(skeleton, root_rank,
-                                        name="broadcast_optimizer_state.skeleton",
-                                        process_set=process_set)
+    skeleton = _objects.broadcast_object(
+        skeleton, root_rank, name="broadcast_optimizer_state.skeleton", process_set=process_set
+    )
     if not is_root:
         state_dict = _fill(skeleton, tensors)
     names = [f"broadcast_optimizer_state.{i}" for i in range(len(tensors))]
@@ -140,9 +155,11 @@ def _initialize_state(optimizer) -> None:
                 p.grad = torch.zeros_like(p)
                 if isinstance(optimizer, torch.optim.SparseAdam):
                     p.grad = p.grad.to_sparse()
-    local = next(cls for cls in type(optimizer).__mro__
-                 if issubclass(cls, torch.optim.Optimizer)
-                 and not cls.__module__.startswith("hvdlite."))
+    local = next(
+        cls
+        for cls in type(optimizer).__mro__
+        if issubclass(cls, torch.optim.Optimizer) and not cls.__module__.startswith("hvdlite.")
+    )
     local.step(optimizer)
 
 

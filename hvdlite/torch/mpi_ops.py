@@ -86,13 +86,33 @@ if TYPE_CHECKING:  # annotations only (postponed by the __future__ import)
 _now = _collectives.call_and_wait
 
 __all__ = [
-    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
-    "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
-    "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
-    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
-    "poll", "synchronize", "join", "barrier",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "allgather",
+    "allgather_async",
+    "grouped_allgather",
+    "grouped_allgather_async",
+    "broadcast",
+    "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
+    "alltoall",
+    "alltoall_async",
+    "reducescatter",
+    "reducescatter_async",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
+    "sparse_allreduce_async",
+    "poll",
+    "synchronize",
+    "join",
+    "barrier",
 ]
 
 # --------------------------------------------------------------------- allreduce
@@ -103,16 +123,33 @@ __all__ = [
 _WIDENED = (torch.bfloat16, torch.float16)
 
 
-def _allreduce(sources, outputs, average, name, op, prescale_factor, postscale_factor,
-               process_set, grouped: bool, returned):
+def _allreduce(
+    sources,
+    outputs,
+    average,
+    name,
+    op,
+    prescale_factor,
+    postscale_factor,
+    process_set,
+    grouped: bool,
+    returned,
+):
     """Submit one (grouped) allreduce of *sources* into *outputs*; synchronize
     returns *returned* (the user's tensor(s) for in-place ops)."""
     if not grouped and sources[0].dtype not in _WIDENED:  # the lean, common case
         src, out = sources[0], outputs[0]
         arr = _array(src)
         handle = _collectives.allreduce_async(
-            arr, average, _named("allreduce", name), op, prescale_factor, postscale_factor,
-            process_set, output=arr if out is src else _array(out))
+            arr,
+            average,
+            _named("allreduce", name),
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+            output=arr if out is src else _array(out),
+        )
         return _attach(handle, lambda _result: returned)
     ins, outs, casts = [], [], []
     for src, out in zip(sources, outputs, strict=True):
@@ -125,9 +162,14 @@ def _allreduce(sources, outputs, average, name, op, prescale_factor, postscale_f
         else:
             ins.append(_array(src))
             outs.append(ins[-1] if out is src else _array(out))
-    kwargs = dict(average=average, name=_named("allreduce", name), op=op,
-                  prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                  process_set=process_set)
+    kwargs = dict(
+        average=average,
+        name=_named("allreduce", name),
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
     if grouped:
         handle = _collectives.grouped_allreduce_async(ins, outputs=outs, **kwargs)
     else:
@@ -152,17 +194,27 @@ def _plain_views(tensors) -> list | None:
     what is wrong with a tensor."""
     arrays = []
     for t in tensors:
-        if t.__class__ is not torch.Tensor or not t.is_cpu or t.layout is not torch.strided \
-                or t.dtype not in _AS_IS or not t.is_contiguous():
+        if (
+            t.__class__ is not torch.Tensor
+            or not t.is_cpu
+            or t.layout is not torch.strided
+            or t.dtype not in _AS_IS
+            or not t.is_contiguous()
+        ):
             return None
         arrays.append((t.detach() if t.requires_grad else t).numpy())
     return arrays
 
 
-def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-                    op: ReduceOp | None = None, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0,
-                    process_set: ProcessSet = global_process_set) -> Handle:
+def allreduce_async(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
     """Start reducing *tensor* over the ranks of *process_set* into a new tensor.
 
     Returns:
@@ -171,14 +223,29 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     """
     src = _source(tensor, "allreduce_async")
     out = torch.empty_like(src)
-    return _allreduce([src], [out], average, name, op, prescale_factor, postscale_factor,
-                      process_set, grouped=False, returned=out)
+    return _allreduce(
+        [src],
+        [out],
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        grouped=False,
+        returned=out,
+    )
 
 
-def allreduce_async_(tensor: torch.Tensor, average: bool | None = None,
-                     name: str | None = None, op: ReduceOp | None = None,
-                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                     process_set: ProcessSet = global_process_set) -> Handle:
+def allreduce_async_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
     """Start an in-place allreduce: the reduction overwrites *tensor* on every rank.
 
     Returns:
@@ -187,14 +254,29 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None,
         *tensor* only after it).
     """
     dst = _target(tensor, "allreduce_async_")
-    return _allreduce([dst], [dst], average, name, op, prescale_factor, postscale_factor,
-                      process_set, grouped=False, returned=tensor)
+    return _allreduce(
+        [dst],
+        [dst],
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        grouped=False,
+        returned=tensor,
+    )
 
 
-def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
-                            name: str | None = None, op: ReduceOp | None = None,
-                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                            process_set: ProcessSet = global_process_set) -> Handle:
+def grouped_allreduce_async(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
     """Start one allreduce of a list of tensors into new tensors, as one unit.
 
     Returns:
@@ -203,14 +285,29 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
     """
     srcs = [_source(t, "grouped_allreduce_async") for t in tensors]
     outs = [torch.empty_like(s) for s in srcs]
-    return _allreduce(srcs, outs, average, name, op, prescale_factor, postscale_factor,
-                      process_set, grouped=True, returned=outs)
+    return _allreduce(
+        srcs,
+        outs,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        grouped=True,
+        returned=outs,
+    )
 
 
-def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
-                             name: str | None = None, op: ReduceOp | None = None,
-                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                             process_set: ProcessSet = global_process_set) -> Handle:
+def grouped_allreduce_async_(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
     """Start an in-place allreduce of a list of tensors, as one unit: each
     reduction overwrites its input on every rank.
 
@@ -223,19 +320,37 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
     arrays = _plain_views(tensors)
     if arrays is not None:  # the common case (a gradient bucket): no per-tensor conversions
         handle = _collectives.grouped_allreduce_async(
-            arrays, average, _named("allreduce", name), op, prescale_factor, postscale_factor,
-            process_set, outputs=arrays)
+            arrays,
+            average,
+            _named("allreduce", name),
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+            outputs=arrays,
+        )
         return _attach(handle, lambda _result: tensors)
     dsts = [_target(t, "grouped_allreduce_async_") for t in tensors]
-    return _allreduce(dsts, dsts, average, name, op, prescale_factor, postscale_factor,
-                      process_set, grouped=True, returned=tensors)
+    return _allreduce(
+        dsts,
+        dsts,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        grouped=True,
+        returned=tensors,
+    )
 
 
 # ----------------------------------------------------------- allgather, broadcast
 
 
-def allgather_async(tensor: torch.Tensor, name: str | None = None,
-                    process_set: ProcessSet = global_process_set) -> Handle:
+def allgather_async(
+    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Handle:
     """Start concatenating every rank's *tensor* along dim 0, in rank order.
 
     Dim 0 may differ between ranks; the other dimensions must agree.
@@ -246,13 +361,17 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
         same on every rank.
     """
     src = _source(tensor, "allgather_async")
-    handle = _collectives.allgather_async(_array(src), name=_named("allgather", name),
-                                     process_set=process_set)
+    handle = _collectives.allgather_async(
+        _array(src), name=_named("allgather", name), process_set=process_set
+    )
     return _attach(handle, lambda result: _tensor(result, src.dtype))
 
 
-def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
-                            process_set: ProcessSet = global_process_set) -> Handle:
+def grouped_allgather_async(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
     """Start allgathering a list of tensors as one unit (see :func:`allgather_async`).
 
     Returns:
@@ -260,16 +379,21 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
         concatenation of each input in order, the same on every rank.
     """
     srcs = [_source(t, "grouped_allgather_async") for t in tensors]
-    handle = _collectives.grouped_allgather_async([_array(s) for s in srcs],
-                                             name=_named("allgather", name),
-                                             process_set=process_set)
+    handle = _collectives.grouped_allgather_async(
+        [_array(s) for s in srcs], name=_named("allgather", name), process_set=process_set
+    )
     dtypes = [s.dtype for s in srcs]
-    return _attach(handle, lambda result: [
-        _tensor(r, d) for r, d in zip(result, dtypes, strict=True)])
+    return _attach(
+        handle, lambda result: [_tensor(r, d) for r, d in zip(result, dtypes, strict=True)]
+    )
 
 
-def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
-                    process_set: ProcessSet = global_process_set) -> Handle:
+def broadcast_async(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
     """Start copying *root_rank*'s *tensor* into a new tensor on every rank.
 
     Arguments:
@@ -283,13 +407,22 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
     """
     src = _source(tensor, "broadcast_async")
     out = torch.empty_like(src)
-    handle = _collectives.broadcast_async(_array(src), root_rank, name=_named("broadcast", name),
-                                     process_set=process_set, output=_array(out))
+    handle = _collectives.broadcast_async(
+        _array(src),
+        root_rank,
+        name=_named("broadcast", name),
+        process_set=process_set,
+        output=_array(out),
+    )
     return _attach(handle, lambda _result: out)
 
 
-def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
-                     process_set: ProcessSet = global_process_set) -> Handle:
+def broadcast_async_(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
     """Start an in-place broadcast: the root's values overwrite *tensor* on the
     other ranks (see :func:`broadcast_async` for *root_rank*).
 
@@ -298,8 +431,9 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
         the root's values.
     """
     arr = _array(_target(tensor, "broadcast_async_"))
-    handle = _collectives.broadcast_async(arr, root_rank, name=_named("broadcast", name),
-                                     process_set=process_set, output=arr)
+    handle = _collectives.broadcast_async(
+        arr, root_rank, name=_named("broadcast", name), process_set=process_set, output=arr
+    )
     return _attach(handle, lambda _result: tensor)
 
 
@@ -310,23 +444,36 @@ def _splits(splits) -> list[int] | None:
     if splits is None:
         return None
     if isinstance(splits, torch.Tensor):
-        kind = "integer" if not splits.is_floating_point() and not splits.is_complex() \
-            and splits.dtype != torch.bool else str(splits.dtype)
+        kind = (
+            "integer"
+            if not splits.is_floating_point()
+            and not splits.is_complex()
+            and splits.dtype != torch.bool
+            else str(splits.dtype)
+        )
         splits = splits.tolist()
     else:
-        kind = "integer" if np.asarray(splits).dtype.kind in "iu" or len(splits) == 0 \
+        kind = (
+            "integer"
+            if np.asarray(splits).dtype.kind in "iu" or len(splits) == 0
             else str(np.asarray(splits).dtype)
+        )
     if kind != "integer":
         # As Horovod: rows are counted in integers; a float tensor is a mistake to name,
         # not to round (torch.empty(n) holds whatever the memory held).
-        raise ArgumentError(f"alltoall: splits must hold integers, got {kind}; pass e.g. "
-                            "torch.tensor(splits, dtype=torch.int32).")
+        raise ArgumentError(
+            f"alltoall: splits must hold integers, got {kind}; pass e.g. "
+            "torch.tensor(splits, dtype=torch.int32)."
+        )
     return [int(s) for s in np.asarray(splits).reshape(-1)]
 
 
-def alltoall_async(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None = None,
-                   name: str | None = None,
-                   process_set: ProcessSet = global_process_set) -> Handle:
+def alltoall_async(
+    tensor: torch.Tensor,
+    splits: Sequence[int] | torch.Tensor | None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
     """Start sending dim-0 slices of *tensor* to the ranks and receiving theirs.
 
     Arguments:
@@ -341,22 +488,29 @@ def alltoall_async(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | 
         from each.
     """
     src = _source(tensor, "alltoall_async")
-    handle = _collectives.alltoall_async(_array(src), splits=_splits(splits),
-                                    name=_named("alltoall", name),
-                                    process_set=process_set)
+    handle = _collectives.alltoall_async(
+        _array(src), splits=_splits(splits), name=_named("alltoall", name), process_set=process_set
+    )
 
     def convert(result):
         output, received = result
-        return (_tensor(output, src.dtype),
-                torch.as_tensor(np.asarray(received), dtype=torch.int32))
+        return (
+            _tensor(output, src.dtype),
+            torch.as_tensor(np.asarray(received), dtype=torch.int32),
+        )
 
     return _attach(handle, convert)
 
 
 def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_set, grouped):
     wide = [s.float() if s.dtype in _WIDENED else s for s in srcs]
-    kwargs = dict(name=_named("reducescatter", name), op=op, prescale_factor=prescale_factor,
-                  postscale_factor=postscale_factor, process_set=process_set)
+    kwargs = dict(
+        name=_named("reducescatter", name),
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
     if grouped:
         handle = _collectives.grouped_reducescatter_async([_array(w) for w in wide], **kwargs)
     else:
@@ -367,15 +521,20 @@ def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_se
         return out.to(src.dtype) if src.dtype in _WIDENED else out
 
     if grouped:
-        return _attach(handle, lambda result: [
-            back(r, s) for r, s in zip(result, srcs, strict=True)])
+        return _attach(
+            handle, lambda result: [back(r, s) for r, s in zip(result, srcs, strict=True)]
+        )
     return _attach(handle, lambda result: back(result, srcs[0]))
 
 
-def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,
-                        process_set: ProcessSet = global_process_set,
-                        prescale_factor: float = 1.0,
-                        postscale_factor: float = 1.0) -> Handle:
+def reducescatter_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: ReduceOp = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
     """Start reducing *tensor* over the ranks, each keeping one dim-0 shard.
 
     Returns:
@@ -385,15 +544,19 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Reduc
         get one row more).
     """
     src = _source(tensor, "reducescatter_async")
-    return _reducescatter([src], name, op, prescale_factor, postscale_factor, process_set,
-                          grouped=False)
+    return _reducescatter(
+        [src], name, op, prescale_factor, postscale_factor, process_set, grouped=False
+    )
 
 
-def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
-                                op: ReduceOp = Average,
-                                process_set: ProcessSet = global_process_set,
-                                prescale_factor: float = 1.0,
-                                postscale_factor: float = 1.0) -> Handle:
+def grouped_reducescatter_async(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    op: ReduceOp = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
     """Start a reducescatter of each tensor of a list, as one unit.
 
     Returns:
@@ -401,15 +564,20 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
         shards, in input order (see :func:`reducescatter_async`).
     """
     srcs = [_source(t, "grouped_reducescatter_async") for t in tensors]
-    return _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_set,
-                          grouped=True)
+    return _reducescatter(
+        srcs, name, op, prescale_factor, postscale_factor, process_set, grouped=True
+    )
 
 
 # -------------------------------------------------------------------- sparse
 
 
-def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: ReduceOp | None,
-                           process_set: ProcessSet = global_process_set) -> Handle:
+def sparse_allreduce_async(
+    tensor: torch.Tensor,
+    name: str | None,
+    op: ReduceOp | None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
     """Start reducing a sparse COO *tensor*: two allgathers, of its values and indices.
 
     Every rank passes a sparse tensor of the same dense size; the number of
@@ -425,8 +593,9 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: ReduceOp 
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise ArgumentError("hvdlite.torch.sparse_allreduce_async: expected a sparse COO tensor")
     if op not in (Average, Sum, None):
-        raise ArgumentError(f"hvdlite.torch.sparse_allreduce_async: op must be Average or Sum, "
-                         f"got {op!r}")
+        raise ArgumentError(
+            f"hvdlite.torch.sparse_allreduce_async: op must be Average or Sum, got {op!r}"
+        )
     sparse = tensor.coalesce()
     # allgather concatenates dim 0, so gather indices as (nnz, ndim) rows.
     indices = sparse.indices().t().contiguous()
@@ -441,8 +610,9 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: ReduceOp 
         all_indices = synchronize(indices_handle)
         if op in (Average, None):
             all_values = all_values / process_set.size()
-        return torch.sparse_coo_tensor(all_indices.t(), all_values, tensor.size(),
-                                       check_invariants=True)
+        return torch.sparse_coo_tensor(
+            all_indices.t(), all_values, tensor.size(), check_invariants=True
+        )
 
     return _all_of([values_handle, indices_handle], convert)
 
@@ -480,11 +650,18 @@ class _Allreduce(torch.autograd.Function):
     """Gradient of an allreduce = the same allreduce of the gradient."""
 
     @staticmethod
-    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor,
-                process_set):
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
         ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
-        return _now(allreduce_async, tensor, average, name, op, prescale_factor,
-                    postscale_factor, process_set)
+        return _now(
+            allreduce_async,
+            tensor,
+            average,
+            name,
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+        )
 
     @staticmethod
     def backward(ctx, grad):
@@ -495,17 +672,27 @@ class _Allreduce(torch.autograd.Function):
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set,
-                *tensors):
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
         ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
-        return tuple(_now(grouped_allreduce_async, list(tensors), average, name, op,
-                          prescale_factor, postscale_factor, process_set))
+        return tuple(
+            _now(
+                grouped_allreduce_async,
+                list(tensors),
+                average,
+                name,
+                op,
+                prescale_factor,
+                postscale_factor,
+                process_set,
+            )
+        )
 
     @staticmethod
     def backward(ctx, *grads):
         average, op, pre, post, process_set = ctx.args
-        reduced = _now(grouped_allreduce_async, list(grads), average, None, op, pre, post,
-                       process_set)
+        reduced = _now(
+            grouped_allreduce_async, list(grads), average, None, op, pre, post, process_set
+        )
         return (None,) * 6 + tuple(reduced)
 
 
@@ -516,8 +703,9 @@ def _own_rows(grads, first_dims: list[int], process_set) -> list[torch.Tensor]:
         reduced = [_now(allreduce_async, grads[0], op=Average, process_set=process_set)]
     else:
         reduced = _now(grouped_allreduce_async, grads, op=Average, process_set=process_set)
-    counts = _now(allgather_async, torch.tensor([first_dims], dtype=torch.int64),
-                  process_set=process_set)
+    counts = _now(
+        allgather_async, torch.tensor([first_dims], dtype=torch.int64), process_set=process_set
+    )
     offsets = counts[: process_set.rank()].sum(dim=0).tolist()
     return [r.narrow(0, int(o), d) for r, o, d in zip(reduced, offsets, first_dims, strict=True)]
 
@@ -593,11 +781,11 @@ class _Reducescatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor,
-                                              process_set)
+        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor, process_set)
         ctx.process_set = process_set
-        return _now(reducescatter_async, tensor, name, op, process_set,
-                                               prescale_factor, postscale_factor)
+        return _now(
+            reducescatter_async, tensor, name, op, process_set, prescale_factor, postscale_factor
+        )
 
     @staticmethod
     def backward(ctx, grad):
@@ -608,11 +796,19 @@ class _Reducescatter(torch.autograd.Function):
 class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
-        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor,
-                                              process_set)
+        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor, process_set)
         ctx.process_set = process_set
-        return tuple(_now(grouped_reducescatter_async, list(tensors), name, op, process_set,
-                          prescale_factor, postscale_factor))
+        return tuple(
+            _now(
+                grouped_reducescatter_async,
+                list(tensors),
+                name,
+                op,
+                process_set,
+                prescale_factor,
+                postscale_factor,
+            )
+        )
 
     @staticmethod
     def backward(ctx, *grads):
@@ -620,10 +816,16 @@ class _GroupedReducescatter(torch.autograd.Function):
         return (None,) * 5 + tuple(g * ctx.scale for g in gathered)
 
 
-def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-              compression: type[Compressor] = NoneCompressor, op: ReduceOp | None = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def allreduce(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    compression: type[Compressor] = NoneCompressor,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
     """Reduce *tensor* over the ranks of *process_set* (default op: Average).
 
     Differentiable: the gradient is the same allreduce of the gradient, so
@@ -635,33 +837,52 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """
     compressed, ctx = compression.compress(tensor)
     if torch.is_grad_enabled() and compressed.requires_grad:
-        reduced = _Allreduce.apply(compressed, average, name, op, prescale_factor,
-                                   postscale_factor, process_set)
+        reduced = _Allreduce.apply(
+            compressed, average, name, op, prescale_factor, postscale_factor, process_set
+        )
     else:  # nothing to differentiate: skip autograd's bookkeeping
-        reduced = _now(allreduce_async, compressed, average, name, op, prescale_factor,
-                       postscale_factor, process_set)
+        reduced = _now(
+            allreduce_async,
+            compressed,
+            average,
+            name,
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+        )
     return compression.decompress(reduced, ctx)
 
 
-def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-               op: ReduceOp | None = None, prescale_factor: float = 1.0,
-               postscale_factor: float = 1.0,
-               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def allreduce_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
     """In-place allreduce (not differentiable): the reduction overwrites *tensor*.
 
     Returns:
         *tensor* itself, holding the reduction, the same on every rank.
     """
-    return _now(allreduce_async_, tensor, average, name, op, prescale_factor,
-                postscale_factor, process_set)
+    return _now(
+        allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
-def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
-                      name: str | None = None,
-                      compression: type[Compressor] = NoneCompressor,
-                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0,
-                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    compression: type[Compressor] = NoneCompressor,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
     """Allreduce a list of tensors as one unit; differentiable (see :func:`allreduce`).
 
     Returns:
@@ -669,27 +890,42 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
         :func:`allreduce`'s result.
     """
     pairs = [compression.compress(t) for t in tensors]
-    reduced = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
-                                      process_set, *[t for t, _ in pairs])
+    reduced = _GroupedAllreduce.apply(
+        average, name, op, prescale_factor, postscale_factor, process_set, *[t for t, _ in pairs]
+    )
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, pairs, strict=True)]
 
 
-def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
-                       name: str | None = None, op: ReduceOp | None = None,
-                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+def grouped_allreduce_(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
     """In-place allreduce of a list of tensors, as one unit (not differentiable):
     each reduction overwrites its input.
 
     Returns:
         The list of the input tensors themselves, holding the reductions.
     """
-    return _now(grouped_allreduce_async_, tensors, average, name, op, prescale_factor,
-                postscale_factor, process_set)
+    return _now(
+        grouped_allreduce_async_,
+        tensors,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+    )
 
 
-def allgather(tensor: torch.Tensor, name: str | None = None,
-              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def allgather(
+    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
     """Concatenate every rank's *tensor* along dim 0, in rank order.
 
     Dim 0 may differ between ranks; the other dimensions must agree.
@@ -703,8 +939,11 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
     return _Allgather.apply(tensor, name, process_set)
 
 
-def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
-                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+def grouped_allgather(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
     """Allgather a list of tensors as one unit; differentiable (see :func:`allgather`).
 
     Returns:
@@ -714,8 +953,12 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
     return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
-              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def broadcast(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
     """Copy *root_rank*'s *tensor* to every rank of *process_set*.
 
     Differentiable: the root's gradient is the gradient averaged over the
@@ -732,8 +975,12 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
     return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
-def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
-               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def broadcast_(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
     """In-place broadcast (not differentiable): the root's values overwrite
     *tensor* on the other ranks (see :func:`broadcast` for *root_rank*).
 
@@ -743,9 +990,12 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
     return _now(broadcast_async_, tensor, root_rank, name, process_set)
 
 
-def alltoall(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None = None,
-             name: str | None = None, process_set: ProcessSet = global_process_set
-             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def alltoall(
+    tensor: torch.Tensor,
+    splits: Sequence[int] | torch.Tensor | None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Send dim-0 slices of *tensor* to the ranks and receive theirs.
 
     Differentiable: the gradient goes back to the rank each row came from.
@@ -762,10 +1012,15 @@ def alltoall(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None =
     return output if splits is None else (output, received)
 
 
-def reducescatter(tensor: torch.Tensor, name: str | None = None,
-                  compression: type[Compressor] = NoneCompressor, op: ReduceOp = Average,
-                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0) -> torch.Tensor:
+def reducescatter(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    compression: type[Compressor] = NoneCompressor,
+    op: ReduceOp = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
     """Reduce *tensor* over the ranks and keep this rank's dim-0 shard.
 
     Differentiable, with Horovod's rule: the gradient is every rank's output
@@ -776,16 +1031,21 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
         :func:`reducescatter_async` for which rows).
     """
     compressed, ctx = compression.compress(tensor)
-    shard = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor,
-                                 postscale_factor)
+    shard = _Reducescatter.apply(
+        compressed, name, op, process_set, prescale_factor, postscale_factor
+    )
     return compression.decompress(shard, ctx)
 
 
-def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
-                          compression: type[Compressor] = NoneCompressor,
-                          op: ReduceOp = Average, process_set: ProcessSet = global_process_set,
-                          prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+def grouped_reducescatter(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    compression: type[Compressor] = NoneCompressor,
+    op: ReduceOp = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[torch.Tensor]:
     """Reducescatter each tensor of a list, as one unit; differentiable (see
     :func:`reducescatter`).
 
@@ -793,6 +1053,7 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
         The list of this rank's shards, in input order.
     """
     pairs = [compression.compress(t) for t in tensors]
-    shards = _GroupedReducescatter.apply(name, op, process_set, prescale_factor,
-                                         postscale_factor, *[t for t, _ in pairs])
+    shards = _GroupedReducescatter.apply(
+        name, op, process_set, prescale_factor, postscale_factor, *[t for t, _ in pairs]
+    )
     return [compression.decompress(s, ctx) for s, (_, ctx) in zip(shards, pairs, strict=True)]

@@ -76,9 +76,19 @@ class _DistributedOptimizer:
 
     # ---------------------------------------------------------------- setup
 
-    def _hvd_setup(self, named_parameters, reducer, compression, backward_passes_per_step, op,
-                   gradient_predivide_factor, groups, sparse_as_dense, process_set,
-                   bucket_cap: int):
+    def _hvd_setup(
+        self,
+        named_parameters,
+        reducer,
+        compression,
+        backward_passes_per_step,
+        op,
+        gradient_predivide_factor,
+        groups,
+        sparse_as_dense,
+        process_set,
+        bucket_cap: int,
+    ):
         # Horovod's attributes, kept for code that reads them:
         self._compression = compression
         self.op = op
@@ -89,8 +99,9 @@ class _DistributedOptimizer:
         self._hooks_start = _hooks_start_work(reducer, self.param_groups)
         self._p_to_group = _parameter_groups(groups, self.param_groups)
         if groups is None and isinstance(reducer, AllreduceReducer):
-            self._p_to_group = _bucket_groups(self.param_groups, bucket_cap,
-                                              small_first=self._hooks_start)
+            self._p_to_group = _bucket_groups(
+                self.param_groups, bucket_cap, small_first=self._hooks_start
+            )
         self.backward_passes_per_step = backward_passes_per_step
         self._reducer = reducer
         self._reduction = ReductionContext(self._parameter_names, process_set)
@@ -138,7 +149,8 @@ class _DistributedOptimizer:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before "
                 "call to step(). Increase backward_passes_per_step to accumulate gradients "
-                "locally.")
+                "locally."
+            )
         _check_no_graph(p.grad)
         slot.left = left - 1
         if left > 1:
@@ -206,10 +218,10 @@ class _DistributedOptimizer:
     def skip_synchronize(self):
         """Make ``step()`` skip its synchronize (use after calling it yourself)::
 
-            optimizer.synchronize()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            with optimizer.skip_synchronize():
-                optimizer.step()
+        optimizer.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        with optimizer.skip_synchronize():
+            optimizer.step()
         """
         self._should_synchronize = False
         try:
@@ -224,7 +236,9 @@ class _DistributedOptimizer:
                     "optimizer.step() called without optimizer.skip_synchronize() context "
                     "after optimizer.synchronize(). This can cause training slowdown. You may "
                     "want to consider using optimizer.skip_synchronize() context if you use "
-                    "optimizer.synchronize() in your code.", stacklevel=2)
+                    "optimizer.synchronize() in your code.",
+                    stacklevel=2,
+                )
             self.synchronize()
         self._synchronized = False
         if self._hooks_on:
@@ -240,7 +254,8 @@ class _DistributedOptimizer:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
-                "cause a race condition.")
+                "cause a race condition."
+            )
         return super().zero_grad(*args, **kwargs)
 
     def state_dict(self):
@@ -338,8 +353,10 @@ def _counting_hook(ref, slot: _Slot):
 
 def _check_no_graph(grad) -> None:
     if grad is not None and grad.requires_grad:
-        raise AssertionError("DistributedOptimizer does not support gradients that "
-                             "require grad (backward(create_graph=True))")
+        raise AssertionError(
+            "DistributedOptimizer does not support gradients that "
+            "require grad (backward(create_graph=True))"
+        )
 
 
 def _hooks_start_work(reducer: GradientReducer, param_groups) -> bool:
@@ -379,34 +396,44 @@ def _name_parameters(param_groups, named_parameters) -> dict:
         return {p: f"allreduce.noname.{i}.{j}" for i, j, p in params}
     named = list(named_parameters)
     if not all(isinstance(x, tuple) and len(x) == 2 for x in named):
-        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                         "usually produced by model.named_parameters().")
+        raise ValueError(
+            "named_parameters should be a sequence of tuples (name, parameter), "
+            "usually produced by model.named_parameters()."
+        )
     dups = sorted(n for n, count in Counter(n for n, _ in named).items() if count > 1)
     if dups:
-        raise ValueError("Parameter names in named_parameters must be unique. "
-                         f"Found duplicates: {', '.join(map(str, dups))}")
+        raise ValueError(
+            "Parameter names in named_parameters must be unique. "
+            f"Found duplicates: {', '.join(map(str, dups))}"
+        )
     names: dict = {}
     for name, p in named:
         names.setdefault(p, str(name))
-    missing = [f"param_groups[{i}]['params'][{j}] (shape {tuple(p.shape)})"
-               for i, j, p in params if p not in names]
+    missing = [
+        f"param_groups[{i}]['params'][{j}] (shape {tuple(p.shape)})"
+        for i, j, p in params
+        if p not in names
+    ]
     if missing:
-        raise ValueError("named_parameters was specified, but one or more model parameters "
-                         f"were not named: {', '.join(missing)}. Pass the named_parameters() "
-                         "of the model(s) that own every parameter given to the optimizer.")
+        raise ValueError(
+            "named_parameters was specified, but one or more model parameters "
+            f"were not named: {', '.join(missing)}. Pass the named_parameters() "
+            "of the model(s) that own every parameter given to the optimizer."
+        )
     return {p: names[p] for _, _, p in params}
 
 
 def _parameter_groups(groups, param_groups) -> dict:
     """Map each parameter in a reduction group of 2+ to that group (a tuple)."""
-    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
-                          and groups == 0):
+    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool) and groups == 0):
         return {}
     params = [p for g in param_groups for p in g["params"] if p.requires_grad]
     if isinstance(groups, int) and not isinstance(groups, bool):
         if groups < 0:
-            raise ValueError(f"groups should be a non-negative integer or a list of lists of "
-                             f"torch.Tensor, got {groups}")
+            raise ValueError(
+                f"groups should be a non-negative integer or a list of lists of "
+                f"torch.Tensor, got {groups}"
+            )
         count = min(groups, len(params))
         size, extra = divmod(len(params), count) if count else (0, 0)
         chunks, start = [], 0
@@ -422,18 +449,21 @@ def _parameter_groups(groups, param_groups) -> dict:
             chunk = list(chunk)
             for p in chunk:
                 if not isinstance(p, torch.Tensor):
-                    raise ValueError("groups must consist of torch.Tensor, got "
-                                     f"{type(p).__name__}")
+                    raise ValueError(f"groups must consist of torch.Tensor, got {type(p).__name__}")
                 if id(p) in seen:
                     raise ValueError("A parameter can only appear once in groups.")
                 if id(p) not in known:
-                    raise ValueError("groups contains a tensor that is not a trainable "
-                                     "parameter of this optimizer")
+                    raise ValueError(
+                        "groups contains a tensor that is not a trainable "
+                        "parameter of this optimizer"
+                    )
                 seen.add(id(p))
             chunks.append(chunk)
     else:
-        raise ValueError("groups should be a non-negative integer or a list of lists of "
-                         f"torch.Tensor, got {type(groups).__name__}")
+        raise ValueError(
+            "groups should be a non-negative integer or a list of lists of "
+            f"torch.Tensor, got {type(groups).__name__}"
+        )
     mapping = {}
     for chunk in chunks:
         if len(chunk) > 1:
@@ -454,9 +484,11 @@ def _bucket_groups(param_groups, cap: int, small_first: bool) -> dict:
 
 def _check_compression(compression) -> None:
     if compression in (Compression.topk, Compression.powersgd):
-        raise ValueError(f"compression=Compression.{compression.__name__} must be called to "
-                         f"build a compressor, e.g. Compression.topk(0.01) or "
-                         f"Compression.powersgd(rank=4)")
+        raise ValueError(
+            f"compression=Compression.{compression.__name__} must be called to "
+            f"build a compressor, e.g. Compression.topk(0.01) or "
+            f"Compression.powersgd(rank=4)"
+        )
 
 
 def _check_passes(passes) -> None:
@@ -464,17 +496,19 @@ def _check_passes(passes) -> None:
         raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}")
 
 
-def _check_reducer(reducer, compression, op, gradient_predivide_factor,
-                   sparse_as_dense) -> None:
+def _check_reducer(reducer, compression, op, gradient_predivide_factor, sparse_as_dense) -> None:
     """A reducer given by the user decides how gradients are reduced: the
     arguments that would pick or configure a built-in one must stay default."""
     if not isinstance(reducer, GradientReducer):
-        raise TypeError(f"reducer must be a hvdlite.torch.GradientReducer (subclass it and "
-                        f"implement synchronize(ctx)), got {type(reducer).__name__}")
+        raise TypeError(
+            f"reducer must be a hvdlite.torch.GradientReducer (subclass it and "
+            f"implement synchronize(ctx)), got {type(reducer).__name__}"
+        )
     conflicts = []
     if compression is not Compression.none:
-        cast = [f"Compression.{n}" for n in ("fp16", "bf16")
-                if getattr(Compression, n) is compression]
+        cast = [
+            f"Compression.{n}" for n in ("fp16", "bf16") if getattr(Compression, n) is compression
+        ]
         conflicts.append(f"compression={cast[0] if cast else repr(compression)}")
     if op != Average:
         conflicts.append(f"op={getattr(op, 'name', str(op)).title()}")
@@ -488,11 +522,13 @@ def _check_reducer(reducer, compression, op, gradient_predivide_factor,
             f"cannot be combined with {', '.join(conflicts)}; pass those to a reducer instead "
             f"(AllreduceReducer(op=..., compression=..., gradient_predivide_factor=..., "
             f"sparse_as_dense=...), CompressorReducer(Compression.topk(0.01)), "
-            f"AdasumReducer()) or leave reducer=None")
+            f"AdasumReducer()) or leave reducer=None"
+        )
 
 
-def _default_reducer(compression, op, gradient_predivide_factor,
-                     sparse_as_dense) -> GradientReducer:
+def _default_reducer(
+    compression, op, gradient_predivide_factor, sparse_as_dense
+) -> GradientReducer:
     """The reducer Horovod's arguments describe."""
     if isinstance(compression, StatefulCompressor):
         return CompressorReducer(compression, op)
@@ -506,12 +542,21 @@ def _distributed_class(base: type) -> type:
     return with_mixin(_DistributedOptimizer, base, __name__)
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=Average,
-                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=global_process_set, *,
-                         reducer: GradientReducer | None = None,
-                         bucket_cap_mb: float | None = None):
+def DistributedOptimizer(
+    optimizer,
+    named_parameters=None,
+    compression=Compression.none,
+    backward_passes_per_step=1,
+    op=Average,
+    gradient_predivide_factor=1.0,
+    num_groups=0,
+    groups=None,
+    sparse_as_dense=False,
+    process_set=global_process_set,
+    *,
+    reducer: GradientReducer | None = None,
+    bucket_cap_mb: float | None = None,
+):
     """Wrap a ``torch.optim.Optimizer`` so that ``step()`` applies gradients
     averaged (``op``) over every rank of ``process_set``.
 
@@ -540,11 +585,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``type(optimizer)`` and shares its parameter groups and state.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError("hvdlite.torch.DistributedOptimizer wraps a torch.optim.Optimizer, "
-                        f"got {type(optimizer).__name__}")
+        raise TypeError(
+            "hvdlite.torch.DistributedOptimizer wraps a torch.optim.Optimizer, "
+            f"got {type(optimizer).__name__}"
+        )
     if isinstance(optimizer, _DistributedOptimizer):
-        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the "
-                         "original optimizer only once")
+        raise ValueError(
+            "this optimizer is already a DistributedOptimizer; wrap the "
+            "original optimizer only once"
+        )
     _basics.size()  # ValueError naming the fix when init() has not been called
     _check_passes(backward_passes_per_step)
     bucket_cap = bucket_cap_bytes(bucket_cap_mb)
@@ -552,25 +601,42 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         _check_reducer(reducer, compression, op, gradient_predivide_factor, sparse_as_dense)
     check_predivide(op, gradient_predivide_factor)
     set_size = process_set.size()
-    if (op == Adasum or isinstance(reducer, AdasumReducer)) \
-            and set_size and set_size & (set_size - 1):
-        raise ValueError(f"op=Adasum needs a power-of-two number of ranks, the process set "
-                         f"has {set_size}; use op=Average or run on 2, 4, 8... ranks")
+    if (
+        (op == Adasum or isinstance(reducer, AdasumReducer))
+        and set_size
+        and set_size & (set_size - 1)
+    ):
+        raise ValueError(
+            f"op=Adasum needs a power-of-two number of ranks, the process set "
+            f"has {set_size}; use op=Average or run on 2, 4, 8... ranks"
+        )
     if reducer is None:
         _check_compression(compression)
-        reducer = _default_reducer(compression, op, gradient_predivide_factor,
-                                   sparse_as_dense)
+        reducer = _default_reducer(compression, op, gradient_predivide_factor, sparse_as_dense)
     if num_groups:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups`.",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "Parameter `num_groups` has been replaced by `groups`.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         if groups is None:
             groups = num_groups
     cls = _distributed_class(type(optimizer))
     distributed = cls.__new__(cls)
     # Share everything but methods an LR scheduler may have bound to the original.
     distributed.__dict__.update(
-        {k: v for k, v in optimizer.__dict__.items() if k not in ("step", "zero_grad")})
-    distributed._hvd_setup(named_parameters, reducer, compression, backward_passes_per_step,
-                           op, gradient_predivide_factor, groups, sparse_as_dense, process_set,
-                           bucket_cap)
+        {k: v for k, v in optimizer.__dict__.items() if k not in ("step", "zero_grad")}
+    )
+    distributed._hvd_setup(
+        named_parameters,
+        reducer,
+        compression,
+        backward_passes_per_step,
+        op,
+        gradient_predivide_factor,
+        groups,
+        sparse_as_dense,
+        process_set,
+        bucket_cap,
+    )
     return distributed

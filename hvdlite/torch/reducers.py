@@ -65,8 +65,13 @@ from hvdlite.torch.mpi_ops import (
     synchronize,
 )
 
-__all__ = ["GradientReducer", "ReductionContext", "AllreduceReducer", "CompressorReducer",
-           "AdasumReducer"]
+__all__ = [
+    "GradientReducer",
+    "ReductionContext",
+    "AllreduceReducer",
+    "CompressorReducer",
+    "AdasumReducer",
+]
 
 
 def _grad_or_zeros(p: torch.Tensor) -> torch.Tensor:
@@ -177,8 +182,9 @@ def check_predivide(op, gradient_predivide_factor) -> None:
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if gradient_predivide_factor <= 0:
-        raise ValueError(f"gradient_predivide_factor must be positive, "
-                         f"got {gradient_predivide_factor}")
+        raise ValueError(
+            f"gradient_predivide_factor must be positive, got {gradient_predivide_factor}"
+        )
 
 
 def _check_stateless(compression, use_instead: str) -> None:
@@ -249,14 +255,20 @@ class _BucketBuffer:
             apart, packed = sorted(apart + packed), []  # one small array needs no packing
         self.packed, self.apart = packed, apart
         self.flat = _flatten([grads[i] for i in packed]) if packed else None
-        self.views = (list(torch._utils._unflatten_dense_tensors(
-            self.flat, [grads[i] for i in packed])) if packed else [])
+        self.views = (
+            list(torch._utils._unflatten_dense_tensors(self.flat, [grads[i] for i in packed]))
+            if packed
+            else []
+        )
         self.dtype = grads[0].dtype
         self.device = grads[0].device
 
     def fits(self, grads: list[torch.Tensor]) -> bool:
-        return (grads[0].dtype == self.dtype and grads[0].device == self.device
-                and all(grads[i].is_contiguous() for i in self.apart))
+        return (
+            grads[0].dtype == self.dtype
+            and grads[0].device == self.device
+            and all(grads[i].is_contiguous() for i in self.apart)
+        )
 
     def pack(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """The arrays to reduce: the flat tensor (if any) first, then the large
@@ -344,8 +356,13 @@ class AllreduceReducer(GradientReducer):
     ``sparse_allreduce_async`` unless ``sparse_as_dense``.
     """
 
-    def __init__(self, op=Average, compression=Compression.none,
-                 gradient_predivide_factor: float = 1.0, sparse_as_dense: bool = False):
+    def __init__(
+        self,
+        op=Average,
+        compression=Compression.none,
+        gradient_predivide_factor: float = 1.0,
+        sparse_as_dense: bool = False,
+    ):
         check_predivide(op, gradient_predivide_factor)
         _check_stateless(compression, f"use CompressorReducer({compression!r})")
         self.op = op
@@ -406,13 +423,20 @@ class AllreduceReducer(GradientReducer):
         if self._sparse(p):
             grad = p.grad.coalesce()
             self._bytes_pending += grad.values().nbytes + grad.indices().nbytes
-            return _SparseAllreduce(sparse_allreduce_async(grad, name=name, op=self.op,
-                                                           process_set=ctx.process_set), p)
+            return _SparseAllreduce(
+                sparse_allreduce_async(grad, name=name, op=self.op, process_set=ctx.process_set), p
+            )
         pre, post = self._scale_factors()
         wire, cctx = self._wire(p)
         self._bytes_pending += wire.nbytes
-        handle = allreduce_async_(wire, name=name, op=self.op, prescale_factor=pre,
-                                  postscale_factor=post, process_set=ctx.process_set)
+        handle = allreduce_async_(
+            wire,
+            name=name,
+            op=self.op,
+            prescale_factor=pre,
+            postscale_factor=post,
+            process_set=ctx.process_set,
+        )
         return _DenseAllreduce(handle, [(p, wire, cctx)])
 
     def _start_bucket(self, ctx, params, keep: bool = False):
@@ -442,12 +466,23 @@ class AllreduceReducer(GradientReducer):
         self._bytes_pending += sum(wire.nbytes for wire, _ in wires)
         name = ctx.names[params[0]]
         if len(wires) == 1:
-            handle = allreduce_async_(wires[0][0], name=name, op=self.op, prescale_factor=pre,
-                                      postscale_factor=post, process_set=ctx.process_set)
+            handle = allreduce_async_(
+                wires[0][0],
+                name=name,
+                op=self.op,
+                prescale_factor=pre,
+                postscale_factor=post,
+                process_set=ctx.process_set,
+            )
         else:
             handle = grouped_allreduce_async_(
-                [wire for wire, _ in wires], name=name, op=self.op, prescale_factor=pre,
-                postscale_factor=post, process_set=ctx.process_set)
+                [wire for wire, _ in wires],
+                name=name,
+                op=self.op,
+                prescale_factor=pre,
+                postscale_factor=post,
+                process_set=ctx.process_set,
+            )
         return _BucketAllreduce(handle, grads, buffer, wires)
 
     def _start_group(self, ctx, params):
@@ -461,8 +496,13 @@ class AllreduceReducer(GradientReducer):
         members = [(p, *self._wire(p)) for p in params]
         self._bytes_pending += sum(wire.nbytes for _, wire, _ in members)
         handle = grouped_allreduce_async_(
-            [wire for _, wire, _ in members], name=ctx.names[params[0]], op=self.op,
-            prescale_factor=pre, postscale_factor=post, process_set=ctx.process_set)
+            [wire for _, wire, _ in members],
+            name=ctx.names[params[0]],
+            op=self.op,
+            prescale_factor=pre,
+            postscale_factor=post,
+            process_set=ctx.process_set,
+        )
         return _DenseAllreduce(handle, members)
 
 
@@ -479,12 +519,16 @@ class CompressorReducer(GradientReducer):
 
     def __init__(self, compressor: StatefulCompressor, op=Average):
         if not isinstance(compressor, StatefulCompressor):
-            raise TypeError(f"CompressorReducer takes a stateful compressor such as "
-                            f"Compression.topk(0.01), got {compressor!r}; use "
-                            f"AllreduceReducer(compression=...) for casts")
+            raise TypeError(
+                f"CompressorReducer takes a stateful compressor such as "
+                f"Compression.topk(0.01), got {compressor!r}; use "
+                f"AllreduceReducer(compression=...) for casts"
+            )
         if op not in (Average, Sum):
-            raise ValueError(f"{compressor!r} reduces gradients by op=Average or op=Sum, got "
-                             f"op={op!r}; use Compression.none/fp16/bf16 with other ops")
+            raise ValueError(
+                f"{compressor!r} reduces gradients by op=Average or op=Sum, got "
+                f"op={op!r}; use Compression.none/fp16/bf16 with other ops"
+            )
         self.compressor = compressor
         self.op = op
 
@@ -521,8 +565,9 @@ class AdasumReducer(GradientReducer):
     casts the deltas."""
 
     def __init__(self, compression=Compression.none):
-        _check_stateless(compression, "Adasum combines parameter deltas; use "
-                                      "Compression.none, fp16 or bf16")
+        _check_stateless(
+            compression, "Adasum combines parameter deltas; use Compression.none, fp16 or bf16"
+        )
         self.compression = compression
         self._start: dict = {}  # parameter -> its value before the step (kept buffers)
 
@@ -532,10 +577,14 @@ class AdasumReducer(GradientReducer):
 
     def step(self, ctx, base_step, closure=None):
         named = [(ctx.names[p], p) for p in ctx.parameters()]
-        result, sent = adasum_delta_step(named, base_step, closure,
-                                         compression=self.compression,
-                                         process_set=ctx.process_set, start=self._start)
+        result, sent = adasum_delta_step(
+            named,
+            base_step,
+            closure,
+            compression=self.compression,
+            process_set=ctx.process_set,
+            start=self._start,
+        )
         if named:
             self.bytes_sent_last_step = sent
         return result
-

@@ -33,11 +33,21 @@ class SyncBatchNorm(_BatchNorm):
     single rank, it is exactly ``nn.BatchNorm``.
     """
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
-                 affine: bool = True, track_running_stats: bool = True, *,
-                 process_set=global_process_set, device=None, dtype=None):
-        super().__init__(num_features, eps, momentum, affine, track_running_stats,
-                         device=device, dtype=dtype)
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        *,
+        process_set=global_process_set,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__(
+            num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype
+        )
         self.process_set = process_set
 
     def _check_input_dim(self, input):
@@ -51,16 +61,31 @@ class SyncBatchNorm(_BatchNorm):
             self.num_batches_tracked.add_(1)
             if self.momentum is None:  # cumulative moving average
                 factor = 1.0 / float(self.num_batches_tracked)
-        use_batch_stats = self.training or (self.running_mean is None
-                                            and self.running_var is None)
+        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
         keep_running = not self.training or self.track_running_stats
         running_mean = self.running_mean if keep_running else None
         running_var = self.running_var if keep_running else None
         if not use_batch_stats or self.process_set.size() == 1:
-            return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
-                                use_batch_stats, factor, self.eps)
-        return _SyncBatchNorm.apply(input, self.weight, self.bias, running_mean, running_var,
-                                    self.eps, factor, self.process_set)
+            return F.batch_norm(
+                input,
+                running_mean,
+                running_var,
+                self.weight,
+                self.bias,
+                use_batch_stats,
+                factor,
+                self.eps,
+            )
+        return _SyncBatchNorm.apply(
+            input,
+            self.weight,
+            self.bias,
+            running_mean,
+            running_var,
+            self.eps,
+            factor,
+            self.process_set,
+        )
 
 
 def _per_channel(t: torch.Tensor, ndim: int) -> torch.Tensor:
@@ -81,11 +106,13 @@ class _SyncBatchNorm(torch.autograd.Function):
         count_row = torch.tensor([float(count)], dtype=acc, device=x.device)
         row = torch.cat([count_row, local_mean, local_m2])
         rows = synchronize(allgather_async(row.unsqueeze(0), process_set=process_set))
-        counts, means, m2s = rows[:, :1], rows[:, 1:c + 1], rows[:, c + 1:]
+        counts, means, m2s = rows[:, :1], rows[:, 1 : c + 1], rows[:, c + 1 :]
         total = float(counts.sum())
         if total <= 1:
-            raise ValueError("Expected more than 1 value per channel when training, got "
-                             f"input size {tuple(x.shape)} over all ranks")
+            raise ValueError(
+                "Expected more than 1 value per channel when training, got "
+                f"input size {tuple(x.shape)} over all ranks"
+            )
         mean = (counts * means).sum(0) / total
         m2 = m2s.sum(0) + (counts * (means - mean) ** 2).sum(0)
         invstd = torch.rsqrt(m2 / total + eps)
@@ -117,10 +144,15 @@ class _SyncBatchNorm(torch.autograd.Function):
         grad_bias = None if ctx.bias_dtype is None else sum_dy.to(ctx.bias_dtype)
         grad_input = None
         if ctx.needs_input_grad[0]:
-            sums = synchronize(allreduce_async(torch.cat([sum_dy, sum_dy_xhat]), op=Sum,
-                                               process_set=ctx.process_set))
+            sums = synchronize(
+                allreduce_async(
+                    torch.cat([sum_dy, sum_dy_xhat]), op=Sum, process_set=ctx.process_set
+                )
+            )
             mean_dy, mean_dy_xhat = sums[:c] / ctx.total, sums[c:] / ctx.total
             scale = invstd if weight is None else invstd * weight.to(invstd.dtype)
-            grad_input = ((g - _per_channel(mean_dy, nd) - xhat * _per_channel(mean_dy_xhat, nd))
-                          * _per_channel(scale, nd)).to(grad.dtype)
+            grad_input = (
+                (g - _per_channel(mean_dy, nd) - xhat * _per_channel(mean_dy_xhat, nd))
+                * _per_channel(scale, nd)
+            ).to(grad.dtype)
         return grad_input, grad_weight, grad_bias, None, None, None, None, None

@@ -24,10 +24,12 @@ args = parser.parse_args()
 hvd.init()
 launch = int(os.environ.get("HVDLITE_ELASTIC_GENERATION", "0"))
 keras.utils.set_random_seed(0)
-model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"),
-                          keras.layers.Dense(1)])
-model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
-              loss="mse")
+model = keras.Sequential(
+    [keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
+)
+model.compile(
+    optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse"
+)
 rng = np.random.default_rng(hvd.rank())
 x = rng.normal(size=(args.steps * 8, 4)).astype("float32")
 y = np.sin(x.sum(axis=1, keepdims=True))
@@ -43,15 +45,25 @@ class KillSwitch(keras.callbacks.Callback):
         batches_done[0] += 1
 
 
-callbacks = [hvd.elastic.UpdateEpochStateCallback(state),
-             hvd.elastic.UpdateBatchStateCallback(state),
-             hvd.elastic.CommitStateCallback(state, batches_per_commit=2), KillSwitch()]
+callbacks = [
+    hvd.elastic.UpdateEpochStateCallback(state),
+    hvd.elastic.UpdateBatchStateCallback(state),
+    hvd.elastic.CommitStateCallback(state, batches_per_commit=2),
+    KillSwitch(),
+]
 
 
 @hvd.elastic.run
 def train(state):
-    history = model.fit(x, y, batch_size=8, epochs=args.epochs - state.epoch,
-                        callbacks=callbacks, verbose=0, shuffle=False)
+    history = model.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=args.epochs - state.epoch,
+        callbacks=callbacks,
+        verbose=0,
+        shuffle=False,
+    )
     return history.history["loss"][-1]
 
 

@@ -61,14 +61,18 @@ def limit_file_size():
 
         resource.setrlimit(resource.RLIMIT_FSIZE, (args.file_size_limit, resource.RLIM_INFINITY))
 
+
 if faulty and args.crash_in_commit and hvdlite.rank() == 0:
     publish, commits = persistence._publish, [0]
 
     def dying_publish(temporary, final):
         commits[0] += 1
         if commits[0] == args.crash_in_commit:
-            print(f"dying inside commit {commits[0]}: {os.path.getsize(temporary)} bytes "
-                  "written, not renamed", flush=True)
+            print(
+                f"dying inside commit {commits[0]}: {os.path.getsize(temporary)} bytes "
+                "written, not renamed",
+                flush=True,
+            )
             os.kill(os.getpid(), signal.SIGKILL)
         publish(temporary, final)
 
@@ -88,12 +92,20 @@ def train(state):
         if state.step % args.commit_every == 0:
             limit_file_size()
             state.commit()
-            if (faulty and hvdlite.rank() == 0 and args.kill_after_commit
-                    and state._commit_number == args.kill_after_commit):
+            if (
+                faulty
+                and hvdlite.rank() == 0
+                and args.kill_after_commit
+                and state._commit_number == args.kill_after_commit
+            ):
                 print(f"rank 0 dies as commit {args.kill_after_commit} returns", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
-            if (faulty and hvdlite.rank() == 0 and args.corrupt_after
-                    and state._commit_number == args.corrupt_after):
+            if (
+                faulty
+                and hvdlite.rank() == 0
+                and args.corrupt_after
+                and state._commit_number == args.corrupt_after
+            ):
                 state.flush()  # commit N is on disk
                 path = os.path.join(os.environ["HVDLITE_ELASTIC_JOB_DIR"], "state.hvdlite")
                 for name in [path] + ([path + ".spare"] if args.corrupt_spare_too else []):

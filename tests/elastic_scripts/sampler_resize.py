@@ -61,10 +61,16 @@ def train(state):
         mine = list(iter(state.sampler))
         steps_this_epoch = 0
         for start in range(0, len(mine), args.batch):
-            batch = mine[start:start + args.batch]
+            batch = mine[start : start + args.batch]
             everyone = hvd.allgather_object(batch)
-            log({"launch": launch, "epoch": state.epoch, "size": hvd.size(),
-                 "indices": [i for part in everyone for i in part]})
+            log(
+                {
+                    "launch": launch,
+                    "epoch": state.epoch,
+                    "size": hvd.size(),
+                    "indices": [i for part in everyone for i in part],
+                }
+            )
             state.sampler.record_batch(start // args.batch, args.batch)
             state.commit()
             steps_here += 1

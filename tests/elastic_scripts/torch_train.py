@@ -37,8 +37,10 @@ torch.set_num_threads(1)
 torch.manual_seed(0)
 launch = int(os.environ.get("HVDLITE_ELASTIC_GENERATION", "0"))
 model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
-optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                     named_parameters=model.named_parameters())
+optimizer = hvd.DistributedOptimizer(
+    torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+    named_parameters=model.named_parameters(),
+)
 state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
 if args.start_from:
     start = torch.load(args.start_from)
@@ -47,15 +49,25 @@ if args.start_from:
     state.epoch, state.batch = start["epoch"], start["batch"]
     state.save()
     if hvd.rank() == 0:
-        print(f"replaying from epoch {state.epoch} batch {state.batch} with {hvd.size()} ranks "
-              f"(the commit was resumed with {start['size']})", flush=True)
+        print(
+            f"replaying from epoch {state.epoch} batch {state.batch} with {hvd.size()} ranks "
+            f"(the commit was resumed with {start['size']})",
+            flush=True,
+        )
 
 
 def on_reset():
     if hvd.rank() == 0:
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "epoch": state.epoch, "batch": state.batch, "size": hvd.size()},
-                   os.path.join(args.out, "resumed.pt"))
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "epoch": state.epoch,
+                "batch": state.batch,
+                "size": hvd.size(),
+            },
+            os.path.join(args.out, "resumed.pt"),
+        )
 
 
 state.register_reset_callbacks([on_reset])

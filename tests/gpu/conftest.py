@@ -17,8 +17,10 @@ import pytest
 
 def _no_gpu_reason():
     if importlib.util.find_spec("cupy") is None:
-        return ("no CUDA device here: CuPy is not installed "
-                "(pip install hvdlite[cuda12] or hvdlite[cuda13])")
+        return (
+            "no CUDA device here: CuPy is not installed "
+            "(pip install hvdlite[cuda12] or hvdlite[cuda13])"
+        )
     from hvdlite.device.capabilities import cuda_available
 
     if not cuda_available():
@@ -47,8 +49,9 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.failed and _UNDER_MPI:
-        sys.stderr.write(f"\n[gpu test] FAILED {item.nodeid} ({report.when}):\n"
-                         f"{report.longreprtext}\n")
+        sys.stderr.write(
+            f"\n[gpu test] FAILED {item.nodeid} ({report.when}):\n{report.longreprtext}\n"
+        )
         sys.stderr.flush()
         from mpi4py import MPI
 

@@ -15,8 +15,13 @@ def expected_link_names(plan, size: int) -> set[str]:
     """The link names the device executor may report for *plan* at *size* ranks on
     one GPU (NCCL refuses two ranks on one GPU: the set then takes the fallback)."""
     names = set()
-    for transport in (plan.allreduce, plan.allgather, plan.broadcast, plan.alltoall,
-                      plan.reducescatter):
+    for transport in (
+        plan.allreduce,
+        plan.allgather,
+        plan.broadcast,
+        plan.alltoall,
+        plan.reducescatter,
+    ):
         if transport is Transport.NCCL and size > 1:
             transport = plan.fallback
         names.add(_LINK_NAMES[transport])

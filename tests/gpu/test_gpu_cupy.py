@@ -7,8 +7,7 @@ import pytest
 
 import hvdlite as hvd
 
-DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32,
-          np.float64]
+DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64]
 
 
 @pytest.fixture(scope="module")
@@ -40,27 +39,27 @@ def test_min_max_prescale_in_place(cp):
     assert cp.asnumpy(hvd.allreduce(x, op=hvd.Max)).tolist() == [size - 1, 0]
     assert cp.asnumpy(hvd.allreduce(x, op=hvd.Min)).tolist() == [0, 1 - size]
     y = cp.full(4, rank + 1, dtype=cp.float32)
-    assert hvd.allreduce(y, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25,
-                         output=y) is y
+    assert hvd.allreduce(y, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25, output=y) is y
     np.testing.assert_allclose(cp.asnumpy(y), size * (size + 1) / 4)
 
 
 def test_fused_burst(cp):
     rank, size = hvd.rank(), hvd.size()
     arrays = [cp.full(1000 + i, rank + i, dtype=cp.float32) for i in range(50)]
-    handles = [hvd.allreduce_async(a, op=hvd.Sum, name=f"cp.burst.{i}")
-               for i, a in enumerate(arrays)]
+    handles = [
+        hvd.allreduce_async(a, op=hvd.Sum, name=f"cp.burst.{i}") for i, a in enumerate(arrays)
+    ]
     for i, h in enumerate(handles):
-        np.testing.assert_allclose(cp.asnumpy(hvd.synchronize(h)),
-                                   size * (size - 1) / 2 + size * i)
+        np.testing.assert_allclose(cp.asnumpy(hvd.synchronize(h)), size * (size - 1) / 2 + size * i)
 
 
 def test_allgather_broadcast_alltoall_reducescatter(cp):
     rank, size = hvd.rank(), hvd.size()
     g = hvd.allgather(cp.full((rank + 1, 3), rank, dtype=cp.int32))
     assert isinstance(g, cp.ndarray)
-    np.testing.assert_array_equal(cp.asnumpy(g), np.concatenate(
-        [np.full((r + 1, 3), r, np.int32) for r in range(size)]))
+    np.testing.assert_array_equal(
+        cp.asnumpy(g), np.concatenate([np.full((r + 1, 3), r, np.int32) for r in range(size)])
+    )
     b = hvd.broadcast(cp.full(5, rank, dtype=cp.float64), size - 1)
     np.testing.assert_array_equal(cp.asnumpy(b), np.full(5, size - 1))
     splits = [1] * size
@@ -93,7 +92,8 @@ def test_transport_is_the_planned_one(cp):
     plan = routes_of(hvd.global_process_set).device
     used = set(state().engine.executor.device.used)
     assert used and used <= expected_link_names(plan, hvd.size()) | {
-        n for n in used if n.startswith("hierarchical")}, (used, plan)
+        n for n in used if n.startswith("hierarchical")
+    }, (used, plan)
 
 
 def test_mixed_devices_fail_on_every_rank(cp):

@@ -23,8 +23,17 @@ def torch():
 
 
 def _dtypes(torch):
-    return [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-            torch.bfloat16, torch.float32, torch.float64]
+    return [
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+    ]
 
 
 def test_every_collective_every_dtype(torch):
@@ -42,18 +51,20 @@ def test_every_collective_every_dtype(torch):
             y = x.clone()
             hvd.allreduce_(y, op=hvd.Sum, name=f"t.inplace.{tag}")
             torch.testing.assert_close(y.cpu().double(), ref, rtol=1e-2, atol=1e-2)
-        g = hvd.allgather(torch.full((rank + 1, 2), rank, device="cuda").to(dtype),
-                          name=f"t.ag.{tag}")
+        g = hvd.allgather(
+            torch.full((rank + 1, 2), rank, device="cuda").to(dtype), name=f"t.ag.{tag}"
+        )
         assert g.is_cuda and g.dtype == dtype and g.shape[0] == size * (size + 1) // 2
-        b = hvd.broadcast(torch.full((3,), rank, device="cuda").to(dtype), size - 1,
-                          name=f"t.bc.{tag}")
+        b = hvd.broadcast(
+            torch.full((3,), rank, device="cuda").to(dtype), size - 1, name=f"t.bc.{tag}"
+        )
         assert b.is_cuda and b.cpu().double().tolist() == [size - 1] * 3
-        a = hvd.alltoall(torch.full((size,), rank, device="cuda").to(dtype),
-                         name=f"t.a2a.{tag}")
+        a = hvd.alltoall(torch.full((size,), rank, device="cuda").to(dtype), name=f"t.a2a.{tag}")
         assert a.is_cuda and a.cpu().double().tolist() == list(range(size))
         if dtype.is_floating_point or dtype in (torch.int32, torch.int64):
-            rs = hvd.reducescatter(torch.ones((size * 2, 3), device="cuda").to(dtype),
-                                   op=hvd.Sum, name=f"t.rs.{tag}")
+            rs = hvd.reducescatter(
+                torch.ones((size * 2, 3), device="cuda").to(dtype), op=hvd.Sum, name=f"t.rs.{tag}"
+            )
             assert rs.is_cuda and rs.shape == (2, 3)
             assert rs.cpu().double().unique().tolist() == [size]
 
@@ -63,8 +74,9 @@ def test_grouped_and_async(torch):
     tensors = [torch.ones(100 + i, device="cuda") for i in range(20)]
     outs = hvd.grouped_allreduce(tensors, op=hvd.Sum)
     assert all(o.is_cuda and float(o.sum()) == size * (100 + i) for i, o in enumerate(outs))
-    handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"t.async.{i}")
-               for i, t in enumerate(tensors)]
+    handles = [
+        hvd.allreduce_async_(t, op=hvd.Sum, name=f"t.async.{i}") for i, t in enumerate(tensors)
+    ]
     for i, h in enumerate(handles):
         assert float(hvd.synchronize(h).sum()) == size * size * (100 + i)
 
@@ -91,24 +103,30 @@ def _digits(torch):
     data = load_digits()
     x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
     y = torch.tensor(data.target)
-    return x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()], x[-300:], y[-300:]
+    return x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()], x[-300:], y[-300:]
 
 
 def _train(torch, device, compression):
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(), torch.nn.Linear(8 * 16, 10)).to(device)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters(),
-                                   compression=compression)
+        torch.nn.Conv2d(1, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 16, 10),
+    ).to(device)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+        compression=compression,
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     x, y, tx, ty = _digits(torch)
     x, y, tx, ty = x.to(device), y.to(device), tx.to(device), ty.to(device)
     for _ in range(8):
         for i in range(0, len(x), 32):
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32]).backward()
+            torch.nn.functional.cross_entropy(model(x[i : i + 32]), y[i : i + 32]).backward()
             opt.step()
     with torch.no_grad():
         return float((model(tx).argmax(1) == ty).float().mean())
@@ -125,9 +143,11 @@ def test_cnn_on_digits_matches_cpu_accuracy(torch, compression):
 def test_topk_and_powersgd_on_cuda(torch):
     for comp in (hvd.Compression.topk(0.1), hvd.Compression.powersgd(rank=2, start_step=0)):
         model = torch.nn.Linear(16, 8).cuda()
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                       named_parameters=model.named_parameters(),
-                                       compression=comp)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            named_parameters=model.named_parameters(),
+            compression=comp,
+        )
         model(torch.randn(4, 16, device="cuda")).sum().backward()
         opt.step()
         assert model.weight.is_cuda and torch.isfinite(model.weight).all()
@@ -140,5 +160,5 @@ def test_mixed_devices_fail_on_every_rank(torch):
     with pytest.raises(hvd.HorovodInternalError, match=r"Mismatched device.*cpu.*cuda"):
         hvd.allreduce(x, name="t.mixed")
     np.testing.assert_allclose(
-        hvd.allreduce(torch.ones(2, device="cuda"), op=hvd.Sum, name="t.after").cpu(),
-        hvd.size())
+        hvd.allreduce(torch.ones(2, device="cuda"), op=hvd.Sum, name="t.after").cpu(), hvd.size()
+    )

@@ -46,13 +46,21 @@ class Result:
         return self.stdout + self.stderr
 
 
-def run(cmd: list[str], timeout: float = 90.0, env: dict[str, str] | None = None,
-        cwd: Path = ROOT) -> Result:
+def run(
+    cmd: list[str], timeout: float = 90.0, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> Result:
     """Run *cmd* in its own session; on timeout kill the session and fail loudly."""
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env or clean_env(), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env or clean_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -107,6 +115,5 @@ def cli_launch(argv, **env):
 def genv(plan):
     """The job's variables of a plan: the values its launcher's environment carries for
     the names the command forwards (MPICH: all of them), as ``Launch.extra_env`` shows."""
-    launcher = set(plan.extra_env) - {name for name in plan.extra_env
-                                      if name.startswith("HYDRA_")}
+    launcher = set(plan.extra_env) - {name for name in plan.extra_env if name.startswith("HYDRA_")}
     return {name: plan.env[name] for name in launcher}

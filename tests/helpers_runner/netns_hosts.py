@@ -47,8 +47,17 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["NetnsHosts", "VirtualHost", "reason_unavailable", "remove_stale", "netns_hosts",
-           "ALT_PORT", "MGMT_IFACE", "DATA_IFACE", "DOWN_HOST"]
+__all__ = [
+    "NetnsHosts",
+    "VirtualHost",
+    "reason_unavailable",
+    "remove_stale",
+    "netns_hosts",
+    "ALT_PORT",
+    "MGMT_IFACE",
+    "DATA_IFACE",
+    "DOWN_HOST",
+]
 
 PREFIX = "hvdt-"
 MGMT_IFACE, DATA_IFACE = "mgmt0", "data0"
@@ -59,12 +68,15 @@ _SSHD = "/usr/sbin/sshd"
 _STEP_TIMEOUT = 30
 
 
-def _run(cmd: list[str], timeout: float = _STEP_TIMEOUT, check: bool = True
-         ) -> subprocess.CompletedProcess:
+def _run(
+    cmd: list[str], timeout: float = _STEP_TIMEOUT, check: bool = True
+) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     if check and proc.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): "
-                           f"{proc.stderr.strip() or proc.stdout.strip()}")
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed ({proc.returncode}): "
+            f"{proc.stderr.strip() or proc.stdout.strip()}"
+        )
     return proc
 
 
@@ -74,16 +86,25 @@ def _install_sshd() -> str | None:
     if shutil.which("apt-get") is None:
         return "openssh-server is not installed and apt-get is not available"
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "openssh-server",
-           "openssh-client"]
+    cmd = [
+        "apt-get",
+        "install",
+        "-y",
+        "-q",
+        "--no-install-recommends",
+        "openssh-server",
+        "openssh-client",
+    ]
     last = ""
     for attempt in range(2):
         if attempt:
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True,
-                           timeout=300, check=False)
+            subprocess.run(
+                ["apt-get", "update", "-q"], env=env, capture_output=True, timeout=300, check=False
+            )
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300,
-                                  check=False)
+            proc = subprocess.run(
+                cmd, env=env, capture_output=True, text=True, timeout=300, check=False
+            )
         except subprocess.TimeoutExpired:
             return "apt-get install openssh-server timed out"
         if proc.returncode == 0 and os.path.exists(_SSHD):
@@ -104,12 +125,13 @@ def reason_unavailable() -> str | None:
         made = _run(["ip", "netns", "add", probe], check=False)
         if made.returncode:
             return f"cannot create a network namespace: {made.stderr.strip()}"
-        veth = _run(["ip", "-n", probe, "link", "add", "a0", "type", "veth", "peer", "name",
-                     "b0"], check=False)
+        veth = _run(
+            ["ip", "-n", probe, "link", "add", "a0", "type", "veth", "peer", "name", "b0"],
+            check=False,
+        )
         if veth.returncode:
             return f"cannot create a veth pair: {veth.stderr.strip()}"
-        uts = _run(["ip", "netns", "exec", probe, "unshare", "--uts", "hostname", "x"],
-                   check=False)
+        uts = _run(["ip", "netns", "exec", probe, "unshare", "--uts", "hostname", "x"], check=False)
         if uts.returncode:
             return f"cannot create a UTS namespace: {uts.stderr.strip()}"
     finally:
@@ -139,7 +161,7 @@ def _delete_namespace(namespace: str) -> None:
 
 
 def _owner_alive(namespace: str) -> bool:
-    pid = namespace[len(PREFIX):].split("-", 1)[0]
+    pid = namespace[len(PREFIX) :].split("-", 1)[0]
     if not pid.isdigit():
         return False
     return Path(f"/proc/{pid}").exists()
@@ -162,7 +184,7 @@ class VirtualHost:
 
     name: str
     namespace: str
-    address: str       # on MGMT_IFACE; what the host name resolves to
+    address: str  # on MGMT_IFACE; what the host name resolves to
     data_address: str  # on DATA_IFACE
 
     def wrap(self, argv: list[str], cgroups: bool = False) -> list[str]:
@@ -172,8 +194,20 @@ class VirtualHost:
         cgroup file systems; *cgroups* mounts them again (slurmd needs them).
         """
         setup = _cgroup_mounts() + " && " if cgroups else ""
-        return ["ip", "netns", "exec", self.namespace, "unshare", "--uts", "--",
-                "sh", "-c", setup + 'hostname "$0" && exec "$@"', self.name, *argv]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.namespace,
+            "unshare",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            setup + 'hostname "$0" && exec "$@"',
+            self.name,
+            *argv,
+        ]
 
 
 def _cgroup_mounts() -> str:
@@ -183,9 +217,11 @@ def _cgroup_mounts() -> str:
         for line in mounts:
             source, target, fstype, options = line.split()[:4]
             if target == "/sys/fs/cgroup" or target.startswith("/sys/fs/cgroup/"):
-                commands.append(f"mkdir -p {shlex.quote(target)} && mount -t {fstype} -o "
-                                f"{shlex.quote(options)} {shlex.quote(source)} "
-                                f"{shlex.quote(target)}")
+                commands.append(
+                    f"mkdir -p {shlex.quote(target)} && mount -t {fstype} -o "
+                    f"{shlex.quote(options)} {shlex.quote(source)} "
+                    f"{shlex.quote(target)}"
+                )
     return " && ".join(commands) or "true"
 
 
@@ -196,12 +232,13 @@ class NetnsHosts:
         self.workdir = Path(workdir)
         self.switch = f"{PREFIX}{os.getpid()}-sw"
         self.hosts = {
-            name: VirtualHost(name, f"{PREFIX}{os.getpid()}-{name}", f"10.231.0.{i}",
-                              f"10.231.1.{i}")
+            name: VirtualHost(
+                name, f"{PREFIX}{os.getpid()}-{name}", f"10.231.0.{i}", f"10.231.1.{i}"
+            )
             for i, name in enumerate(names, start=1)
         }
         self.client_key = self.workdir / "client_key"  # in every host's ssh client config
-        self.alt_key = self.workdir / "alt_key"        # accepted on ALT_PORT only
+        self.alt_key = self.workdir / "alt_key"  # accepted on ALT_PORT only
         self.sshd: dict[str, subprocess.Popen] = {}
         self.namespaces: list[str] = []
 
@@ -211,10 +248,21 @@ class NetnsHosts:
     # -- setup ---------------------------------------------------------------
     def _keys(self) -> None:
         for path in (self.client_key, self.alt_key, self.workdir / "host_key"):
-            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hvdlite-test",
-                  "-f", str(path)])
-        (self.workdir / "authorized_keys").write_text(
-            Path(f"{self.client_key}.pub").read_text())
+            _run(
+                [
+                    "ssh-keygen",
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    "hvdlite-test",
+                    "-f",
+                    str(path),
+                ]
+            )
+        (self.workdir / "authorized_keys").write_text(Path(f"{self.client_key}.pub").read_text())
         (self.workdir / "authorized_keys_alt").write_text(Path(f"{self.alt_key}.pub").read_text())
 
     def _network(self) -> None:
@@ -229,10 +277,24 @@ class NetnsHosts:
             _run(["ip", "-n", host.namespace, "link", "set", "lo", "up"])
             for bridge, (iface, net) in enumerate(_NETWORKS):
                 port = f"p{index}n{bridge}"
-                _run(["ip", "-n", host.namespace, "link", "add", iface, "type", "veth",
-                      "peer", "name", port, "netns", self.switch])
-                _run(["ip", "-n", host.namespace, "addr", "add", f"{net}.{index}/24",
-                      "dev", iface])
+                _run(
+                    [
+                        "ip",
+                        "-n",
+                        host.namespace,
+                        "link",
+                        "add",
+                        iface,
+                        "type",
+                        "veth",
+                        "peer",
+                        "name",
+                        port,
+                        "netns",
+                        self.switch,
+                    ]
+                )
+                _run(["ip", "-n", host.namespace, "addr", "add", f"{net}.{index}/24", "dev", iface])
                 _run(["ip", "-n", host.namespace, "link", "set", iface, "up"])
                 _run(["ip", "-n", self.switch, "link", "set", port, "master", f"br{bridge}"])
                 _run(["ip", "-n", self.switch, "link", "set", port, "up"])
@@ -241,18 +303,20 @@ class NetnsHosts:
         hosts_file = ["127.0.0.1 localhost", "::1 localhost"]
         hosts_file += [f"{h.address} {h.name}" for h in self.hosts.values()]
         hosts_file.append(f"{_DOWN_ADDRESS} {DOWN_HOST}")
-        ssh_config = "\n".join([
-            "Host *",
-            "    User root",
-            f"    IdentityFile {self.client_key}",
-            "    IdentitiesOnly yes",
-            "    StrictHostKeyChecking no",
-            "    UserKnownHostsFile /dev/null",
-            "    BatchMode yes",
-            "    ConnectTimeout 10",
-            "    LogLevel ERROR",
-            "",
-        ])
+        ssh_config = "\n".join(
+            [
+                "Host *",
+                "    User root",
+                f"    IdentityFile {self.client_key}",
+                "    IdentitiesOnly yes",
+                "    StrictHostKeyChecking no",
+                "    UserKnownHostsFile /dev/null",
+                "    BatchMode yes",
+                "    ConnectTimeout 10",
+                "    LogLevel ERROR",
+                "",
+            ]
+        )
         for host in self.hosts.values():
             etc = Path("/etc/netns") / host.namespace
             (etc / "ssh").mkdir(parents=True, exist_ok=True)
@@ -262,29 +326,33 @@ class NetnsHosts:
     def _sshd_config(self, host: VirtualHost) -> Path:
         d = self.workdir
         conf = d / f"sshd_{host.name}.conf"
-        conf.write_text("\n".join([
-            "Port 22",
-            f"Port {ALT_PORT}",
-            f"HostKey {d / 'host_key'}",
-            f"PidFile {d / f'sshd_{host.name}.pid'}",
-            "PermitRootLogin prohibit-password",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            "StrictModes no",
-            f"AuthorizedKeysFile {d / 'authorized_keys'}",
-            "UseDNS no",
-            "PrintMotd no",
-            "PrintLastLog no",
-            "X11Forwarding no",
-            "MaxStartups 100:30:200",
-            "MaxSessions 100",
-            "LogLevel VERBOSE",
-            f"Match LocalPort {ALT_PORT}",
-            f"    AuthorizedKeysFile {d / 'authorized_keys_alt'}",
-            "",
-        ]))
+        conf.write_text(
+            "\n".join(
+                [
+                    "Port 22",
+                    f"Port {ALT_PORT}",
+                    f"HostKey {d / 'host_key'}",
+                    f"PidFile {d / f'sshd_{host.name}.pid'}",
+                    "PermitRootLogin prohibit-password",
+                    "PubkeyAuthentication yes",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    f"AuthorizedKeysFile {d / 'authorized_keys'}",
+                    "UseDNS no",
+                    "PrintMotd no",
+                    "PrintLastLog no",
+                    "X11Forwarding no",
+                    "MaxStartups 100:30:200",
+                    "MaxSessions 100",
+                    "LogLevel VERBOSE",
+                    f"Match LocalPort {ALT_PORT}",
+                    f"    AuthorizedKeysFile {d / 'authorized_keys_alt'}",
+                    "",
+                ]
+            )
+        )
         return conf
 
     def _start_sshd(self) -> None:
@@ -293,23 +361,33 @@ class NetnsHosts:
             conf = self._sshd_config(host)
             log = open(self.workdir / f"sshd_{host.name}.log", "wb")  # noqa: SIM115
             self.sshd[host.name] = subprocess.Popen(
-                host.wrap([_SSHD, "-D", "-e", "-f", str(conf)]), stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                host.wrap([_SSHD, "-D", "-e", "-f", str(conf)]),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def _wait_ready(self, seconds: float = 20) -> None:
         first = next(iter(self.hosts.values()))
         deadline = time.monotonic() + seconds
         for host in self.hosts.values():
             while True:
-                proc = subprocess.run(first.wrap(["ssh", host.name, "hostname"]),
-                                      capture_output=True, text=True, timeout=20, check=False)
+                proc = subprocess.run(
+                    first.wrap(["ssh", host.name, "hostname"]),
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                    check=False,
+                )
                 if proc.returncode == 0 and proc.stdout.strip() == host.name:
                     break
                 dead = [n for n, p in self.sshd.items() if p.poll() is not None]
                 if dead or time.monotonic() > deadline:
-                    raise RuntimeError(f"sshd on {host.name} does not answer "
-                                       f"(exited: {dead or 'none'}): {proc.stderr.strip()}\n"
-                                       + self.logs())
+                    raise RuntimeError(
+                        f"sshd on {host.name} does not answer "
+                        f"(exited: {dead or 'none'}): {proc.stderr.strip()}\n" + self.logs()
+                    )
                 time.sleep(0.2)
 
     def start(self) -> NetnsHosts:
@@ -336,8 +414,16 @@ class NetnsHosts:
 
     def rx_bytes(self, name: str, iface: str) -> int:
         """Bytes host *name* received on *iface* so far."""
-        proc = _run(["ip", "netns", "exec", self.hosts[name].namespace, "cat",
-                     f"/sys/class/net/{iface}/statistics/rx_bytes"])
+        proc = _run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.hosts[name].namespace,
+                "cat",
+                f"/sys/class/net/{iface}/statistics/rx_bytes",
+            ]
+        )
         return int(proc.stdout.strip())
 
     def logs(self) -> str:

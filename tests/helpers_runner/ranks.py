@@ -27,20 +27,27 @@ def _forge() -> None:
     import protocol  # as a plain file, as the task wrapper does: no hvdlite package import
 
     wrapper_env = Path(f"/proc/{os.getppid()}/environ").read_bytes().split(b"\0")
-    token = next(item.split(b"=", 1)[1].decode() for item in wrapper_env
-                 if item.startswith(protocol.TOKEN_VARIABLE.encode() + b"="))
+    token = next(
+        item.split(b"=", 1)[1].decode()
+        for item in wrapper_env
+        if item.startswith(protocol.TOKEN_VARIABLE.encode() + b"=")
+    )
     right = protocol.marker(token)
-    failed = ('{"event":"exit","rank":1,"host":"h","code":3,"signal":null,"stopped":false,'
-              '"time":1.0,"tail":[]}')
-    for line in ("@@hvdlite-task@@ " + failed,  # the marker before tokens
-                 protocol.marker("0" * len(token)) + " " + failed,
-                 right + " {not json",
-                 right + " " + failed.replace('"code":3', '"code":"three"'),
-                 right + " " + failed.replace('"rank":1', '"rank":7'),
-                 right + " " + failed.replace('"rank":1', '"rank":"1"'),
-                 right + " " + failed.replace('"time":1.0', '"time":NaN'),
-                 right + ' {"event":["exit"],"rank":1}',
-                 right + " [1, 2]"):
+    failed = (
+        '{"event":"exit","rank":1,"host":"h","code":3,"signal":null,"stopped":false,'
+        '"time":1.0,"tail":[]}'
+    )
+    for line in (
+        "@@hvdlite-task@@ " + failed,  # the marker before tokens
+        protocol.marker("0" * len(token)) + " " + failed,
+        right + " {not json",
+        right + " " + failed.replace('"code":3', '"code":"three"'),
+        right + " " + failed.replace('"rank":1', '"rank":7'),
+        right + " " + failed.replace('"rank":1', '"rank":"1"'),
+        right + " " + failed.replace('"time":1.0', '"time":NaN'),
+        right + ' {"event":["exit"],"rank":1}',
+        right + " [1, 2]",
+    ):
         print("forged:", line, file=sys.stderr, flush=True)
 
 

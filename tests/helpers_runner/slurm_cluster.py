@@ -32,14 +32,20 @@ def _have_all() -> bool:
     """True when the packages are installed (dpkg says so) and the programs are found."""
     for package in PACKAGES:
         try:
-            proc = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package],
-                                  capture_output=True, text=True, timeout=30, check=False)
+            proc = subprocess.run(
+                ["dpkg-query", "-W", "-f=${Status}", package],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
         except OSError:
             return False
         if "install ok installed" not in proc.stdout:
             return False
-    return all(shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin")
-               for name in DAEMONS)
+    return all(
+        shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin") for name in DAEMONS
+    )
 
 
 def install(timeout: float = 600.0) -> str | None:
@@ -55,11 +61,17 @@ def install(timeout: float = 600.0) -> str | None:
     last = ""
     for attempt in range(2):
         if attempt:
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True,
-                           timeout=timeout, check=False)
+            subprocess.run(
+                ["apt-get", "update", "-q"],
+                env=env,
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
         try:
-            proc = subprocess.run(install_cmd, env=env, capture_output=True, text=True,
-                                  timeout=timeout, check=False)
+            proc = subprocess.run(
+                install_cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+            )
         except subprocess.TimeoutExpired:
             return f"apt-get install {' '.join(PACKAGES)} timed out after {timeout:.0f} s"
         if proc.returncode == 0 and _have_all():
@@ -143,8 +155,7 @@ class OneNodeCluster:
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
             "MinJobAge=600",
-            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP "
-            "OverSubscribe=YES",
+            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES",
         ]
         self.conf.write_text("\n".join(lines) + "\n")
 
@@ -153,8 +164,9 @@ class OneNodeCluster:
             cred = subprocess.run(["munge", "-n"], capture_output=True, timeout=10, check=False)
             if cred.returncode:
                 return False
-            check = subprocess.run(["unmunge"], input=cred.stdout, capture_output=True,
-                                   timeout=10, check=False)
+            check = subprocess.run(
+                ["unmunge"], input=cred.stdout, capture_output=True, timeout=10, check=False
+            )
             return check.returncode == 0
         except (OSError, subprocess.TimeoutExpired):
             return False
@@ -166,10 +178,14 @@ class OneNodeCluster:
         run.mkdir(parents=True, exist_ok=True)
         shutil.chown(run, "munge", "munge")
         self.procs["munged"] = subprocess.Popen(
-            [_sbin("munged"), "--foreground", "--force"], user="munge", group="munge",
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            [_sbin("munged"), "--foreground", "--force"],
+            user="munge",
+            group="munge",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
             stderr=open(self.workdir / "log" / "munged.log", "wb"),  # noqa: SIM115
-            start_new_session=True)
+            start_new_session=True,
+        )
         self._wait(self._munge_works, 15, "munged did not start")
 
     def _wait(self, check, seconds: float, what: str) -> None:
@@ -179,29 +195,43 @@ class OneNodeCluster:
                 return
             for name, proc in self.procs.items():
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{what}: {name} exited with {proc.returncode}\n"
-                                       + self.logs())
+                    raise RuntimeError(
+                        f"{what}: {name} exited with {proc.returncode}\n" + self.logs()
+                    )
             time.sleep(0.2)
         raise RuntimeError(f"{what} within {seconds:.0f} s\n" + self.logs())
 
     def _node_idle(self) -> bool:
         """True when every node is idle."""
-        proc = subprocess.run(self.client(["sinfo", "-h", "-N", "-o", "%T"]), env=self.env,
-                              capture_output=True, text=True, timeout=20, check=False)
+        proc = subprocess.run(
+            self.client(["sinfo", "-h", "-N", "-o", "%T"]),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
         states = proc.stdout.split()
         return proc.returncode == 0 and bool(states) and all(s == "idle" for s in states)
 
     def _daemon(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         log = self.workdir / "log" / f"{name}.out"
         self.procs[name] = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=open(log, "wb"),  # noqa: SIM115
-            stderr=subprocess.STDOUT, start_new_session=True)
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=open(log, "wb"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def _start_daemons(self) -> None:
-        self._daemon("slurmctld", [_sbin("slurmctld"), "-D", "-i", "-f", str(self.conf)],
-                     self.env)
-        self._daemon("slurmd", [_sbin("slurmd"), "-D", "-f", str(self.conf)],
-                     dict(self.env, PMIX_MCA_psec="native"))
+        self._daemon("slurmctld", [_sbin("slurmctld"), "-D", "-i", "-f", str(self.conf)], self.env)
+        self._daemon(
+            "slurmd",
+            [_sbin("slurmd"), "-D", "-f", str(self.conf)],
+            dict(self.env, PMIX_MCA_psec="native"),
+        )
 
     def start(self) -> OneNodeCluster:
         self._write_conf()
@@ -213,9 +243,14 @@ class OneNodeCluster:
     # -- use -----------------------------------------------------------------
     def sbatch(self, args: list[str], env: dict[str, str] | None = None) -> str:
         """Submit; returns the job id."""
-        proc = subprocess.run(self.client(["sbatch", "--parsable", *args]),
-                              env=env or self.env, capture_output=True, text=True, timeout=60,
-                              check=False)
+        proc = subprocess.run(
+            self.client(["sbatch", "--parsable", *args]),
+            env=env or self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         if proc.returncode:
             raise RuntimeError(f"sbatch {args} failed: {proc.stderr.strip()}")
         job_id = proc.stdout.strip().split(";")[0]
@@ -223,9 +258,14 @@ class OneNodeCluster:
         return job_id
 
     def job_state(self, job_id: str) -> dict[str, str]:
-        proc = subprocess.run(self.client(["scontrol", "-o", "show", "job", job_id]),
-                              env=self.env, capture_output=True, text=True, timeout=20,
-                              check=False)
+        proc = subprocess.run(
+            self.client(["scontrol", "-o", "show", "job", job_id]),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
         fields = {}
         for token in proc.stdout.split():
             key, eq, value = token.partition("=")
@@ -238,14 +278,24 @@ class OneNodeCluster:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             fields = self.job_state(job_id)
-            if fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
-                                          "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"):
+            if fields.get("JobState") in (
+                "COMPLETED",
+                "FAILED",
+                "CANCELLED",
+                "TIMEOUT",
+                "NODE_FAIL",
+                "OUT_OF_MEMORY",
+                "BOOT_FAIL",
+            ):
                 return fields
             time.sleep(0.5)
-        subprocess.run(self.client(["scancel", job_id]), env=self.env, capture_output=True,
-                       check=False)
-        raise TimeoutError(f"job {job_id} still {self.job_state(job_id).get('JobState')} "
-                           f"after {timeout:.0f} s\n" + self.logs())
+        subprocess.run(
+            self.client(["scancel", job_id]), env=self.env, capture_output=True, check=False
+        )
+        raise TimeoutError(
+            f"job {job_id} still {self.job_state(job_id).get('JobState')} "
+            f"after {timeout:.0f} s\n" + self.logs()
+        )
 
     def logs(self) -> str:
         out = []
@@ -272,12 +322,23 @@ class OneNodeCluster:
     def stop(self) -> None:
         """Cancel every job, stop the daemons we started, then kill any job process left."""
         if self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
-            subprocess.run(self.client(["scancel", "--full", "--partition=debug"]),
-                           env=self.env, capture_output=True, timeout=20, check=False)
+            subprocess.run(
+                self.client(["scancel", "--full", "--partition=debug"]),
+                env=self.env,
+                capture_output=True,
+                timeout=20,
+                check=False,
+            )
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
-                queue = subprocess.run(self.client(["squeue", "-h", "-o", "%i"]), env=self.env,
-                                       capture_output=True, text=True, timeout=20, check=False)
+                queue = subprocess.run(
+                    self.client(["squeue", "-h", "-o", "%i"]),
+                    env=self.env,
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                    check=False,
+                )
                 if queue.returncode or not queue.stdout.strip():
                     break
                 time.sleep(0.3)

@@ -28,8 +28,14 @@ _CTLD_PORT, _SLURMD_PORT = 6817, 6818  # free: the namespaces are the test's own
 class TwoNodeCluster(OneNodeCluster):
     """See the module docstring."""
 
-    def __init__(self, workdir: Path, hosts: NetnsHosts, login: str = "h3",
-                 nodes: tuple[str, ...] = ("h1", "h2"), cpus: int = 4) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        hosts: NetnsHosts,
+        login: str = "h3",
+        nodes: tuple[str, ...] = ("h1", "h2"),
+        cpus: int = 4,
+    ) -> None:
         super().__init__(workdir, cpus=cpus)
         self.hosts, self.login, self.nodes = hosts, login, nodes
         self.host = login
@@ -48,10 +54,12 @@ class TwoNodeCluster(OneNodeCluster):
             f"SlurmdLogFile={d / 'log'}/slurmd-%n.log",
         ]
         for name in self.nodes:
-            lines.append(f"NodeName={name} NodeAddr={self.hosts[name].address} "
-                         f"CPUs={self.cpus} Boards=1 SocketsPerBoard=1 "
-                         f"CoresPerSocket={self.cpus} ThreadsPerCore=1 RealMemory=1000 "
-                         "State=UNKNOWN")
+            lines.append(
+                f"NodeName={name} NodeAddr={self.hosts[name].address} "
+                f"CPUs={self.cpus} Boards=1 SocketsPerBoard=1 "
+                f"CoresPerSocket={self.cpus} ThreadsPerCore=1 RealMemory=1000 "
+                "State=UNKNOWN"
+            )
         return lines
 
     def _write_conf(self) -> None:
@@ -60,10 +68,16 @@ class TwoNodeCluster(OneNodeCluster):
             (self.workdir / "spool" / name).mkdir(parents=True, exist_ok=True)
 
     def _start_daemons(self) -> None:
-        self._daemon("slurmctld", self.client([_sbin("slurmctld"), "-D", "-i", "-f",
-                                               str(self.conf)]), self.env)
+        self._daemon(
+            "slurmctld",
+            self.client([_sbin("slurmctld"), "-D", "-i", "-f", str(self.conf)]),
+            self.env,
+        )
         for name in self.nodes:
-            self._daemon(f"slurmd-{name}",
-                         self.hosts.wrap(name, [_sbin("slurmd"), "-D", "-N", name, "-f",
-                                                str(self.conf)], cgroups=True),
-                         dict(self.env, PMIX_MCA_psec="native"))
+            self._daemon(
+                f"slurmd-{name}",
+                self.hosts.wrap(
+                    name, [_sbin("slurmd"), "-D", "-N", name, "-f", str(self.conf)], cgroups=True
+                ),
+                dict(self.env, PMIX_MCA_psec="native"),
+            )

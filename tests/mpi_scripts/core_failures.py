@@ -53,8 +53,7 @@ def refused_then_fine(bad_env, **init_kwargs):
     try:
         hvd.init(**init_kwargs)
     except (ValueError, OSError) as exc:
-        say(f"init refused with {type(exc).__name__} after {time.monotonic() - start:.1f}s: "
-            f"{exc}")
+        say(f"init refused with {type(exc).__name__} after {time.monotonic() - start:.1f}s: {exc}")
     else:
         say("init was NOT refused")
         return
@@ -139,6 +138,7 @@ elif mode == "shm-barrier":
 
 elif mode == "thread-raises":
     if RANK == LAST:
+
         def broken():
             raise RuntimeError(f"deliberate failure in a worker thread of rank {RANK}")
 
@@ -175,6 +175,7 @@ elif mode in ("interrupt-sigint", "interrupt-exit"):
             say("finally ran")
 
 elif mode == "interrupt-alone":
+
     def interrupt(_handle):
         raise KeyboardInterrupt
 
@@ -233,8 +234,10 @@ elif mode == "memory":
     def sizes():
         table = len(engine.coordinator._table) if engine.coordinator else 0
         rows = st.timeline.rows if st.timeline is not None else 0
-        return (f"table={table} pending={len(engine._pending)} cache={len(engine.bits.cache)} "
-                f"pool={engine.executor.pool.nbytes()} timeline_rows={rows}")
+        return (
+            f"table={table} pending={len(engine._pending)} cache={len(engine.bits.cache)} "
+            f"pool={engine.executor.pool.nbytes()} timeline_rows={rows}"
+        )
 
     def rss_mb():
         with open("/proc/self/status") as f:

@@ -31,8 +31,11 @@ elif mode == "caller":
 else:
     raise SystemExit(f"unknown mode {mode!r}")
 total = hvd.allreduce(np.ones(2), op=hvd.Sum, name="managed")[0]
-print(f"rank {hvd.rank()}: OK {mode} sum={total:.0f} "
-      f"threads={MPI.Query_thread() == MPI.THREAD_MULTIPLE}", flush=True)
+print(
+    f"rank {hvd.rank()}: OK {mode} sum={total:.0f} "
+    f"threads={MPI.Query_thread() == MPI.THREAD_MULTIPLE}",
+    flush=True,
+)
 hvd.shutdown()
 if mode == "caller":
     MPI.Finalize()  # the program's own MPI: the program finalizes it

@@ -37,8 +37,9 @@ def assert_same(actual, expected, dtype=None) -> None:
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     if actual.dtype.kind == "f":
         rtol = 2e-3 if actual.dtype == np.float16 else 1e-6
-        np.testing.assert_allclose(actual.astype(np.float64), expected.astype(np.float64),
-                                   rtol=rtol, atol=rtol)
+        np.testing.assert_allclose(
+            actual.astype(np.float64), expected.astype(np.float64), rtol=rtol, atol=rtol
+        )
     else:
         np.testing.assert_array_equal(actual, expected)
 

@@ -71,8 +71,7 @@ def test_formula_properties():
 def test_engine_algorithm_matches_formula(comm):
     for n in (1, 2, 3, 5, 1001):  # lengths that halve unevenly, and shorter than SIZE
         x = _vector(n)
-        np.testing.assert_allclose(adasum_allreduce(comm, x), expected(x),
-                                   rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(adasum_allreduce(comm, x), expected(x), rtol=1e-12, atol=1e-12)
 
 
 @needs_pow2
@@ -80,8 +79,9 @@ def test_special_vectors(comm):
     same = np.linspace(-1.0, 1.0, 9)
     np.testing.assert_allclose(adasum_allreduce(comm, same), same, rtol=1e-12)
     zero_here = np.zeros(6) if RANK == 0 else _vector(6, salt=1)
-    np.testing.assert_allclose(adasum_allreduce(comm, zero_here), expected(zero_here),
-                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        adasum_allreduce(comm, zero_here), expected(zero_here), rtol=1e-12, atol=1e-12
+    )
     np.testing.assert_array_equal(adasum_allreduce(comm, np.zeros(4)), np.zeros(4))
     x = _vector(7, salt=2)
     before = x.copy()
@@ -99,8 +99,9 @@ def test_allreduce_op_adasum():
     got = hvdlite.allreduce(y, op=hvdlite.Adasum, name="adasum.f32")
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, expected(y), rtol=1e-5, atol=1e-6)
-    got = hvdlite.allreduce(x, op=hvdlite.Adasum, prescale_factor=2.0, postscale_factor=0.25,
-                            name="adasum.scaled")
+    got = hvdlite.allreduce(
+        x, op=hvdlite.Adasum, prescale_factor=2.0, postscale_factor=0.25, name="adasum.scaled"
+    )
     np.testing.assert_allclose(got, 0.25 * expected(2.0 * x), rtol=1e-12, atol=1e-12)
 
 
@@ -122,5 +123,8 @@ def test_non_power_of_two_is_refused(comm):
     with pytest.raises(ValueError, match="power-of-two"):
         adasum_allreduce(comm, x)
     # the engine is still healthy afterwards
-    np.testing.assert_allclose(hvdlite.allreduce(x, op=hvdlite.Sum, name="after.refusal"),
-                               sum(WORLD.allgather(x)), rtol=1e-12)
+    np.testing.assert_allclose(
+        hvdlite.allreduce(x, op=hvdlite.Sum, name="after.refusal"),
+        sum(WORLD.allgather(x)),
+        rtol=1e-12,
+    )

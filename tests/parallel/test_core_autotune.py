@@ -22,11 +22,17 @@ for _var in list(os.environ):
     if "AUTOTUNE" in _var or _var in ("HVDLITE_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY"):
         os.environ.pop(_var)
 LOG = os.path.join(tempfile.mkdtemp(prefix="hvdlite-autotune-"), "autotune.csv")
-os.environ.update({"HOROVOD_AUTOTUNE": "1", "HVDLITE_AUTOTUNE_LOG": LOG,
-                   "HVDLITE_AUTOTUNE_WARMUP_SAMPLES": "1",
-                   "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "2",
-                   "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "4",
-                   "HVDLITE_FUSION_THRESHOLD": str(64 * 1024), "HVDLITE_CYCLE_TIME": "20"})
+os.environ.update(
+    {
+        "HOROVOD_AUTOTUNE": "1",
+        "HVDLITE_AUTOTUNE_LOG": LOG,
+        "HVDLITE_AUTOTUNE_WARMUP_SAMPLES": "1",
+        "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "2",
+        "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "4",
+        "HVDLITE_FUSION_THRESHOLD": str(64 * 1024),
+        "HVDLITE_CYCLE_TIME": "20",
+    }
+)
 
 import hvdlite as hvd  # noqa: E402
 from hvdlite.autotune import Setting  # noqa: E402
@@ -69,9 +75,12 @@ SHAPES = [(32 * 1024,), (300,), (64, 64), (10,)]  # 128 KB (shared-memory path),
 def train(steps: int) -> None:
     """Fake training steps: the same named gradients every step, summed."""
     for step in range(steps):
-        handles = [hvd.allreduce_async(np.full(shape, RANK + step + i, np.float32),
-                                       op=hvd.Sum, name=f"grad.{i}")
-                   for i, shape in enumerate(SHAPES)]
+        handles = [
+            hvd.allreduce_async(
+                np.full(shape, RANK + step + i, np.float32), op=hvd.Sum, name=f"grad.{i}"
+            )
+            for i, shape in enumerate(SHAPES)
+        ]
         for i, (shape, handle) in enumerate(zip(SHAPES, handles)):
             expected = sum(r + step + i for r in range(SIZE))
             assert_same(hvd.synchronize(handle), np.full(shape, expected, np.float32))
@@ -115,8 +124,7 @@ def test_rank_0_wrote_one_csv_row_per_sample():
         assert not os.path.exists(LOG)
         return
     rows = list(csv.DictReader(open(LOG)))
-    assert [r["phase"] for r in rows] == ["warmup", "sample", "sample", "sample", "sample",
-                                          "best"]
+    assert [r["phase"] for r in rows] == ["warmup", "sample", "sample", "sample", "sample", "best"]
     assert int(rows[1]["fusion_threshold_bytes"]) == 64 * 1024
     assert all(float(r["score_bytes_per_second"]) > 0 for r in rows)
     last = rows[-1]

@@ -35,8 +35,9 @@ def test_topology_is_consistent():
     cross_rank, cross_size = hvd.cross_rank(), hvd.cross_size()
     assert 0 <= local_rank < local_size <= SIZE
     assert 0 <= cross_rank < cross_size <= SIZE
-    facts = hvd.allgather_object((socket.gethostname(), local_rank, local_size, cross_rank,
-                                  cross_size))
+    facts = hvd.allgather_object(
+        (socket.gethostname(), local_rank, local_size, cross_rank, cross_size)
+    )
     # (cross_rank, local_rank) identifies a rank: no two ranks share both.
     assert len({(f[3], f[1]) for f in facts}) == SIZE
     # Ranks on one host form one node: same local size, distinct local ranks.
@@ -64,8 +65,9 @@ def test_capabilities():
 
 
 def test_reduce_ops_have_horovod_values():
-    assert [int(op) for op in (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max,
-                               hvd.Product)] == [0, 1, 2, 3, 4, 5]
+    assert [
+        int(op) for op in (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product)
+    ] == [0, 1, 2, 3, 4, 5]
 
 
 def test_error_classes():
@@ -158,8 +160,7 @@ def test_a_rank_outside_a_process_set_cycles_for_it_while_computing():
             assert time.monotonic() - engine_driver._thread_worked < 1.0
         else:
             for _ in range(3):
-                out = hvd.allreduce(np.ones(4), op=hvd.Sum, name="basics.pair",
-                                    process_set=pair)
+                out = hvd.allreduce(np.ones(4), op=hvd.Sum, name="basics.pair", process_set=pair)
                 np.testing.assert_array_equal(out, np.full(4, 2.0))
     finally:
         hvd.shutdown()

@@ -32,8 +32,7 @@ LAST = SIZE - 1
 
 def test_the_same_collectives_in_the_same_order_run_as_usual():
     for step in range(3):
-        out = hvd.grouped_allreduce([np.ones(3), np.full(2, RANK)], op=hvd.Sum,
-                                    name=f"ok.{step}")
+        out = hvd.grouped_allreduce([np.ones(3), np.full(2, RANK)], op=hvd.Sum, name=f"ok.{step}")
         np.testing.assert_array_equal(out[1], np.full(2, sum(range(SIZE))))
         assert hvd.allgather(np.full((1, 2), RANK)).shape == (SIZE, 2)
         hvd.broadcast(np.ones(2), root_rank=0, name=f"ok.bc.{step}")
@@ -49,9 +48,15 @@ def test_a_rank_on_another_code_path_fails_both_collectives_at_once():
     with pytest.raises(hvd.MismatchError) as info:
         handle.result(timeout=30)  # the stall warning is 600 s away: this is the check
     message = str(info.value)
-    for part in ("different orders", "process set 0", "collective rank", f"rank {LAST}",
-                 "allgather 'allgather.noname.", "allreduce 'allreduce.noname.",
-                 "HVDLITE_CHECK_ORDER"):
+    for part in (
+        "different orders",
+        "process set 0",
+        "collective rank",
+        f"rank {LAST}",
+        "allgather 'allgather.noname.",
+        "allreduce 'allreduce.noname.",
+        "HVDLITE_CHECK_ORDER",
+    ):
         assert part in message, message
     assert same_everywhere(message)
     check_engine_works("after.divergence")

@@ -21,8 +21,7 @@ RANK, SIZE = hvd.rank(), hvd.size()
 EVEN = [r for r in range(SIZE) if r % 2 == 0]
 ODD = [r for r in range(SIZE) if r % 2 == 1]
 
-needs_two = pytest.mark.skipif(SIZE < 2, reason="at one rank every set duplicates the global "
-                                                "one")
+needs_two = pytest.mark.skipif(SIZE < 2, reason="at one rank every set duplicates the global one")
 
 
 def test_add_existing_ranks_is_refused():
@@ -73,8 +72,7 @@ def test_add_again_after_remove_and_concurrent_with_global():
     first_id = ps.process_set_id
     handles = [hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="dyn2.global")]
     if RANK in EVEN:
-        handles.append(hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="dyn2.ps",
-                                           process_set=ps))
+        handles.append(hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="dyn2.ps", process_set=ps))
     results = wait_all(handles)
     assert_same(results[0], np.full(2, float(SIZE)))
     if RANK in EVEN:

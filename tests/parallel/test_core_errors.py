@@ -44,17 +44,26 @@ def mismatch(submit, *fragments, check_name):
 @needs_two
 def test_shape_mismatch():
     shape = (5,) if ODD else (4,)
-    msg = mismatch(lambda: hvd.allreduce_async(np.ones(shape, np.float32), name="mm.shape"),
-                   "shape", "'mm.shape'", "rank 1: (5,)", f"{OTHERS}: (4,)",
-                   check_name="mm.shape.after")
+    msg = mismatch(
+        lambda: hvd.allreduce_async(np.ones(shape, np.float32), name="mm.shape"),
+        "shape",
+        "'mm.shape'",
+        "rank 1: (5,)",
+        f"{OTHERS}: (4,)",
+        check_name="mm.shape.after",
+    )
     assert "allreduce" in msg
 
 
 @needs_two
 def test_dtype_mismatch():
     dtype = np.float64 if ODD else np.float32
-    msg = mismatch(lambda: hvd.allreduce_async(np.ones(4, dtype), name="mm.dtype"),
-                   "dtype", "rank 1", check_name="mm.dtype.after")
+    msg = mismatch(
+        lambda: hvd.allreduce_async(np.ones(4, dtype), name="mm.dtype"),
+        "dtype",
+        "rank 1",
+        check_name="mm.dtype.after",
+    )
     assert "float64" in msg or np.dtype(np.float64).str in msg
     assert "float32" in msg or np.dtype(np.float32).str in msg
 
@@ -62,29 +71,48 @@ def test_dtype_mismatch():
 @needs_two
 def test_op_mismatch():
     op = hvd.Sum if ODD else hvd.Average
-    mismatch(lambda: hvd.allreduce_async(np.ones(4), op=op, name="mm.op"),
-             "reduction op", "rank 1: Sum", f"{OTHERS}: Average", check_name="mm.op.after")
+    mismatch(
+        lambda: hvd.allreduce_async(np.ones(4), op=op, name="mm.op"),
+        "reduction op",
+        "rank 1: Sum",
+        f"{OTHERS}: Average",
+        check_name="mm.op.after",
+    )
 
 
 @needs_two
 def test_root_rank_mismatch():
     root = 1 if ODD else 0
-    mismatch(lambda: hvd.broadcast_async(np.ones(4), root, name="mm.root"),
-             "root rank", "broadcast", "rank 1: 1", f"{OTHERS}: 0", check_name="mm.root.after")
+    mismatch(
+        lambda: hvd.broadcast_async(np.ones(4), root, name="mm.root"),
+        "root rank",
+        "broadcast",
+        "rank 1: 1",
+        f"{OTHERS}: 0",
+        check_name="mm.root.after",
+    )
 
 
 @needs_two
 def test_prescale_mismatch():
     pre = 2.0 if ODD else 1.0
-    mismatch(lambda: hvd.allreduce_async(np.ones(4), prescale_factor=pre, name="mm.pre"),
-             "prescale_factor", "rank 1: 2.0", check_name="mm.pre.after")
+    mismatch(
+        lambda: hvd.allreduce_async(np.ones(4), prescale_factor=pre, name="mm.pre"),
+        "prescale_factor",
+        "rank 1: 2.0",
+        check_name="mm.pre.after",
+    )
 
 
 @needs_two
 def test_postscale_mismatch():
     post = 0.5 if ODD else 1.0
-    mismatch(lambda: hvd.allreduce_async(np.ones(4), postscale_factor=post, name="mm.post"),
-             "postscale_factor", "rank 1: 0.5", check_name="mm.post.after")
+    mismatch(
+        lambda: hvd.allreduce_async(np.ones(4), postscale_factor=post, name="mm.post"),
+        "postscale_factor",
+        "rank 1: 0.5",
+        check_name="mm.post.after",
+    )
 
 
 @needs_two
@@ -94,25 +122,44 @@ def test_collective_kind_mismatch():
             return hvd.allgather_async(np.ones((1, 4)), name="mm.kind")
         return hvd.allreduce_async(np.ones(4), name="mm.kind")
 
-    mismatch(submit, "collective", "rank 1: allgather", f"{OTHERS}: allreduce",
-             check_name="mm.kind.after")
+    mismatch(
+        submit,
+        "collective",
+        "rank 1: allgather",
+        f"{OTHERS}: allreduce",
+        check_name="mm.kind.after",
+    )
 
 
 @needs_two
 def test_allgather_trailing_shape_mismatch_but_dim0_may_differ():
     trailing = 4 if ODD else 3
-    mismatch(lambda: hvd.allgather_async(np.ones((RANK + 1, trailing)), name="mm.ag"),
-             "shape", "allgather", "rank 1: (4,)", check_name="mm.ag.after")
+    mismatch(
+        lambda: hvd.allgather_async(np.ones((RANK + 1, trailing)), name="mm.ag"),
+        "shape",
+        "allgather",
+        "rank 1: (4,)",
+        check_name="mm.ag.after",
+    )
 
 
 @needs_two
 def test_reducescatter_and_grouped_mismatches():
     rows = SIZE + 1 if ODD else SIZE
-    mismatch(lambda: hvd.reducescatter_async(np.ones((rows, 2)), name="mm.rs"),
-             "shape", "reducescatter", "rank 1", check_name="mm.rs.after")
+    mismatch(
+        lambda: hvd.reducescatter_async(np.ones((rows, 2)), name="mm.rs"),
+        "shape",
+        "reducescatter",
+        "rank 1",
+        check_name="mm.rs.after",
+    )
     count = 3 if ODD else 2
-    mismatch(lambda: hvd.grouped_allreduce_async([np.ones(2)] * count, name="mm.group"),
-             "'mm.group'", "rank 1", check_name="mm.group.after")
+    mismatch(
+        lambda: hvd.grouped_allreduce_async([np.ones(2)] * count, name="mm.group"),
+        "'mm.group'",
+        "rank 1",
+        check_name="mm.group.after",
+    )
 
 
 @needs_two
@@ -121,8 +168,11 @@ def test_every_rank_fails_even_when_submitting_at_different_times():
     if ODD:
         time.sleep(0.3)
     shape = (2,) if ODD else (3,)
-    mismatch(lambda: hvd.allreduce_async(np.ones(shape), name="mm.late"), "shape",
-             check_name="mm.late.after")
+    mismatch(
+        lambda: hvd.allreduce_async(np.ones(shape), name="mm.late"),
+        "shape",
+        check_name="mm.late.after",
+    )
 
 
 @needs_two
@@ -131,8 +181,13 @@ def test_cached_name_resubmitted_with_different_shape():
     for _ in range(3):  # the name runs, then is answered from the response cache
         assert hvd.allreduce(x, op=hvd.Sum, name="mm.cached")[0] == sum(range(1, SIZE + 1))
     shape = (6,) if ODD else (4,)
-    mismatch(lambda: hvd.allreduce_async(np.ones(shape), op=hvd.Sum, name="mm.cached"),
-             "shape", "'mm.cached'", "rank 1: (6,)", check_name="mm.cached.after")
+    mismatch(
+        lambda: hvd.allreduce_async(np.ones(shape), op=hvd.Sum, name="mm.cached"),
+        "shape",
+        "'mm.cached'",
+        "rank 1: (6,)",
+        check_name="mm.cached.after",
+    )
     # Afterwards the name works again, with the old shape and then a new agreed shape.
     for _ in range(2):
         assert hvd.allreduce(x, op=hvd.Sum, name="mm.cached")[0] == sum(range(1, SIZE + 1))
@@ -152,8 +207,12 @@ def test_cached_name_changed_on_one_rank_that_submits_at_another_time(late):
     if ODD == (late == "odd"):
         time.sleep(0.3)
     shape = (2,) if ODD else (4,)
-    mismatch(lambda: hvd.allreduce_async(np.ones(shape), op=hvd.Sum, name=name),
-             "shape", "rank 1: (2,)", check_name=name + ".after")
+    mismatch(
+        lambda: hvd.allreduce_async(np.ones(shape), op=hvd.Sum, name=name),
+        "shape",
+        "rank 1: (2,)",
+        check_name=name + ".after",
+    )
     assert hvd.allreduce(np.ones(4), op=hvd.Sum, name=name)[0] == SIZE
 
 
@@ -162,8 +221,12 @@ def test_cached_name_resubmitted_with_different_op():
     for _ in range(2):
         hvd.allreduce(np.ones(3), op=hvd.Sum, name="mm.cached.op")
     op = hvd.Max if ODD else hvd.Sum
-    mismatch(lambda: hvd.allreduce_async(np.ones(3), op=op, name="mm.cached.op"),
-             "reduction op", "rank 1: Max", check_name="mm.cached.op.after")
+    mismatch(
+        lambda: hvd.allreduce_async(np.ones(3), op=op, name="mm.cached.op"),
+        "reduction op",
+        "rank 1: Max",
+        check_name="mm.cached.op.after",
+    )
     assert hvd.allreduce(np.ones(3), op=hvd.Sum, name="mm.cached.op")[0] == SIZE
 
 
@@ -172,8 +235,11 @@ def test_cached_broadcast_resubmitted_with_different_root():
     for _ in range(2):
         assert hvd.broadcast(np.full(2, RANK), 0, name="mm.cached.bc")[0] == 0
     root = 1 if ODD else 0
-    mismatch(lambda: hvd.broadcast_async(np.full(2, RANK), root, name="mm.cached.bc"),
-             "root rank", check_name="mm.cached.bc.after")
+    mismatch(
+        lambda: hvd.broadcast_async(np.full(2, RANK), root, name="mm.cached.bc"),
+        "root rank",
+        check_name="mm.cached.bc.after",
+    )
     assert hvd.broadcast(np.full(2, RANK), 1, name="mm.cached.bc")[0] == 1
 
 
@@ -212,15 +278,18 @@ def test_same_name_in_different_process_sets_is_not_a_duplicate():
 
 
 # -------------------------------------------------- bad arguments: ValueError
-@pytest.mark.parametrize("dtype", [np.uint32, np.uint64, np.complex64, object],
-                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize(
+    "dtype", [np.uint32, np.uint64, np.complex64, object], ids=lambda d: np.dtype(d).name
+)
 def test_unsupported_dtype(dtype):
     x = np.ones(3, dtype=dtype)
-    for call in (lambda: hvd.allreduce(x, name="bad.dtype"),
-                 lambda: hvd.allgather(x, name="bad.dtype"),
-                 lambda: hvd.broadcast(x, 0, name="bad.dtype"),
-                 lambda: hvd.alltoall(np.ones(SIZE, dtype=dtype), name="bad.dtype"),
-                 lambda: hvd.reducescatter(x, name="bad.dtype")):
+    for call in (
+        lambda: hvd.allreduce(x, name="bad.dtype"),
+        lambda: hvd.allgather(x, name="bad.dtype"),
+        lambda: hvd.broadcast(x, 0, name="bad.dtype"),
+        lambda: hvd.alltoall(np.ones(SIZE, dtype=dtype), name="bad.dtype"),
+        lambda: hvd.reducescatter(x, name="bad.dtype"),
+    ):
         with pytest.raises(ValueError) as info:
             call()
         message = str(info.value)
@@ -230,12 +299,14 @@ def test_unsupported_dtype(dtype):
 def test_non_contiguous_array():
     x = np.ones((4, 4), np.float32)[:, ::2]
     assert not x.flags.c_contiguous
-    calls = (lambda: hvd.allreduce(x, name="bad.contig"),
-             lambda: hvd.allgather(x, name="bad.contig"),
-             lambda: hvd.broadcast(x, 0, name="bad.contig"),
-             lambda: hvd.reducescatter(x, name="bad.contig"),
-             lambda: hvd.grouped_allreduce([np.ones(2), x], name="bad.contig"),
-             lambda: hvd.alltoall(np.ones((SIZE * 2, 4))[:, ::2], name="bad.contig"))
+    calls = (
+        lambda: hvd.allreduce(x, name="bad.contig"),
+        lambda: hvd.allgather(x, name="bad.contig"),
+        lambda: hvd.broadcast(x, 0, name="bad.contig"),
+        lambda: hvd.reducescatter(x, name="bad.contig"),
+        lambda: hvd.grouped_allreduce([np.ones(2), x], name="bad.contig"),
+        lambda: hvd.alltoall(np.ones((SIZE * 2, 4))[:, ::2], name="bad.contig"),
+    )
     for call in calls:
         with pytest.raises(ValueError, match="ascontiguousarray"):
             call()
@@ -288,8 +359,9 @@ def test_bad_shapes_and_splits():
     with pytest.raises(ValueError, match="splits"):
         hvd.alltoall(np.ones(3), splits=[3] + [0] * SIZE, name="bad.split")
     with pytest.raises(ValueError, match="splits"):
-        hvd.alltoall(np.ones(3), splits=[-1, 4] + [0] * (SIZE - 2) if SIZE > 1 else [-1],
-                     name="bad.split")
+        hvd.alltoall(
+            np.ones(3), splits=[-1, 4] + [0] * (SIZE - 2) if SIZE > 1 else [-1], name="bad.split"
+        )
     with pytest.raises(ValueError, match="at least one"):
         hvd.grouped_allreduce([], name="bad.empty")
     with pytest.raises(ValueError, match="at least one"):
@@ -330,11 +402,14 @@ def test_rejected_submissions_leave_no_trace():
 def test_argument_errors_are_caught_as_horovod_errors_and_as_value_errors():
     # Horovod reports bad arguments as collective failures (RuntimeError subclasses);
     # hvdlite raises them at submission, as one class that is both.
-    calls = (lambda: hvd.reducescatter(np.ones((SIZE, 2)), op=hvd.Adasum, name="arg.rs"),
-             lambda: hvd.allreduce(np.ones(2, np.uint32), name="arg.dtype"),
-             lambda: hvd.broadcast(np.ones(2), SIZE, name="arg.root"),
-             lambda: hvd.alltoall(np.ones(SIZE), splits=[SIZE + 1] + [0] * (SIZE - 1),
-                                  name="arg.splits"))
+    calls = (
+        lambda: hvd.reducescatter(np.ones((SIZE, 2)), op=hvd.Adasum, name="arg.rs"),
+        lambda: hvd.allreduce(np.ones(2, np.uint32), name="arg.dtype"),
+        lambda: hvd.broadcast(np.ones(2), SIZE, name="arg.root"),
+        lambda: hvd.alltoall(
+            np.ones(SIZE), splits=[SIZE + 1] + [0] * (SIZE - 1), name="arg.splits"
+        ),
+    )
     for call in calls:
         for caught in (hvd.HorovodInternalError, RuntimeError, ValueError, hvd.ArgumentError):
             with pytest.raises(caught):

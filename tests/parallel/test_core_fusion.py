@@ -68,8 +68,9 @@ def burst(tag, order):
             handles[k] = hvd.broadcast_async(np.full(n, RANK + k % 5, dtype), root, name=name)
             expected[k] = np.full(n, root + k % 5, dtype)
         else:
-            handles[k] = hvd.reducescatter_async(np.full((SIZE, n), RANK + 1, dtype),
-                                                 op=hvd.Sum, name=name)
+            handles[k] = hvd.reducescatter_async(
+                np.full((SIZE, n), RANK + 1, dtype), op=hvd.Sum, name=name
+            )
             expected[k] = np.full((1, n), sum(r + 1 for r in RANKS), dtype)
     for k in order:
         assert_same(hvd.synchronize(handles[k]), expected[k], expected[k].dtype)
@@ -86,8 +87,12 @@ def test_bursts_of_mixed_dtypes_in_rank_dependent_order():
 def test_many_small_allreduces_are_fused_within_the_threshold():
     BATCHES.clear()
     for attempt in range(5):
-        handles = [hvd.allreduce_async(np.full(4, RANK + i, np.float32), op=hvd.Sum,
-                                       name=f"small.{attempt}.{i}") for i in range(24)]
+        handles = [
+            hvd.allreduce_async(
+                np.full(4, RANK + i, np.float32), op=hvd.Sum, name=f"small.{attempt}.{i}"
+            )
+            for i in range(24)
+        ]
         for i, out in enumerate(wait_all(handles)):
             assert_same(out, np.full(4, sum(r + i for r in RANKS), np.float32))
     fused = [b for b in BATCHES if len(b) > 1]
@@ -104,8 +109,9 @@ def test_every_fused_batch_respects_threshold_and_kind():
         assert sum(nbytes_of(p) for p in params) <= THRESHOLD
         assert len({p.kind for p in params}) == 1
         assert len({p.set_id for p in params}) == 1
-        assert len({reduce_dtype(d).str for p in params for d in p.dtypes}) == 1 or \
-            params[0].kind not in (0, 4)
+        assert len({reduce_dtype(d).str for p in params for d in p.dtypes}) == 1 or params[
+            0
+        ].kind not in (0, 4)
 
 
 def test_grouped_allreduce_larger_than_the_threshold():
@@ -122,11 +128,14 @@ def test_tiny_cache_evicts_and_stays_consistent():
     names = [f"evict.{i}" for i in range(6)]
     for round_ in range(5):
         order = names if (RANK + round_) % 2 == 0 else names[::-1]
-        handles = {n: hvd.allreduce_async(np.full(3, RANK + round_, np.int32), op=hvd.Sum,
-                                          name=n) for n in order}
+        handles = {
+            n: hvd.allreduce_async(np.full(3, RANK + round_, np.int32), op=hvd.Sum, name=n)
+            for n in order
+        }
         for n in names:
-            assert_same(hvd.synchronize(handles[n]),
-                        np.full(3, sum(r + round_ for r in RANKS), np.int32))
+            assert_same(
+                hvd.synchronize(handles[n]), np.full(3, sum(r + round_ for r in RANKS), np.int32)
+            )
         assert len(cache) <= 2
         # Synchronous repeats of two names: these two can stay cached and hit.
         for _ in range(3):
@@ -141,4 +150,3 @@ def test_cache_bits_agree_across_ranks():
     table = sorted((bit, key) for key, bit in ENGINE.bits.cache._bit_of.items())
     gathered = hvd.allgather_object(table)
     assert all(t == gathered[0] for t in gathered)
-

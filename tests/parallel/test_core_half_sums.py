@@ -45,8 +45,10 @@ def summed_once(count: int, seed: int) -> np.ndarray:
 def assert_bits(actual: np.ndarray, expected: np.ndarray) -> None:
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
     differ = np.flatnonzero(actual.view(np.uint16) != expected.view(np.uint16))
-    assert differ.size == 0, (f"{differ.size} of {actual.size} elements rounded differently, "
-                              f"e.g. {actual[differ[:3]]} instead of {expected[differ[:3]]}")
+    assert differ.size == 0, (
+        f"{differ.size} of {actual.size} elements rounded differently, "
+        f"e.g. {actual[differ[:3]]} instead of {expected[differ[:3]]}"
+    )
 
 
 def test_rounding_is_needed_here():
@@ -57,20 +59,22 @@ def test_rounding_is_needed_here():
     assert (pairwise != summed_once(50_000, 1).astype(np.float16)).any()
 
 
-@pytest.mark.parametrize("count", [1000, 50_000, 600_000],
-                         ids=["mpi", "shared-memory", "large"])
+@pytest.mark.parametrize("count", [1000, 50_000, 600_000], ids=["mpi", "shared-memory", "large"])
 def test_allreduce_sum(count):
     out = hvd.allreduce(values(R, count, 2), op=hvd.Sum, name=f"half.sum.{count}")
     assert_bits(out, summed_once(count, 2).astype(np.float16))
 
 
 def test_fused_batch_and_mixed_group():
-    handles = [hvd.allreduce_async(values(R, 300 + k, 10 + k), op=hvd.Sum, name=f"half.f{k}")
-               for k in range(4)]
+    handles = [
+        hvd.allreduce_async(values(R, 300 + k, 10 + k), op=hvd.Sum, name=f"half.f{k}")
+        for k in range(4)
+    ]
     for k, h in enumerate(handles):
         assert_bits(hvd.synchronize(h), summed_once(300 + k, 10 + k).astype(np.float16))
-    outs = hvd.grouped_allreduce([values(R, 700, 20), np.ones(3), values(R, 90_000, 21)],
-                                 op=hvd.Sum, name="half.mixed")
+    outs = hvd.grouped_allreduce(
+        [values(R, 700, 20), np.ones(3), values(R, 90_000, 21)], op=hvd.Sum, name="half.mixed"
+    )
     assert_bits(outs[0], summed_once(700, 20).astype(np.float16))
     assert_bits(outs[2], summed_once(90_000, 21).astype(np.float16))
 
@@ -78,10 +82,11 @@ def test_fused_batch_and_mixed_group():
 @pytest.mark.parametrize("rows", [8, 40_000])
 def test_reducescatter_sum(rows):
     count = rows * N
-    shard = hvd.reducescatter(values(R, count, 30).reshape(rows * N, 1), op=hvd.Sum,
-                              name=f"half.rs.{rows}")
+    shard = hvd.reducescatter(
+        values(R, count, 30).reshape(rows * N, 1), op=hvd.Sum, name=f"half.rs.{rows}"
+    )
     expected = summed_once(count, 30).astype(np.float16).reshape(rows * N, 1)
-    assert_bits(shard, expected[R * rows:(R + 1) * rows])
+    assert_bits(shard, expected[R * rows : (R + 1) * rows])
 
 
 @pytest.mark.skipif(N % 2, reason="simulated nodes of two ranks need an even size")
@@ -140,8 +145,10 @@ def test_tensorflow_sum(dtype):
     out = hvd_tf.allreduce(mine, op=hvd_tf.Sum, name=f"half.tf.{dtype}")
     total = tf.zeros(5000, tf.float32)
     for r in range(N):
-        total += tf.cast(tf.cast(tf.constant(values(r, 5000, 60).astype(np.float32)), narrow),
-                         tf.float32)
+        total += tf.cast(
+            tf.cast(tf.constant(values(r, 5000, 60).astype(np.float32)), narrow), tf.float32
+        )
     assert out.dtype == narrow
-    np.testing.assert_array_equal(tf.bitcast(out, tf.int16).numpy(),
-                                  tf.bitcast(tf.cast(total, narrow), tf.int16).numpy())
+    np.testing.assert_array_equal(
+        tf.bitcast(out, tf.int16).numpy(), tf.bitcast(tf.cast(total, narrow), tf.int16).numpy()
+    )

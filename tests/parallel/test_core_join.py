@@ -32,14 +32,19 @@ def run_steps(steps_of, tag):
         value = RANK + 1
         # 160 KB: through shared memory where the ranks share a node (small ones
         # below go through MPI), so a joined rank's zeros are tested on both paths.
-        avg = hvd.allreduce(np.full(20_000, float(value)), op=hvd.Average,
-                            name=f"{tag}.avg.{s}")
+        avg = hvd.allreduce(np.full(20_000, float(value)), op=hvd.Average, name=f"{tag}.avg.{s}")
         np.testing.assert_allclose(avg, np.full(20_000, sum(r + 1 for r in active) / SIZE))
         total = hvd.allreduce(np.full(3, value, np.int64), op=hvd.Sum, name=f"{tag}.sum.{s}")
         np.testing.assert_array_equal(total, np.full(3, sum(r + 1 for r in active)))
-        grouped = hvd.grouped_allreduce([np.full(2, float(value)), np.full(5, 2.0 * value),
-                                         np.full(300_000, float(value), np.float32)],
-                                        op=hvd.Sum, name=f"{tag}.group.{s}")
+        grouped = hvd.grouped_allreduce(
+            [
+                np.full(2, float(value)),
+                np.full(5, 2.0 * value),
+                np.full(300_000, float(value), np.float32),
+            ],
+            op=hvd.Sum,
+            name=f"{tag}.group.{s}",
+        )
         np.testing.assert_allclose(grouped[1], np.full(5, 2.0 * sum(r + 1 for r in active)))
         # The 1.2 MB tensor is not fused through MPI's buffer: joined ranks add zeros too.
         np.testing.assert_allclose(grouped[2], float(sum(r + 1 for r in active)))
@@ -48,8 +53,9 @@ def run_steps(steps_of, tag):
         gathered = hvd.allgather(np.full((value, 2), RANK, np.int32), name=f"{tag}.ag.{s}")
         expected = np.concatenate([np.full((r + 1, 2), r, np.int32) for r in active])
         np.testing.assert_array_equal(gathered, expected)
-        shard = hvd.reducescatter(np.full((SIZE, 2), float(value)), op=hvd.Sum,
-                                  name=f"{tag}.rs.{s}")
+        shard = hvd.reducescatter(
+            np.full((SIZE, 2), float(value)), op=hvd.Sum, name=f"{tag}.rs.{s}"
+        )
         np.testing.assert_allclose(shard, np.full((1, 2), float(sum(r + 1 for r in active))))
     return hvd.join()
 
@@ -131,8 +137,9 @@ def test_cached_names_that_change_shape_and_dtype_around_joins():
     # time.  A rank that admitted a name a cycle after the join ended used to wait on
     # its cache bit while the others had sent theirs to the coordinator: a hang at 3
     # ranks (the join's end is now decided by each cycle's global flag).
-    for _, dtype, dim, first, cached in itertools.product(range(3), (np.int64, np.float64),
-                                                           (1, 2, 3), RANKS, (False, True)):
+    for _, dtype, dim, first, cached in itertools.product(
+        range(3), (np.int64, np.float64), (1, 2, 3), RANKS, (False, True)
+    ):
         a = np.full((5,) * dim, 3, dtype)
         b = np.full((17,) * dim, 4, dtype)
         if cached:

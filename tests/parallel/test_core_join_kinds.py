@@ -36,8 +36,7 @@ UNNAMED = {
     "broadcast_object": lambda: hvd.broadcast_object({"rank": RANK}, 0),
     "alltoall": lambda: hvd.alltoall(np.ones((SIZE, 2))),
     "reducescatter": lambda: hvd.reducescatter(np.ones((SIZE, 2)), op=hvd.Sum),
-    "grouped_reducescatter": lambda: hvd.grouped_reducescatter([np.ones((SIZE, 2))],
-                                                               op=hvd.Sum),
+    "grouped_reducescatter": lambda: hvd.grouped_reducescatter([np.ones((SIZE, 2))], op=hvd.Sum),
     "barrier": hvd.barrier,
 }
 
@@ -67,10 +66,10 @@ def test_a_named_broadcast_with_differing_roots_fails_while_a_rank_has_joined():
 def test_every_kind_runs_unnamed_after_those_joins():
     # Each rank made every unnamed call above SIZE - 1 times: the names agree again.
     assert hvd.broadcast(np.full(2, RANK), 0)[0] == 0
-    np.testing.assert_array_equal(hvd.allgather(np.full((1, 1), RANK)).ravel(),
-                                  np.arange(SIZE))
-    np.testing.assert_allclose(hvd.reducescatter(np.ones((SIZE, 1)), op=hvd.Sum),
-                               np.full((1, 1), float(SIZE)))
+    np.testing.assert_array_equal(hvd.allgather(np.full((1, 1), RANK)).ravel(), np.arange(SIZE))
+    np.testing.assert_allclose(
+        hvd.reducescatter(np.ones((SIZE, 1)), op=hvd.Sum), np.full((1, 1), float(SIZE))
+    )
     np.testing.assert_array_equal(hvd.alltoall(np.full(SIZE, RANK)), np.arange(SIZE))
     hvd.barrier()
     assert same_everywhere(hvd.join())
@@ -116,8 +115,7 @@ def test_a_join_left_by_a_timeout_leaves_nothing_joined():
         leave_join_after(0.5)
     mpi_sync()
     assert hvd.broadcast(np.full(2, RANK), 0, name="left.bc")[0] == 0
-    np.testing.assert_array_equal(hvd.allgather(np.full((1, 1), RANK)).ravel(),
-                                  np.arange(SIZE))
+    np.testing.assert_array_equal(hvd.allgather(np.full((1, 1), RANK)).ravel(), np.arange(SIZE))
     total = hvd.allreduce(np.ones(2), op=hvd.Sum, name="left.ar")
     np.testing.assert_allclose(total, np.full(2, float(SIZE)))  # rank 0 adds ones, not zeros
     assert same_everywhere(hvd.join())

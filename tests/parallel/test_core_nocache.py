@@ -65,8 +65,10 @@ def test_repeated_names_without_cache():
 def test_bursts_run_unfused():
     BATCH_SIZES.clear()
     order = list(range(20)) if RANK % 2 == 0 else list(range(19, -1, -1))
-    handles = {i: hvd.allreduce_async(np.full(3, RANK + i, np.float64), op=hvd.Sum,
-                                      name=f"nc.burst.{i}") for i in order}
+    handles = {
+        i: hvd.allreduce_async(np.full(3, RANK + i, np.float64), op=hvd.Sum, name=f"nc.burst.{i}")
+        for i in order
+    }
     for i in range(20):
         assert_same(hvd.synchronize(handles[i]), np.full(3, float(sum(r + i for r in RANKS))))
     outs = hvd.grouped_allreduce([np.ones(3), np.ones(5, np.int64)], op=hvd.Sum, name="nc.grp")
@@ -85,6 +87,5 @@ def test_mismatch_without_cache():
 
 
 def test_async_handles_all_complete():
-    handles = [hvd.allreduce_async(np.ones(2), op=hvd.Sum, name=f"nc.async.{i}")
-               for i in range(10)]
+    handles = [hvd.allreduce_async(np.ones(2), op=hvd.Sum, name=f"nc.async.{i}") for i in range(10)]
     assert all(out[0] == SIZE for out in wait_all(handles))

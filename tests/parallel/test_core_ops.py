@@ -12,8 +12,14 @@ import tempfile
 import numpy as np
 import pytest
 from core_helpers import (
-    ALL_DTYPES, FLOAT_DTYPES, NUMERIC_DTYPES, WAIT, assert_same, dtype_id,
-    same_everywhere, wait_all,
+    ALL_DTYPES,
+    FLOAT_DTYPES,
+    NUMERIC_DTYPES,
+    WAIT,
+    assert_same,
+    dtype_id,
+    same_everywhere,
+    wait_all,
 )
 
 import hvdlite as hvd
@@ -89,16 +95,22 @@ def test_allreduce_default_op_is_average_and_average_flag():
     mean = sum(RANKS) / SIZE
     assert_same(hvd.allreduce(x, name="ar.default"), np.full(4, mean, np.float32))
     assert_same(hvd.allreduce(x, average=True, name="ar.avg.true"), np.full(4, mean, np.float32))
-    assert_same(hvd.allreduce(x, average=False, name="ar.avg.false"),
-                np.full(4, sum(RANKS), np.float32))
+    assert_same(
+        hvd.allreduce(x, average=False, name="ar.avg.false"), np.full(4, sum(RANKS), np.float32)
+    )
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("op", [hvd.Sum, hvd.Average], ids=lambda o: o.name.lower())
 def test_allreduce_prescale_postscale(op, dtype):
     x = np.arange(5, dtype=dtype) + RANK
-    out = hvd.allreduce(x, op=op, prescale_factor=0.5, postscale_factor=3.0,
-                        name=f"ar.scale.{op.name}.{np.dtype(dtype).name}")
+    out = hvd.allreduce(
+        x,
+        op=op,
+        prescale_factor=0.5,
+        postscale_factor=3.0,
+        name=f"ar.scale.{op.name}.{np.dtype(dtype).name}",
+    )
     total = sum(np.arange(5, dtype=np.float64) + r for r in RANKS) * 1.5
     if op == hvd.Average:
         total = total / SIZE
@@ -106,13 +118,17 @@ def test_allreduce_prescale_postscale(op, dtype):
 
 
 def test_allreduce_scalar_and_empty_and_large():
-    assert_same(hvd.allreduce(np.float64(RANK + 1), op=hvd.Sum, name="ar.scalar"),
-                np.float64(sum(r + 1 for r in RANKS)))
+    assert_same(
+        hvd.allreduce(np.float64(RANK + 1), op=hvd.Sum, name="ar.scalar"),
+        np.float64(sum(r + 1 for r in RANKS)),
+    )
     empty = hvd.allreduce(np.zeros((0, 3), np.float32), op=hvd.Sum, name="ar.empty")
     assert empty.shape == (0, 3)
     big = np.full(300_000, RANK + 1, dtype=np.float32)  # ~1.2 MB: past MPI's eager limits
-    assert_same(hvd.allreduce(big, op=hvd.Sum, name="ar.big"),
-                np.full(300_000, sum(r + 1 for r in RANKS), np.float32))
+    assert_same(
+        hvd.allreduce(big, op=hvd.Sum, name="ar.big"),
+        np.full(300_000, sum(r + 1 for r in RANKS), np.float32),
+    )
 
 
 def test_allreduce_in_place_output():
@@ -130,8 +146,10 @@ def test_allreduce_in_place_output():
 
 
 def test_allreduce_async_poll_synchronize():
-    handles = [hvd.allreduce_async(np.full(3, RANK + i, np.float64), op=hvd.Sum,
-                                   name=f"ar.async.{i}") for i in range(5)]
+    handles = [
+        hvd.allreduce_async(np.full(3, RANK + i, np.float64), op=hvd.Sum, name=f"ar.async.{i}")
+        for i in range(5)
+    ]
     assert all(isinstance(h, hvd.Handle) for h in handles)
     assert all(isinstance(hvd.poll(h), bool) for h in handles)
     for i, h in enumerate(handles):
@@ -185,8 +203,7 @@ def test_a_repeated_named_allreduce_stays_right_as_its_arguments_change():
     calls = [
         dict(op=hvd.Sum, dtype=np.float32, shape=(5,)),
         dict(op=hvd.Average, dtype=np.float32, shape=(5,)),
-        dict(op=hvd.Sum, dtype=np.float32, shape=(5,), prescale_factor=2.0,
-             postscale_factor=0.5),
+        dict(op=hvd.Sum, dtype=np.float32, shape=(5,), prescale_factor=2.0, postscale_factor=0.5),
         dict(op=hvd.Max, dtype=np.int32, shape=(5,)),
         dict(op=hvd.Sum, dtype=np.float16, shape=(5,)),
         dict(op=hvd.Product, dtype=np.float64, shape=(2, 3)),
@@ -201,8 +218,12 @@ def test_a_repeated_named_allreduce_stays_right_as_its_arguments_change():
         expected = (reference(op, dtype, shape).astype(np.float64) * pre * post).astype(dtype)
         for _ in range(3):
             x = contribution(op, dtype, RANK, shape)
-            kwargs = dict(op=op, name="ar.metric", prescale_factor=call.get("prescale_factor", 1.0),
-                          postscale_factor=post)
+            kwargs = dict(
+                op=op,
+                name="ar.metric",
+                prescale_factor=call.get("prescale_factor", 1.0),
+                postscale_factor=post,
+            )
             if call.get("in_place"):
                 out = hvd.allreduce(x, output=x, **kwargs)
                 assert out is x
@@ -212,8 +233,7 @@ def test_a_repeated_named_allreduce_stays_right_as_its_arguments_change():
         plan = list(state().engine._execution._plans._plans.values())[-1]  # the last one made
         if dtype != np.float16:
             # the cached plan of one single allreduce has its own runner
-            assert len(plan.runners) == 1 \
-                and not isinstance(plan.runners[0], functools.partial)
+            assert len(plan.runners) == 1 and not isinstance(plan.runners[0], functools.partial)
 
 
 def test_more_cached_names_than_one_status_word():
@@ -222,8 +242,10 @@ def test_more_cached_names_than_one_status_word():
     names = [f"many.{i}" for i in range(150)]
     for round_ in range(3):
         order = names if (RANK + round_) % 2 == 0 else names[::-1]
-        handles = {n: hvd.allreduce_async(np.full(2, RANK + round_, np.int64), op=hvd.Sum,
-                                          name=n) for n in order}
+        handles = {
+            n: hvd.allreduce_async(np.full(2, RANK + round_, np.int64), op=hvd.Sum, name=n)
+            for n in order
+        }
         expected = np.full(2, sum(r + round_ for r in RANKS), np.int64)
         for n in names:
             assert_same(hvd.synchronize(handles[n]), expected)
@@ -239,8 +261,12 @@ def test_grouped_allreduce_same_dtype():
 
 
 def test_grouped_allreduce_mixed_dtypes():
-    tensors = [np.full(3, RANK + 1, np.int32), np.full(2, 0.25 * (RANK + 1), np.float64),
-               np.full(4, RANK + 1, np.float16), np.full(2, 1000 * (RANK + 1), np.int64)]
+    tensors = [
+        np.full(3, RANK + 1, np.int32),
+        np.full(2, 0.25 * (RANK + 1), np.float64),
+        np.full(4, RANK + 1, np.float16),
+        np.full(2, 1000 * (RANK + 1), np.int64),
+    ]
     outs = hvd.grouped_allreduce(tensors, op=hvd.Sum, name="gar.mixed")
     total = sum(r + 1 for r in RANKS)
     for t, out in zip(tensors, outs):
@@ -258,17 +284,24 @@ def test_grouped_allreduce_large_tensors_reduced_in_place_beside_fused_small_one
     assert_same(outs[1], np.full(5, float(sum(RANKS))))
     assert_same(outs[2], np.full(3, sum(RANKS), np.int32))
     in_place = big.copy()
-    handles = [hvd.allreduce_async(in_place, name="big.inplace", output=in_place),
-               hvd.allreduce_async(small[0], name="small.async")]
+    handles = [
+        hvd.allreduce_async(in_place, name="big.inplace", output=in_place),
+        hvd.allreduce_async(small[0], name="small.async"),
+    ]
     wait_all(handles)
     assert_same(in_place, np.full(big.shape, sum(r + 1 for r in RANKS) / SIZE, np.float32))
 
 
 def test_grouped_allreduce_average_scaled_async_in_place():
     tensors = [np.full((2, 2), float(RANK), np.float64) for _ in range(3)]
-    h = hvd.grouped_allreduce_async(tensors, op=hvd.Average, prescale_factor=2.0,
-                                    postscale_factor=0.5, name="gar.inplace",
-                                    outputs=tensors)
+    h = hvd.grouped_allreduce_async(
+        tensors,
+        op=hvd.Average,
+        prescale_factor=2.0,
+        postscale_factor=0.5,
+        name="gar.inplace",
+        outputs=tensors,
+    )
     outs = h.result(timeout=WAIT)
     for t, out in zip(tensors, outs):
         assert out is t
@@ -281,8 +314,9 @@ def test_allgather_dim0_differs_per_rank(dtype):
     # rank r contributes r rows (rank 0: none) of value r
     x = np.full((RANK, 3), RANK % 2 if dtype == np.bool_ else RANK, dtype=dtype)
     out = hvd.allgather(x, name=f"ag.{np.dtype(dtype).name}")
-    expected = np.concatenate([np.full((r, 3), r % 2 if dtype == np.bool_ else r, dtype=dtype)
-                               for r in RANKS])
+    expected = np.concatenate(
+        [np.full((r, 3), r % 2 if dtype == np.bool_ else r, dtype=dtype) for r in RANKS]
+    )
     assert_same(out, expected, dtype)
 
 
@@ -295,9 +329,11 @@ def test_allgather_1d_and_async():
 
 
 def test_grouped_allgather():
-    tensors = [np.full((RANK + 1, 2), RANK, np.float32),
-               np.full((1, 2, 2), RANK, np.int8),
-               np.full((2 - RANK % 2,), RANK % 2 == 0, np.bool_)]
+    tensors = [
+        np.full((RANK + 1, 2), RANK, np.float32),
+        np.full((1, 2, 2), RANK, np.int8),
+        np.full((2 - RANK % 2,), RANK % 2 == 0, np.bool_),
+    ]
     outs = hvd.grouped_allgather(tensors, name="gag")
     assert len(outs) == 3
     assert_same(outs[0], np.concatenate([np.full((r + 1, 2), r, np.float32) for r in RANKS]))
@@ -328,8 +364,10 @@ def test_broadcast_every_dtype_in_place(dtype):
 
 
 def test_broadcast_async_many():
-    handles = [hvd.broadcast_async(np.full(4, RANK + i, np.int32), i % SIZE, name=f"bc.async.{i}")
-               for i in range(6)]
+    handles = [
+        hvd.broadcast_async(np.full(4, RANK + i, np.int32), i % SIZE, name=f"bc.async.{i}")
+        for i in range(6)
+    ]
     for i, out in enumerate(wait_all(handles)):
         assert_same(out, np.full(4, i % SIZE + i, np.int32))
 
@@ -342,8 +380,11 @@ def test_alltoall_even(dtype):
     x = np.array(rows, dtype=np.int64).reshape(SIZE * 2, 1).repeat(2, axis=1)
     x = (x % 2 == 0) if dtype == np.bool_ else (x % 120).astype(dtype)
     out = hvd.alltoall(x, name=f"a2a.{np.dtype(dtype).name}")
-    expected = np.array([s * 100 + RANK for s in RANKS for _ in range(2)],
-                        dtype=np.int64).reshape(-1, 1).repeat(2, axis=1)
+    expected = (
+        np.array([s * 100 + RANK for s in RANKS for _ in range(2)], dtype=np.int64)
+        .reshape(-1, 1)
+        .repeat(2, axis=1)
+    )
     expected = (expected % 2 == 0) if dtype == np.bool_ else (expected % 120).astype(dtype)
     assert_same(out, expected, dtype)
 
@@ -354,8 +395,7 @@ def test_alltoall_uneven_splits():
     x = np.concatenate([np.full((RANK + d, 3), 100 * RANK + d, np.float32) for d in RANKS])
     out, received = hvd.alltoall(x, splits=splits, name="a2a.uneven")
     assert_same(received, np.array([s + RANK for s in RANKS]))
-    expected = np.concatenate([np.full((s + RANK, 3), 100 * s + RANK, np.float32)
-                               for s in RANKS])
+    expected = np.concatenate([np.full((s + RANK, 3), 100 * s + RANK, np.float32) for s in RANKS])
     assert_same(out, expected, np.float32)
     h = hvd.alltoall_async(x, splits=np.array(splits), name="a2a.uneven.async")
     out2, received2 = h.result(timeout=WAIT)
@@ -367,8 +407,7 @@ def test_alltoall_without_splits_returns_array():
     x = np.arange(SIZE * 2, dtype=np.int32) + 10 * RANK
     out = hvd.alltoall(x, name="a2a.plain")
     assert isinstance(out, np.ndarray)
-    assert_same(out, np.array([10 * s + 2 * RANK + k for s in RANKS for k in range(2)],
-                              np.int32))
+    assert_same(out, np.array([10 * s + 2 * RANK + k for s in RANKS for k in range(2)], np.int32))
 
 
 # ------------------------------------------------------------ reducescatter
@@ -383,8 +422,7 @@ def shard(rows, r):
 def test_reducescatter_even_and_uneven(op, rows):
     x = (np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) + 1) * (RANK + 1)
     out = hvd.reducescatter(x, op=op, name=f"rs.{op.name}.{rows}")
-    total = (np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) + 1) * sum(
-        r + 1 for r in RANKS)
+    total = (np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) + 1) * sum(r + 1 for r in RANKS)
     if op == hvd.Average:
         total /= SIZE
     lo, hi = shard(rows, RANK)
@@ -400,8 +438,9 @@ def test_reducescatter_every_dtype(dtype):
 
 def test_reducescatter_scaled_and_async():
     x = np.full((SIZE, 2), RANK + 1.0, np.float32)
-    h = hvd.reducescatter_async(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25,
-                                name="rs.async")
+    h = hvd.reducescatter_async(
+        x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25, name="rs.async"
+    )
     out = hvd.synchronize(h)
     assert_same(out, np.full((1, 2), sum(r + 1 for r in RANKS) * 0.5, np.float32))
     # Handle.result() and synchronize() agree: both give the shard, not a list.
@@ -409,9 +448,11 @@ def test_reducescatter_scaled_and_async():
 
 
 def test_grouped_reducescatter():
-    tensors = [np.full((SIZE + 1, 2), RANK + 1, np.float32),
-               np.full((2 * SIZE,), 2.0 * (RANK + 1), np.float32),
-               np.full((SIZE, 1), RANK + 1, np.int64)]
+    tensors = [
+        np.full((SIZE + 1, 2), RANK + 1, np.float32),
+        np.full((2 * SIZE,), 2.0 * (RANK + 1), np.float32),
+        np.full((SIZE, 1), RANK + 1, np.int64),
+    ]
     outs = hvd.grouped_reducescatter(tensors, op=hvd.Sum, name="grs")
     total = sum(r + 1 for r in RANKS)
     lo, hi = shard(SIZE + 1, RANK)
@@ -419,15 +460,19 @@ def test_grouped_reducescatter():
     assert_same(outs[1], np.full((2,), 2.0 * total, np.float32))
     assert_same(outs[2], np.full((1, 1), total, np.int64), np.int64)
     # Mixed dtypes in one group: each tensor is reduced in its own dtype.
-    mixed = [np.full((SIZE, 2), RANK + 1, np.int32), np.full((SIZE,), 0.25 * (RANK + 1)),
-             np.full((SIZE + 2, 1), RANK + 1, np.float16)]
+    mixed = [
+        np.full((SIZE, 2), RANK + 1, np.int32),
+        np.full((SIZE,), 0.25 * (RANK + 1)),
+        np.full((SIZE + 2, 1), RANK + 1, np.float16),
+    ]
     outs = hvd.grouped_reducescatter(mixed, op=hvd.Sum, name="grs.mixed")
     lo, hi = shard(SIZE + 2, RANK)
     assert_same(outs[0], np.full((1, 2), total, np.int32), np.int32)
     assert_same(outs[1], np.full((1,), 0.25 * total), np.float64)
     assert_same(outs[2], np.full((hi - lo, 1), total, np.float16), np.float16)
-    outs = hvd.grouped_reducescatter_async(tensors, op=hvd.Average,
-                                           name="grs.async").result(timeout=WAIT)
+    outs = hvd.grouped_reducescatter_async(tensors, op=hvd.Average, name="grs.async").result(
+        timeout=WAIT
+    )
     assert_same(outs[1], np.full((2,), 2.0 * total / SIZE, np.float32))
 
 
@@ -470,8 +515,9 @@ def test_broadcast_object_on_both_sides_of_the_one_broadcast_limit():
     # a pickle of up to 1 KiB travels in one broadcast, a longer one in two
     for size in (0, 1000, 1005, 1006, 1007, 1030, 70000):  # pickle: size + 18 bytes
         blob = bytes([RANK + 1]) * size
-        got = hvd.broadcast_object(blob if RANK == 1 % SIZE else None, root_rank=1 % SIZE,
-                                   name=f"bobj.size.{size}")
+        got = hvd.broadcast_object(
+            blob if RANK == 1 % SIZE else None, root_rank=1 % SIZE, name=f"bobj.size.{size}"
+        )
         assert got == bytes([1 % SIZE + 1]) * size
 
 

@@ -28,8 +28,9 @@ SETS = [hvd.ProcessSet(ranks) for ranks in STATIC]
 hvd.init(process_sets=SETS)
 RANK, SIZE = hvd.rank(), hvd.size()
 
-needs_sets = pytest.mark.skipif(SIZE == 1, reason="at one rank every set duplicates the global "
-                                                  "set, so none is registered")
+needs_sets = pytest.mark.skipif(
+    SIZE == 1, reason="at one rank every set duplicates the global set, so none is registered"
+)
 
 
 def mine():
@@ -68,11 +69,13 @@ def test_collectives_on_each_set():
         out = hvd.alltoall(x, name=f"{tag}.a2a", process_set=ps)
         me = ranks.index(RANK)
         assert_same(out, np.array([100 * r + 2 * me + k for r in ranks for k in range(2)]))
-        out = hvd.reducescatter(np.full((len(ranks), 2), RANK + 1.0), op=hvd.Sum,
-                                name=f"{tag}.rs", process_set=ps)
+        out = hvd.reducescatter(
+            np.full((len(ranks), 2), RANK + 1.0), op=hvd.Sum, name=f"{tag}.rs", process_set=ps
+        )
         assert_same(out, np.full((1, 2), float(sum(r + 1 for r in ranks))))
-        outs = hvd.grouped_allreduce([np.ones(2), np.ones(3, np.int32)], op=hvd.Sum,
-                                     name=f"{tag}.gar", process_set=ps)
+        outs = hvd.grouped_allreduce(
+            [np.ones(2), np.ones(3, np.int32)], op=hvd.Sum, name=f"{tag}.gar", process_set=ps
+        )
         assert_same(outs[1], np.full(3, len(ranks), np.int32))
         hvd.barrier(process_set=ps)
         assert hvd.broadcast_object(("obj", RANK), root_rank=root, process_set=ps) == ("obj", root)
@@ -104,10 +107,12 @@ def test_overlapping_sets_concurrently_in_rank_dependent_order():
             jobs.reverse()
         handles = []
         for ps, name in jobs:
-            handles.append(hvd.allreduce_async(np.full(4, RANK + 1.0), op=hvd.Sum, name=name,
-                                               process_set=ps))
-            handles.append(hvd.allgather_async(np.full((1,), RANK), name=name + ".ag",
-                                               process_set=ps))
+            handles.append(
+                hvd.allreduce_async(np.full(4, RANK + 1.0), op=hvd.Sum, name=name, process_set=ps)
+            )
+            handles.append(
+                hvd.allgather_async(np.full((1,), RANK), name=name + ".ag", process_set=ps)
+            )
         results = wait_all(handles)
         for k, (ps, _) in enumerate(jobs):
             assert_same(results[2 * k], np.full(4, float(sum(r + 1 for r in ps.ranks))))
@@ -118,8 +123,10 @@ def test_overlapping_sets_concurrently_in_rank_dependent_order():
 def test_repeated_names_on_sets():
     # A training loop: the same names every step, on each set and on the global set.
     for step in range(4):
-        handles = [hvd.allreduce_async(np.full(2, RANK + step), op=hvd.Sum, name="loop.ar",
-                                       process_set=ps) for ps in mine()]
+        handles = [
+            hvd.allreduce_async(np.full(2, RANK + step), op=hvd.Sum, name="loop.ar", process_set=ps)
+            for ps in mine()
+        ]
         handles.append(hvd.allreduce_async(np.full(2, RANK + step), op=hvd.Sum, name="loop.ar"))
         for ps, out in zip(mine() + [hvd.global_process_set], wait_all(handles)):
             assert_same(out, np.full(2, sum(r + step for r in ps.ranks)))
@@ -130,8 +137,10 @@ def test_repeated_names_on_sets():
 
 @needs_sets
 def test_same_name_in_two_sets_at_once():
-    handles = [hvd.allreduce_async(np.full(2, RANK + 1.0), op=hvd.Sum, name="shared.name",
-                                   process_set=ps) for ps in mine()]
+    handles = [
+        hvd.allreduce_async(np.full(2, RANK + 1.0), op=hvd.Sum, name="shared.name", process_set=ps)
+        for ps in mine()
+    ]
     for ps, h in zip(mine(), handles):
         assert_same(h.result(timeout=WAIT), np.full(2, float(sum(r + 1 for r in ps.ranks))))
 
@@ -142,11 +151,12 @@ def test_non_member_gets_value_error():
     if not others:
         pytest.skip("this rank is in every set")  # no collective here: a per-rank skip is safe
     for ps in others:
-        for call in (lambda ps=ps: hvd.allreduce(np.ones(2), name="nm", process_set=ps),
-                     lambda ps=ps: hvd.allgather(np.ones((1, 2)), name="nm", process_set=ps),
-                     lambda ps=ps: hvd.broadcast(np.ones(2), ps.ranks[0], name="nm",
-                                                 process_set=ps),
-                     lambda ps=ps: hvd.barrier(process_set=ps)):
+        for call in (
+            lambda ps=ps: hvd.allreduce(np.ones(2), name="nm", process_set=ps),
+            lambda ps=ps: hvd.allgather(np.ones((1, 2)), name="nm", process_set=ps),
+            lambda ps=ps: hvd.broadcast(np.ones(2), ps.ranks[0], name="nm", process_set=ps),
+            lambda ps=ps: hvd.barrier(process_set=ps),
+        ):
             with pytest.raises(ValueError, match="not a member") as info:
                 call()
             assert str(RANK) in str(info.value)
@@ -167,8 +177,9 @@ def test_mismatch_inside_a_set_names_the_ranks():
         if len(ps.ranks) < 2:
             continue
         odd = RANK == ps.ranks[-1]
-        h = hvd.allreduce_async(np.ones(3 if odd else 2), name=f"mm.ps{ps.process_set_id}",
-                                process_set=ps)
+        h = hvd.allreduce_async(
+            np.ones(3 if odd else 2), name=f"mm.ps{ps.process_set_id}", process_set=ps
+        )
         with pytest.raises(hvd.HorovodInternalError, match="shape") as info:
             h.result(timeout=WAIT)
         assert f"rank {ps.ranks[-1]}: (3,)" in str(info.value)
@@ -206,8 +217,9 @@ def test_join_with_process_sets():
         for ps in mine():
             active = [r for r in ps.ranks if r != 0]
             for step in range(2):
-                out = hvd.allreduce(np.full(2, RANK + 1.0), op=hvd.Sum, name=f"pj.{step}",
-                                    process_set=ps)
+                out = hvd.allreduce(
+                    np.full(2, RANK + 1.0), op=hvd.Sum, name=f"pj.{step}", process_set=ps
+                )
                 assert_same(out, np.full(2, float(sum(r + 1 for r in active))))
         last = hvd.join()
     assert last != 0 and hvd.allgather_object(last) == [last] * SIZE

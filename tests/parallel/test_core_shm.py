@@ -75,8 +75,9 @@ def test_pieces_cut_between_the_ranks_portions_in_place_and_scaled():
         assert o is x
         np.testing.assert_array_equal(x, np.arange(n) * SIZE + SIZE * (SIZE - 1) / 2)
     ys = [np.arange(n, dtype=np.float64) + RANK for n in sizes]
-    avg = hvd.grouped_allreduce(ys, name="shm.scaled", op=hvd.Average, prescale_factor=4.0,
-                                postscale_factor=0.25)
+    avg = hvd.grouped_allreduce(
+        ys, name="shm.scaled", op=hvd.Average, prescale_factor=4.0, postscale_factor=0.25
+    )
     for n, a in zip(sizes, avg, strict=True):
         np.testing.assert_allclose(a, np.arange(n) + (SIZE - 1) / 2)
     assert same_everywhere(np.concatenate(avg).tobytes())
@@ -90,14 +91,16 @@ def test_a_training_loop_reuses_the_layout_with_new_values_every_step():
     sizes = [16_384, 5, 70_001, 16_384, 33]
     for step in range(4):
         xs = [np.arange(n, dtype=np.float32) % 251 + RANK + step for n in sizes]
-        handles = [hvd.allreduce_async(x, name=f"shm.loop.{i}", op=hvd.Sum,
-                                       output=x if step % 2 else None)
-                   for i, x in enumerate(xs)]
+        handles = [
+            hvd.allreduce_async(x, name=f"shm.loop.{i}", op=hvd.Sum, output=x if step % 2 else None)
+            for i, x in enumerate(xs)
+        ]
         outs = [hvd.synchronize(h) for h in handles]
         for n, x, o in zip(sizes, xs, outs, strict=True):
             assert (o is x) == bool(step % 2)
             np.testing.assert_array_equal(
-                o, (np.arange(n) % 251 + step) * SIZE + SIZE * (SIZE - 1) // 2)
+                o, (np.arange(n) % 251 + step) * SIZE + SIZE * (SIZE - 1) // 2
+            )
     assert same_everywhere(np.concatenate(outs).tobytes())
 
 
@@ -126,8 +129,7 @@ def test_casts_and_scale_factors_on_both_sides_of_a_chunk_cut():
     # a cut, and every piece goes through the scratch buffer with both scale factors.
     n = 5 * 1024 * 1024
     x = np.full(n, RANK + 1, dtype=np.float16)
-    out = hvd.allreduce(x, name="shm.f16", op=hvd.Sum, prescale_factor=2.0,
-                        postscale_factor=0.5)
+    out = hvd.allreduce(x, name="shm.f16", op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5)
     assert out.dtype == np.float16
     np.testing.assert_array_equal(out, np.full(n, SIZE * (SIZE + 1) / 2, np.float16))
     y = np.full(SLOT_BYTES // 8 + 3, float(RANK), dtype=np.float64)
@@ -138,8 +140,7 @@ def test_casts_and_scale_factors_on_both_sides_of_a_chunk_cut():
 def test_min_and_max_across_a_chunk_cut():
     n = SLOT_BYTES // 8 + 99
     x = np.arange(n, dtype=np.int64) * (RANK + 1)
-    np.testing.assert_array_equal(hvd.allreduce(x, name="shm.max", op=hvd.Max),
-                                  np.arange(n) * SIZE)
+    np.testing.assert_array_equal(hvd.allreduce(x, name="shm.max", op=hvd.Max), np.arange(n) * SIZE)
     np.testing.assert_array_equal(hvd.allreduce(x, name="shm.min", op=hvd.Min), np.arange(n))
 
 
@@ -160,11 +161,13 @@ def test_successive_chunks_move_through_the_start_of_the_areas_alike_everywhere(
     try:
         n = 4 * (ROTATION_BYTES // 12 + 1)  # bytes a chunk: three do not fit, so it wraps
         for step in range(4):
-            total = hvd.allreduce(np.full(n // 4, RANK + step, np.float32), op=hvd.Sum,
-                                  name=f"shm.place.{step}")
+            total = hvd.allreduce(
+                np.full(n // 4, RANK + step, np.float32), op=hvd.Sum, name=f"shm.place.{step}"
+            )
             np.testing.assert_array_equal(total, SIZE * step + SIZE * (SIZE - 1) // 2)
-        big = hvd.allreduce(np.full(ROTATION_BYTES // 4 + 1, 1.0, np.float32), op=hvd.Sum,
-                            name="shm.place.big")  # larger than the rotation: at the start
+        big = hvd.allreduce(
+            np.full(ROTATION_BYTES // 4 + 1, 1.0, np.float32), op=hvd.Sum, name="shm.place.big"
+        )  # larger than the rotation: at the start
         np.testing.assert_array_equal(big, SIZE)
     finally:
         del reducer._place
@@ -188,10 +191,13 @@ def _staged_runs() -> int:
 def _loop_step(step: int, sizes, in_place: bool, name: str):
     """One step of a loop's grouped allreduce: float32 and float16 (cast to a float32
     wire), prescaled and averaged; returns the outputs and what they must be."""
-    xs = [(np.arange(n) % 251 + RANK + step).astype(np.float32 if i % 2 else np.float16)
-          for i, n in enumerate(sizes)]
-    outs = hvd.grouped_allreduce(xs, name=name, op=hvd.Average, prescale_factor=2.0,
-                                 outputs=xs if in_place else None)
+    xs = [
+        (np.arange(n) % 251 + RANK + step).astype(np.float32 if i % 2 else np.float16)
+        for i, n in enumerate(sizes)
+    ]
+    outs = hvd.grouped_allreduce(
+        xs, name=name, op=hvd.Average, prescale_factor=2.0, outputs=xs if in_place else None
+    )
     expected = [2 * (np.arange(n) % 251 + step) + (SIZE - 1) for n in sizes]
     return xs, outs, expected
 
@@ -242,12 +248,17 @@ def test_other_collectives_through_the_window_between_staged_steps():
         for o, e in zip(outs, expected, strict=True):
             assert_same(o, e)
         if step in (3, 5):
-            rows = hvd.allgather(np.full((RANK + 1, 4), RANK + step, np.int32),
-                                 name=f"shm.staged.gather.{step}")
+            rows = hvd.allgather(
+                np.full((RANK + 1, 4), RANK + step, np.int32), name=f"shm.staged.gather.{step}"
+            )
             np.testing.assert_array_equal(
-                rows, np.concatenate([np.full((r + 1, 4), r + step) for r in range(SIZE)]))
-            big = hvd.allreduce(np.full(SHM_MIN_BYTES, RANK + step, np.float32),
-                                name=f"shm.staged.between.{step}", op=hvd.Sum)
+                rows, np.concatenate([np.full((r + 1, 4), r + step) for r in range(SIZE)])
+            )
+            big = hvd.allreduce(
+                np.full(SHM_MIN_BYTES, RANK + step, np.float32),
+                name=f"shm.staged.between.{step}",
+                op=hvd.Sum,
+            )
             np.testing.assert_array_equal(big, SIZE * step + SIZE * (SIZE - 1) // 2)
 
 
@@ -265,8 +276,10 @@ def test_a_plan_of_an_allreduce_and_an_allgather_stages_its_first_batch():
         gathered = hvd.allgather_async(rows, name="shm.staged.sparse")
         for o, n in zip(hvd.synchronize(reduced), sizes, strict=True):
             np.testing.assert_array_equal(o, np.full(n, SIZE * step + SIZE * (SIZE - 1) // 2))
-        np.testing.assert_array_equal(hvd.synchronize(gathered), np.concatenate(
-            [np.full((r + 2, 3), 10 * r + step) for r in range(SIZE)]))
+        np.testing.assert_array_equal(
+            hvd.synchronize(gathered),
+            np.concatenate([np.full((r + 2, 3), 10 * r + step) for r in range(SIZE)]),
+        )
     if SIZE > 1:
         assert _staged_runs() - before >= 1
 
@@ -275,10 +288,12 @@ def test_a_loop_s_batch_of_more_than_one_chunk_is_never_staged():
     n = SLOT_BYTES // 4 + 1000
     before = _staged_runs()
     for step in range(4):
-        total = hvd.allreduce(np.arange(n, dtype=np.int32) % 1000 + RANK + step,
-                              name="shm.staged.chunks", op=hvd.Sum)
+        total = hvd.allreduce(
+            np.arange(n, dtype=np.int32) % 1000 + RANK + step, name="shm.staged.chunks", op=hvd.Sum
+        )
         np.testing.assert_array_equal(
-            total, (np.arange(n) % 1000 + step) * SIZE + SIZE * (SIZE - 1) // 2)
+            total, (np.arange(n) % 1000 + step) * SIZE + SIZE * (SIZE - 1) // 2
+        )
     assert _staged_runs() == before
 
 
@@ -302,19 +317,26 @@ def test_grouped_allgathers_of_uneven_rows_interleaved_with_allreduces(monkeypat
     for step in range(3):
         # Rank r has r + step rows of each (rank 0 none in step 0), of three dtypes.
         rows = RANK + step
-        parts = [np.full((rows, 3), 10 * RANK + step, np.float32),
-                 np.arange(rows, dtype=np.int64) + 100 * RANK,
-                 np.full((rows, 2, 2), RANK, np.float16)]
+        parts = [
+            np.full((rows, 3), 10 * RANK + step, np.float32),
+            np.arange(rows, dtype=np.int64) + 100 * RANK,
+            np.full((rows, 2, 2), RANK, np.float16),
+        ]
         gathered = hvd.grouped_allgather(parts, name=f"shm.gather.{step}")
         # The same window reduces in between, and must hand the areas back intact.
-        total = hvd.allreduce(np.full(SHM_MIN_BYTES, RANK + step, np.float32),
-                              name=f"shm.between.{step}", op=hvd.Sum)
+        total = hvd.allreduce(
+            np.full(SHM_MIN_BYTES, RANK + step, np.float32), name=f"shm.between.{step}", op=hvd.Sum
+        )
         np.testing.assert_array_equal(total, SIZE * step + SIZE * (SIZE - 1) // 2)
         everyone = range(SIZE)
-        np.testing.assert_array_equal(gathered[0], np.concatenate(
-            [np.full((r + step, 3), 10 * r + step, np.float32) for r in everyone]))
-        np.testing.assert_array_equal(gathered[1], np.concatenate(
-            [np.arange(r + step, dtype=np.int64) + 100 * r for r in everyone]))
+        np.testing.assert_array_equal(
+            gathered[0],
+            np.concatenate([np.full((r + step, 3), 10 * r + step, np.float32) for r in everyone]),
+        )
+        np.testing.assert_array_equal(
+            gathered[1],
+            np.concatenate([np.arange(r + step, dtype=np.int64) + 100 * r for r in everyone]),
+        )
         assert gathered[2].shape == (sum(r + step for r in everyone), 2, 2)
         assert gathered[2].dtype == np.float16
     assert calls == ([] if SIZE == 1 else [True] * 3)
@@ -326,9 +348,10 @@ def test_rows_too_large_for_one_rank_s_area_gather_through_mpi_on_every_rank(mon
     rows = SLOT_BYTES // 8 + 1 if RANK == 0 else 3
     gathered = hvd.allgather(np.full((rows, 2), RANK, np.float32), name="shm.gather.big")
     assert gathered.shape == (SLOT_BYTES // 8 + 1 + 3 * (SIZE - 1), 2)
-    np.testing.assert_array_equal(gathered[:SLOT_BYTES // 8 + 1], 0)
-    np.testing.assert_array_equal(gathered[SLOT_BYTES // 8 + 1:],
-                                  np.repeat(np.arange(1, SIZE), 3)[:, None] * np.ones(2))
+    np.testing.assert_array_equal(gathered[: SLOT_BYTES // 8 + 1], 0)
+    np.testing.assert_array_equal(
+        gathered[SLOT_BYTES // 8 + 1 :], np.repeat(np.arange(1, SIZE), 3)[:, None] * np.ones(2)
+    )
     assert calls == ([] if SIZE == 1 else [False])
     # The next one fits again, through the window.
     small = hvd.allgather(np.full((1, 1), RANK, np.int32), name="shm.gather.after")
@@ -341,8 +364,7 @@ def test_a_removed_set_frees_its_shared_window():
     ps = hvd.add_process_set([0, 1])
     if RANK in (0, 1):
         n = SHM_MIN_BYTES // 8 + 5  # large enough for the shared-memory path
-        total = hvd.allreduce(np.full(n, RANK + 1.0), name="shm.pair", op=hvd.Sum,
-                              process_set=ps)
+        total = hvd.allreduce(np.full(n, RANK + 1.0), name="shm.pair", op=hvd.Sum, process_set=ps)
         np.testing.assert_array_equal(total, np.full(n, 3.0))
         assert isinstance(_reducer(ps.process_set_id), SharedMemoryAllreduce)
     set_id = ps.process_set_id

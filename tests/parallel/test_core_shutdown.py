@@ -23,11 +23,18 @@ WORLD_SIZE = MPI.COMM_WORLD.Get_size()  # known before hvd.init()
 needs_two = pytest.mark.skipif(
     WORLD_SIZE < 2,
     reason="at one rank every collective completes as soon as it is submitted, so none "
-           "can still be pending",
+    "can still be pending",
 )
 
-QUERIES = (hvd.size, hvd.rank, hvd.local_size, hvd.local_rank, hvd.cross_size, hvd.cross_rank,
-           hvd.is_homogeneous)
+QUERIES = (
+    hvd.size,
+    hvd.rank,
+    hvd.local_size,
+    hvd.local_rank,
+    hvd.cross_size,
+    hvd.cross_rank,
+    hvd.is_homogeneous,
+)
 
 
 def test_before_init_queries_raise_value_error_naming_init():
@@ -42,13 +49,16 @@ def test_before_init_queries_raise_value_error_naming_init():
     hvd.shutdown()  # shutdown before init is a no-op
 
 
-@pytest.mark.parametrize("var,value", [
-    ("HVDLITE_FUSION_THRESHOLD", "lots"),
-    ("HOROVOD_CACHE_CAPACITY", "-1"),
-    ("HVDLITE_STALL_CHECK_DISABLE", "maybe"),
-    ("HVDLITE_LOG_LEVEL", "LOUD"),
-    ("HVDLITE_CYCLE_TIME", "0"),
-])
+@pytest.mark.parametrize(
+    "var,value",
+    [
+        ("HVDLITE_FUSION_THRESHOLD", "lots"),
+        ("HOROVOD_CACHE_CAPACITY", "-1"),
+        ("HVDLITE_STALL_CHECK_DISABLE", "maybe"),
+        ("HVDLITE_LOG_LEVEL", "LOUD"),
+        ("HVDLITE_CYCLE_TIME", "0"),
+    ],
+)
 def test_bad_knob_value_fails_init_with_value_error(var, value):
     os.environ[var] = value
     try:

@@ -40,15 +40,19 @@ def _on_track(trace, name):
     """cat -> list of slices on *name*'s track, in time order."""
     tid = next(t for t, n in trace.tracks.items() if n == name)
     found = {}
-    for e in sorted((e for e in trace.events if e.get("tid") == tid and e.get("ph") == "X"),
-                    key=lambda e: e["ts"]):
+    for e in sorted(
+        (e for e in trace.events if e.get("tid") == tid and e.get("ph") == "X"),
+        key=lambda e: e["ts"],
+    ):
         found.setdefault(e["cat"], []).append(e)
     return found
 
 
 def _step(step: int) -> None:
-    small = [hvd.allreduce_async(np.full(16, RANK + i, np.float64), name=f"grad.small.{i}")
-             for i in range(3)]
+    small = [
+        hvd.allreduce_async(np.full(16, RANK + i, np.float64), name=f"grad.small.{i}")
+        for i in range(3)
+    ]
     big = hvd.allreduce_async(np.ones(100_000, np.float32), name="grad.big")
     gathered = [hvd.allgather_async(np.ones((2, 3)), name=f"ag.{x}") for x in "ab"]
     for h in small + [big] + gathered:
@@ -82,17 +86,27 @@ def test_a_training_loop_draws_every_phase_with_its_path_and_batch():
     if RANK == 0:
         trace = Trace.load(path)
         assert {"grad.small.0", "grad.big", "ag.a", "ag.b", "bc", "late"} <= set(
-            trace.tracks.values())
+            trace.tracks.values()
+        )
         assert "cycle" not in trace.slices  # mark_cycles=False
 
         small = _on_track(trace, "grad.small.0")
-        assert {"negotiate", "op", "queue", "copy_in", "collective", "copy_out",
-                "callbacks"} <= set(small)
+        assert {
+            "negotiate",
+            "op",
+            "queue",
+            "copy_in",
+            "collective",
+            "copy_out",
+            "callbacks",
+        } <= set(small)
         assert {e["name"] for e in small["collective"]} == {"MPI allreduce"}
         assert len(small["op"]) == 4
         # the three small tensors of a step ran fused: one batch id
-        batches = [{e["args"]["batch"] for e in _on_track(trace, f"grad.small.{i}")["op"]}
-                   for i in range(3)]
+        batches = [
+            {e["args"]["batch"] for e in _on_track(trace, f"grad.small.{i}")["op"]}
+            for i in range(3)
+        ]
         assert batches[0] == batches[1] == batches[2] and len(batches[0]) == 4
         assert small["op"][0]["args"]["fused"] == 3
         # the first step went through the coordinator (both ranks' reports); later
@@ -105,18 +119,24 @@ def test_a_training_loop_draws_every_phase_with_its_path_and_batch():
         shm = state().engine.executor._shm.get(0) is not None
         big = _on_track(trace, "grad.big")
         assert {e["name"] for e in big["collective"]} == {
-            "shared memory allreduce" if shm else "MPI allreduce"}
+            "shared memory allreduce" if shm else "MPI allreduce"
+        }
         gathered = _on_track(trace, "ag.a")
         assert {e["name"] for e in gathered["collective"]} == {
-            "shared memory allgather" if shm else "MPI allgather"}
+            "shared memory allgather" if shm else "MPI allgather"
+        }
         assert "copy_in" in gathered and "copy_out" in gathered
         assert {e["name"] for e in _on_track(trace, "bc")["collective"]} == {"MPI broadcast"}
 
         late = _on_track(trace, "late")["negotiate"][0]["args"]
         assert late["last"] == [1] and late["wait_for_last_us"] > 50_000, late
 
-        out = subprocess.run([sys.executable, "-m", "hvdlite.timeline", "summary", path],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "hvdlite.timeline", "summary", path],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         assert "rank 1: last to report" in out.stdout and "grad.big" in out.stdout
         try:
@@ -134,9 +154,9 @@ def test_a_training_loop_draws_every_phase_with_its_path_and_batch():
         text = open(path).read()
         cut = os.path.join(TMP, "cut.json")
         with open(cut, "w") as f:
-            f.write(text[:len(text) * 2 // 3])
+            f.write(text[: len(text) * 2 // 3])
         events = load(cut)
-        assert events and events == json.loads(text)[:len(events)]
+        assert events and events == json.loads(text)[: len(events)]
     hvd.barrier()
 
 

@@ -44,8 +44,9 @@ def device_batches() -> int:
 
 
 # ------------------------------------------------------------------ allreduce
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.int16,
-                                   np.uint8])
+@pytest.mark.parametrize(
+    "dtype", [np.float32, np.float64, np.float16, np.int32, np.int16, np.uint8]
+)
 def test_allreduce_sum_and_average(dtype):
     x = np.arange(7).astype(dtype) + RANK
     before = device_batches()
@@ -76,16 +77,22 @@ def test_prescale_postscale_in_place():
 
 
 def test_fused_burst_of_mixed_dtypes():
-    arrays = [dev(np.full(3 + i, RANK + i, dtype=dt))
-              for i, dt in enumerate([np.float32, np.float16, np.float32, np.float64] * 3)]
-    handles = [hvd.allreduce_async(a, op=hvd.Average, name=f"burst.{i}", prescale_factor=2.0)
-               for i, a in enumerate(arrays)]
-    grouped = hvd.grouped_allreduce([dev(np.ones(4, np.float32) * RANK),
-                                     dev(np.ones(2, np.float16) * RANK)], op=hvd.Sum)
+    arrays = [
+        dev(np.full(3 + i, RANK + i, dtype=dt))
+        for i, dt in enumerate([np.float32, np.float16, np.float32, np.float64] * 3)
+    ]
+    handles = [
+        hvd.allreduce_async(a, op=hvd.Average, name=f"burst.{i}", prescale_factor=2.0)
+        for i, a in enumerate(arrays)
+    ]
+    grouped = hvd.grouped_allreduce(
+        [dev(np.ones(4, np.float32) * RANK), dev(np.ones(2, np.float16) * RANK)], op=hvd.Sum
+    )
     mean_rank = (SIZE - 1) / 2
     for i, h in enumerate(handles):
-        np.testing.assert_allclose(hvd.synchronize(h).astype(np.float64),
-                                   2 * (mean_rank + i), rtol=1e-3)
+        np.testing.assert_allclose(
+            hvd.synchronize(h).astype(np.float64), 2 * (mean_rank + i), rtol=1e-3
+        )
     for g in grouped:
         np.testing.assert_allclose(g.astype(np.float64), SIZE * mean_rank)
 
@@ -101,10 +108,14 @@ def test_cpu_and_device_entries_never_share_a_batch():
 
     ENGINE.executor.run_batch = recording
     try:
-        handles = [hvd.allreduce_async(np.full(4, RANK, np.float32), op=hvd.Sum, name=f"c.{i}")
-                   for i in range(3)]
-        handles += [hvd.allreduce_async(dev(np.full(4, RANK, np.float32)), op=hvd.Sum,
-                                        name=f"d.{i}") for i in range(3)]
+        handles = [
+            hvd.allreduce_async(np.full(4, RANK, np.float32), op=hvd.Sum, name=f"c.{i}")
+            for i in range(3)
+        ]
+        handles += [
+            hvd.allreduce_async(dev(np.full(4, RANK, np.float32)), op=hvd.Sum, name=f"d.{i}")
+            for i in range(3)
+        ]
         results = [hvd.synchronize(h) for h in handles]
     finally:
         ENGINE.executor.run_batch = run
@@ -136,8 +147,9 @@ def test_allgather_uneven_and_grouped():
     b = dev(np.arange(RANK + 2, dtype=np.float64))
     out = hvd.allgather(a)
     assert isinstance(out, HostDeviceArray)
-    np.testing.assert_array_equal(out, np.concatenate(
-        [np.full((r + 1, 2), r, np.int32) for r in range(SIZE)]))
+    np.testing.assert_array_equal(
+        out, np.concatenate([np.full((r + 1, 2), r, np.int32) for r in range(SIZE)])
+    )
     ga, gb = hvd.grouped_allgather([a, b])
     np.testing.assert_array_equal(ga, out)
     np.testing.assert_array_equal(gb, np.concatenate([np.arange(r + 2) for r in range(SIZE)]))
@@ -147,8 +159,10 @@ def test_broadcast_single_and_fused():
     root = SIZE - 1
     x = dev(np.full(4, RANK, np.int16))
     np.testing.assert_array_equal(hvd.broadcast(x, root), np.full(4, root))
-    handles = [hvd.broadcast_async(dev(np.full(i + 1, RANK * 10 + i, np.float32)), root,
-                                   name=f"bc.{i}") for i in range(4)]
+    handles = [
+        hvd.broadcast_async(dev(np.full(i + 1, RANK * 10 + i, np.float32)), root, name=f"bc.{i}")
+        for i in range(4)
+    ]
     for i, h in enumerate(handles):
         np.testing.assert_array_equal(hvd.synchronize(h), np.full(i + 1, root * 10 + i))
 
@@ -158,8 +172,9 @@ def test_alltoall_with_splits():
     x = dev(np.repeat(np.arange(SIZE, dtype=np.float32), splits) + 100 * RANK)
     out, received = hvd.alltoall(x, splits=splits)
     assert list(received) == [RANK + 1] * SIZE
-    np.testing.assert_array_equal(out, np.concatenate([np.full(RANK + 1, RANK + 100 * r)
-                                                       for r in range(SIZE)]))
+    np.testing.assert_array_equal(
+        out, np.concatenate([np.full(RANK + 1, RANK + 100 * r) for r in range(SIZE)])
+    )
 
 
 @pytest.mark.parametrize("op", [hvd.Sum, hvd.Average])
@@ -172,7 +187,7 @@ def test_reducescatter_uneven(op):
         full /= SIZE
     counts = [rows // SIZE + (1 if r < rows % SIZE else 0) for r in range(SIZE)]
     start = sum(counts[:RANK])
-    np.testing.assert_allclose(out, full[start:start + counts[RANK]])
+    np.testing.assert_allclose(out, full[start : start + counts[RANK]])
     g = hvd.grouped_reducescatter([x, dev(np.ones((SIZE, 2), np.float64))], op=hvd.Sum)
     np.testing.assert_allclose(g[1], np.full((1, 2), SIZE))
 
@@ -182,8 +197,9 @@ def test_batch_is_ordered_after_producers_and_published_after():
     backend = registry.backend("host")
     backend.journal = []
     try:
-        handles = [hvd.allreduce_async(dev(np.ones(3, np.float32)), name=f"ord.{i}")
-                   for i in range(3)]
+        handles = [
+            hvd.allreduce_async(dev(np.ones(3, np.float32)), name=f"ord.{i}") for i in range(3)
+        ]
         for h in handles:
             hvd.synchronize(h)
         journal = backend.journal
@@ -207,11 +223,14 @@ class _Run:
     def __init__(self, plan: DeviceRoutes, hierarchical=None):
         self.entries = {}
         self.plan = plan
-        self.executor = DeviceExecutor(self.entries.get, self._finish, self._finish_keys,
-                                       SimpleNamespace(ranks={0: list(range(SIZE))}),
-                                       lambda set_id: Routes(Transport.MPI,
-                                                                    Transport.MPI, plan),
-                                       hierarchical)
+        self.executor = DeviceExecutor(
+            self.entries.get,
+            self._finish,
+            self._finish_keys,
+            SimpleNamespace(ranks={0: list(range(SIZE))}),
+            lambda set_id: Routes(Transport.MPI, Transport.MPI, plan),
+            hierarchical,
+        )
 
     def _finish(self, entry, value):
         entry.handle.set_result(entry.result(value))
@@ -233,24 +252,35 @@ class _Run:
 
 
 def _allreduce_params(name, a, op=hvd.Sum):
-    return Params(set_id=0, name=name, kind=int(Kind.ALLREDUCE), dtypes=(a.dtype.str,),
-                  shapes=(a.shape,), op=int(op), device="host")
+    return Params(
+        set_id=0,
+        name=name,
+        kind=int(Kind.ALLREDUCE),
+        dtypes=(a.dtype.str,),
+        shapes=(a.shape,),
+        op=int(op),
+        device="host",
+    )
 
 
 def _plan(transport, hierarchical=False):
     return DeviceRoutes(*([transport] * 5), fallback=Transport.STAGED, hierarchical=hierarchical)
 
 
-@pytest.mark.parametrize("transport,name", [
-    (Transport.STAGED, "staged through host memory"),
-    (Transport.CUDA_AWARE_MPI, "CUDA-aware MPI"),
-    (Transport.NCCL, "CUDA-aware MPI"),  # host memory needs no NCCL: MPI takes it
-])
+@pytest.mark.parametrize(
+    "transport,name",
+    [
+        (Transport.STAGED, "staged through host memory"),
+        (Transport.CUDA_AWARE_MPI, "CUDA-aware MPI"),
+        (Transport.NCCL, "CUDA-aware MPI"),  # host memory needs no NCCL: MPI takes it
+    ],
+)
 def test_each_flat_link(transport, name):
     run = _Run(_plan(transport))
     xs = [dev(np.full(5 + i, RANK + i, np.float32)) for i in range(3)]
-    results = run.run([(_allreduce_params(f"l{i}", x), (x,), (dev(np.empty_like(x)),))
-                       for i, x in enumerate(xs)])
+    results = run.run(
+        [(_allreduce_params(f"l{i}", x), (x,), (dev(np.empty_like(x)),)) for i, x in enumerate(xs)]
+    )
     for i, r in enumerate(results):
         np.testing.assert_allclose(r, SIZE * (SIZE - 1) / 2 + SIZE * i)
     assert set(run.executor.used) == {name}

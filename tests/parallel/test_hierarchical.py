@@ -56,8 +56,9 @@ def _topology(kind: str):
     cross = WORLD.Split(local.Get_rank(), RANK)
     homogeneous = len(set(WORLD.allgather(local.Get_size()))) == 1
     cfg = SimpleNamespace(hierarchical_allreduce=True, hierarchical_allgather=True)
-    fake = SimpleNamespace(world=WORLD, local_comm=local, cross_comm=cross,
-                           homogeneous=homogeneous, config=cfg)
+    fake = SimpleNamespace(
+        world=WORLD, local_comm=local, cross_comm=cross, homogeneous=homogeneous, config=cfg
+    )
     return Hierarchical.create(fake), (local, cross)
 
 
@@ -112,12 +113,22 @@ def test_other_sets_run_flat(helper):
 def test_each_collective_has_its_own_switch():
     st = state()
     only_gather = SimpleNamespace(hierarchical_allreduce=False, hierarchical_allgather=True)
-    fake = SimpleNamespace(world=WORLD, local_comm=st.local_comm, cross_comm=st.cross_comm,
-                           homogeneous=st.homogeneous, config=only_gather)
+    fake = SimpleNamespace(
+        world=WORLD,
+        local_comm=st.local_comm,
+        cross_comm=st.cross_comm,
+        homogeneous=st.homogeneous,
+        config=only_gather,
+    )
     h = Hierarchical.create(fake)
     assert h.allgather_enabled and not h.allreduce_enabled
-    plan = Router(SIZE, st.node_ranks, shared_memory=True, hierarchical_allreduce=False,
-                   hierarchical_allgather=True).routes(range(SIZE))
+    plan = Router(
+        SIZE,
+        st.node_ranks,
+        shared_memory=True,
+        hierarchical_allreduce=False,
+        hierarchical_allgather=True,
+    ).routes(range(SIZE))
     assert plan.allgather is Transport.HIERARCHICAL
     assert plan.allreduce is not Transport.HIERARCHICAL
 
@@ -182,13 +193,13 @@ def test_single_tensor_allreduce(helper, dtype):
 
 def test_single_tensor_scaled_and_in_place(helper):
     x = _data(np.float64, 33, salt=2).reshape(3, 11)
-    got = hvdlite.allreduce(x, op=hvdlite.Average, prescale_factor=2.0, postscale_factor=0.5,
-                            name="single.scaled")
+    got = hvdlite.allreduce(
+        x, op=hvdlite.Average, prescale_factor=2.0, postscale_factor=0.5, name="single.scaled"
+    )
     _same(got, _flat(x) / SIZE)
     y = _data(np.int64, 10, salt=3)
     want = _flat(y)
-    hvdlite.synchronize(hvdlite.allreduce_async(y, op=hvdlite.Sum, name="single.inplace",
-                                                output=y))
+    hvdlite.synchronize(hvdlite.allreduce_async(y, op=hvdlite.Sum, name="single.inplace", output=y))
     np.testing.assert_array_equal(y, want)
 
 
@@ -213,8 +224,7 @@ def test_allgather_uneven_dim0(helper):
     before = helper.calls["allgather"]
     rows = (2 * RANK) % 3  # 0, 2, 1, 0: some ranks contribute no rows
     x = np.arange(rows * 3, dtype=np.int32).reshape(rows, 3) + 100 * RANK
-    np.testing.assert_array_equal(hvdlite.allgather(x, name="gather.single"),
-                                  _flat_allgather(x))
+    np.testing.assert_array_equal(hvdlite.allgather(x, name="gather.single"), _flat_allgather(x))
     y = _data(np.float64, RANK + 1, salt=6)
     got = hvdlite.grouped_allgather([x, y], name="gather.grouped")
     np.testing.assert_array_equal(got[0], _flat_allgather(x))

@@ -33,23 +33,32 @@ UPPER = range(SIZE // 2, SIZE)
 def test_collectives_give_exact_values():
     out = hvd.allreduce(np.full(1000, RANK + 1, np.float32), op=hvd.Sum, name="many.sum")
     assert_same(out, np.full(1000, SIZE * (SIZE + 1) / 2, np.float32))
-    assert_same(hvd.allreduce(np.array([RANK], np.int64), op=hvd.Max, name="many.max"),
-                np.array([SIZE - 1]))
+    assert_same(
+        hvd.allreduce(np.array([RANK], np.int64), op=hvd.Max, name="many.max"), np.array([SIZE - 1])
+    )
     # Twenty tensors of different sizes fused into one batch, averaged.
-    outs = hvd.grouped_allreduce([np.full(10 + i, RANK + i, np.float64) for i in range(20)],
-                                 op=hvd.Average, name="many.group")
+    outs = hvd.grouped_allreduce(
+        [np.full(10 + i, RANK + i, np.float64) for i in range(20)],
+        op=hvd.Average,
+        name="many.group",
+    )
     for i, o in enumerate(outs):
         assert_same(o, np.full(10 + i, (SIZE - 1) / 2 + i))
     # Allgather with a different number of rows on every rank.
     gathered = hvd.allgather(np.full((RANK + 1, 2), RANK, np.int32), name="many.ag")
-    assert_same(gathered, np.repeat(np.arange(SIZE, dtype=np.int32), np.arange(1, SIZE + 1))
-                [:, None].repeat(2, axis=1))
-    assert_same(hvd.broadcast(np.full(5, RANK, np.int64), root_rank=SIZE - 1, name="many.bc"),
-                np.full(5, SIZE - 1))
+    assert_same(
+        gathered,
+        np.repeat(np.arange(SIZE, dtype=np.int32), np.arange(1, SIZE + 1))[:, None].repeat(
+            2, axis=1
+        ),
+    )
+    assert_same(
+        hvd.broadcast(np.full(5, RANK, np.int64), root_rank=SIZE - 1, name="many.bc"),
+        np.full(5, SIZE - 1),
+    )
     received = hvd.alltoall(np.arange(SIZE, dtype=np.int32) + 100 * RANK, name="many.a2a")
     assert_same(received, np.array([100 * s + RANK for s in range(SIZE)], np.int32))
-    scattered = hvd.reducescatter(np.ones((2 * SIZE, 3), np.float32), op=hvd.Sum,
-                                  name="many.rs")
+    scattered = hvd.reducescatter(np.ones((2 * SIZE, 3), np.float32), op=hvd.Sum, name="many.rs")
     assert_same(scattered, np.full((2, 3), SIZE, np.float32))
     assert hvd.allgather_object(RANK) == list(range(SIZE))
     hvd.barrier()
@@ -59,8 +68,12 @@ def test_steady_state_loop_of_cached_names():
     # A training step's worth of named allreduces, repeated: every step after the
     # first is answered by the response cache on every rank.
     for step in range(20):
-        handles = [hvd.allreduce_async(np.full(100, RANK + step, np.float32), op=hvd.Sum,
-                                       name=f"many.loop.{i}") for i in range(10)]
+        handles = [
+            hvd.allreduce_async(
+                np.full(100, RANK + step, np.float32), op=hvd.Sum, name=f"many.loop.{i}"
+            )
+            for i in range(10)
+        ]
         for handle in handles:
             out = hvd.synchronize(handle)
         assert out[0] == SIZE * (SIZE - 1) / 2 + SIZE * step
@@ -84,13 +97,13 @@ def test_torch_distributed_optimizer_matches_one_process():
 
     def global_batch(step):
         g = torch.Generator().manual_seed(100 + step)
-        return torch.randn(SIZE * batch, 5, generator=g), torch.randn(SIZE * batch, 3,
-                                                                      generator=g)
+        return torch.randn(SIZE * batch, 5, generator=g), torch.randn(SIZE * batch, 3, generator=g)
 
     model, ref = make_model(), make_model()
-    opt = hvd_torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
-                                                         momentum=0.9),
-                                         named_parameters=model.named_parameters())
+    opt = hvd_torch.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(),
+    )
     hvd_torch.broadcast_parameters(model.state_dict(), root_rank=0)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     mine = slice(RANK * batch, (RANK + 1) * batch)

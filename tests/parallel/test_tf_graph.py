@@ -43,8 +43,7 @@ def data(rank, shape, seed=0):
 
 
 def session(graph, threads=1):
-    config = v1.ConfigProto(inter_op_parallelism_threads=threads,
-                            intra_op_parallelism_threads=1)
+    config = v1.ConfigProto(inter_op_parallelism_threads=threads, intra_op_parallelism_threads=1)
     return v1.Session(graph=graph, config=config)
 
 
@@ -52,6 +51,7 @@ def session(graph, threads=1):
 def fusion(request):
     """The engine restarted with the default fusion threshold, or with fusion off
     (the knob must be equal on every rank: every rank sets the same value)."""
+
     def restart(threshold):
         hvd.shutdown()
         if threshold is None:
@@ -67,30 +67,37 @@ def fusion(request):
 
 # ------------------------------------------------------------------ ordering
 
+
 def independent_collectives(feed, step):
     """Eight collectives with no order between them (Horovod's test shape):
     allreduces, allgathers and reducescatters of one placeholder each, and the
     expected result of each for ``step``."""
     rows = 2 * N + 1
-    specs = [("allreduce", (3,), hvd.Sum), ("allgather", None, None),
-             ("reducescatter", (rows, 2), hvd.Sum), ("allreduce", (2, 2), hvd.Average),
-             ("allgather", None, None), ("reducescatter", (N, 3), hvd.Average),
-             ("allreduce", (5,), hvd.Max), ("reducescatter", (rows,), hvd.Sum)]
+    specs = [
+        ("allreduce", (3,), hvd.Sum),
+        ("allgather", None, None),
+        ("reducescatter", (rows, 2), hvd.Sum),
+        ("allreduce", (2, 2), hvd.Average),
+        ("allgather", None, None),
+        ("reducescatter", (N, 3), hvd.Average),
+        ("allreduce", (5,), hvd.Max),
+        ("reducescatter", (rows,), hvd.Sum),
+    ]
     ops, expected = [], []
     for i, (kind, shape, op) in enumerate(specs):
         if kind == "allgather":
             shape_of = lambda r, i=i: (r + 1 + i % 2, 2)  # noqa: E731  (uneven first dims)
         else:
             shape_of = lambda r, shape=shape: shape  # noqa: E731
-        values = [data(r, shape_of(r), seed=10 * step + i).astype(np.float32)
-                  for r in range(N)]
+        values = [data(r, shape_of(r), seed=10 * step + i).astype(np.float32) for r in range(N)]
         ph = v1.placeholder(tf.float32, shape_of(R))
         feed[ph] = values[R]
         if kind == "allreduce":
             ops.append(hvd.allreduce(ph, op=op))
             stacked = np.stack(values)
-            expected.append({hvd.Sum: stacked.sum(0), hvd.Average: stacked.mean(0),
-                             hvd.Max: stacked.max(0)}[op])
+            expected.append(
+                {hvd.Sum: stacked.sum(0), hvd.Average: stacked.mean(0), hvd.Max: stacked.max(0)}[op]
+            )
         elif kind == "allgather":
             ops.append(hvd.allgather(ph))
             expected.append(np.concatenate(values))
@@ -100,7 +107,7 @@ def independent_collectives(feed, step):
             n_rows = shape[0]
             mine = [n_rows // N + (1 if r < n_rows % N else 0) for r in range(N)]
             lo = sum(mine[:R])
-            expected.append(total[lo:lo + mine[R]])
+            expected.append(total[lo : lo + mine[R]])
     return ops, expected
 
 
@@ -123,29 +130,34 @@ def test_tf_function_of_independent_collectives(fusion):
 
     @tf.function
     def step(*xs):
-        return ([hvd.allreduce(x, op=hvd.Sum) for x in xs[:4]]
-                + [hvd.allgather(x) for x in xs[4:6]]
-                + [hvd.reducescatter(tf.reshape(x, (4, 1)), op=hvd.Sum) for x in xs[6:]])
+        return (
+            [hvd.allreduce(x, op=hvd.Sum) for x in xs[:4]]
+            + [hvd.allgather(x) for x in xs[4:6]]
+            + [hvd.reducescatter(tf.reshape(x, (4, 1)), op=hvd.Sum) for x in xs[6:]]
+        )
 
     for _ in range(3):
         outs = step(*xs)
         for s in range(4):
-            np.testing.assert_allclose(outs[s], np.sum([data(r, (4,), seed=s)
-                                                        for r in range(N)], 0), rtol=1e-5)
+            np.testing.assert_allclose(
+                outs[s], np.sum([data(r, (4,), seed=s) for r in range(N)], 0), rtol=1e-5
+            )
         for s in (4, 5):
-            np.testing.assert_allclose(outs[s], np.concatenate(
-                [data(r, (4,), seed=s) for r in range(N)]), rtol=1e-5)
+            np.testing.assert_allclose(
+                outs[s], np.concatenate([data(r, (4,), seed=s) for r in range(N)]), rtol=1e-5
+            )
         counts = [4 // N + (1 if r < 4 % N else 0) for r in range(N)]
         lo = sum(counts[:R])
         for s in (6, 7):
             total = np.sum([data(r, (4,), seed=s) for r in range(N)], 0)
-            np.testing.assert_allclose(outs[s][:, 0], total[lo:lo + counts[R]], rtol=1e-5)
+            np.testing.assert_allclose(outs[s][:, 0], total[lo : lo + counts[R]], rtol=1e-5)
 
 
 @pytest.fixture(params=["shared memory", "MPI"])
 def allreduce_path(request):
     """The engine restarted with the shared-memory allreduce on (what ranks of one
     node use) or off, so that gradients take either of the reducer's graph plans."""
+
     def restart(disable):
         hvd.shutdown()
         if disable:
@@ -167,17 +179,18 @@ def test_results_of_a_tf_function_outlive_its_next_run(allreduce_path):
 
     # Sizes around alignment boundaries, small (packed in a graph) and large.
     shapes = [(1,), (1000,), (1001,), (1002,), (1003,), (3, 5), (70000,), (300, 64)]
-    xs = [tf.constant(np.arange(np.prod(s), dtype=np.float32).reshape(s) % 7 + R)
-          for s in shapes]
+    xs = [tf.constant(np.arange(np.prod(s), dtype=np.float32).reshape(s) % 7 + R) for s in shapes]
     reducer = GradientReducer(op=hvd.Sum)
 
     @tf.function
     def step(scale):
         scaled = [x * scale for x in xs]
-        return (hvd.grouped_allreduce(scaled, op=hvd.Sum)
-                + [hvd.allreduce(x, op=hvd.Sum) for x in scaled[:4]]
-                + [hvd.broadcast(x, root_rank=0) for x in scaled[4:]]
-                + reducer(scaled))
+        return (
+            hvd.grouped_allreduce(scaled, op=hvd.Sum)
+            + [hvd.allreduce(x, op=hvd.Sum) for x in scaled[:4]]
+            + [hvd.broadcast(x, root_rank=0) for x in scaled[4:]]
+            + reducer(scaled)
+        )
 
     def expected(scale):
         total = [sum((x.numpy() - R + r) * scale for r in range(N)) for x in xs]
@@ -205,8 +218,9 @@ def run_in(mode, build, *inputs):
         return tf.function(build)(*inputs)
     graph = tf.Graph()
     with graph.as_default():
-        placeholders = [v1.placeholder(tf.as_dtype(np.asarray(x).dtype), np.shape(x))
-                        for x in inputs]
+        placeholders = [
+            v1.placeholder(tf.as_dtype(np.asarray(x).dtype), np.shape(x)) for x in inputs
+        ]
         out = build(*placeholders)
         with session(graph) as sess:
             return sess.run(out, feed_dict=dict(zip(placeholders, inputs, strict=True)))
@@ -223,19 +237,23 @@ def test_mismatches_raise_failed_precondition(mode):
         # shapes differ
         (lambda x: hvd.allreduce(x, name="mm.shape"), np.zeros(R + 2, np.float32)),
         # dtypes differ
-        (lambda x: hvd.allgather(x, name="mm.dtype"),
-         np.zeros((2, 2), np.float32 if R == 0 else np.float64)),
+        (
+            lambda x: hvd.allgather(x, name="mm.dtype"),
+            np.zeros((2, 2), np.float32 if R == 0 else np.float64),
+        ),
         # root ranks differ
         (lambda x: hvd.broadcast(x, root_rank=R, name="mm.root"), np.zeros(2, np.float32)),
         # trailing dimensions differ
-        (lambda x: hvd.reducescatter(x, op=hvd.Sum, name="mm.rs"),
-         np.zeros((N, R + 1), np.float32)),
+        (
+            lambda x: hvd.reducescatter(x, op=hvd.Sum, name="mm.rs"),
+            np.zeros((N, R + 1), np.float32),
+        ),
         (lambda x: hvd.alltoall(x, name="mm.a2a"), np.zeros((N, R + 1), np.float32)),
     ]
     for build, value in cases:
         with pytest.raises(tf.errors.FailedPreconditionError, match="Mismatched") as info:
             run_in(mode, build, value)
-        if mode == "eager":   # also hvdlite's (and Horovod's torch) class
+        if mode == "eager":  # also hvdlite's (and Horovod's torch) class
             assert isinstance(info.value, hvd.HorovodInternalError)
         still_works()
 
@@ -246,8 +264,8 @@ def test_bad_arguments_raise_invalid_argument(mode):
     cases = [
         lambda t: hvd.reducescatter(t, op=hvd.Adasum),
         lambda t: hvd.broadcast(t, root_rank=N + 3),
-        lambda t: hvd.alltoall(t, splits=[1] * (N + 1)),   # one split per rank, or bust
-        lambda t: hvd.allgather(t[0, 0]),                   # a scalar
+        lambda t: hvd.alltoall(t, splits=[1] * (N + 1)),  # one split per rank, or bust
+        lambda t: hvd.allgather(t[0, 0]),  # a scalar
     ]
     if R not in PAIR.ranks:
         cases.append(lambda t: hvd.allreduce(t, process_set=PAIR))
@@ -271,6 +289,7 @@ def test_splits_known_only_when_the_graph_runs(mode):
 
 # ------------------------------------------------------------------ join
 
+
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_join_returns_the_last_rank_to_join_on_every_rank(mode):
     """Horovod: joined ranks contribute zeros to the others' allreduces, and
@@ -279,33 +298,34 @@ def test_join_returns_the_last_rank_to_join_on_every_rank(mode):
 
     def work():
         outs = []
-        if R == last:   # one more batch than the others
+        if R == last:  # one more batch than the others
             outs.append(hvd.allreduce(tf.ones(2), op=hvd.Sum, name=f"join.extra.{mode}"))
         return outs + [hvd.join()]
 
     outs = work() if mode == "eager" else tf.function(work)()
     if R == last:
-        np.testing.assert_array_equal(outs[0], [1.0, 1.0])   # the others gave zeros
+        np.testing.assert_array_equal(outs[0], [1.0, 1.0])  # the others gave zeros
     assert int(outs[-1]) == last
     still_works()
 
 
 # ------------------------------------------------------------------ TF1 helpers
 
+
 def test_broadcast_global_variables_and_hook():
     with pytest.raises(RuntimeError, match="broadcast_variables"):
-        hvd.broadcast_global_variables(0)   # eagerly, as Horovod
+        hvd.broadcast_global_variables(0)  # eagerly, as Horovod
     root = N - 1
     graph = tf.Graph()
     with graph.as_default():
         a = v1.Variable(data(R, (3,), seed=1).astype(np.float32), name="a")
         b = v1.Variable(np.full(2, R, np.int64), name="b")
         feed = v1.placeholder(tf.float32, [3])
-        hvd.allreduce(feed)                 # a collective that needs a feed, built before
+        hvd.allreduce(feed)  # a collective that needs a feed, built before
         bcast = hvd.broadcast_global_variables(root)
         with session(graph) as sess:
             sess.run(v1.global_variables_initializer())
-            sess.run(bcast)                 # runs on its own: no feed needed
+            sess.run(bcast)  # runs on its own: no feed needed
             np.testing.assert_allclose(sess.run(a), data(root, (3,), seed=1), rtol=1e-6)
             np.testing.assert_array_equal(sess.run(b), [root, root])
 
@@ -328,7 +348,7 @@ def test_broadcast_inplace_in_a_graph_returns_the_assigned_value():
             sess.run(v1.global_variables_initializer())
             np.testing.assert_array_equal(sess.run(new_v), np.full(3, N - 1.0))
             np.testing.assert_array_equal(sess.run(v), np.full(3, N - 1.0))
-            got_v, got_ref = sess.run(new_pair)   # v is N - 1 everywhere by now
+            got_v, got_ref = sess.run(new_pair)  # v is N - 1 everywhere by now
             np.testing.assert_array_equal(got_v, np.full(3, N - 1.0))
             np.testing.assert_array_equal(got_ref, np.zeros(2))
 
@@ -338,7 +358,7 @@ def test_distributed_optimizer_over_a_tf1_optimizer():
     rs = np.random.RandomState(7)
     xs = rs.randn(steps, N * batch, features).astype(np.float32)
     ys = rs.randn(steps, N * batch, 1).astype(np.float32)
-    w0 = data(R, (features, 1), seed=3).astype(np.float32)   # differs per rank
+    w0 = data(R, (features, 1), seed=3).astype(np.float32)  # differs per rank
 
     def model():
         x = v1.placeholder(tf.float32, [None, features])
@@ -414,9 +434,11 @@ def test_tf1_optimizer_aggregates_backward_passes(average, control_flow):
         w = v1.Variable(w0)
         step = v1.train.get_or_create_global_step()
         loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - y))
-        opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(lr),
-                                       backward_passes_per_step=2,
-                                       average_aggregated_gradients=average)
+        opt = hvd.DistributedOptimizer(
+            v1.train.GradientDescentOptimizer(lr),
+            backward_passes_per_step=2,
+            average_aggregated_gradients=average,
+        )
         train = opt.minimize(loss, global_step=step)
         with session(graph) as sess:
             sess.run([v1.global_variables_initializer(), v1.local_variables_initializer()])
@@ -427,10 +449,15 @@ def test_tf1_optimizer_aggregates_backward_passes(average, control_flow):
             got = sess.run(w)
             assert sess.run(step) == 2
 
-    def grad(xb, yb):   # d/dw mean((xw - y)^2)
+    def grad(xb, yb):  # d/dw mean((xw - y)^2)
         return 2.0 / len(xb) * xb.T @ (xb @ w0 - yb)
 
-    per_rank = [sum(grad(xs[p][r * batch:(r + 1) * batch], ys[p][r * batch:(r + 1) * batch])
-                    for p in range(2)) for r in range(N)]
+    per_rank = [
+        sum(
+            grad(xs[p][r * batch : (r + 1) * batch], ys[p][r * batch : (r + 1) * batch])
+            for p in range(2)
+        )
+        for r in range(N)
+    ]
     applied = np.mean(per_rank, 0) / (2 if average else 1)
     np.testing.assert_allclose(got, w0 - lr * applied, rtol=1e-5, atol=1e-6)

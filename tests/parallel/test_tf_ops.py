@@ -56,15 +56,33 @@ def close(actual, expected, dtype=tf.float32):
     tol = {tf.float16: 1e-2, tf.bfloat16: 3e-2}.get(dtype, 1e-5)
     actual = tf.convert_to_tensor(actual)
     assert actual.dtype == dtype, (actual.dtype, dtype)
-    np.testing.assert_allclose(tf.cast(actual, tf.float64).numpy(),
-                               np.asarray(expected, dtype=np.float64), rtol=tol, atol=tol)
+    np.testing.assert_allclose(
+        tf.cast(actual, tf.float64).numpy(),
+        np.asarray(expected, dtype=np.float64),
+        rtol=tol,
+        atol=tol,
+    )
 
 
 # ------------------------------------------------------------------ allreduce
 
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64,
-                                   tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        tf.float16,
+        tf.bfloat16,
+        tf.float32,
+        tf.float64,
+        tf.int8,
+        tf.int16,
+        tf.int32,
+        tf.int64,
+        tf.uint8,
+        tf.uint16,
+    ],
+)
 def test_allreduce_sum_every_dtype(mode, dtype):
     out = run(mode, lambda x: hvd.allreduce(x, op=hvd.Sum), tensor(R, dtype=dtype))
     close(out, np.sum(everyone(dtype=dtype), 0), dtype)
@@ -76,9 +94,13 @@ def test_allreduce_ops_and_scales(mode):
     ref = np.stack(everyone(seed=1))
 
     def fn(x):
-        return [hvd.allreduce(x), hvd.allreduce(x, op=hvd.Min), hvd.allreduce(x, op=hvd.Max),
-                hvd.allreduce(x, op=hvd.Product),
-                hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0)]
+        return [
+            hvd.allreduce(x),
+            hvd.allreduce(x, op=hvd.Min),
+            hvd.allreduce(x, op=hvd.Max),
+            hvd.allreduce(x, op=hvd.Product),
+            hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0),
+        ]
 
     avg, mn, mx, prod, scaled = run(mode, fn, x)
     close(avg, ref.mean(0))
@@ -101,21 +123,26 @@ def test_allreduce_average_deprecated_spelling():
 def test_allreduce_bool_min_max(mode):
     x = tf.constant(data(R, dtype=tf.bool))
     ref = np.stack(everyone(dtype=tf.bool))
-    both, either = run(mode, lambda x: [hvd.allreduce(x, op=hvd.Min),
-                                        hvd.allreduce(x, op=hvd.Max)], x)
+    both, either = run(
+        mode, lambda x: [hvd.allreduce(x, op=hvd.Min), hvd.allreduce(x, op=hvd.Max)], x
+    )
     np.testing.assert_array_equal(both.numpy(), ref.all(0))
     np.testing.assert_array_equal(either.numpy(), ref.any(0))
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_grouped_allreduce_and_compression(mode):
-    xs = [tensor(R, shape=(5,), seed=2), tensor(R, shape=(2, 3), dtype=tf.float64, seed=3),
-          tensor(R, shape=(4,), dtype=tf.bfloat16, seed=4)]
+    xs = [
+        tensor(R, shape=(5,), seed=2),
+        tensor(R, shape=(2, 3), dtype=tf.float64, seed=3),
+        tensor(R, shape=(4,), dtype=tf.bfloat16, seed=4),
+    ]
 
     def fn(*xs):
-        return (hvd.grouped_allreduce(list(xs), op=hvd.Sum)
-                + [hvd.allreduce(xs[0], compression=hvd.Compression.fp16),
-                   hvd.allreduce(xs[0], compression=hvd.Compression.bf16)])
+        return hvd.grouped_allreduce(list(xs), op=hvd.Sum) + [
+            hvd.allreduce(xs[0], compression=hvd.Compression.fp16),
+            hvd.allreduce(xs[0], compression=hvd.Compression.bf16),
+        ]
 
     outs = run(mode, fn, *xs)
     close(outs[0], np.sum(everyone(shape=(5,), seed=2), 0))
@@ -155,6 +182,7 @@ def test_allreduce_indexed_slices_is_an_allgather(mode):
 
 # ------------------------------------------------------------------ allgather
 
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16, tf.int8, tf.uint16, tf.bool])
 def test_allgather_uneven_first_dims(mode, dtype):
@@ -176,12 +204,14 @@ def test_grouped_allgather(mode):
 
 # ------------------------------------------------------------ broadcast, alltoall
 
+
 @pytest.mark.parametrize("mode", MODES)
 def test_broadcast_from_every_root(mode):
     for root in range(N):
         for dtype in (tf.float32, tf.bfloat16, tf.int64, tf.uint16):
-            out = run(mode, lambda x, root=root: hvd.broadcast(x, root),
-                      tensor(R, dtype=dtype, seed=7))
+            out = run(
+                mode, lambda x, root=root: hvd.broadcast(x, root), tensor(R, dtype=dtype, seed=7)
+            )
             close(out, data(root, dtype=dtype, seed=7), dtype)
 
 
@@ -207,8 +237,9 @@ def test_broadcast_inplace_and_broadcast_variables(mode):
 def test_alltoall_even_and_with_splits(mode):
     x = tf.constant(np.arange(2 * N * 3, dtype=np.float32).reshape(2 * N, 3) + 100 * R)
     even = run(mode, hvd.alltoall, x)
-    ref = np.concatenate([np.arange(2 * N * 3).reshape(2 * N, 3)[2 * R:2 * R + 2] + 100 * r
-                          for r in range(N)])
+    ref = np.concatenate(
+        [np.arange(2 * N * 3).reshape(2 * N, 3)[2 * R : 2 * R + 2] + 100 * r for r in range(N)]
+    )
     close(even, ref)
     # rank r sends (dst + 1) rows to rank dst, taken in order from its tensor
     splits = [dst + 1 for dst in range(N)]
@@ -223,6 +254,7 @@ def test_alltoall_even_and_with_splits(mode):
 
 # -------------------------------------------------------------- reducescatter
 
+
 @pytest.mark.parametrize("mode", MODES)
 def test_reducescatter_uneven_and_grouped(mode):
     rows = 2 * N + 1
@@ -236,9 +268,9 @@ def test_reducescatter_uneven_and_grouped(mode):
     counts = [rows // N + (1 if r < rows % N else 0) for r in range(N)]
     lo = sum(counts[:R])
     total = np.sum(everyone(shape=(rows, 2), seed=11), 0)
-    close(summed, total[lo:lo + counts[R]])
-    close(avg_x, total[lo:lo + counts[R]] / N)
-    close(avg_z, np.mean(everyone(shape=(N, 3), seed=12), 0)[R:R + 1], tf.float64)
+    close(summed, total[lo : lo + counts[R]])
+    close(avg_x, total[lo : lo + counts[R]] / N)
+    close(avg_z, np.mean(everyone(shape=(N, 3), seed=12), 0)[R : R + 1], tf.float64)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -249,9 +281,15 @@ def test_uint16_in_every_collective(mode):
     ref = np.stack(everyone(shape=(N, 2), dtype=dt, seed=16))
 
     def fn(x):
-        return [hvd.allreduce(x, op=hvd.Min), hvd.allreduce(x, op=hvd.Max),
-                hvd.grouped_allreduce([x, x], op=hvd.Sum)[1], hvd.alltoall(x),
-                hvd.reducescatter(x, op=hvd.Sum), hvd.broadcast(x, N - 1), hvd.allgather(x)]
+        return [
+            hvd.allreduce(x, op=hvd.Min),
+            hvd.allreduce(x, op=hvd.Max),
+            hvd.grouped_allreduce([x, x], op=hvd.Sum)[1],
+            hvd.alltoall(x),
+            hvd.reducescatter(x, op=hvd.Sum),
+            hvd.broadcast(x, N - 1),
+            hvd.allgather(x),
+        ]
 
     outs = run(mode, fn, x)
     assert all(o.dtype == dt for o in outs)
@@ -260,12 +298,13 @@ def test_uint16_in_every_collective(mode):
     np.testing.assert_array_equal(mx, ref.max(0))
     np.testing.assert_array_equal(summed, ref.sum(0))
     np.testing.assert_array_equal(a2a, ref[:, R])
-    np.testing.assert_array_equal(rs, ref.sum(0)[R:R + 1])
+    np.testing.assert_array_equal(rs, ref.sum(0)[R : R + 1])
     np.testing.assert_array_equal(bcast, ref[N - 1])
     np.testing.assert_array_equal(gathered, ref.reshape(-1, 2))
 
 
 # ------------------------------------------------------------------ gradients
+
 
 @pytest.mark.parametrize("mode", MODES)
 def test_gradients_of_reductions(mode):
@@ -280,14 +319,18 @@ def test_gradients_of_reductions(mode):
             a = hvd.allreduce(w)
             g1, g2 = hvd.grouped_allreduce([w * 2.0, w], op=hvd.Sum)
             m = hvd.allreduce(w, op=hvd.Max)
-            losses = [tf.reduce_sum(s * up), tf.reduce_sum(a * up),
-                      tf.reduce_sum(g1 * up) + tf.reduce_sum(g2), tf.reduce_sum(m * up)]
+            losses = [
+                tf.reduce_sum(s * up),
+                tf.reduce_sum(a * up),
+                tf.reduce_sum(g1 * up) + tf.reduce_sum(g2),
+                tf.reduce_sum(m * up),
+            ]
         return [tape.gradient(loss, w) for loss in losses]
 
     d_sum, d_avg, d_grouped, d_max = run(mode, fn, w)
     total_up = np.sum(ups, 0)
-    close(d_sum, total_up)                  # Sum's gradient: Sum-allreduce
-    close(d_avg, total_up / N)              # Average's: Average-allreduce
+    close(d_sum, total_up)  # Sum's gradient: Sum-allreduce
+    close(d_avg, total_up / N)  # Average's: Average-allreduce
     close(d_grouped, 2 * total_up + N)
     ws = np.stack([data(r, shape=(4,), seed=13) for r in range(N)]).astype(np.float32)
     mine_is_max = ws[R] == ws.max(0)
@@ -307,17 +350,21 @@ def test_gradients_of_gather_broadcast_alltoall_reducescatter(mode):
             b = hvd.broadcast(sq, 0)
             t = hvd.alltoall(sq)
             rs = hvd.reducescatter(sq, op=hvd.Sum)
-            losses = [tf.reduce_sum(gathered * weights), tf.reduce_sum(b * 3.0),
-                      tf.reduce_sum(t * tf.cast(R + 1, tf.float32)), tf.reduce_sum(rs)]
+            losses = [
+                tf.reduce_sum(gathered * weights),
+                tf.reduce_sum(b * 3.0),
+                tf.reduce_sum(t * tf.cast(R + 1, tf.float32)),
+                tf.reduce_sum(rs),
+            ]
         return [tape.gradient(losses[0], x)] + [tape.gradient(loss, sq) for loss in losses[1:]]
 
     d_gather, d_bcast, d_a2a, d_rs = run(mode, fn, x, sq)
     start = sum(r + 1 for r in range(R))
-    close(d_gather, weights[start:start + R + 1])   # this rank's rows of the (equal) weights
+    close(d_gather, weights[start : start + R + 1])  # this rank's rows of the (equal) weights
     close(d_bcast, np.full((N, 2), 3.0 if R == 0 else 0.0))
     # alltoall sends row dst to rank dst, whose loss weighs it by dst + 1
     close(d_a2a, np.repeat(np.arange(1, N + 1, dtype=np.float32)[:, None], 2, 1))
-    close(d_rs, np.full((N, 2), float(N)))          # Horovod: allgather(grad * size) for Sum
+    close(d_rs, np.full((N, 2), float(N)))  # Horovod: allgather(grad * size) for Sum
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -326,28 +373,31 @@ def test_reducescatter_gradient_is_horovods(mode):
     Sum (Average is not divided) and times the pre/postscale factors."""
     rows = 2 * N + 1
     counts = [rows // N + (1 if r < rows % N else 0) for r in range(N)]
-    ups = [np.random.RandomState(90 + r).randn(counts[r], 3).astype(np.float32)
-           for r in range(N)]
-    gathered_ups = np.concatenate(ups)      # every rank's upstream gradient, in rank order
+    ups = [np.random.RandomState(90 + r).randn(counts[r], 3).astype(np.float32) for r in range(N)]
+    gathered_ups = np.concatenate(ups)  # every rank's upstream gradient, in rank order
     x = tensor(R, shape=(rows, 3), seed=17)
 
     def fn(x):
         up = tf.constant(ups[R])
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(x)
-            outs = [hvd.reducescatter(x, op=hvd.Sum), hvd.reducescatter(x, op=hvd.Average),
-                    hvd.reducescatter(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0),
-                    hvd.reducescatter(x, op=hvd.Average, prescale_factor=2.0)]
+            outs = [
+                hvd.reducescatter(x, op=hvd.Sum),
+                hvd.reducescatter(x, op=hvd.Average),
+                hvd.reducescatter(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0),
+                hvd.reducescatter(x, op=hvd.Average, prescale_factor=2.0),
+            ]
             grouped_sum = hvd.grouped_reducescatter([x, 2.0 * x], op=hvd.Sum)
             grouped_avg = hvd.grouped_reducescatter([x, 2.0 * x], op=hvd.Average)
             losses = [tf.reduce_sum(o * up) for o in outs] + [
                 tf.reduce_sum(grouped_sum[0] * up) + tf.reduce_sum(grouped_sum[1] * up),
-                tf.reduce_sum(grouped_avg[0] * up) + tf.reduce_sum(grouped_avg[1] * up)]
+                tf.reduce_sum(grouped_avg[0] * up) + tf.reduce_sum(grouped_avg[1] * up),
+            ]
         return [tape.gradient(loss, x) for loss in losses]
 
     d_sum, d_avg, d_scaled, d_avg_scaled, d_grouped_sum, d_grouped_avg = run(mode, fn, x)
     close(d_sum, gathered_ups * N)
-    close(d_avg, gathered_ups)              # not divided by the set size
+    close(d_avg, gathered_ups)  # not divided by the set size
     close(d_scaled, gathered_ups * N * 1.5)
     close(d_avg_scaled, gathered_ups * 2.0)
     close(d_grouped_sum, gathered_ups * N * 3.0)
@@ -355,6 +405,7 @@ def test_reducescatter_gradient_is_horovods(mode):
 
 
 # ----------------------------------------------- process sets and graph-time basics
+
 
 @pytest.mark.parametrize("mode", MODES)
 def test_process_set_and_graph_time_basics(mode):
@@ -366,13 +417,17 @@ def test_process_set_and_graph_time_basics(mode):
             hvd.allreduce(tensor(R), process_set=PAIR)
 
     def fn():
-        return [hvd.size_op(), hvd.rank_op(), hvd.local_size_op(), hvd.local_rank_op(),
-                hvd.size_op(process_set_id=PAIR.process_set_id),
-                hvd.process_set_included_op(PAIR.process_set_id)]
+        return [
+            hvd.size_op(),
+            hvd.rank_op(),
+            hvd.local_size_op(),
+            hvd.local_rank_op(),
+            hvd.size_op(process_set_id=PAIR.process_set_id),
+            hvd.process_set_included_op(PAIR.process_set_id),
+        ]
 
     got = [int(v) for v in run(mode, fn)]
-    assert got == [N, R, hvd.local_size(), hvd.local_rank(), len(PAIR.ranks),
-                   int(R in PAIR.ranks)]
+    assert got == [N, R, hvd.local_size(), hvd.local_rank(), len(PAIR.ranks), int(R in PAIR.ranks)]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -386,7 +441,7 @@ def test_gradient_tape_over_a_process_set(mode):
 
     grad = run(mode, fn, tf.constant(float(R + 1)))
     expected = np.mean([r + 1 for r in PAIR.ranks]) if R in PAIR.ranks else R + 1
-    close(grad, np.full(3, expected))   # outside the set: the local gradient, unchanged
+    close(grad, np.full(3, expected))  # outside the set: the local gradient, unchanged
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -399,13 +454,16 @@ def test_barrier_and_join(mode):
 
 
 def test_objects():
-    assert hvd.broadcast_object({"rank": R, "payload": list(range(R))}, root_rank=N - 1) == \
-        {"rank": N - 1, "payload": list(range(N - 1))}
+    assert hvd.broadcast_object({"rank": R, "payload": list(range(R))}, root_rank=N - 1) == {
+        "rank": N - 1,
+        "payload": list(range(N - 1)),
+    }
     assert hvd.broadcast_object_fn(root_rank=0)(("x", R)) == ("x", 0)
     assert hvd.allgather_object({"r": R}) == [{"r": r} for r in range(N)]
 
 
 # ------------------------------------------------------------------ misuse
+
 
 def test_misuse_is_reported_at_call_time():
     x = tensor(R)

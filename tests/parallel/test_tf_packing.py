@@ -29,8 +29,16 @@ hvd.init()
 R, N = hvd.rank(), hvd.size()
 
 # (shape, dtype); (300, 64) float32 is above PACK_BYTES, so it travels alone.
-DENSE = [((3, 4), tf.float32), ((7,), tf.float32), ((2, 2, 3), tf.float64), ((5,), tf.float64),
-         ((300, 64), tf.float32), ((4,), tf.float16), ((6,), tf.bfloat16), ((1,), tf.float32)]
+DENSE = [
+    ((3, 4), tf.float32),
+    ((7,), tf.float32),
+    ((2, 2, 3), tf.float64),
+    ((5,), tf.float64),
+    ((300, 64), tf.float32),
+    ((4,), tf.float16),
+    ((6,), tf.bfloat16),
+    ((1,), tf.float32),
+]
 SPARSE_ROWS, SPARSE_COLS = 10, 4
 DYNAMIC = 9  # elements of the gradient whose shape the graph does not know
 
@@ -60,8 +68,10 @@ def values(rank, shape, seed):
 def rank_inputs(rank):
     """Rank ``rank``'s gradients as numpy arrays (dense, sparse values and indices, dynamic)."""
     # Rounded to their dtypes (bfloat16 keeps 8 significant bits), so the tensors hold them.
-    dense = [tf.constant(values(rank, shape, k), dtype).numpy().astype(np.float64)
-             for k, (shape, dtype) in enumerate(DENSE)]
+    dense = [
+        tf.constant(values(rank, shape, k), dtype).numpy().astype(np.float64)
+        for k, (shape, dtype) in enumerate(DENSE)
+    ]
     sparse = values(rank, (2, SPARSE_COLS), 50)
     indices = np.array([rank % SPARSE_ROWS, (rank + 3) % SPARSE_ROWS], np.int64)
     return dense, sparse, indices, values(rank, (DYNAMIC,), 60)
@@ -70,8 +80,13 @@ def rank_inputs(rank):
 def as_tensors(dense, sparse, indices, dyn):
     grads = [tf.constant(a, dtype=dtype) for a, (_, dtype) in zip(dense, DENSE, strict=True)]
     grads.insert(2, None)
-    grads.append(tf.IndexedSlices(tf.constant(sparse, tf.float32), tf.constant(indices),
-                                  dense_shape=tf.constant([SPARSE_ROWS, SPARSE_COLS], tf.int64)))
+    grads.append(
+        tf.IndexedSlices(
+            tf.constant(sparse, tf.float32),
+            tf.constant(indices),
+            dense_shape=tf.constant([SPARSE_ROWS, SPARSE_COLS], tf.int64),
+        )
+    )
     return grads, tf.constant(dyn, tf.float32)
 
 
@@ -120,8 +135,10 @@ def expected(op_is_sum):
     scale = 1.0 if op_is_sum else 1.0 / N
     dense = [sum(inputs[0][k] for inputs in ranks) * scale for k in range(len(DENSE))]
     dense.insert(2, None)
-    sparse = (np.concatenate([inputs[1] for inputs in ranks]) * scale,
-              np.concatenate([inputs[2] for inputs in ranks]))
+    sparse = (
+        np.concatenate([inputs[1] for inputs in ranks]) * scale,
+        np.concatenate([inputs[2] for inputs in ranks]),
+    )
     dyn = sum(inputs[3] for inputs in ranks) * scale
     return dense + [sparse, dyn]
 

@@ -54,29 +54,40 @@ def densify(values: np.ndarray, indices: np.ndarray) -> np.ndarray:
 
 
 def grouped(op, xs):
-    slices = [tf.IndexedSlices(tf.stack([x, x]), tf.constant([R, R + 1], tf.int64))
-              for x in xs]
+    slices = [tf.IndexedSlices(tf.stack([x, x]), tf.constant([R, R + 1], tf.int64)) for x in xs]
     out = hvd.grouped_allreduce(slices, op=op)
     return [(s.values, s.indices) for s in out]
 
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
-@pytest.mark.parametrize("dtype,op", [
-    (tf.uint8, hvd.Sum), (tf.int32, hvd.Sum), (tf.int64, hvd.Sum), (tf.float16, hvd.Sum),
-    (tf.float32, hvd.Average), (tf.float64, hvd.Average), (tf.float16, hvd.Average),
-], ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize(
+    "dtype,op",
+    [
+        (tf.uint8, hvd.Sum),
+        (tf.int32, hvd.Sum),
+        (tf.int64, hvd.Sum),
+        (tf.float16, hvd.Sum),
+        (tf.float32, hvd.Average),
+        (tf.float64, hvd.Average),
+        (tf.float16, hvd.Average),
+    ],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
 @pytest.mark.parametrize("dim", [1, 2])
 def test_grouped_allreduce_of_overlapping_indexed_slices(mode, dtype, op, dim):
     shape = (3,) * dim
     xs = [tf.constant(rows(R, k, shape, dtype)) for k in range(5)]
-    fn = (lambda *a: grouped(op, a)) if mode == "eager" else tf.function(
-        lambda *a: grouped(op, a))
+    fn = (lambda *a: grouped(op, a)) if mode == "eager" else tf.function(lambda *a: grouped(op, a))
     with tf.device("/cpu:0"):
         out = fn(*xs)
     tol = {tf.float16: 1e-2, tf.float32: 1e-5, tf.float64: 1e-12}.get(dtype, 0)
     for k, (values, indices) in enumerate(out):
         assert sorted(indices.numpy().tolist()) == sorted(
-            [r for r in range(N)] + [r + 1 for r in range(N)])
-        np.testing.assert_allclose(densify(values.numpy(), indices.numpy()),
-                                   expected_dense(k, shape, dtype, op == hvd.Average),
-                                   rtol=tol, atol=tol)
+            [r for r in range(N)] + [r + 1 for r in range(N)]
+        )
+        np.testing.assert_allclose(
+            densify(values.numpy(), indices.numpy()),
+            expected_dense(k, shape, dtype, op == hvd.Average),
+            rtol=tol,
+            atol=tol,
+        )

@@ -26,7 +26,7 @@ MPI_SIZES = (2, 3)
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
-B = 4          # rows per rank per step
+B = 4  # rows per rank per step
 STEPS = 3
 
 
@@ -40,7 +40,7 @@ def global_data(steps=STEPS, features=6, outputs=3, seed=0):
 def my_rows(a, step):
     """This rank's slice of global batch ``step``."""
     lo = step * N * B + R * B
-    return a[lo:lo + B]
+    return a[lo : lo + B]
 
 
 def local_data(a, steps=STEPS):
@@ -49,9 +49,13 @@ def local_data(a, steps=STEPS):
 
 def make_model(seed=1, features=6, outputs=3, hidden=8):
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((features,)),
-                             keras.layers.Dense(hidden, activation="tanh"),
-                             keras.layers.Dense(outputs)])
+    return keras.Sequential(
+        [
+            keras.Input((features,)),
+            keras.layers.Dense(hidden, activation="tanh"),
+            keras.layers.Dense(outputs),
+        ]
+    )
 
 
 def weights_close(a, b, tol=1e-5):
@@ -68,11 +72,16 @@ def same_on_every_rank(model):
 def reference_tape_training(x, y, optimizer, steps=STEPS, seed=1, hidden=8):
     model = make_model(seed, hidden=hidden)
     for s in range(steps):
-        xb, yb = x[s * N * B:(s + 1) * N * B], y[s * N * B:(s + 1) * N * B]
+        xb, yb = x[s * N * B : (s + 1) * N * B], y[s * N * B : (s + 1) * N * B]
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(model(xb) - yb))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                      model.trainable_variables, strict=True))
+        optimizer.apply_gradients(
+            zip(
+                tape.gradient(loss, model.trainable_variables),
+                model.trainable_variables,
+                strict=True,
+            )
+        )
     return model
 
 
@@ -155,7 +164,7 @@ def test_tape_groups_of_variables_and_sum():
     tape = hvd.DistributedGradientTape(tape, groups=[[first.kernel, second.kernel]], op=hvd.Sum)
     grads = tape.gradient(loss, model.trainable_variables)
     with tf.GradientTape() as ref_tape:
-        ref_loss = tf.reduce_mean(tf.square(model(x[:N * B]) - y[:N * B]))
+        ref_loss = tf.reduce_mean(tf.square(model(x[: N * B]) - y[: N * B]))
     ref = ref_tape.gradient(ref_loss, model.trainable_variables)
     for g, r in zip(grads, ref, strict=True):  # Sum of per-rank means = N * global mean
         np.testing.assert_allclose(g.numpy(), N * r.numpy(), rtol=1e-5, atol=1e-6)
@@ -192,7 +201,7 @@ def test_partial_tape_keeps_local_layer_gradients():
     dist = hvd.PartialDistributedGradientTape(tape, local_layers=local)
     grads = dist.gradient(loss, model.trainable_variables)
     with tf.GradientTape() as ref_tape:
-        ref_loss = tf.reduce_mean(tf.square(model(x[:N * B]) - y[:N * B]))
+        ref_loss = tf.reduce_mean(tf.square(model(x[: N * B]) - y[: N * B]))
     ref = ref_tape.gradient(ref_loss, model.trainable_variables)
     for var, g, lg, r in zip(model.trainable_variables, grads, local_grads, ref, strict=True):
         if any(var is w for w in local.trainable_weights):
@@ -209,7 +218,7 @@ def test_sync_batch_normalization_uses_global_statistics():
     keras.utils.set_random_seed(3)
     plain = keras.layers.BatchNormalization(momentum=0.5)
     plain.build((None, 5))
-    mine = tf.constant(x[R * B:(R + 1) * B])
+    mine = tf.constant(x[R * B : (R + 1) * B])
     with tf.GradientTape() as tape:
         out = sync(mine, training=True)
         loss = tf.reduce_sum(out * tf.range(5, dtype=tf.float32))
@@ -218,31 +227,56 @@ def test_sync_batch_normalization_uses_global_statistics():
         ref_out = plain(tf.constant(x), training=True)
         ref_loss = tf.reduce_sum(ref_out * tf.range(5, dtype=tf.float32)) / N
     ref_grads = tape.gradient(ref_loss, plain.trainable_variables)
-    np.testing.assert_allclose(out.numpy(), ref_out.numpy()[R * B:(R + 1) * B], rtol=1e-4,
-                               atol=1e-4)
+    np.testing.assert_allclose(
+        out.numpy(), ref_out.numpy()[R * B : (R + 1) * B], rtol=1e-4, atol=1e-4
+    )
     np.testing.assert_allclose(sync.moving_mean.numpy(), plain.moving_mean.numpy(), rtol=1e-5)
-    np.testing.assert_allclose(sync.moving_variance.numpy(), plain.moving_variance.numpy(),
-                               rtol=1e-4)
+    np.testing.assert_allclose(
+        sync.moving_variance.numpy(), plain.moving_variance.numpy(), rtol=1e-4
+    )
     for g, r in zip(grads, ref_grads, strict=True):
         np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=1e-4)
 
 
 # ------------------------------------------------------------------ model.fit
 
-def fit_pair(dist_kwargs=None, epochs=2, callbacks=(), ref_callbacks=(), lr=0.05, seed=8,
-             opt_cls=keras.optimizers.SGD, opt_kwargs=None):
+
+def fit_pair(
+    dist_kwargs=None,
+    epochs=2,
+    callbacks=(),
+    ref_callbacks=(),
+    lr=0.05,
+    seed=8,
+    opt_cls=keras.optimizers.SGD,
+    opt_kwargs=None,
+):
     """(distributed model, its history, reference model, its history)."""
     x, y = global_data(seed=seed)
     opt_kwargs = opt_kwargs if opt_kwargs is not None else {"momentum": 0.9}
     model = make_model()
     opt = hk.DistributedOptimizer(opt_cls(lr, **opt_kwargs), **(dist_kwargs or {}))
     model.compile(optimizer=opt, loss="mse")
-    hist = model.fit(local_data(x), local_data(y), batch_size=B, epochs=epochs, shuffle=False,
-                     verbose=0, callbacks=[hk.callbacks.MetricAverageCallback(), *callbacks])
+    hist = model.fit(
+        local_data(x),
+        local_data(y),
+        batch_size=B,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[hk.callbacks.MetricAverageCallback(), *callbacks],
+    )
     ref = make_model()
     ref.compile(optimizer=opt_cls(lr, **opt_kwargs), loss="mse")
-    ref_hist = ref.fit(x, y, batch_size=N * B, epochs=epochs, shuffle=False, verbose=0,
-                       callbacks=list(ref_callbacks))
+    ref_hist = ref.fit(
+        x,
+        y,
+        batch_size=N * B,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=list(ref_callbacks),
+    )
     return model, hist, ref, ref_hist
 
 
@@ -265,8 +299,12 @@ def test_fit_with_adam_groups_steps_per_execution_and_run_eagerly():
         else:
             opt = hk.DistributedOptimizer(keras.optimizers.Adam(0.01), groups=3)
         # graph: two train steps per tf.function call (a tf.while_loop); eager: no graph
-        model.compile(optimizer=opt, loss="mse", run_eagerly=run_eagerly,
-                      steps_per_execution=1 if run_eagerly else 2)
+        model.compile(
+            optimizer=opt,
+            loss="mse",
+            run_eagerly=run_eagerly,
+            steps_per_execution=1 if run_eagerly else 2,
+        )
         model.fit(local_data(x), local_data(y), batch_size=B, epochs=1, shuffle=False, verbose=0)
         ref = make_model()
         ref.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
@@ -279,17 +317,19 @@ def test_fit_backward_passes_per_step(average):
     steps = 4
     x, y = global_data(steps=steps, seed=10)
     model = make_model()
-    opt = hk.DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=2,
-                                  average_aggregated_gradients=average)
+    opt = hk.DistributedOptimizer(
+        keras.optimizers.SGD(0.05), backward_passes_per_step=2, average_aggregated_gradients=average
+    )
     model.compile(optimizer=opt, loss="mse")
-    model.fit(local_data(x, steps), local_data(y, steps), batch_size=B, epochs=1,
-              shuffle=False, verbose=0)
+    model.fit(
+        local_data(x, steps), local_data(y, steps), batch_size=B, epochs=1, shuffle=False, verbose=0
+    )
     assert int(model.optimizer.iterations.numpy()) == steps
     ref = make_model()
     ref_opt = keras.optimizers.SGD(0.05)
     pending = None
     for s in range(steps):
-        xb, yb = x[s * N * B:(s + 1) * N * B], y[s * N * B:(s + 1) * N * B]
+        xb, yb = x[s * N * B : (s + 1) * N * B], y[s * N * B : (s + 1) * N * B]
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(ref(xb) - yb))
         grads = tape.gradient(loss, ref.trainable_variables)
@@ -312,8 +352,13 @@ def test_custom_loop_with_distributed_optimizer(mode):
     def step(xb, yb):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(model(xb) - yb))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                model.trainable_variables, strict=True))
+        opt.apply_gradients(
+            zip(
+                tape.gradient(loss, model.trainable_variables),
+                model.trainable_variables,
+                strict=True,
+            )
+        )
 
     step = tf.function(step) if mode == "graph" else step
     for s in range(STEPS):
@@ -323,23 +368,33 @@ def test_custom_loop_with_distributed_optimizer(mode):
 
 # ------------------------------------------------------------------ callbacks
 
+
 def test_broadcast_callback_makes_ranks_start_equal():
     x, y = global_data(seed=12)
-    model = make_model(seed=100 + R)          # every rank starts from different weights
-    model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
-                  loss="mse")
-    model.fit(local_data(x), local_data(y), batch_size=B, epochs=1, shuffle=False, verbose=0,
-              callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    model = make_model(seed=100 + R)  # every rank starts from different weights
+    model.compile(
+        optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse"
+    )
+    model.fit(
+        local_data(x),
+        local_data(y),
+        batch_size=B,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(0)],
+    )
     same_on_every_rank(model)
-    ref = make_model(seed=100)                # rank 0's initial weights
+    ref = make_model(seed=100)  # rank 0's initial weights
     ref.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
     ref.fit(x, y, batch_size=N * B, epochs=1, shuffle=False, verbose=0)
     weights_close(model, ref)
 
 
 def test_learning_rate_schedule_and_warmup_callbacks():
-    schedule = hk.callbacks.LearningRateScheduleCallback(initial_lr=0.08, multiplier=0.5,
-                                                         start_epoch=1)
+    schedule = hk.callbacks.LearningRateScheduleCallback(
+        initial_lr=0.08, multiplier=0.5, start_epoch=1
+    )
     model, hist, ref, _ = fit_pair(epochs=3, callbacks=[schedule], lr=0.08)
     np.testing.assert_allclose(hist.history["lr"], [0.08, 0.04, 0.02], rtol=1e-6)
 
@@ -356,9 +411,15 @@ def test_best_model_checkpoint_written_by_rank_zero_only(tmp_path):
     model = make_model()
     model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
     checkpoint = hk.callbacks.BestModelCheckpoint(monitor="val_loss", filepath=path)
-    model.fit(local_data(x), local_data(y), batch_size=B, epochs=2, verbose=0,
-              validation_data=(x[:8], y[:8]),
-              callbacks=[hk.callbacks.MetricAverageCallback(), checkpoint])
+    model.fit(
+        local_data(x),
+        local_data(y),
+        batch_size=B,
+        epochs=2,
+        verbose=0,
+        validation_data=(x[:8], y[:8]),
+        callbacks=[hk.callbacks.MetricAverageCallback(), checkpoint],
+    )
     assert os.path.exists(path) == (R == 0)
     assert checkpoint.best is not None
     assert hvd.allgather_object(float(checkpoint.best)) == [float(checkpoint.best)] * N
@@ -374,7 +435,7 @@ def test_load_model_wraps_the_saved_optimizer(tmp_path):
     model.save(path)
     loaded = hk.load_model(path)
     assert isinstance(loaded.optimizer, keras.optimizers.SGD)
-    assert hasattr(loaded.optimizer, "_hvd")          # distributed, state kept
+    assert hasattr(loaded.optimizer, "_hvd")  # distributed, state kept
     assert int(loaded.optimizer.iterations.numpy()) == STEPS
     loaded.fit(local_data(x), local_data(y), batch_size=B, epochs=1, shuffle=False, verbose=0)
     ref.fit(x, y, batch_size=N * B, epochs=1, shuffle=False, verbose=0)
@@ -383,25 +444,30 @@ def test_load_model_wraps_the_saved_optimizer(tmp_path):
 
 # ------------------------------------------------------------------ misuse and values
 
+
 def test_keras_value_collectives():
     np.testing.assert_allclose(hk.allreduce(np.float32(R), op=hk.Sum).numpy(), N * (N - 1) / 2)
     np.testing.assert_array_equal(hk.allgather(np.array([R])).numpy(), np.arange(N))
     np.testing.assert_array_equal(hk.broadcast(np.array([R, R]), N - 1).numpy(), [N - 1] * 2)
-    assert hk.reducescatter(np.ones((N, 2), np.float32), op=hk.Sum).numpy().tolist() == \
-        [[float(N), float(N)]]
+    assert hk.reducescatter(np.ones((N, 2), np.float32), op=hk.Sum).numpy().tolist() == [
+        [float(N), float(N)]
+    ]
 
 
 def test_keras_value_collectives_take_uint16():
     mine = np.array([R, 2 * R], np.uint16)
-    outs = [hk.allreduce(mine, op=hk.Sum), hk.allreduce(mine, op=hk.Max),
-            hk.allgather(mine), hk.broadcast(mine, N - 1),
-            hk.reducescatter(np.tile(mine, (N, 1)), op=hk.Sum)]
+    outs = [
+        hk.allreduce(mine, op=hk.Sum),
+        hk.allreduce(mine, op=hk.Max),
+        hk.allgather(mine),
+        hk.broadcast(mine, N - 1),
+        hk.reducescatter(np.tile(mine, (N, 1)), op=hk.Sum),
+    ]
     assert all(o.dtype == tf.uint16 for o in outs)
     total = N * (N - 1) // 2
     np.testing.assert_array_equal(outs[0].numpy(), [total, 2 * total])
     np.testing.assert_array_equal(outs[1].numpy(), [N - 1, 2 * (N - 1)])
-    np.testing.assert_array_equal(outs[2].numpy(), np.stack([[r, 2 * r] for r in range(N)])
-                                  .ravel())
+    np.testing.assert_array_equal(outs[2].numpy(), np.stack([[r, 2 * r] for r in range(N)]).ravel())
     np.testing.assert_array_equal(outs[3].numpy(), [N - 1, 2 * (N - 1)])
     np.testing.assert_array_equal(outs[4].numpy(), [[total, 2 * total]])
 

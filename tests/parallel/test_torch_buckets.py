@@ -19,19 +19,25 @@ SPARSE = 2  # engine submissions of one sparse allreduce (values and indices gat
 
 def model_with_embedding():
     torch.manual_seed(3)
-    return nn.ModuleDict({
-        "emb": nn.Embedding(20, 6, sparse=True),
-        "body": nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
-                              nn.Linear(32, 4)),
-        "unused": nn.Linear(4, 4),  # never in the graph: its gradient stays None
-    })
+    return nn.ModuleDict(
+        {
+            "emb": nn.Embedding(20, 6, sparse=True),
+            "body": nn.Sequential(
+                nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)
+            ),
+            "unused": nn.Linear(4, 4),  # never in the graph: its gradient stays None
+        }
+    )
 
 
 def run(steps=3, **kw):
     """Train on this rank's rows; return the weights and the engine submissions per step."""
     model = model_with_embedding()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                   named_parameters=model.named_parameters(), **kw)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(),
+        **kw,
+    )
     submissions = []
     real_submit = hvdlite.collectives._submit
 
@@ -83,16 +89,20 @@ def test_first_bucket_is_small_only_where_hooks_start_reductions(overlap):
     """Buckets for overlap keep the last layers' gradients apart (a small first
     bucket starts early); where the hooks only count, every gradient up to the
     cap goes in one bucket: one collective per step, the same weights."""
+
     def train(**kw):
         torch.manual_seed(5)
         model = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 8), nn.Linear(8, 8))
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                       named_parameters=model.named_parameters(), **kw)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            named_parameters=model.named_parameters(),
+            **kw,
+        )
         keys = list(opt._reduction.keys)
         for step in range(2):
             x = torch.randn(N, 512, generator=torch.Generator().manual_seed(step))
             opt.zero_grad()
-            model(x[R:R + 1]).square().sum().backward()
+            model(x[R : R + 1]).square().sum().backward()
             opt.step()
         return [p.detach().clone() for p in model.parameters()], keys
 
@@ -116,8 +126,7 @@ def test_bad_bucket_cap_is_a_clear_error():
     model = nn.Linear(2, 2)
     for bad in (-1, float("nan"), "25", True):
         with pytest.raises(ValueError, match="bucket_cap_mb must be a finite number"):
-            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                     bucket_cap_mb=bad)
+            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), bucket_cap_mb=bad)
 
 
 def restart():
@@ -159,10 +168,15 @@ def test_a_dense_bucket_travels_as_one_flat_array():
     assert sorted(arrays) == [1, 1, 1]
 
 
-@pytest.mark.parametrize("kw", [dict(compression=hvd.Compression.bf16),
-                                dict(gradient_predivide_factor=2.0),
-                                dict(op=hvd.Sum),
-                                dict(backward_passes_per_step=2)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(compression=hvd.Compression.bf16),
+        dict(gradient_predivide_factor=2.0),
+        dict(op=hvd.Sum),
+        dict(backward_passes_per_step=2),
+    ],
+)
 def test_flat_buckets_give_the_results_of_one_allreduce_per_gradient(kw):
     per_tensor, _ = run(bucket_cap_mb=0, **kw)
     bucketed, _ = run(**kw)
@@ -173,6 +187,7 @@ def test_flat_buckets_give_the_results_of_one_allreduce_per_gradient(kw):
 def trained(model, opt, backward, steps=2):
     """Train *steps* steps (``backward(generator)`` computes this rank's
     gradients); the weights, and the arrays of each engine submission."""
+
     def run_steps():
         for step in range(steps):
             opt.zero_grad()
@@ -197,8 +212,11 @@ def test_a_bucket_of_mixed_dtypes_goes_grouped_with_the_same_results():
     def train(**kw):
         torch.manual_seed(5)
         model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3).double())
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                       named_parameters=model.named_parameters(), **kw)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            named_parameters=model.named_parameters(),
+            **kw,
+        )
 
         def step(g):
             x = torch.randn(4, 6, generator=g)
@@ -216,9 +234,11 @@ def test_a_dense_bucket_packs_into_the_same_buffer_every_step():
     def train(**kw):
         torch.manual_seed(6)
         model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
-                                                       momentum=0.9),
-                                       named_parameters=model.named_parameters(), **kw)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+            named_parameters=model.named_parameters(),
+            **kw,
+        )
         buffers = []
         real_submit = hvdlite.collectives._submit
 
@@ -256,9 +276,12 @@ def test_a_large_gradient_of_a_bucket_is_reduced_where_it_is(compression):
     def train(**kw):
         torch.manual_seed(7)
         model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 600))
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                       named_parameters=model.named_parameters(),
-                                       compression=compression, **kw)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            named_parameters=model.named_parameters(),
+            compression=compression,
+            **kw,
+        )
 
         def step(g):
             model(torch.randn(4, 8, generator=g)).pow(2).sum().backward()

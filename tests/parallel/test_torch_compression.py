@@ -35,8 +35,12 @@ def powersgd():
 
 
 def wrapped(model, compression, **kw):
-    return hvd.DistributedOptimizer(sgd(model.parameters()), compression=compression,
-                                    named_parameters=model.named_parameters(), **kw)
+    return hvd.DistributedOptimizer(
+        sgd(model.parameters()),
+        compression=compression,
+        named_parameters=model.named_parameters(),
+        **kw,
+    )
 
 
 def train(model, opt, steps, first=0, ranks=N):
@@ -61,9 +65,12 @@ def reference_reduce(comps, grads_by_rank):
         grads = [g[j][1] for g in grads_by_rank]
         if isinstance(comps[0], TopKCompressor):
             picks = [c.select(name, g) for c, g in zip(comps, grads)]
-            dense = TopKCompressor.scatter(torch.cat([v for v, _ in picks]),
-                                           torch.cat([i for _, i in picks]), n,
-                                           torch.empty(grad.numel()))
+            dense = TopKCompressor.scatter(
+                torch.cat([v for v, _ in picks]),
+                torch.cat([i for _, i in picks]),
+                n,
+                torch.empty(grad.numel()),
+            )
         elif warm_up or comps[0].matrix_shape(grad.shape) is None:
             dense = sum(grads) / n
         else:
@@ -147,9 +154,11 @@ def test_state_dict_round_trip_continues_identically(make_compression):
         assert torch.equal(residual, residuals[name])
 
 
-@pytest.mark.parametrize("make_compression", [
-    lambda: hvd.Compression.topk(0.3), lambda: hvd.Compression.powersgd(rank=1, start_step=0)],
-    ids=["topk", "powersgd"])
+@pytest.mark.parametrize(
+    "make_compression",
+    [lambda: hvd.Compression.topk(0.3), lambda: hvd.Compression.powersgd(rank=1, start_step=0)],
+    ids=["topk", "powersgd"],
+)
 def test_op_sum_is_size_times_the_average(make_compression):
     model = make_model()
     opt = wrapped(model, make_compression(), op=hvd.Sum)
@@ -172,9 +181,12 @@ def test_op_sum_is_size_times_the_average(make_compression):
 def test_bytes_sent_last_step():
     # 5->8->3: weights 8x5 and 3x8, biases 8 and 3: 75 float32 values
     sizes = {}
-    for label, compression in [("none", hvd.Compression.none), ("fp16", hvd.Compression.fp16),
-                               ("topk", hvd.Compression.topk(0.1)),
-                               ("powersgd", hvd.Compression.powersgd(rank=1, start_step=0))]:
+    for label, compression in [
+        ("none", hvd.Compression.none),
+        ("fp16", hvd.Compression.fp16),
+        ("topk", hvd.Compression.topk(0.1)),
+        ("powersgd", hvd.Compression.powersgd(rank=1, start_step=0)),
+    ]:
         model = make_model()
         opt = wrapped(model, compression)
         train(model, opt, 1)
@@ -190,10 +202,12 @@ def test_bytes_sent_last_step():
 def test_unused_parameter_and_accumulation():
     torch.manual_seed(1)
     model = nn.ModuleDict({"a": nn.Linear(3, 2), "b": nn.Linear(3, 2)})
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters(),
-                                   compression=hvd.Compression.topk(1.0),
-                                   backward_passes_per_step=2)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+        compression=hvd.Compression.topk(1.0),
+        backward_passes_per_step=2,
+    )
     x = torch.ones(2, 3)
     for _ in range(2):
         loss = model["a"](x).sum() + (model["b"](x).sum() if R == 0 else 0)
@@ -261,8 +275,9 @@ def test_adasum_delta_scheme_matches_formula():
                 F.mse_loss(c(mine(x, r)), mine(y, r)).backward()
                 o.step()
             for i, s in enumerate(start):
-                deltas = [(list(c.parameters())[i].detach() - s).double().reshape(-1)
-                          for c in copies]
+                deltas = [
+                    (list(c.parameters())[i].detach() - s).double().reshape(-1) for c in copies
+                ]
                 new = s + adasum_tree(deltas).float().reshape(s.shape)
                 for c in copies:
                     list(c.parameters())[i].data.copy_(new)
@@ -271,8 +286,10 @@ def test_adasum_delta_scheme_matches_formula():
     hvd.barrier()
 
 
-@pytest.mark.skipif(N & (N - 1) == 0, reason="the refusal only happens at non-power-of-two "
-                                             "sizes; the formula test covers 2 ranks")
+@pytest.mark.skipif(
+    N & (N - 1) == 0,
+    reason="the refusal only happens at non-power-of-two sizes; the formula test covers 2 ranks",
+)
 def test_adasum_refuses_non_power_of_two():
     with pytest.raises(ValueError, match=r"power-of-two.*has 3.*op=Average"):
         wrapped(make_model(), hvd.Compression.none, op=hvd.Adasum)

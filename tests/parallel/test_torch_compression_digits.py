@@ -26,13 +26,25 @@ def load_example():
     return module
 
 
-@pytest.mark.parametrize("args", [
-    ["--compression", "fp16", "--epochs", "8"],
-    ["--compression", "topk", "--topk-ratio", "0.01", "--epochs", "15"],
-    ["--compression", "powersgd", "--powersgd-rank", "4", "--powersgd-start-step", "20",
-     "--epochs", "8"],
-    ["--op", "adasum", "--epochs", "8"],
-], ids=["fp16", "topk-1pct", "powersgd-rank4", "adasum"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--compression", "fp16", "--epochs", "8"],
+        ["--compression", "topk", "--topk-ratio", "0.01", "--epochs", "15"],
+        [
+            "--compression",
+            "powersgd",
+            "--powersgd-rank",
+            "4",
+            "--powersgd-start-step",
+            "20",
+            "--epochs",
+            "8",
+        ],
+        ["--op", "adasum", "--epochs", "8"],
+    ],
+    ids=["fp16", "topk-1pct", "powersgd-rank4", "adasum"],
+)
 def test_digits_accuracy(args):
     accuracy = load_example().main(args + ["--checkpoint", ""])
     assert accuracy >= 0.93

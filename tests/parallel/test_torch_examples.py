@@ -37,8 +37,22 @@ def test_torch_digits_reaches_95_percent(tmp_path_factory):
 
 def test_torch_synthetic_benchmark_runs(capsys):
     load("torch_synthetic_benchmark").main(
-        ["--batch-size", "4", "--image-size", "16", "--width", "8", "--num-warmup-batches", "1",
-         "--num-batches-per-iter", "1", "--num-iters", "2", "--fp16-allreduce"])
+        [
+            "--batch-size",
+            "4",
+            "--image-size",
+            "16",
+            "--width",
+            "8",
+            "--num-warmup-batches",
+            "1",
+            "--num-batches-per-iter",
+            "1",
+            "--num-iters",
+            "2",
+            "--fp16-allreduce",
+        ]
+    )
     out = capsys.readouterr().out
     if hvd.rank() == 0:
         assert "total img/sec on 2 rank(s)" in out

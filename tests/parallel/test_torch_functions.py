@@ -36,9 +36,11 @@ def test_broadcast_parameters(form):
     model[1].running_mean.add_(R)  # buffers too, with state_dict
     expected = model_on(ROOT)
     expected[1].running_mean.add_(ROOT)
-    params = {"state_dict": lambda m: m.state_dict(),
-              "named_parameters": lambda m: m.named_parameters(),
-              "parameters": lambda m: list(m.parameters())}[form](model)
+    params = {
+        "state_dict": lambda m: m.state_dict(),
+        "named_parameters": lambda m: m.named_parameters(),
+        "parameters": lambda m: list(m.parameters()),
+    }[form](model)
     hvd.broadcast_parameters(params, root_rank=ROOT)
     for (name, p), q in zip(model.named_parameters(), expected.parameters(), strict=True):
         assert torch.equal(p, q), name
@@ -63,11 +65,12 @@ def test_broadcast_parameters_odd_tensors():
 
 def trained_optimizer(kind, rank, steps):
     model = model_on(rank)
-    opt = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1 * (rank + 1), momentum=0.9),
-           "adam": lambda p: torch.optim.Adam(p, lr=0.01 * (rank + 1)),
-           "lbfgs": lambda p: torch.optim.LBFGS(p, lr=0.5 * (rank + 1), history_size=3),
-           "rprop": lambda p: torch.optim.Rprop(p, lr=0.01 * (rank + 1))}[kind](
-        model.parameters())
+    opt = {
+        "sgd": lambda p: torch.optim.SGD(p, lr=0.1 * (rank + 1), momentum=0.9),
+        "adam": lambda p: torch.optim.Adam(p, lr=0.01 * (rank + 1)),
+        "lbfgs": lambda p: torch.optim.LBFGS(p, lr=0.5 * (rank + 1), history_size=3),
+        "rprop": lambda p: torch.optim.Rprop(p, lr=0.01 * (rank + 1)),
+    }[kind](model.parameters())
     g = torch.Generator().manual_seed(rank)
     for _ in range(steps):
         x = torch.randn(8, 4, generator=g)
@@ -132,8 +135,9 @@ def test_broadcast_optimizer_state_on_empty_state_leaves_zero_grads():
     frozen.bias.requires_grad_(False)
     params = list(model.parameters())
     opt = torch.optim.Adam([{"params": params}, {"params": frozen.parameters()}], lr=0.01)
-    named = list(model.named_parameters()) + [(f"frozen.{n}", p)
-                                              for n, p in frozen.named_parameters()]
+    named = list(model.named_parameters()) + [
+        (f"frozen.{n}", p) for n, p in frozen.named_parameters()
+    ]
     dist = hvd.DistributedOptimizer(opt, named_parameters=named)
     hvd.broadcast_optimizer_state(dist, root_rank=ROOT)
     for p in params:
@@ -172,8 +176,9 @@ def bn_pair(num_features, dims, affine=True, momentum=0.1, track=True):
     bn_cls = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d}[dims]
     torch.manual_seed(0)
     ref = bn_cls(num_features, affine=affine, momentum=momentum, track_running_stats=track)
-    sync = hvd.SyncBatchNorm(num_features, affine=affine, momentum=momentum,
-                             track_running_stats=track)
+    sync = hvd.SyncBatchNorm(
+        num_features, affine=affine, momentum=momentum, track_running_stats=track
+    )
     if affine:
         with torch.no_grad():
             ref.weight.uniform_(0.5, 1.5)
@@ -196,8 +201,10 @@ def test_sync_batch_norm_equals_batch_norm_on_concatenated_batch(dims, affine, m
     ref, sync = bn_pair(c, dims, affine, momentum)
     for step in range(2):
         parts = [rows_of(r, dims, c, step) for r in range(N)]
-        upstream = [torch.randn(p.shape, generator=torch.Generator().manual_seed(50 + r))
-                    for r, p in enumerate(parts)]
+        upstream = [
+            torch.randn(p.shape, generator=torch.Generator().manual_seed(50 + r))
+            for r, p in enumerate(parts)
+        ]
         full = torch.cat(parts).requires_grad_()
         out_full = ref(full)
         (out_full * torch.cat(upstream)).sum().backward()
@@ -205,13 +212,15 @@ def test_sync_batch_norm_equals_batch_norm_on_concatenated_batch(dims, affine, m
         y = sync(x)
         (y * upstream[R]).sum().backward()
         start = sum(p.shape[0] for p in parts[:R])
-        torch.testing.assert_close(y, out_full[start:start + x.shape[0]], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(x.grad, full.grad[start:start + x.shape[0]],
-                                   rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(y, out_full[start : start + x.shape[0]], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            x.grad, full.grad[start : start + x.shape[0]], rtol=1e-4, atol=1e-5
+        )
         if affine:  # local parameter gradients sum to the full-batch ones
             for p, q in ((sync.weight, ref.weight), (sync.bias, ref.bias)):
-                torch.testing.assert_close(hvd.allreduce(p.grad, op=hvd.Sum), q.grad,
-                                           rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(
+                    hvd.allreduce(p.grad, op=hvd.Sum), q.grad, rtol=1e-4, atol=1e-4
+                )
                 p.grad = None
                 q.grad = None
         torch.testing.assert_close(sync.running_mean, ref.running_mean, rtol=1e-5, atol=1e-5)
@@ -229,15 +238,17 @@ def test_sync_batch_norm_forward_matches():
     parts = [rows_of(r, 4, 4, 3) for r in range(N)]
     expected = ref(torch.cat(parts))
     start = sum(p.shape[0] for p in parts[:R])
-    torch.testing.assert_close(sync(parts[R]), expected[start:start + parts[R].shape[0]],
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        sync(parts[R]), expected[start : start + parts[R].shape[0]], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_sync_batch_norm_in_a_model_with_distributed_optimizer():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), hvd.SyncBatchNorm(4), nn.Linear(4, 1))
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     x = torch.randn(R + 2, 3, generator=torch.Generator().manual_seed(R))
     opt.zero_grad()
     F.mse_loss(model(x), torch.zeros(R + 2, 1)).backward()

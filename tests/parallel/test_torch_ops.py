@@ -62,8 +62,9 @@ def test_allreduce_average_and_scales(dtype):
     close(scaled, (mean * N * 1.5).to(dtype), dtype)
 
 
-@pytest.mark.parametrize("op,fn", [("Min", torch.amin), ("Max", torch.amax),
-                                   ("Product", torch.prod)])
+@pytest.mark.parametrize(
+    "op,fn", [("Min", torch.amin), ("Max", torch.amax), ("Product", torch.prod)]
+)
 def test_allreduce_min_max_product(op, fn):
     out = hvd.allreduce(data(R, seed=2), op=getattr(hvd, op))
     close(out, fn(torch.stack(everyone(seed=2)), 0), torch.float32)
@@ -123,11 +124,17 @@ def test_allreduce_compression(compression):
 
 
 def test_grouped_allreduce_spellings():
-    mine = [data(R, shape=(5,), seed=8), data(R, shape=(2, 3), dtype=torch.float64, seed=9),
-            data(R, shape=(4,), dtype=torch.bfloat16, seed=10)]
-    expected = [torch.stack([t.double() for t in everyone(shape=m.shape, dtype=m.dtype,
-                                                           seed=s)]).sum(0).to(m.dtype)
-                for m, s in zip(mine, (8, 9, 10), strict=True)]
+    mine = [
+        data(R, shape=(5,), seed=8),
+        data(R, shape=(2, 3), dtype=torch.float64, seed=9),
+        data(R, shape=(4,), dtype=torch.bfloat16, seed=10),
+    ]
+    expected = [
+        torch.stack([t.double() for t in everyone(shape=m.shape, dtype=m.dtype, seed=s)])
+        .sum(0)
+        .to(m.dtype)
+        for m, s in zip(mine, (8, 9, 10), strict=True)
+    ]
     for out, exp in zip(hvd.grouped_allreduce(mine, op=hvd.Sum), expected, strict=True):
         close(out, exp, exp.dtype)
     outs = hvd.synchronize(hvd.grouped_allreduce_async(mine, op=hvd.Sum))
@@ -150,16 +157,22 @@ def test_grouped_allreduce_in_place_of_plain_tensors():
     reduced through a detached view."""
     dtypes = [torch.float32, torch.int64, torch.float64, torch.int32]
     shapes = [(2, 3), (4,), (1,), (2, 2)]
-    mine = [data(R, shape=s, dtype=d, seed=30 + i)
-            for i, (s, d) in enumerate(zip(shapes, dtypes, strict=True))]
+    mine = [
+        data(R, shape=s, dtype=d, seed=30 + i)
+        for i, (s, d) in enumerate(zip(shapes, dtypes, strict=True))
+    ]
     copies = [m.clone() for m in mine]
     copies[0].requires_grad_()
-    returned = hvd.synchronize(hvd.grouped_allreduce_async_(
-        copies, op=hvd.Sum, name="grp.plain", prescale_factor=2.0, postscale_factor=0.5))
+    returned = hvd.synchronize(
+        hvd.grouped_allreduce_async_(
+            copies, op=hvd.Sum, name="grp.plain", prescale_factor=2.0, postscale_factor=0.5
+        )
+    )
     assert len(returned) == len(copies) and all(a is b for a, b in zip(returned, copies))
     for i, (out, d) in enumerate(zip(copies, dtypes, strict=True)):
-        exp = torch.stack([t.double() for t in everyone(shape=shapes[i], dtype=d,
-                                                         seed=30 + i)]).sum(0)
+        exp = torch.stack(
+            [t.double() for t in everyone(shape=shapes[i], dtype=d, seed=30 + i)]
+        ).sum(0)
         close(out.detach(), exp.to(d), d)
     averaged = [m.clone() for m in mine[:1]] + [torch.full((3,), float(R), dtype=torch.float64)]
     hvd.grouped_allreduce_(averaged, name="grp.plain.avg")
@@ -193,8 +206,9 @@ def test_allreduce_is_differentiable():
 # ------------------------------------------------------------------ allgather
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64,
-                                   torch.uint8, torch.bool])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.bool]
+)
 def test_allgather_uneven_first_dims(dtype):
     mine = data(R, shape=(R + 1, 3), dtype=dtype, seed=15)
     out = hvd.allgather(mine)
@@ -221,7 +235,7 @@ def test_allgather_is_differentiable():
     # Horovod's convention: the averaged output gradient, this rank's rows.
     mean_w = torch.stack([data(r, shape=gathered.shape, seed=18) for r in range(N)]).mean(0)
     start = sum(r + 1 for r in range(R))
-    close(x.grad, mean_w[start:start + R + 1], torch.float32)
+    close(x.grad, mean_w[start : start + R + 1], torch.float32)
     a = data(R, shape=(2,), seed=19).requires_grad_()
     b = data(R, shape=(R + 1, 2), seed=20).requires_grad_()
     ga, gb = hvd.grouped_allgather([a, b])
@@ -252,8 +266,9 @@ def test_broadcast_every_root(dtype):
 def test_broadcast_is_differentiable():
     x = data(R, seed=22).requires_grad_()
     (hvd.broadcast(x, 1) * (R + 1)).sum().backward()
-    expected = torch.full_like(x, sum(r + 1 for r in range(N)) / N) if R == 1 else \
-        torch.zeros_like(x)
+    expected = (
+        torch.full_like(x, sum(r + 1 for r in range(N)) / N) if R == 1 else torch.zeros_like(x)
+    )
     close(x.grad, expected, torch.float32)
 
 
@@ -263,9 +278,11 @@ def test_broadcast_is_differentiable():
 def test_alltoall_equal_and_split():
     mine = torch.arange(N * 2, dtype=torch.float32).view(N * 2, 1) + 100 * R
     out = hvd.alltoall(mine)
-    expected = torch.cat([torch.arange(2 * R, 2 * R + 2, dtype=torch.float32) + 100 * r
-                          for r in range(N)]).view(-1, 1)
+    expected = torch.cat(
+        [torch.arange(2 * R, 2 * R + 2, dtype=torch.float32) + 100 * r for r in range(N)]
+    ).view(-1, 1)
     assert torch.equal(out, expected)
+
     # rank r sends (r + j + 1) rows to rank j
     def splits(r):
         return [r + j + 1 for j in range(N)]
@@ -277,7 +294,7 @@ def test_alltoall_equal_and_split():
     expected_parts = []
     for r in range(N):
         offset = sum(splits(r)[:R])
-        expected_parts.append(rows(r)[offset:offset + splits(r)[R]])
+        expected_parts.append(rows(r)[offset : offset + splits(r)[R]])
     assert torch.equal(out, torch.cat(expected_parts))
     assert received.dtype == torch.int32 and received.tolist() == [r + R + 1 for r in range(N)]
     out, received = hvd.synchronize(hvd.alltoall_async(rows(R), torch.tensor(splits(R))))
@@ -287,8 +304,12 @@ def test_alltoall_equal_and_split():
 def test_alltoall_refuses_splits_that_are_not_integers():
     # Horovod refuses a float splits tensor whatever it holds (torch.empty: anything);
     # rounding it would send rows where the caller never meant to.
-    for splits in (torch.ones(N, dtype=torch.float32), torch.ones(N, dtype=torch.bool),
-                   [1.0] * N, np.ones(N)):
+    for splits in (
+        torch.ones(N, dtype=torch.float32),
+        torch.ones(N, dtype=torch.bool),
+        [1.0] * N,
+        np.ones(N),
+    ):
         with pytest.raises(ValueError, match="splits must hold integers"):
             hvd.alltoall(torch.ones(N), splits)
     out, received = hvd.alltoall(torch.ones(N), np.ones(N, dtype=np.int64))
@@ -299,19 +320,21 @@ def test_alltoall_is_differentiable():
     x = data(R, shape=(N, 2), seed=24).requires_grad_()
     out = hvd.alltoall(x)
     (out * (R + 1)).sum().backward()
-    close(x.grad, torch.arange(1, N + 1, dtype=torch.float32).view(N, 1).expand(N, 2),
-          torch.float32)
+    close(
+        x.grad, torch.arange(1, N + 1, dtype=torch.float32).view(N, 1).expand(N, 2), torch.float32
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reducescatter_uneven(dtype):
     rows = 2 * N + 1
     mine = data(R, shape=(rows, 3), dtype=dtype, seed=25)
-    total = torch.stack([t.double() for t in everyone(shape=(rows, 3), dtype=dtype,
-                                                       seed=25)]).sum(0)
+    total = torch.stack([t.double() for t in everyone(shape=(rows, 3), dtype=dtype, seed=25)]).sum(
+        0
+    )
     sizes = [rows // N + (1 if r < rows % N else 0) for r in range(N)]
     start = sum(sizes[:R])
-    shard = total[start:start + sizes[R]]
+    shard = total[start : start + sizes[R]]
     close(hvd.reducescatter(mine, op=hvd.Sum), shard.to(dtype), dtype)
     close(hvd.reducescatter(mine), (shard / N).to(dtype), dtype)
     close(hvd.synchronize(hvd.reducescatter_async(mine, op=hvd.Sum)), shard.to(dtype), dtype)
@@ -416,14 +439,14 @@ def test_mismatched_shapes_fail_on_every_rank():
     assert hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [N, N]
 
 
-
 def test_uint16_in_every_collective():
     # Horovod's dtypes include uint16; torch has it since 2.3 (few ops, enough here).
     mine = torch.full((N, 2), R + 1, dtype=torch.int32).to(torch.uint16)
     total = sum(r + 1 for r in range(N))
     out = hvd.allreduce(mine, op=hvd.Sum, name="u16.ar")
-    assert out.dtype == torch.uint16 and torch.equal(out.to(torch.int32),
-                                                     torch.full((N, 2), total, dtype=torch.int32))
+    assert out.dtype == torch.uint16 and torch.equal(
+        out.to(torch.int32), torch.full((N, 2), total, dtype=torch.int32)
+    )
     gathered = hvd.allgather(mine[:1], name="u16.ag")
     assert gathered.dtype == torch.uint16
     assert gathered.to(torch.int32)[:, 0].tolist() == [r + 1 for r in range(N)]

@@ -52,7 +52,8 @@ def adam(params):
 
 def dist(**kw):
     return lambda opt, model: hvd.DistributedOptimizer(
-        opt, named_parameters=model.named_parameters(), **kw)
+        opt, named_parameters=model.named_parameters(), **kw
+    )
 
 
 @pytest.mark.parametrize("make_opt", [sgd, adam])
@@ -77,9 +78,13 @@ def test_parity_without_names_and_with_predivide():
 def test_parity_with_groups(groups):
     ref, _ = train(sgd, 2)
     if groups == "lists":
+
         def wrap(opt, model):
-            return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                            groups=[[model[0].weight, model[2].bias]])
+            return hvd.DistributedOptimizer(
+                opt,
+                named_parameters=model.named_parameters(),
+                groups=[[model[0].weight, model[2].bias]],
+            )
     else:
         wrap = dist(groups=groups)
     got, _ = train(sgd, 2, wrap)
@@ -116,8 +121,9 @@ def test_backward_passes_per_step_equals_accumulating_by_hand(overlap):
 
 def test_op_sum_and_synchronize_then_clip():
     model = make_model()
-    opt = hvd.DistributedOptimizer(sgd(model.parameters()), op=hvd.Sum,
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        sgd(model.parameters()), op=hvd.Sum, named_parameters=model.named_parameters()
+    )
     x, y = batch(0)
     F.mse_loss(model(mine(x)), mine(y)).backward()
     opt.synchronize()
@@ -140,8 +146,9 @@ def test_op_sum_and_synchronize_then_clip():
 def test_parameter_unused_on_some_ranks(overlap):
     torch.manual_seed(1)
     model = nn.ModuleDict({"a": nn.Linear(3, 1), "b": nn.Linear(3, 1)})
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     x = torch.ones(2, 3)
     loss = model["a"](x).sum() + (model["b"](x).sum() if R == 0 else 0)
     loss.backward()
@@ -159,8 +166,9 @@ def test_sparse_embedding_gradients(sparse_as_dense):
         emb = nn.Embedding(10, 3, sparse=True)
         opt = torch.optim.SGD(emb.parameters(), lr=0.5)
         if distributed:
-            opt = hvd.DistributedOptimizer(opt, named_parameters=emb.named_parameters(),
-                                           sparse_as_dense=sparse_as_dense)
+            opt = hvd.DistributedOptimizer(
+                opt, named_parameters=emb.named_parameters(), sparse_as_dense=sparse_as_dense
+            )
         for step in range(2):
             ids = torch.arange(N * 2).view(N, 2) * (step + 1) % 10
             opt.zero_grad()
@@ -207,8 +215,9 @@ def test_state_dict_round_trip_and_scheduler():
 
 def test_top_level_dispatch():
     model = make_model()
-    opt = hvdlite.DistributedOptimizer(sgd(model.parameters()),
-                                       named_parameters=model.named_parameters())
+    opt = hvdlite.DistributedOptimizer(
+        sgd(model.parameters()), named_parameters=model.named_parameters()
+    )
     assert isinstance(opt, torch.optim.SGD) and hasattr(opt, "synchronize")
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
         hvdlite.DistributedOptimizer(object())
@@ -221,8 +230,9 @@ def test_named_parameters_errors():
     model = make_model()
     named = list(model.named_parameters())
     with pytest.raises(ValueError, match="unique"):
-        hvd.DistributedOptimizer(sgd(model.parameters()),
-                                 named_parameters=[("w", p) for _, p in named])
+        hvd.DistributedOptimizer(
+            sgd(model.parameters()), named_parameters=[("w", p) for _, p in named]
+        )
     with pytest.raises(ValueError, match="not named"):
         hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=named[:2])
     with pytest.raises(ValueError, match="tuples"):
@@ -230,11 +240,9 @@ def test_named_parameters_errors():
     with pytest.raises(ValueError):
         hvd.DistributedOptimizer(sgd(model.parameters()), backward_passes_per_step=0)
     with pytest.raises(ValueError, match="op != Average"):
-        hvd.DistributedOptimizer(sgd(model.parameters()), op=hvd.Sum,
-                                 gradient_predivide_factor=2.0)
+        hvd.DistributedOptimizer(sgd(model.parameters()), op=hvd.Sum, gradient_predivide_factor=2.0)
     with pytest.raises(ValueError, match="once"):
-        hvd.DistributedOptimizer(sgd(model.parameters()),
-                                 groups=[[named[0][1]], [named[0][1]]])
+        hvd.DistributedOptimizer(sgd(model.parameters()), groups=[[named[0][1]], [named[0][1]]])
     with pytest.raises(ValueError, match="torch.Tensor"):
         hvd.DistributedOptimizer(sgd(model.parameters()), groups=[["w"]])
     with pytest.raises(TypeError):
@@ -246,8 +254,9 @@ def test_named_parameters_errors():
 
 def test_zero_grad_between_backward_and_step_raises(overlap):
     model = make_model()
-    opt = hvd.DistributedOptimizer(sgd(model.parameters()),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        sgd(model.parameters()), named_parameters=model.named_parameters()
+    )
     x, y = batch(0)
     F.mse_loss(model(mine(x)), mine(y)).backward()
     with pytest.raises(AssertionError, match="zero_grad"):
@@ -258,8 +267,9 @@ def test_zero_grad_between_backward_and_step_raises(overlap):
 
 def test_too_many_backward_passes_raises(overlap):
     model = make_model()
-    opt = hvd.DistributedOptimizer(sgd(model.parameters()),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        sgd(model.parameters()), named_parameters=model.named_parameters()
+    )
     x, y = batch(0)
     F.mse_loss(model(mine(x)), mine(y)).backward()
     with pytest.raises(AssertionError, match="backward_passes_per_step"):
@@ -271,8 +281,9 @@ def test_too_many_backward_passes_raises(overlap):
 
 def test_gradients_that_require_grad_are_refused(overlap):
     model = make_model()
-    opt = hvd.DistributedOptimizer(sgd(model.parameters()),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        sgd(model.parameters()), named_parameters=model.named_parameters()
+    )
     x, y = batch(0)
     with pytest.raises(AssertionError, match="create_graph"):
         F.mse_loss(model(mine(x)), mine(y)).backward(create_graph=True)
@@ -294,8 +305,9 @@ def test_hooks_start_reductions_in_backward_only_where_a_rank_overlaps(overlap, 
         assert _hooks_start_work(AllreduceReducer(), meta)
         return
     model = make_model()
-    opt = hvd.DistributedOptimizer(sgd(model.parameters()),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        sgd(model.parameters()), named_parameters=model.named_parameters()
+    )
     x, y = batch(0)
     F.mse_loss(model(mine(x)), mine(y)).backward()
     started = len(opt._reducer._in_flight)
@@ -307,8 +319,9 @@ def test_hooks_start_reductions_in_backward_only_where_a_rank_overlaps(overlap, 
 
 def test_step_hooks_run_once_and_see_averaged_gradients():
     model = make_model()
-    opt = hvd.DistributedOptimizer(sgd(model.parameters()),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        sgd(model.parameters()), named_parameters=model.named_parameters()
+    )
     seen = []
     opt.register_step_pre_hook(lambda o, args, kw: seen.append(model[2].bias.grad.clone()))
     opt.register_step_post_hook(lambda o, args, kw: seen.append("post"))

@@ -29,8 +29,12 @@ class SumThenDivide(hvd.GradientReducer):
     def synchronize(self, ctx):
         named = ctx.named_gradients()
         grads = [grad for _, grad in named]
-        hvd.grouped_allreduce_(grads, name=f"test.sum_then_divide.{named[0][0]}", op=hvd.Sum,
-                               process_set=ctx.process_set)
+        hvd.grouped_allreduce_(
+            grads,
+            name=f"test.sum_then_divide.{named[0][0]}",
+            op=hvd.Sum,
+            process_set=ctx.process_set,
+        )
         for grad in grads:
             grad.div_(ctx.process_set.size())
         self.bytes_sent_last_step = sum(grad.nbytes for grad in grads)
@@ -67,8 +71,9 @@ def sgd(params):
 
 
 def wrap(model, **kw):
-    return hvd.DistributedOptimizer(sgd(model.parameters()),
-                                    named_parameters=model.named_parameters(), **kw)
+    return hvd.DistributedOptimizer(
+        sgd(model.parameters()), named_parameters=model.named_parameters(), **kw
+    )
 
 
 def train(model, opt, steps, micro=1, ranks=N):
@@ -118,8 +123,9 @@ def test_custom_reducer_matches_plain_allreduce_and_default(overlap):
     names = {p: n for n, p in model.named_parameters()}
     calls = 3 if CALLED else 0
     assert (reducer.synchronized, reducer.steps) == (calls, calls)
-    assert Counter(names[p] for p in reducer.ready) == \
-        Counter({n: calls for n in names.values()} if CALLED else {})
+    assert Counter(names[p] for p in reducer.ready) == Counter(
+        {n: calls for n in names.values()} if CALLED else {}
+    )
     assert opt.bytes_sent_last_step == (75 * 4 if CALLED else 0)  # 75 float32 values
 
 
@@ -130,8 +136,12 @@ def test_minimal_reducer_with_groups_accumulation_and_closure():
     opt = wrap(model, reducer=reducer, groups=groups, backward_passes_per_step=2)
     train(model, opt, 2, micro=2)
     default = make_model()
-    train(default, wrap(default, groups=[[default[0].weight, default[2].bias]],
-                        backward_passes_per_step=2), 2, micro=2)
+    train(
+        default,
+        wrap(default, groups=[[default[0].weight, default[2].bias]], backward_passes_per_step=2),
+        2,
+        micro=2,
+    )
     torch.testing.assert_close(flat(model), flat(default), rtol=1e-6, atol=1e-6)
 
     recording = Recording()
@@ -172,8 +182,12 @@ def test_builtin_reducers_are_picked_from_horovods_arguments():
     plain = wrap(model)._reducer
     assert type(plain) is hvd.AllreduceReducer and plain.op == hvd.Average
     cast = wrap(model, op=hvd.Sum, compression=hvd.Compression.fp16, sparse_as_dense=True)._reducer
-    assert (type(cast), cast.op, cast.compression, cast.sparse_as_dense) == \
-        (hvd.AllreduceReducer, hvd.Sum, hvd.Compression.fp16, True)
+    assert (type(cast), cast.op, cast.compression, cast.sparse_as_dense) == (
+        hvd.AllreduceReducer,
+        hvd.Sum,
+        hvd.Compression.fp16,
+        True,
+    )
     assert wrap(model, gradient_predivide_factor=2.0)._reducer.gradient_predivide_factor == 2.0
     topk = hvd.Compression.topk(0.2)
     stateful = wrap(model, compression=topk)._reducer
@@ -182,16 +196,27 @@ def test_builtin_reducers_are_picked_from_horovods_arguments():
     assert type(adasum) is hvd.AdasumReducer
 
 
-@pytest.mark.parametrize("arguments,make_reducer", [
-    (lambda: {"op": hvd.Sum}, lambda: hvd.AllreduceReducer(op=hvd.Sum)),
-    (lambda: {"compression": hvd.Compression.fp16, "gradient_predivide_factor": 2.0},
-     lambda: hvd.AllreduceReducer(compression=hvd.Compression.fp16,
-                                  gradient_predivide_factor=2.0)),
-    (lambda: {"compression": hvd.Compression.topk(0.3)},
-     lambda: hvd.CompressorReducer(hvd.Compression.topk(0.3))),
-    (lambda: {"compression": hvd.Compression.powersgd(rank=1, start_step=1)},
-     lambda: hvd.CompressorReducer(hvd.Compression.powersgd(rank=1, start_step=1))),
-], ids=["sum", "fp16-predivide", "topk", "powersgd"])
+@pytest.mark.parametrize(
+    "arguments,make_reducer",
+    [
+        (lambda: {"op": hvd.Sum}, lambda: hvd.AllreduceReducer(op=hvd.Sum)),
+        (
+            lambda: {"compression": hvd.Compression.fp16, "gradient_predivide_factor": 2.0},
+            lambda: hvd.AllreduceReducer(
+                compression=hvd.Compression.fp16, gradient_predivide_factor=2.0
+            ),
+        ),
+        (
+            lambda: {"compression": hvd.Compression.topk(0.3)},
+            lambda: hvd.CompressorReducer(hvd.Compression.topk(0.3)),
+        ),
+        (
+            lambda: {"compression": hvd.Compression.powersgd(rank=1, start_step=1)},
+            lambda: hvd.CompressorReducer(hvd.Compression.powersgd(rank=1, start_step=1)),
+        ),
+    ],
+    ids=["sum", "fp16-predivide", "topk", "powersgd"],
+)
 def test_builtin_reducer_passed_explicitly_equals_the_arguments(arguments, make_reducer):
     by_arguments = make_model()
     opt = wrap(by_arguments, **arguments())
@@ -232,9 +257,19 @@ def test_conflicting_arguments_are_refused():
     with pytest.raises(TypeError, match="GradientReducer"):
         wrap(model, reducer=object())
     with pytest.raises(TypeError, match="positional"):  # reducer is keyword-only
-        hvd.DistributedOptimizer(sgd(model.parameters()), None, hvd.Compression.none, 1,
-                                 hvd.Average, 1.0, 0, None, False, hvd.global_process_set,
-                                 SumThenDivide())
+        hvd.DistributedOptimizer(
+            sgd(model.parameters()),
+            None,
+            hvd.Compression.none,
+            1,
+            hvd.Average,
+            1.0,
+            0,
+            None,
+            False,
+            hvd.global_process_set,
+            SumThenDivide(),
+        )
 
 
 @pytest.mark.skipif(N & (N - 1) == 0, reason="only non-power-of-two sizes are refused")

@@ -12,8 +12,7 @@ def single_threaded_tensorflow(stall_shutdown_seconds: int | None = None):
     hvdlite initializes."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if stall_shutdown_seconds is not None:
-        os.environ.setdefault("HVDLITE_STALL_SHUTDOWN_TIME_SECONDS",
-                              str(stall_shutdown_seconds))
+        os.environ.setdefault("HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", str(stall_shutdown_seconds))
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)

@@ -36,4 +36,4 @@ def batch(step, ranks=N):
 
 def mine(t, rank=R):
     """*rank*'s rows of a global batch."""
-    return t[rank * B:(rank + 1) * B]
+    return t[rank * B : (rank + 1) * B]

@@ -19,11 +19,39 @@ from .. import reductions as _reductions
 from .. import mpi_ops as _ops
 from ..compression import Compression
 from ..mpi_ops import (  # noqa: F401  (re-exported basics)
-    Adasum, Average, HorovodInternalError, Max, Min, Product, ProcessSet, Sum,
-    add_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-    global_process_set, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
-    local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-    remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline,
+    Adasum,
+    Average,
+    HorovodInternalError,
+    Max,
+    Min,
+    Product,
+    ProcessSet,
+    Sum,
+    add_process_set,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    global_process_set,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    remove_process_set,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
 )
 from ..functions import allgather_object, broadcast_object, broadcast_object_fn  # noqa: F401
 from ..sync_batch_norm import SyncBatchNormalization  # noqa: F401
@@ -35,10 +63,22 @@ from ...basics import COMMON_NAMES
 
 __all__ = [
     *COMMON_NAMES,
-    "HorovodInternalError", "Compression", "DistributedOptimizer",
-    "PartialDistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather",
-    "broadcast", "reducescatter", "load_model", "callbacks", "SyncBatchNormalization",
-    "broadcast_object", "broadcast_object_fn", "allgather_object", "elastic",
+    "HorovodInternalError",
+    "Compression",
+    "DistributedOptimizer",
+    "PartialDistributedOptimizer",
+    "broadcast_global_variables",
+    "allreduce",
+    "allgather",
+    "broadcast",
+    "reducescatter",
+    "load_model",
+    "callbacks",
+    "SyncBatchNormalization",
+    "broadcast_object",
+    "broadcast_object_fn",
+    "allgather_object",
+    "elastic",
 ]
 
 
@@ -49,16 +89,29 @@ def broadcast_global_variables(root_rank):
     raise RuntimeError(
         "hvd.broadcast_global_variables() does not support eager execution. Please use "
         "`hvd.broadcast_variables(<model/optimizer variables>)` or "
-        "`hvd.callbacks.BroadcastGlobalVariablesCallback(0)` instead.")
+        "`hvd.callbacks.BroadcastGlobalVariablesCallback(0)` instead."
+    )
 
 
-def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
-              op=None, compression=Compression.none):
+def allreduce(
+    value,
+    name=None,
+    average=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    op=None,
+    compression=Compression.none,
+):
     """Reduce a tensor-compatible value across all ranks (default op Average)."""
-    return _reductions.allreduce(tf.convert_to_tensor(value), average=average,
-                                 compression=compression, op=op,
-                                 prescale_factor=prescale_factor,
-                                 postscale_factor=postscale_factor, name=name)
+    return _reductions.allreduce(
+        tf.convert_to_tensor(value),
+        average=average,
+        compression=compression,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        name=name,
+    )
 
 
 def allgather(value, name=None):
@@ -76,8 +129,13 @@ def reducescatter(value, name=None, op=Average):
     return _reductions.reducescatter(tf.convert_to_tensor(value), name=name, op=op)
 
 
-def load_model(filepath, custom_optimizers=None, custom_objects=None,
-               compression=Compression.none, legacy_opts=False):
+def load_model(
+    filepath,
+    custom_optimizers=None,
+    custom_objects=None,
+    compression=Compression.none,
+    legacy_opts=False,
+):
     """Load a saved Keras model and make its optimizer a DistributedOptimizer.
 
     The optimizer keeps its loaded state (it is converted in place).

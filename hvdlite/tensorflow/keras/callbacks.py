@@ -16,8 +16,13 @@ from hvdlite import ops as _ops
 from ..functions import broadcast_variables
 from ..mpi_ops import global_process_set, rank, size
 
-__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint"]
+__all__ = [
+    "BroadcastGlobalVariablesCallback",
+    "MetricAverageCallback",
+    "LearningRateScheduleCallback",
+    "LearningRateWarmupCallback",
+    "BestModelCheckpoint",
+]
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -31,8 +36,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     ``device`` is accepted for Horovod compatibility and ignored.
     """
 
-    def __init__(self, root_rank, device="", local_variables=None,
-                 process_set=global_process_set):
+    def __init__(self, root_rank, device="", local_variables=None, process_set=global_process_set):
         super().__init__()
         self.root_rank = root_rank
         self.device = device
@@ -51,14 +55,19 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def _broadcast_what_exists(self):
         model = self.model
         if not self._model_done and model.built and model.variables:
-            broadcast_variables(self._shared(model.variables), self.root_rank,
-                                process_set=self.process_set)
+            broadcast_variables(
+                self._shared(model.variables), self.root_rank, process_set=self.process_set
+            )
             self._model_done = True
         optimizer = getattr(model, "optimizer", None)
-        if (not self._optimizer_done and optimizer is not None
-                and getattr(optimizer, "built", False)):
-            broadcast_variables(self._shared(optimizer.variables), self.root_rank,
-                                process_set=self.process_set)
+        if (
+            not self._optimizer_done
+            and optimizer is not None
+            and getattr(optimizer, "built", False)
+        ):
+            broadcast_variables(
+                self._shared(optimizer.variables), self.root_rank, process_set=self.process_set
+            )
             self._optimizer_done = True
 
     def on_train_begin(self, logs=None):
@@ -87,14 +96,17 @@ class MetricAverageCallback(keras.callbacks.Callback):
     def _average_metrics_in_place(self, logs):
         if not logs:
             return
-        keys = sorted(k for k, v in logs.items()
-                      if np.asarray(v).dtype.kind in "biuf" and np.asarray(v).size == 1)
+        keys = sorted(
+            k
+            for k, v in logs.items()
+            if np.asarray(v).dtype.kind in "biuf" and np.asarray(v).size == 1
+        )
         if not keys or self.process_set.size() == 1:
             return
         values = [np.asarray(logs[k], dtype=np.float64).reshape(()) for k in keys]
         averaged = _collectives.grouped_allreduce(
-            [np.ascontiguousarray(v) for v in values], op=_ops.Average,
-            process_set=self.process_set)
+            [np.ascontiguousarray(v) for v in values], op=_ops.Average, process_set=self.process_set
+        )
         for k, v in zip(keys, averaged, strict=True):
             logs[k] = float(np.asarray(v).reshape(()))
 
@@ -120,8 +132,17 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     of the compiled train step.  The rate is logged as ``lr`` at epoch end.
     """
 
-    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
-                 momentum_correction=True, steps_per_epoch=None, *args):
+    def __init__(
+        self,
+        initial_lr,
+        multiplier,
+        start_epoch=0,
+        end_epoch=None,
+        staircase=True,
+        momentum_correction=True,
+        steps_per_epoch=None,
+        *args,
+    ):
         super().__init__()
         if initial_lr is None:
             raise ValueError("Parameter `initial_lr` is required")
@@ -132,7 +153,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.momentum_correction = momentum_correction
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = None
-        self.multiplier = multiplier if callable(multiplier) else (lambda e: multiplier ** e)
+        self.multiplier = multiplier if callable(multiplier) else (lambda e: multiplier**e)
 
     def _autodetect_steps_per_epoch(self):
         steps = (self.params or {}).get("steps")
@@ -140,7 +161,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             return steps
         raise ValueError(
             "Could not autodetect the number of steps per epoch. Please specify the "
-            f"steps_per_epoch parameter to the {type(self).__name__}().")
+            f"steps_per_epoch parameter to the {type(self).__name__}()."
+        )
 
     def _adjust_learning_rate(self, epoch):
         optimizer = self.model.optimizer
@@ -149,8 +171,10 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         try:
             optimizer.learning_rate = new_lr
         except TypeError as e:
-            raise ValueError(f"{type(self).__name__} needs an optimizer with a float "
-                             "learning rate, not a LearningRateSchedule.") from e
+            raise ValueError(
+                f"{type(self).__name__} needs an optimizer with a float "
+                "learning rate, not a LearningRateSchedule."
+            ) from e
         if self.momentum_correction and old_lr > 0 and new_lr != old_lr:
             self._correct_momentum(optimizer, new_lr / old_lr)
 
@@ -172,8 +196,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.current_epoch = epoch
 
     def on_batch_begin(self, batch, logs=None):
-        if (self.current_epoch < self.start_epoch
-                or (self.end_epoch is not None and self.current_epoch >= self.end_epoch)):
+        if self.current_epoch < self.start_epoch or (
+            self.end_epoch is not None and self.current_epoch >= self.end_epoch
+        ):
             return
         if self.staircase and batch == 0:
             self._adjust_learning_rate(self.current_epoch)
@@ -189,24 +214,39 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """Ramp the learning rate from ``initial_lr / size`` to ``initial_lr`` over
     ``warmup_epochs`` (Goyal et al., 2017), updating it every batch."""
 
-    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
-                 steps_per_epoch=None, verbose=0, *args):
+    def __init__(
+        self,
+        initial_lr,
+        warmup_epochs=5,
+        momentum_correction=True,
+        steps_per_epoch=None,
+        verbose=0,
+        *args,
+    ):
         def multiplier(epoch):
             # Shift by one batch so the rate reaches round values at epoch ends.
             epoch += 1.0 / self.steps_per_epoch
             return 1.0 / size() * (epoch * (size() - 1) / warmup_epochs + 1)
 
-        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
-                         staircase=False, momentum_correction=momentum_correction,
-                         steps_per_epoch=steps_per_epoch)
+        super().__init__(
+            initial_lr,
+            multiplier,
+            start_epoch=0,
+            end_epoch=warmup_epochs,
+            staircase=False,
+            momentum_correction=momentum_correction,
+            steps_per_epoch=steps_per_epoch,
+        )
         self.warmup_epochs = warmup_epochs
         self.verbose = verbose
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0 and rank() == 0:
-            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
-                  f"{_get_lr(self.model.optimizer):g}.")
+            print(
+                f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                f"{_get_lr(self.model.optimizer):g}."
+            )
 
 
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
@@ -219,19 +259,34 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
     ``MetricAverageCallback``); only rank 0 writes.
     """
 
-    def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto",
-                 save_freq="epoch", filepath=None):
+    def __init__(
+        self,
+        monitor="val_loss",
+        verbose=0,
+        save_weights_only=False,
+        mode="auto",
+        save_freq="epoch",
+        filepath=None,
+    ):
         placeholder = "unset.weights.h5" if save_weights_only else "unset.keras"
-        super().__init__(filepath=filepath or placeholder, monitor=monitor,
-                         verbose=verbose if rank() == 0 else 0, save_best_only=True,
-                         save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
+        super().__init__(
+            filepath=filepath or placeholder,
+            monitor=monitor,
+            verbose=verbose if rank() == 0 else 0,
+            save_best_only=True,
+            save_weights_only=save_weights_only,
+            mode=mode,
+            save_freq=save_freq,
+        )
         self.filepath = filepath
 
     def on_train_begin(self, logs=None):
         if not self.filepath:
             ending = ".weights.h5" if self.save_weights_only else ".keras"
-            raise ValueError(f"BestModelCheckpoint needs a filepath (ending in {ending}): "
-                             "pass filepath=... or set callback.filepath before fit().")
+            raise ValueError(
+                f"BestModelCheckpoint needs a filepath (ending in {ending}): "
+                "pass filepath=... or set callback.filepath before fit()."
+            )
         super().on_train_begin(logs)
 
     def _save_model(self, epoch, batch, logs):

@@ -19,8 +19,16 @@ import keras
 from hvdlite.elastic import ObjectState, State, run, run_fn
 from hvdlite.tensorflow.elastic import TensorFlowKerasState
 
-__all__ = ["run", "run_fn", "State", "ObjectState", "KerasState", "CommitStateCallback",
-           "UpdateBatchStateCallback", "UpdateEpochStateCallback"]
+__all__ = [
+    "run",
+    "run_fn",
+    "State",
+    "ObjectState",
+    "KerasState",
+    "CommitStateCallback",
+    "UpdateBatchStateCallback",
+    "UpdateEpochStateCallback",
+]
 
 
 class KerasState(TensorFlowKerasState):
@@ -33,8 +41,10 @@ class CommitStateCallback(keras.callbacks.Callback):
     def __init__(self, state: State, batches_per_commit: int = 1) -> None:
         super().__init__()
         if int(batches_per_commit) < 1:
-            raise ValueError(f"CommitStateCallback: batches_per_commit must be at least 1, "
-                             f"not {batches_per_commit!r}")
+            raise ValueError(
+                f"CommitStateCallback: batches_per_commit must be at least 1, "
+                f"not {batches_per_commit!r}"
+            )
         self.state = state
         self.batches_per_commit = int(batches_per_commit)
         self.batches_remaining = self.batches_per_commit

@@ -27,7 +27,11 @@ import tensorflow as tf
 from ..._subclass import with_mixin
 from ..compression import Compression
 from ..gradient_reduction import (
-    GradientReducer, LocalSources, local_layer_list, normalize_groups, reduce_with_local,
+    GradientReducer,
+    LocalSources,
+    local_layer_list,
+    normalize_groups,
+    reduce_with_local,
 )
 from ..mpi_ops import Average, Sum, global_process_set
 
@@ -67,10 +71,12 @@ class _DistributedMixin:
         super().build(variables)
         st = self._hvd
         if st.bpps > 1 and st.accumulators is None:
-            st.accumulators = [self.add_variable_from_reference(v, name="hvd_aggregated_grad")
-                               for v in variables]
-            st.counter = self.add_variable(shape=(), dtype="int32", initializer="zeros",
-                                           name="hvd_aggregation_counter")
+            st.accumulators = [
+                self.add_variable_from_reference(v, name="hvd_aggregated_grad") for v in variables
+            ]
+            st.counter = self.add_variable(
+                shape=(), dtype="int32", initializer="zeros", name="hvd_aggregation_counter"
+            )
 
     def _hvd_reduce(self, grads, variables):
         st = self._hvd
@@ -84,8 +90,11 @@ class _DistributedMixin:
         if trainable_variables is not None:
             trainable_variables = list(trainable_variables)
         if self._hvd.bpps == 1:
-            variables = (trainable_variables if trainable_variables is not None
-                         else list(self._trainable_variables))
+            variables = (
+                trainable_variables
+                if trainable_variables is not None
+                else list(self._trainable_variables)
+            )
             return super().apply(self._hvd_reduce(grads, variables), trainable_variables)
         return self._hvd_apply_aggregated(grads, trainable_variables)
 
@@ -93,13 +102,17 @@ class _DistributedMixin:
         st = self._hvd
         if not self.built:
             if trainable_variables is None:
-                raise ValueError("Pass the variables with the first gradients so the "
-                                 "optimizer can build.")
+                raise ValueError(
+                    "Pass the variables with the first gradients so the optimizer can build."
+                )
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
             self.built = True
-        variables = (trainable_variables if trainable_variables is not None
-                     else list(self._trainable_variables))
+        variables = (
+            trainable_variables
+            if trainable_variables is not None
+            else list(self._trainable_variables)
+        )
         accs = [st.accumulators[self._get_variable_index(v)] for v in variables]
         present = [g is not None for g in grads]
         for g, acc in zip(grads, accs, strict=True):
@@ -109,8 +122,10 @@ class _DistributedMixin:
         base = super()
 
         def boundary():
-            agg = [tf.convert_to_tensor(acc.value) if p else None
-                   for acc, p in zip(accs, present, strict=True)]
+            agg = [
+                tf.convert_to_tensor(acc.value) if p else None
+                for acc, p in zip(accs, present, strict=True)
+            ]
             if st.average_aggregated:
                 agg = [None if a is None else a / tf.cast(st.bpps, a.dtype) for a in agg]
             base.apply(self._hvd_reduce(agg, variables), variables)
@@ -130,46 +145,79 @@ def _distributed_class(opt_cls: type) -> type:
     return with_mixin(_DistributedMixin, opt_cls)
 
 
-def make_distributed(optimizer, *, name=None, compression=Compression.none,
-                     sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average,
-                     backward_passes_per_step=1, average_aggregated_gradients=False,
-                     groups=None, process_set=global_process_set,
-                     scale_local_gradients=True, in_place=False):
+def make_distributed(
+    optimizer,
+    *,
+    name=None,
+    compression=Compression.none,
+    sparse_as_dense=False,
+    gradient_predivide_factor=1.0,
+    op=Average,
+    backward_passes_per_step=1,
+    average_aggregated_gradients=False,
+    groups=None,
+    process_set=global_process_set,
+    scale_local_gradients=True,
+    in_place=False,
+):
     """Build the distributed optimizer (a fresh copy, or ``optimizer`` re-classed in place)."""
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(
             f"hvdlite.tensorflow.keras.DistributedOptimizer wraps a Keras 3 optimizer "
             f"(keras.optimizers.*), got {type(optimizer).__module__}."
-            f"{type(optimizer).__name__}.")
+            f"{type(optimizer).__name__}."
+        )
     if isinstance(optimizer, _DistributedMixin):
-        raise ValueError("This optimizer is already a DistributedOptimizer; wrap the "
-                         "original optimizer once.")
+        raise ValueError(
+            "This optimizer is already a DistributedOptimizer; wrap the original optimizer once."
+        )
     if op not in (Average, Sum):
         raise ValueError("op currently only supports Average and Sum")
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
-    reducer = GradientReducer(name or f"Distributed{type(optimizer).__name__}", compression,
-                              sparse_as_dense, op, gradient_predivide_factor, groups,
-                              process_set)
+    reducer = GradientReducer(
+        name or f"Distributed{type(optimizer).__name__}",
+        compression,
+        sparse_as_dense,
+        op,
+        gradient_predivide_factor,
+        groups,
+        process_set,
+    )
     cls = _distributed_class(type(optimizer))
     if in_place:
         opt = optimizer
         opt.__class__ = cls
     else:
         opt = cls.from_config(optimizer.get_config())
-    opt._hvd = _HvdState(reducer, backward_passes_per_step, average_aggregated_gradients,
-                         process_set, scale_local_gradients)
+    opt._hvd = _HvdState(
+        reducer,
+        backward_passes_per_step,
+        average_aggregated_gradients,
+        process_set,
+        scale_local_gradients,
+    )
     if backward_passes_per_step > 1 and opt.built:
         raise ValueError("backward_passes_per_step > 1 needs an optimizer that is not built yet.")
     return opt
 
 
-def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
-                         compression=Compression.none, sparse_as_dense=False,
-                         gradient_predivide_factor=1.0, op=Average,
-                         backward_passes_per_step=1, average_aggregated_gradients=False,
-                         num_groups=0, groups=None, process_set=global_process_set,
-                         scale_local_gradients=True):
+def DistributedOptimizer(
+    optimizer,
+    name=None,
+    device_dense="",
+    device_sparse="",
+    compression=Compression.none,
+    sparse_as_dense=False,
+    gradient_predivide_factor=1.0,
+    op=Average,
+    backward_passes_per_step=1,
+    average_aggregated_gradients=False,
+    num_groups=0,
+    groups=None,
+    process_set=global_process_set,
+    scale_local_gradients=True,
+):
     """An optimizer like ``optimizer`` (same class, same config) that reduces
     gradients across ranks before applying them.
 
@@ -183,27 +231,51 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     """
     groups = normalize_groups(num_groups, groups)
     return make_distributed(
-        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
-        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        optimizer,
+        name=name,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        op=op,
         backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
-        process_set=process_set, scale_local_gradients=scale_local_gradients)
+        average_aggregated_gradients=average_aggregated_gradients,
+        groups=groups,
+        process_set=process_set,
+        scale_local_gradients=scale_local_gradients,
+    )
 
 
-def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
-                                compression=Compression.none, sparse_as_dense=False,
-                                gradient_predivide_factor=1.0, op=Average,
-                                backward_passes_per_step=1, average_aggregated_gradients=False,
-                                groups=None, process_set=global_process_set, local_layers=None,
-                                scale_local_gradients=True):
+def PartialDistributedOptimizer(
+    optimizer,
+    name=None,
+    device_dense="",
+    device_sparse="",
+    compression=Compression.none,
+    sparse_as_dense=False,
+    gradient_predivide_factor=1.0,
+    op=Average,
+    backward_passes_per_step=1,
+    average_aggregated_gradients=False,
+    groups=None,
+    process_set=global_process_set,
+    local_layers=None,
+    scale_local_gradients=True,
+):
     """:func:`DistributedOptimizer` whose ``local_layers`` keep rank-local gradients."""
     local_layers = local_layer_list(local_layers)
     opt = DistributedOptimizer(
-        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
-        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        optimizer,
+        name=name,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        op=op,
         backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
-        process_set=process_set, scale_local_gradients=scale_local_gradients)
+        average_aggregated_gradients=average_aggregated_gradients,
+        groups=groups,
+        process_set=process_set,
+        scale_local_gradients=scale_local_gradients,
+    )
     for layer in local_layers:
         for var in layer.trainable_weights:
             opt.register_local_var(var)

@@ -82,14 +82,14 @@ class ElasticSampler(torch.utils.data.Sampler):
     def reset(self) -> None:
         """Share out what is left of the epoch among the ranks there are now."""
         self.num_replicas, self.rank = size(), rank()
-        self.remaining_indices = self._order()[self.processed_num:]
+        self.remaining_indices = self._order()[self.processed_num :]
         self.num_samples = math.ceil(len(self.remaining_indices) / self.num_replicas)
         self.total_size = self.num_samples * self.num_replicas
 
     def __iter__(self):
         indices = list(self.remaining_indices)
-        indices += indices[:self.total_size - len(indices)]  # equal shares (see module doc)
-        return iter(indices[self.rank:self.total_size:self.num_replicas])
+        indices += indices[: self.total_size - len(indices)]  # equal shares (see module doc)
+        return iter(indices[self.rank : self.total_size : self.num_replicas])
 
     def __len__(self) -> int:
         return self.num_samples

@@ -17,12 +17,22 @@ from hvdlite.elastic.persistence import ElasticStateError
 from hvdlite.elastic.state import ObjectState, _summary_of
 from hvdlite.elastic.writer import InBand
 from hvdlite.torch.elastic.sampler import ElasticSampler
-from hvdlite.torch.functions import (broadcast_object, broadcast_optimizer_state,
-                                     broadcast_parameters)
+from hvdlite.torch.functions import (
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 from hvdlite.basics import rank
 
-__all__ = ["TorchState", "StateHandler", "ModelStateHandler", "OptimizerStateHandler",
-           "SamplerStateHandler", "get_handler_registry", "set_handler_registry"]
+__all__ = [
+    "TorchState",
+    "StateHandler",
+    "ModelStateHandler",
+    "OptimizerStateHandler",
+    "SamplerStateHandler",
+    "get_handler_registry",
+    "set_handler_registry",
+]
 
 
 def _copy_into(kept, live):
@@ -33,19 +43,22 @@ def _copy_into(kept, live):
     not allocate (and fault in) a fresh copy of the model every time; anything
     else is copied anew.  Containers are new; only tensors are reused."""
     if isinstance(live, torch.Tensor):
-        if (isinstance(kept, torch.Tensor) and kept.shape == live.shape
-                and kept.dtype == live.dtype and kept.device == live.device
-                and kept.layout == live.layout == torch.strided and not kept.requires_grad
-                and kept.data_ptr() != live.data_ptr()):
+        if (
+            isinstance(kept, torch.Tensor)
+            and kept.shape == live.shape
+            and kept.dtype == live.dtype
+            and kept.device == live.device
+            and kept.layout == live.layout == torch.strided
+            and not kept.requires_grad
+            and kept.data_ptr() != live.data_ptr()
+        ):
             return kept.copy_(live.detach())
         return live.detach().clone()
     if isinstance(live, dict):
         old = kept if isinstance(kept, dict) else {}
-        return _like(live, ((key, _copy_into(old.get(key), value))
-                            for key, value in live.items()))
+        return _like(live, ((key, _copy_into(old.get(key), value)) for key, value in live.items()))
     if type(live) in (list, tuple):
-        old = kept if type(kept) is type(live) and len(kept) == len(live) else \
-            [None] * len(live)
+        old = kept if type(kept) is type(live) and len(kept) == len(live) else [None] * len(live)
         return type(live)(_copy_into(k, v) for k, v in zip(old, live))
     return copy.deepcopy(live)
 
@@ -108,9 +121,11 @@ class SamplerStateHandler(StateHandler):
         self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
 
 
-_registry = [(torch.nn.Module, ModelStateHandler),
-             (torch.optim.Optimizer, OptimizerStateHandler),
-             (ElasticSampler, SamplerStateHandler)]
+_registry = [
+    (torch.nn.Module, ModelStateHandler),
+    (torch.optim.Optimizer, OptimizerStateHandler),
+    (ElasticSampler, SamplerStateHandler),
+]
 
 
 def get_handler_registry() -> list:
@@ -178,9 +193,13 @@ class TorchState(ObjectState):
 
     def _live_snapshot(self) -> object:
         objects = {name: getattr(self, name) for name in self._saved_state}
-        return ({"objects": InBand(objects),
-                 "handlers": {name: h.value.state_dict() for name, h in self._handlers.items()}},
-                _summary_of(objects))
+        return (
+            {
+                "objects": InBand(objects),
+                "handlers": {name: h.value.state_dict() for name, h in self._handlers.items()},
+            },
+            _summary_of(objects),
+        )
 
     def _saved_in_commit(self) -> None:
         for handler in self._handlers.values():
@@ -198,7 +217,8 @@ class TorchState(ObjectState):
             raise ElasticStateError(
                 f"restore() needs commit {self._commit_number} from {self._store().path}, "
                 f"the saved state of this TorchState, but the file holds {found}: leave the "
-                "elastic state directory alone while the job runs")
+                "elastic state directory alone while the job runs"
+            )
         saved = commit.load()["handlers"]
         for name in stale:
             self._handlers[name].saved = saved[name]
@@ -210,7 +230,8 @@ class TorchState(ObjectState):
             have = sorted(saved) if isinstance(saved, dict) else "none"
             raise ElasticStateError(
                 f"the committed state holds the objects {have}, this TorchState "
-                f"{sorted(self._handlers)}: build the state with the same keyword arguments")
+                f"{sorted(self._handlers)}: build the state with the same keyword arguments"
+            )
         for name, handler in self._handlers.items():
             handler.saved = saved[name]
             handler.in_commit = False

@@ -78,8 +78,10 @@ class _HvdliteAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path=None, target=None):
         if not fullname.startswith("horovod."):
             return None
-        if fullname not in _MADE and importlib.util.find_spec(
-                "hvdlite" + fullname[len("horovod"):]) is None:
+        if (
+            fullname not in _MADE
+            and importlib.util.find_spec("hvdlite" + fullname[len("horovod") :]) is None
+        ):
             return None
         return importlib.util.spec_from_loader(fullname, self, is_package=True)
 
@@ -87,7 +89,7 @@ class _HvdliteAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         make = _MADE.get(spec.name)
         if make is not None:
             return make()
-        return importlib.import_module("hvdlite" + spec.name[len("horovod"):])
+        return importlib.import_module("hvdlite" + spec.name[len("horovod") :])
 
     def exec_module(self, module):
         pass
