@@ -117,6 +117,31 @@ def test_torch_state_with_adam_and_5000_parameters_restores(tmp_path, monkeypatc
     assert len(fresh_opt.state_dict()["state"]) == 5_000
 
 
+def test_an_object_state_of_50000_numpy_arrays_restores(tmp_path, monkeypatch):
+    # Many arrays in an ObjectState (per-sample weights, a replay buffer of arrays): small
+    # ones travel inside the pickle, so the commit stays one part and restores whole.
+    import numpy as np
+
+    from hvdlite.elastic.state import ObjectState
+
+    for name, value in {
+        layout.JOB_DIR_VARIABLE: str(tmp_path),
+        layout.JOB_ID_VARIABLE: "j",
+        "HVDLITE_ELASTIC_SYNC_COMMIT": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    layout.write_marker(str(tmp_path), "j")
+    arrays = [np.full(3, i, dtype=np.float32) for i in range(50_000)]
+    state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, buffer=arrays, epoch=2)
+    state.commit()
+    commit = CommitStore(str(tmp_path / layout.STATE_FILE), "j").read()
+    assert len(commit.parts) >= 1
+    other = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, buffer=[], epoch=0)
+    other._load_snapshot(commit.load())
+    assert other.epoch == 2 and len(other.buffer) == 50_000
+    assert float(other.buffer[-1][0]) == 49_999.0
+
+
 def test_a_header_a_reader_would_refuse_is_refused_when_written(tmp_path):
     store = CommitStore(str(tmp_path / "state"), "j" * 70_000)
     with pytest.raises(ElasticStateError, match="its header is .* bytes, more than the 65536"):
