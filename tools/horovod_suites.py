@@ -132,6 +132,9 @@ def run_suite(
         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
     env.setdefault("HVDLITE_COLLECTIVE_TIMEOUT", str(max(30, test_timeout // 2)))
+    # A rank ended by a hang's timeout or a peer's abort loses what its buffers held: the
+    # stacks pytest-timeout dumps and the last results would never reach its log.
+    env["PYTHONUNBUFFERED"] = "1"
     args = [
         "-v",
         "-p",
