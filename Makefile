@@ -43,11 +43,13 @@ test: $(STAMP) $(OMPI_STAMP)
 test-unit: $(STAMP)
 	$(PY) -m pytest tests -q -rs --deselect tests/test_parallel.py --deselect tests/test_multihost.py -m "not slurm"
 
-# On a machine with a CUDA GPU (and `pip install -e '.[cuda12]'` or '.[cuda13]'): the GPU
-# tests in one process (NCCL at 1 rank), then under mpiexec at 2 ranks sharing the GPU
-# (CUDA-aware MPI where the MPI is, and staged through pinned host memory).
-test-gpu: $(STAMP)
-	$(PY) -m pytest tests/gpu tests/test_gpu_mpi.py -m gpu -q -rs
+# On a machine with a CUDA GPU: the GPU tests in one process (NCCL at 1 rank), then under
+# mpiexec at 2 and 3 ranks sharing the GPU (CUDA-aware MPI where the MPI is, and staged
+# through pinned host memory).  On a GPU node whose Python already has CUDA torch, CuPy and
+# mpi4py (a cluster module, a container), skip the CPU-torch .venv:  make test-gpu PY=python3
+test-gpu:
+	@if [ "$(PY)" = "$(VENV)/bin/python" ]; then $(MAKE) --no-print-directory setup; fi
+	$(PY) -m pytest tests/gpu tests/test_gpu_mpi.py -m gpu -q -rs $(PYTEST_ARGS)
 
 # Horovod's own test_torch.py and test_tensorflow.py, unchanged, at 2, 3 and 4 ranks through
 # tools/horovod_shim (import horovod.torch -> hvdlite.torch). Not part of `make test`: it

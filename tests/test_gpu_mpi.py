@@ -1,4 +1,4 @@
-"""The GPU tests at 2 ranks sharing one GPU, over the MPI transports.
+"""The GPU tests at 2 and 3 ranks sharing one GPU, over the MPI transports.
 
 NCCL refuses two ranks on one GPU, so these runs ask for MPI
 (``HVDLITE_GPU_OPERATIONS=MPI``): once staged through pinned host memory
@@ -27,10 +27,11 @@ def _gpu() -> bool:
 
 @pytest.mark.skipif(not _gpu(), reason="no CUDA device here (CuPy missing or sees none)")
 @pytest.mark.parametrize("aware", ["0", ""], ids=["staged", "mpi-as-detected"])
-def test_gpu_suite_at_two_ranks_over_mpi(aware):
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_gpu_suite_over_mpi(ranks, aware):
     env = dict(os.environ, HVDLITE_GPU_OPERATIONS="MPI", HVDLITE_CUDA_AWARE_MPI=aware)
     rc, out = run_mpi(
-        2,
+        ranks,
         [
             sys.executable,
             "-m",

@@ -11,7 +11,9 @@ hvd = None  # hvdlite.tensorflow, imported by the fixture (CPU runs never import
 @pytest.fixture(scope="module")
 def tf():
     global hvd
-    import tensorflow as tf
+    tf = pytest.importorskip(
+        "tensorflow", reason="TensorFlow is not installed here (pip install tensorflow[and-cuda])"
+    )
 
     import hvdlite.tensorflow as hvd
 
