@@ -21,6 +21,18 @@ order and can keep a journal of them for tests):
 Host-side MPI on device memory (CUDA-aware MPI, staging) first calls
 :meth:`~ArrayBackend.synchronize`: the engine thread, never the training
 thread, waits for the engine stream.
+
+Cost model: the executor issues a constant number of backend calls per batch,
+whatever its number of tensors (one :meth:`~ArrayBackend.copy_many` per pack or
+unpack, one wait per producer stream, one publish); the CUDA backend runs each
+as a constant number of launches.  The host backend's journal counts the calls,
+which is how CPU CI holds the GPU path's cost per batch flat.
+
+Scaling rule (Horovod's on CUDA, checked bit for bit by its suite): a scaled
+value is rounded to the caller's tensor dtype, the narrower of a copy's two
+dtypes: float16 as float16 times the factor rounded to float16, float32 in
+float32, float64 in float64, integers in float64 then truncated.  The host
+backend applies the same rule, so CPU CI checks it.
 """
 
 from __future__ import annotations
@@ -28,10 +40,12 @@ from __future__ import annotations
 import abc
 import contextlib
 import itertools
+import threading
 
 import numpy as np
 
 from ..engine.fusion import BufferPool
+from ..engine.packing import Copy
 from .arrays import HOST, HostDeviceArray
 
 __all__ = ["ArrayBackend", "HostBackend", "HostEvent"]
@@ -73,7 +87,24 @@ class ArrayBackend(abc.ABC):
 
     @abc.abstractmethod
     def scale(self, dst, src, factor: float) -> None:
-        """``dst[...] = src * factor``, cast to dst's dtype."""
+        """``dst[...] = src * factor``, cast to dst's dtype (the scaling rule above)."""
+
+    def flat(self, x):
+        """*x* as a flat array (or a record only :meth:`copy_many` reads)."""
+        return x.reshape(-1)
+
+    def as_bytes(self, x):
+        """*x*'s bytes, flat (or a record only :meth:`copy_many` reads)."""
+        return x.reshape(-1).view(np.uint8)
+
+    def window(self, flat, start: int, count: int):
+        """Elements start..start+count of *flat* (or a record only :meth:`copy_many` reads)."""
+        return flat[start : start + count]
+
+    @abc.abstractmethod
+    def copy_many(self, copies) -> None:
+        """Every :class:`~hvdlite.engine.packing.Copy` of a batch (the scaling rule
+        above), as a constant number of device operations."""
 
     @abc.abstractmethod
     def zero(self, dst) -> None:
@@ -116,13 +147,25 @@ class ArrayBackend(abc.ABC):
 
 
 class HostEvent:
-    """An event of the host backend: recorded when made (the host runs in order)."""
+    """An event of the host backend: recorded when made (the host runs in order);
+    its "stream" is the recording thread, as a CUDA producer stream would be."""
 
-    __slots__ = ("seq",)
+    __slots__ = ("seq", "stream")
     _counter = itertools.count(1)
 
     def __init__(self):
         self.seq = next(self._counter)
+        self.stream = threading.get_ident()
+
+
+def scaled_as_on_device(src: np.ndarray, factor: float, dtype: np.dtype) -> np.ndarray:
+    """``src * factor`` rounded to *dtype* by the device scaling rule (module doc)."""
+    value = src.astype(dtype, copy=False)
+    if dtype.kind == "f":
+        # float16 x float16: numpy multiplies exactly in float32 and rounds once.
+        factor = np.float16(np.float32(factor)) if dtype == np.float16 else dtype.type(factor)
+        return np.multiply(value, factor)
+    return np.multiply(value, np.float64(factor)).astype(dtype)  # truncates, as C does
 
 
 class HostBackend(ArrayBackend):
@@ -130,8 +173,10 @@ class HostBackend(ArrayBackend):
 
     Its "stream" is the engine thread's program order, so ordering calls have
     nothing to wait for; when *journal* is a list they append what they did
-    (``("ready", seq)``, ``("wait", seq)``, ``("publish", seq)``, ``("sync",)``)
-    so tests can check that the executor orders a batch correctly.
+    (``("ready", seq)``, ``("wait", seq)``, ``("publish", seq)``, ``("sync",)``,
+    and the data calls ``("copies", n)``, ``("copy",)``, ``("zero",)``) so tests
+    can check that the executor orders a batch correctly and how many calls a
+    batch costs.
     """
 
     device = HOST
@@ -158,16 +203,30 @@ class HostBackend(ArrayBackend):
         return self._staging.get(dtype, count, slot)
 
     def copy(self, dst, src) -> None:
+        self._note("copy")
         np.copyto(dst, src, casting="unsafe")
 
     def scale(self, dst, src, factor: float) -> None:
-        np.multiply(src, factor, out=dst, casting="unsafe")
+        self.copy_many([Copy(dst, src, factor)])
 
     def zero(self, dst) -> None:
+        self._note("zero")
         dst.fill(0)
 
     def concatenate(self, srcs, dst) -> None:
+        self._note("copies", len(srcs))
         np.concatenate(srcs, out=dst)
+
+    def copy_many(self, copies) -> None:
+        self._note("copies", len(copies))
+        for dst, src, factor in copies:
+            if src is None:
+                dst.fill(0)
+            elif factor == 1.0:
+                np.copyto(dst, src, casting="unsafe")
+            else:
+                narrow = dst.dtype if src.dtype.itemsize > dst.dtype.itemsize else src.dtype
+                np.copyto(dst, scaled_as_on_device(src, factor, narrow), casting="unsafe")
 
     def to_host(self, src, host: np.ndarray) -> None:
         self._note("sync")
@@ -182,14 +241,24 @@ class HostBackend(ArrayBackend):
         return event
 
     def wait_ready(self, tokens) -> None:
-        for token in tokens:
-            if token is not None:
-                self._note("wait", token.seq)
+        if self.journal is not None:  # the host has nothing to wait for: only a record
+            for seq in self._latest(tokens):
+                self._note("wait", seq)
 
     def publish(self, tokens) -> None:
+        if self.journal is not None:
+            for seq in self._latest(tokens):
+                self._note("publish", seq)
+
+    @staticmethod
+    def _latest(tokens) -> list[int]:
+        """The latest mark of each producer "stream" among *tokens* (it covers the
+        earlier ones), as the CUDA backend waits once per stream."""
+        latest: dict[int, int] = {}
         for token in tokens:
             if token is not None:
-                self._note("publish", token.seq)
+                latest[token.stream] = max(latest.get(token.stream, 0), token.seq)
+        return sorted(latest.values())
 
     def synchronize(self) -> None:
         self._note("sync")

@@ -15,9 +15,10 @@ array arrives.
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 import math
 import sys
+import threading
 
 import cupy
 import numpy as np
@@ -25,13 +26,18 @@ import numpy as np
 from ..exceptions import ArgumentError
 from .arrays import CUDA
 from ..engine.fusion import BufferPool
+from ..engine.packing import Copy
 from .backend import ArrayBackend
+from .cuda_kernels import BatchedCopies, Window
 
 __all__ = ["CudaBackend", "Ready"]
 
+_BYTES = np.dtype(np.uint8)
+
 
 class Ready:
-    """Where a submission's producer streams stood: ``marks`` = [(stream, event)]."""
+    """Where a submission's producer streams stood: ``marks`` = [(stream, event, seq)],
+    *seq* ordering the marks of one stream (a later mark covers the earlier ones)."""
 
     __slots__ = ("device_id", "marks")
 
@@ -45,11 +51,55 @@ def _torch_stream_ptr(device_id: int) -> int | None:
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return None
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object made
+    if raw is not None:
+        return int(raw(device_id))
     return int(torch.cuda.current_stream(device_id).cuda_stream)
 
 
-def _event() -> cupy.cuda.Event:
-    return cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
+class _Events:
+    """CUDA events made once and reused: a mark's event goes back here once the
+    engine stream has waited for it (a wait takes the event's state at that
+    moment, so recording it again later changes nothing already waited for)."""
+
+    def __init__(self):
+        self._free: dict[int, list] = {}
+
+    def take(self, device_id: int) -> cupy.cuda.Event:
+        free = self._free.get(device_id)
+        if free:
+            try:
+                return free.pop()
+            except IndexError:  # another thread took the last one
+                pass
+        return cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
+
+    def give(self, device_id: int, events) -> None:
+        self._free.setdefault(device_id, []).extend(events)
+
+
+class _Active:
+    """The context of one batch: its device current and the engine stream CuPy's
+    current stream (a plain class: this runs once per batch)."""
+
+    __slots__ = ("backend", "device_id", "stream", "previous_device", "previous_stream")
+
+    def __init__(self, backend, device_id: int, stream):
+        self.backend, self.device_id, self.stream = backend, device_id, stream
+
+    def __enter__(self):
+        self.previous_device = cupy.cuda.runtime.getDevice()
+        if self.previous_device != self.device_id:
+            cupy.cuda.runtime.setDevice(self.device_id)
+        self.previous_stream, self.backend._current = self.backend._current, self.stream
+        self.stream.__enter__()
+        return self.stream
+
+    def __exit__(self, *exc) -> None:
+        self.stream.__exit__(*exc)
+        self.backend._current = self.previous_stream
+        if self.previous_device != self.device_id:
+            cupy.cuda.runtime.setDevice(self.previous_device)
 
 
 class CudaBackend(ArrayBackend):
@@ -59,14 +109,21 @@ class CudaBackend(ArrayBackend):
 
     def __init__(self):
         self._streams: dict[int, cupy.cuda.Stream] = {}
+        self._external: dict[tuple[int, int], cupy.cuda.ExternalStream] = {}
         self._pools: dict[int, BufferPool] = {}
         self._staging = BufferPool(_pinned, trim=False)
         self._current: cupy.cuda.Stream | None = None
+        self._events = _Events()
+        self._marking = threading.Lock()  # a mark's event record and its seq, together
+        self._seq = itertools.count(1)
+        self.copies = BatchedCopies()
 
     # ------------------------------------------------------------ arrays
     def wrap(self, x, what: str):
         if isinstance(x, cupy.ndarray):
             arr = x
+        elif _is_torch_tensor(x):
+            arr = _from_torch(x, what)
         elif hasattr(x, "__cuda_array_interface__"):
             arr = _from_interface(x, what)
         else:
@@ -86,13 +143,11 @@ class CudaBackend(ArrayBackend):
             out = cupy.empty(shape, dtype)
         # The memory is the producer stream's from now on: the engine also waits for
         # whatever that stream still does, so reuse of a just-freed block is ordered.
-        event = _event()
-        event.record(stream)
-        ready.marks.append((stream, event))
+        ready.marks.append(self._mark(stream, ready.device_id))
         return out
 
     def buffer(self, dtype, count: int, slot: int = 0):
-        device_id = cupy.cuda.Device().id
+        device_id = cupy.cuda.runtime.getDevice()
         pool = self._pools.get(device_id)
         if pool is None:
             pool = self._pools[device_id] = BufferPool(lambda n, dt: cupy.empty(n, dt), trim=False)
@@ -106,13 +161,30 @@ class CudaBackend(ArrayBackend):
         cupy.copyto(dst, src, casting="unsafe")
 
     def scale(self, dst, src, factor: float) -> None:
-        cupy.multiply(src, factor, out=dst, casting="unsafe")
+        self.copies.run([Copy(dst, src, factor)], self._stream())
 
     def zero(self, dst) -> None:
         dst.fill(0)
 
     def concatenate(self, srcs, dst) -> None:
-        cupy.concatenate(srcs, out=dst)
+        copies, offset, base, dtype = [], 0, dst.data.ptr, dst.dtype
+        for src in srcs:
+            copies.append(Copy(Window(base + offset * dtype.itemsize, src.size, dtype), src))
+            offset += src.size
+        self.copies.run(copies, self._stream())
+
+    # Views for copy_many: bare pointer records, no CuPy array made.
+    def flat(self, x):
+        return x
+
+    def as_bytes(self, x):
+        return Window.of(x, dtype=_BYTES)
+
+    def window(self, flat, start: int, count: int):
+        return Window.of(flat, start, count)
+
+    def copy_many(self, copies) -> None:
+        self.copies.run(copies, self._stream())
 
     def to_host(self, src, host: np.ndarray) -> None:
         stream = self._stream()
@@ -124,61 +196,79 @@ class CudaBackend(ArrayBackend):
 
     # ----------------------------------------------------------- ordering
     def record_ready(self, arrays):
-        devices = {a.device.id for a in arrays}
-        if len(devices) > 1:
-            raise ArgumentError(
-                f"hvdlite: one collective's arrays sit on GPUs {sorted(devices)}; "
-                "hvdlite moves one GPU per process: put them on one (e.g. "
-                "torch.cuda.set_device(hvd.local_rank()) before creating them)."
-            )
-        device_id = devices.pop()
+        device_id = arrays[0].data.device_id
+        if len(arrays) > 1:
+            devices = {a.data.device_id for a in arrays}
+            if len(devices) > 1:
+                raise ArgumentError(
+                    f"hvdlite: one collective's arrays sit on GPUs {sorted(devices)}; "
+                    "hvdlite moves one GPU per process: put them on one (e.g. "
+                    "torch.cuda.set_device(hvd.local_rank()) before creating them)."
+                )
+        if cupy.cuda.runtime.getDevice() == device_id:
+            return Ready(device_id, self._producer_marks(device_id))
         with cupy.cuda.Device(device_id):
-            streams = [cupy.cuda.get_current_stream()]
-            torch_ptr = _torch_stream_ptr(device_id)
-            if torch_ptr is not None and torch_ptr != streams[0].ptr:
-                streams.append(cupy.cuda.ExternalStream(torch_ptr, device_id))
-            marks = []
-            for stream in streams:
-                event = _event()
-                event.record(stream)
-                marks.append((stream, event))
-        return Ready(device_id, marks)
+            return Ready(device_id, self._producer_marks(device_id))
+
+    def _producer_marks(self, device_id: int) -> list:
+        """Marks on the submitting thread's CuPy stream and torch's current stream."""
+        stream = cupy.cuda.get_current_stream()
+        marks = [self._mark(stream, device_id)]
+        torch_ptr = _torch_stream_ptr(device_id)
+        if torch_ptr is not None and torch_ptr != stream.ptr:
+            key = (device_id, torch_ptr)
+            external = self._external.get(key)
+            if external is None:
+                external = self._external[key] = cupy.cuda.ExternalStream(torch_ptr, device_id)
+            marks.append(self._mark(external, device_id))
+        return marks
+
+    def _mark(self, stream, device_id: int) -> tuple:
+        event = self._events.take(device_id)
+        with self._marking:
+            event.record(stream)
+            return (stream, event, next(self._seq))
 
     def wait_ready(self, tokens) -> None:
-        stream = self._stream()
+        """One wait per producer stream: its latest mark covers the earlier ones."""
+        latest: dict[int, tuple] = {}
         for token in tokens:
             if token is not None:
-                for _, event in token.marks:
-                    stream.wait_event(event)
+                for mark in token.marks:
+                    seen = latest.get(mark[0].ptr)
+                    if seen is None or seen[2] < mark[2]:
+                        latest[mark[0].ptr] = mark
+        stream = self._stream()
+        for _, event, _ in latest.values():
+            stream.wait_event(event)
 
     def publish(self, tokens) -> None:
-        done = _event()
+        device_id = cupy.cuda.runtime.getDevice()
+        done = self._events.take(device_id)
         done.record(self._stream())
         seen = set()
+        used = [done]
         for token in tokens:
             if token is None:
                 continue
-            for producer, _ in token.marks:
+            for producer, event, _ in token.marks:
+                used.append(event)
                 if producer.ptr not in seen:
                     seen.add(producer.ptr)
                     producer.wait_event(done)
+            token.marks = []  # its events are reused from here on
+        self._events.give(device_id, used)
 
     def synchronize(self) -> None:
         self._stream().synchronize()
 
-    @contextlib.contextmanager
     def activate(self, arrays):
-        device_id = arrays[0].device.id if arrays else cupy.cuda.Device().id
-        with cupy.cuda.Device(device_id):
-            stream = self._streams.get(device_id)
-            if stream is None:
+        device_id = arrays[0].data.device_id if arrays else cupy.cuda.runtime.getDevice()
+        stream = self._streams.get(device_id)
+        if stream is None:
+            with cupy.cuda.Device(device_id):
                 stream = self._streams[device_id] = cupy.cuda.Stream(non_blocking=True)
-            previous, self._current = self._current, stream
-            try:
-                with stream:
-                    yield stream
-            finally:
-                self._current = previous
+        return _Active(self, device_id, stream)
 
     def _stream(self) -> cupy.cuda.Stream:
         if self._current is None:
@@ -214,4 +304,32 @@ def _from_interface(x, what: str):
         return cupy.empty(shape, dtype)
     device_id = cupy.cuda.runtime.pointerGetAttributes(ptr).device
     memory = cupy.cuda.UnownedMemory(ptr, nbytes, x, device_id)
+    return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(memory, 0))
+
+
+_TORCH_DTYPES: dict = {}
+
+
+def _is_torch_tensor(x) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _from_torch(x, what: str):
+    """A CuPy array over a torch CUDA tensor's memory, read from the tensor directly
+    (cheaper than building its ``__cuda_array_interface__``)."""
+    if not x.is_contiguous():
+        raise ArgumentError(
+            f"{what}: the device array is not C-contiguous; pass a contiguous "
+            "one (e.g. tensor.contiguous())."
+        )
+    dtype = _TORCH_DTYPES.get(x.dtype)
+    if dtype is None:
+        dtype = _TORCH_DTYPES[x.dtype] = np.dtype(x.__cuda_array_interface__["typestr"])
+    shape = tuple(x.shape)
+    nbytes = x.numel() * dtype.itemsize
+    ptr = x.data_ptr()
+    if nbytes == 0 or ptr == 0:
+        return cupy.empty(shape, dtype)
+    memory = cupy.cuda.UnownedMemory(ptr, nbytes, x, x.get_device())
     return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(memory, 0))

@@ -84,7 +84,7 @@ class DeviceExecutor:
         entries = [self._lookup(response.key) for response in batch]
         present = [e for e in entries if e is not None]
         routes = self._routes_of(p0.set_id).device or STAGED_ROUTES
-        with backend.activate([a for e in present for a in e.inputs]):
+        with backend.activate(next((e.inputs for e in present if e.inputs), ())):
             results = self._run(p0, batch, entries, comm, backend, routes)
             backend.publish([e.ready for e in present])
         if results is None:

@@ -2,14 +2,25 @@
 
 Every collective that fuses tensors lays them out the same way on the host
 (numpy, MPI) and on a device (CuPy, NCCL or CUDA-aware MPI); only the copies
-differ.  The functions here take the copies from an *ops* object with four
-methods, which :data:`NUMPY` provides for host arrays and every
+differ.  The functions here take the copies from an *ops* object, which
+:data:`NUMPY` provides for host arrays and every
 :class:`~hvdlite.device.backend.ArrayBackend` provides for its own:
 
-- ``copy(dst, src)``: ``dst[...] = src``, cast to dst's dtype;
-- ``scale(dst, src, factor)``: ``dst[...] = src * factor``, cast to dst's dtype;
-- ``zero(dst)``;
-- ``concatenate(srcs, dst)``: the flat *srcs* back to back into *dst*.
+- ``copy_many(copies)``: every :class:`Copy` of a list, ``dst[...] = src *
+  factor`` cast to dst's dtype (src None: zeros).  One call per pack or unpack,
+  whatever the number of tensors: a device backend runs it as a constant
+  number of launches, which is what keeps the GPU path's cost per batch flat;
+- ``concatenate(srcs, dst)``: the flat *srcs* back to back into *dst* (the
+  unscaled single-dtype pack);
+- ``copy(dst, src)`` and ``scale(dst, src, factor)``: one array;
+- ``flat(x)``, ``as_bytes(x)`` and ``window(flat, start, count)``: the views a
+  copy reads or writes (a device backend may answer with a bare pointer record,
+  cheaper than an array view, which only its ``copy_many`` reads).
+
+Where a copy scales, the ops decide in which precision: numpy computes in the
+destination's (float16 tensors are packed into float32 and scaled there, the
+CPU rule of Horovod); a device backend rounds to the caller's tensor dtype
+(Horovod's CUDA rule, see :mod:`hvdlite.device.backend`).
 
 Layouts (the same on every rank, decided from agreed shapes and dtypes):
 
@@ -33,6 +44,7 @@ from .fusion import Reduction
 
 __all__ = [
     "NUMPY",
+    "Copy",
     "Gathered",
     "Scattered",
     "flat_bytes",
@@ -48,6 +60,15 @@ __all__ = [
 ]
 
 
+class Copy(NamedTuple):
+    """One copy of a batch: ``dst[...] = src * factor``, cast to dst's dtype;
+    *src* None writes zeros (a joined rank's share of a fused buffer)."""
+
+    dst: object
+    src: object
+    factor: float = 1.0
+
+
 class _NumpyOps:
     """The copies of :mod:`hvdlite.engine.packing` for numpy arrays."""
 
@@ -60,12 +81,30 @@ class _NumpyOps:
         np.multiply(src, factor, out=dst, casting="unsafe")
 
     @staticmethod
-    def zero(dst) -> None:
-        dst.fill(0)
-
-    @staticmethod
     def concatenate(srcs, dst) -> None:
         np.concatenate(srcs, out=dst)
+
+    @staticmethod
+    def flat(x):
+        return x.reshape(-1)
+
+    @staticmethod
+    def as_bytes(x):
+        return x.reshape(-1).view(np.uint8)
+
+    @staticmethod
+    def window(flat, start: int, count: int):
+        return flat[start : start + count]
+
+    @staticmethod
+    def copy_many(copies: Sequence[Copy]) -> None:
+        for dst, src, factor in copies:
+            if src is None:
+                dst.fill(0)
+            elif factor != 1.0:
+                np.multiply(src, factor, out=dst, casting="unsafe")
+            else:
+                np.copyto(dst, src, casting="unsafe")
 
 
 NUMPY = _NumpyOps()
@@ -111,34 +150,25 @@ def pack(ops, tensors: Reduction, buf) -> None:
     if all(inp is not None and inp.dtype == buf.dtype for inp in inputs) and all(
         pre == 1.0 for pre in prescales
     ):
-        # The common case (no scaling, one dtype): one call packs every tensor.
-        ops.concatenate([inp.reshape(-1) for inp in inputs], buf)
+        # The common case (no scaling, one dtype): one plain concatenation.
+        ops.concatenate([ops.flat(inp) for inp in inputs], buf)
         return
-    offset = 0
+    copies, offset, window, flat = [], 0, ops.window, ops.flat
     for inp, count, pre in zip(inputs, tensors.counts, prescales):
-        view = buf[offset : offset + count]
+        copies.append(Copy(window(buf, offset, count), None if inp is None else flat(inp), pre))
         offset += count
-        if inp is None:
-            ops.zero(view)
-        elif pre != 1.0:
-            ops.scale(view, inp.reshape(-1), pre)
-        else:
-            ops.copy(view, inp.reshape(-1))
+    ops.copy_many(copies)
 
 
 def unpack(ops, tensors: Reduction, buf) -> None:
     """The reduced *buf* out into the outputs: postscaled, cast back; nothing
     for a joined rank."""
-    offset = 0
+    copies, offset, window, flat = [], 0, ops.window, ops.flat
     for out, count, post in zip(tensors.outputs, tensors.counts, tensors.postscales):
-        view = buf[offset : offset + count]
+        if out is not None:
+            copies.append(Copy(flat(out), window(buf, offset, count), post))
         offset += count
-        if out is None:
-            continue
-        if post != 1.0:
-            ops.scale(out.reshape(-1), view, post)
-        else:
-            ops.copy(out.reshape(-1), view)
+    ops.copy_many(copies)
 
 
 def reduce_alone(ops, inp, out, prescale: float, postscale: float, allreduce) -> None:
@@ -163,34 +193,33 @@ def rank_counts(tensors: Sequence[Scattered], size: int) -> list[int]:
 def pack_rank_major(ops, tensors: Sequence[Scattered], send, starts: Sequence[int]) -> None:
     """Each rank's rows of every tensor into *send*, rank r's from ``starts[r]``:
     prescaled and cast to send's dtype."""
-    taken = [0] * len(tensors)
+    copies, taken = [], [0] * len(tensors)
     for r, offset in enumerate(starts):
         for j, t in enumerate(tensors):
             n = t.rows[r] * t.row_elements
-            view = send[offset : offset + n]
-            src = t.input.reshape(-1)[taken[j] : taken[j] + n]
-            if t.prescale != 1.0:
-                ops.scale(view, src, t.prescale)
-            else:
-                ops.copy(view, src)
+            if n:
+                copies.append(
+                    Copy(
+                        ops.window(send, offset, n),
+                        ops.window(ops.flat(t.input), taken[j], n),
+                        t.prescale,
+                    )
+                )
             taken[j] += n
             offset += n
+    ops.copy_many(copies)
 
 
 def unpack_shards(ops, tensors: Sequence[Scattered], recv, me: int, outputs) -> None:
     """This rank's reduced region *recv* out into *outputs* (one per tensor):
     postscaled, cast back."""
-    offset = 0
+    copies, offset = [], 0
     for t, out in zip(tensors, outputs):
         n = t.rows[me] * t.row_elements
-        view = recv[offset : offset + n]
+        if n:
+            copies.append(Copy(ops.flat(out), ops.window(recv, offset, n), t.postscale))
         offset += n
-        if not n:
-            continue
-        if t.postscale != 1.0:
-            ops.scale(out.reshape(-1), view, t.postscale)
-        else:
-            ops.copy(out.reshape(-1), view)
+    ops.copy_many(copies)
 
 
 def unpack_rank_major(
@@ -198,33 +227,39 @@ def unpack_rank_major(
 ) -> None:
     """A grouped allgather's bytes (rank r's rows of every tensor from
     ``starts[r]``) into the tensors' *outputs*."""
-    row_at = [0] * len(outputs)
+    copies, row_at = [], [0] * len(outputs)
     for r, offset in enumerate(starts):
         for j, out in enumerate(outputs):
             nbytes = int(dims[r, j]) * row_bytes[j]
             if nbytes:
-                ops.copy(
-                    flat_bytes(out)[row_at[j] : row_at[j] + nbytes], recv[offset : offset + nbytes]
+                copies.append(
+                    Copy(
+                        ops.window(ops.as_bytes(out), row_at[j], nbytes),
+                        ops.window(recv, offset, nbytes),
+                    )
                 )
             row_at[j] += nbytes
             offset += nbytes
+    ops.copy_many(copies)
 
 
 # ------------------------------------------------------------------ broadcast
 def pack_bytes(ops, arrays, buf) -> None:
     """The bytes of *arrays*, back to back, into *buf*."""
-    offset = 0
+    copies, offset = [], 0
     for array in arrays:
         if array.nbytes:
-            ops.copy(buf[offset : offset + array.nbytes], flat_bytes(array))
+            copies.append(Copy(ops.window(buf, offset, array.nbytes), ops.as_bytes(array)))
         offset += array.nbytes
+    ops.copy_many(copies)
 
 
 def unpack_bytes(ops, buf, arrays, skip=()) -> None:
     """*buf*'s bytes, back to back, out into *arrays*; an index in *skip* keeps
     its array as it is (its share of *buf* is passed over)."""
-    offset = 0
+    copies, offset = [], 0
     for i, array in enumerate(arrays):
         if array.nbytes and i not in skip:
-            ops.copy(flat_bytes(array), buf[offset : offset + array.nbytes])
+            copies.append(Copy(ops.as_bytes(array), ops.window(buf, offset, array.nbytes)))
         offset += array.nbytes
+    ops.copy_many(copies)

@@ -8,6 +8,7 @@ this same executor code in tests/gpu/.  Collectives go through the engine
 plan does not pick on a CPU machine, through a DeviceExecutor built directly.
 """
 
+import collections
 from types import SimpleNamespace
 
 import numpy as np
@@ -192,6 +193,135 @@ def test_reducescatter_uneven(op):
     np.testing.assert_allclose(g[1], np.full((1, 2), SIZE))
 
 
+# ----------------------------------------------- Horovod's CUDA scaling rule
+def _device_scaled(x, factor, dtype):
+    """x * factor rounded to *dtype* as Horovod's CUDA kernels do, computed here
+    independently: float16 times the float16 factor (exact in float64, rounded
+    once), float32 in float32, integers in float64 then truncated."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float16:
+        return (x.astype(np.float64) * float(np.float16(np.float32(factor)))).astype(np.float16)
+    if dtype.kind == "f":
+        return (x.astype(dtype) * dtype.type(factor)).astype(dtype)
+    return np.trunc(x.astype(np.float64) * factor).astype(dtype)
+
+
+def _values(dtype, rows=6):
+    """The same values on every rank (as Horovod's suite has them): a sum of up
+    to three is then rounded once whatever order the ranks add in."""
+    rng = np.random.default_rng(1234)
+    return rng.integers(-100, 100, size=(rows, 3)).astype(dtype)
+
+
+def _expected_sum(dtype, pre, post, rows=6):
+    total = (_device_scaled(_values(dtype, rows), pre, dtype).astype(np.float64) * SIZE).astype(
+        dtype
+    )
+    return _device_scaled(total, post, dtype)
+
+
+def _same_bits(got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8)), (got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, np.int64])
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average])
+def test_scaling_rounds_to_the_tensor_dtype_like_horovod_on_cuda(dtype, op):
+    if op == hvd.Average and np.dtype(dtype).kind != "f":
+        pytest.skip("Average of integers is refused")
+    pre, post = 0.3712, 1.7391
+    post_total = post / SIZE if op == hvd.Average else post
+    tag = f"{np.dtype(dtype).name}.{int(op)}"
+    x = _values(dtype)
+    got = hvd.allreduce(dev(x), op=op, prescale_factor=pre, postscale_factor=post, name=f"sr.{tag}")
+    _same_bits(got, _expected_sum(dtype, pre, post_total))
+    # fused with a second tensor (the packed path), and a reducescatter of each shape
+    pair = hvd.grouped_allreduce(
+        [dev(x), dev(x[:2])], op=op, prescale_factor=pre, postscale_factor=post
+    )
+    _same_bits(pair[0], _expected_sum(dtype, pre, post_total))
+    rows = 2 * SIZE
+    shard = hvd.reducescatter(
+        dev(_values(dtype, rows)), op=op, prescale_factor=pre, postscale_factor=post
+    )
+    _same_bits(shard, _expected_sum(dtype, pre, post_total, rows)[2 * RANK : 2 * RANK + 2])
+    grouped = hvd.grouped_reducescatter(
+        [dev(_values(dtype, rows)), dev(x[:SIZE])],
+        op=op,
+        prescale_factor=pre,
+        postscale_factor=post,
+    )
+    _same_bits(grouped[0], _expected_sum(dtype, pre, post_total, rows)[2 * RANK : 2 * RANK + 2])
+
+
+# ------------------------------------------------------- cost per batch, counted
+def _backend_calls(run) -> collections.Counter:
+    """The host backend's calls made by the engine while *run* runs (submission's
+    "ready" marks excluded: they are one per call, on the caller's thread)."""
+    backend = registry.backend("host")
+    backend.journal = []
+    try:
+        run()
+        journal = backend.journal
+    finally:
+        backend.journal = None
+    return collections.Counter(item[0] for item in journal if item[0] != "ready")
+
+
+def _grouped_allreduce(n, dtype=np.float32, **kwargs):
+    hvd.grouped_allreduce([dev(np.full(5, i, dtype)) for i in range(n)], **kwargs)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(lambda n: _grouped_allreduce(n, op=hvd.Sum), id="allreduce"),
+        pytest.param(
+            lambda n: _grouped_allreduce(n, np.float16, op=hvd.Average, prescale_factor=0.5),
+            id="allreduce-float16-scaled",
+        ),
+        pytest.param(
+            lambda n: hvd.grouped_reducescatter(
+                [dev(np.ones((SIZE + i % 3, 2), np.float32)) for i in range(n)], op=hvd.Average
+            ),
+            id="reducescatter",
+        ),
+        pytest.param(
+            lambda n: hvd.grouped_allgather(
+                [dev(np.ones((RANK + 1, 2), np.int32)) for _ in range(n)]
+            ),
+            id="allgather",
+        ),
+        pytest.param(
+            lambda n: _Run(_plan(Transport.STAGED)).run(
+                [
+                    (
+                        Params(
+                            set_id=0,
+                            name=f"cost.bc.{i}",
+                            kind=int(Kind.BROADCAST),
+                            dtypes=("<f4",),
+                            shapes=((3,),),
+                            root=0,
+                            device="host",
+                        ),
+                        (dev(np.full(3, RANK, np.float32)),),
+                        (dev(np.empty(3, np.float32)),),
+                    )
+                    for i in range(n)
+                ]
+            ),
+            id="broadcast",
+        ),
+    ],
+)
+def test_a_batch_costs_the_same_backend_calls_for_2_or_200_tensors(case):
+    few, many = _backend_calls(lambda: case(2)), _backend_calls(lambda: case(200))
+    assert few == many, (few, many)
+    assert few["copies"] >= 1
+
+
 # ----------------------------------------------------------------- ordering
 def test_batch_is_ordered_after_producers_and_published_after():
     backend = registry.backend("host")
@@ -207,12 +337,14 @@ def test_batch_is_ordered_after_producers_and_published_after():
         backend.journal = None
     ready = [seq for kind, *seq in journal if kind == "ready"]
     assert len(ready) == 3
-    for seq in ready:
-        wait = journal.index(("wait", seq[0]))
-        publish = journal.index(("publish", seq[0]))
-        syncs = [i for i, item in enumerate(journal) if item == ("sync",)]
-        # the engine waits for the producer before moving data (a sync of the
-        # staged copy), and publishes only after the data moved
+    waits = [(i, item[1]) for i, item in enumerate(journal) if item[0] == "wait"]
+    publishes = [(i, item[1]) for i, item in enumerate(journal) if item[0] == "publish"]
+    syncs = [i for i, item in enumerate(journal) if item == ("sync",)]
+    for (seq,) in ready:
+        # the engine waits for the producer (its latest mark covers this one) before
+        # moving data (a sync of the staged copy), and publishes only after that
+        wait = min(i for i, waited in waits if waited >= seq)
+        publish = min(i for i, published in publishes if published >= seq and i > wait)
         assert any(wait < s < publish for s in syncs), journal
 
 
