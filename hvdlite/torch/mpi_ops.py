@@ -119,8 +119,16 @@ __all__ = [
 #: Reduced through a float32 copy made by torch: numpy has no bfloat16, and its
 #: float16 <-> float32 casts are far slower than torch's for small (subnormal)
 #: values, which gradients often are.  Same precision: the engine sums float16 in
-#: float32 anyway.
+#: float32 anyway.  CUDA float16 tensors are the exception (:func:`_widened`).
 _WIDENED = (torch.bfloat16, torch.float16)
+
+
+def _widened(tensor: torch.Tensor) -> bool:
+    """Whether *tensor* travels as a float32 copy.  A CUDA float16 tensor does not:
+    the device path casts it inside its fused copies and scales it in float16, as
+    Horovod does on CUDA (its suite checks that bit for bit)."""
+    dtype = tensor.dtype
+    return dtype == torch.bfloat16 or (dtype == torch.float16 and not tensor.is_cuda)
 
 
 def _allreduce(
@@ -137,7 +145,7 @@ def _allreduce(
 ):
     """Submit one (grouped) allreduce of *sources* into *outputs*; synchronize
     returns *returned* (the user's tensor(s) for in-place ops)."""
-    if not grouped and sources[0].dtype not in _WIDENED:  # the lean, common case
+    if not grouped and not _widened(sources[0]):  # the lean, common case
         src, out = sources[0], outputs[0]
         arr = _array(src)
         handle = _collectives.allreduce_async(
@@ -153,7 +161,7 @@ def _allreduce(
         return _attach(handle, lambda _result: returned)
     ins, outs, casts = [], [], []
     for src, out in zip(sources, outputs, strict=True):
-        if src.dtype in _WIDENED:  # reduce a float32 copy in place, cast back later
+        if _widened(src):  # reduce a float32 copy in place, cast back later
             wide = src.float()
             arr = _array(wide)
             ins.append(arr)
@@ -484,10 +492,11 @@ def alltoall_async(
     Returns:
         A handle; ``synchronize(handle)`` returns ``(output, received_splits)``:
         a new tensor of *tensor*'s dtype and device with the rows every member
-        sent here, in rank order, and an int32 CPU tensor of how many came
-        from each.
+        sent here, in rank order, and an int32 tensor of how many came from
+        each, on the device of *splits* when it is a tensor (else the CPU).
     """
     src = _source(tensor, "alltoall_async")
+    splits_device = splits.device if isinstance(splits, torch.Tensor) else None
     handle = _collectives.alltoall_async(
         _array(src), splits=_splits(splits), name=_named("alltoall", name), process_set=process_set
     )
@@ -496,14 +505,14 @@ def alltoall_async(
         output, received = result
         return (
             _tensor(output, src.dtype),
-            torch.as_tensor(np.asarray(received), dtype=torch.int32),
+            torch.as_tensor(np.asarray(received), dtype=torch.int32, device=splits_device),
         )
 
     return _attach(handle, convert)
 
 
 def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_set, grouped):
-    wide = [s.float() if s.dtype in _WIDENED else s for s in srcs]
+    wide = [s.float() if _widened(s) else s for s in srcs]
     kwargs = dict(
         name=_named("reducescatter", name),
         op=op,
@@ -518,7 +527,7 @@ def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_se
 
     def back(result, src):
         out = _tensor(result, None)
-        return out.to(src.dtype) if src.dtype in _WIDENED else out
+        return out.to(src.dtype) if _widened(src) else out
 
     if grouped:
         return _attach(

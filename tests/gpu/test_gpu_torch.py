@@ -78,7 +78,8 @@ def test_grouped_and_async(torch):
         hvd.allreduce_async_(t, op=hvd.Sum, name=f"t.async.{i}") for i, t in enumerate(tensors)
     ]
     for i, h in enumerate(handles):
-        assert float(hvd.synchronize(h).sum()) == size * size * (100 + i)
+        # the grouped call above left its inputs as they were (ones): Sum gives size each
+        assert float(hvd.synchronize(h).sum()) == size * (100 + i)
 
 
 def test_broadcast_helpers_and_sync_batch_norm(torch):
@@ -162,3 +163,69 @@ def test_mixed_devices_fail_on_every_rank(torch):
     np.testing.assert_allclose(
         hvd.allreduce(torch.ones(2, device="cuda"), op=hvd.Sum, name="t.after").cpu(), hvd.size()
     )
+
+
+# ------------------------------------------------ Horovod's CUDA scaling rule
+def _horovod_cuda_scaled(torch, tensor, factor, dtype):
+    """Horovod's suite's own reference on CUDA: the factor in the tensor's dtype
+    (float64 for integers), multiplied on the GPU, cast back to *dtype*."""
+    math = torch.float64 if not dtype.is_floating_point else dtype
+    f = torch.tensor(factor, dtype=torch.float64, device="cuda").to(math)
+    return (f * tensor.to(math)).to(dtype)
+
+
+def _same_bits(torch, got, want):
+    assert got.is_cuda and got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got.cpu().view(torch.uint8), want.cpu().view(torch.uint8)), (got, want)
+
+
+@pytest.mark.parametrize("kind", ["allreduce", "reducescatter", "grouped_reducescatter"])
+def test_float16_and_integer_scaling_matches_horovod_bit_for_bit(torch, kind):
+    size = hvd.size()
+    if size > 3:
+        pytest.skip("bit-exact sums hold up to 3 ranks (as in Horovod's suite)")
+    for dtype in (torch.float16, torch.int32, torch.int64, torch.float32):
+        torch.manual_seed(1234)
+        x = torch.empty(2 * size, 17).random_(-100, 100).to(dtype).cuda()
+        for pre, post in ((0.6138, 1.0), (1.0, 0.4372), (0.6138, 0.4372)):
+            if kind == "allreduce":
+                got = hvd.allreduce(x, op=hvd.Sum, prescale_factor=pre, postscale_factor=post)
+                rows = slice(None)
+            elif kind == "reducescatter":
+                got = hvd.reducescatter(x, op=hvd.Sum, prescale_factor=pre, postscale_factor=post)
+                rows = slice(2 * hvd.rank(), 2 * hvd.rank() + 2)
+            else:
+                got = hvd.grouped_reducescatter(
+                    [x, x[:size]], op=hvd.Sum, prescale_factor=pre, postscale_factor=post
+                )[0]
+                rows = slice(2 * hvd.rank(), 2 * hvd.rank() + 2)
+            want = _horovod_cuda_scaled(torch, x, pre, dtype)
+            want = _horovod_cuda_scaled(torch, want * size, post, dtype)[rows]
+            _same_bits(torch, got, want)
+
+
+def test_alltoall_received_splits_on_the_splits_device(torch):
+    size, rank = hvd.size(), hvd.rank()
+    x = torch.full((size * (rank + 1),), float(rank), device="cuda")
+    splits = torch.tensor([rank + 1] * size, dtype=torch.int32, device="cuda")
+    out, received = hvd.alltoall(x, splits)
+    assert out.is_cuda and received.is_cuda and received.dtype == torch.int32
+    assert received.tolist() == [r + 1 for r in range(size)]
+    _, on_cpu = hvd.alltoall(x, splits.cpu())
+    assert on_cpu.device.type == "cpu"
+
+
+def test_a_batch_costs_the_same_launches_for_2_or_200_tensors(torch):
+    from hvdlite.device import registry
+
+    copies = registry.backend("cuda").copies
+
+    def launches(n, **kwargs):
+        tensors = [torch.full((1000,), float(i), device="cuda") for i in range(n)]
+        hvd.grouped_allreduce(tensors, op=hvd.Sum, **kwargs)  # warm: kernels compiled
+        before = copies.launches
+        hvd.grouped_allreduce(tensors, op=hvd.Sum, **kwargs)
+        return copies.launches - before
+
+    for kwargs in ({}, {"prescale_factor": 0.5, "postscale_factor": 3.0}):
+        assert launches(2, **kwargs) == launches(200, **kwargs) <= 4, kwargs
