@@ -132,6 +132,8 @@ def _output(out, like: np.ndarray, what: str) -> np.ndarray:
     if out is like and type(like) is np.ndarray and like.flags.writeable:
         return out  # in place: _array has checked the rest
     if not isinstance(like, np.ndarray):
+        if out is like:  # in place on a device: _array made and checked it
+            return out
         return _device_submission().engine_output(out, like, what)
     if out is None:
         return np.empty_like(like)
@@ -196,11 +198,17 @@ def _submit(
     return st.engine.submit(entry, not _calling.sync)
 
 
+_submission_module = None
+
+
 def _device_submission():
     """The device path's submission side (imported on the first device array)."""
-    from .device import submission
+    global _submission_module
+    if _submission_module is None:
+        from .device import submission
 
-    return submission
+        _submission_module = submission
+    return _submission_module
 
 
 def submit_control(kind: Kind, name: str, extra: tuple, payload=None) -> Handle:
@@ -299,7 +307,16 @@ def allreduce_async(
     known = st.allreduce_params
     key = None
     if name is not None and process_set is global_process_set:
-        key = (name, op, average, prescale_factor, postscale_factor, array.dtype, array.shape)
+        key = (
+            name,
+            op,
+            average,
+            prescale_factor,
+            postscale_factor,
+            array.dtype,
+            array.shape,
+            type(array),
+        )
         try:
             params = known.get(key)
         except TypeError:  # an unhashable argument: checked below, every time
@@ -324,6 +341,8 @@ def allreduce_async(
     if key is not None:
         if len(known) >= _KNOWN_LIMIT:
             known.clear()
+        if type(array) is not np.ndarray:  # remembered with its device: no _replace per call
+            params = params._replace(device=_device.device_of(array))
         known[key] = params
     # Tuples of arrays: the garbage collector stops tracking them (lists it would not).
     return _submit(st, params, (array,), (out,))

@@ -40,11 +40,22 @@ def host_device_array(array) -> HostDeviceArray:
     return np.ascontiguousarray(array).view(HostDeviceArray)
 
 
+#: Array types whose every instance lives on one device (a CuPy ndarray is always
+#: CUDA, a torch tensor is not): learnt on first sight, then found by type alone,
+#: which spares building a ``__cuda_array_interface__`` per submission.
+_DEVICE_OF_TYPE: dict[type, str] = {np.ndarray: CPU, HostDeviceArray: HOST}
+
+
 def device_of(x) -> str:
     """The device name of *x*: ``"cpu"``, ``"cuda"`` or ``"host"`` (see the module doc)."""
+    known = _DEVICE_OF_TYPE.get(type(x))
+    if known is not None:
+        return known
     if isinstance(x, np.ndarray):
         return HOST if isinstance(x, HostDeviceArray) else CPU
     if hasattr(x, "__cuda_array_interface__"):  # a torch CPU tensor raises AttributeError
+        if type(x).__module__.startswith("cupy"):
+            _DEVICE_OF_TYPE[type(x)] = CUDA
         return CUDA
     dlpack_device = getattr(x, "__dlpack_device__", None)
     if dlpack_device is not None:

@@ -45,6 +45,13 @@ def engine_output(out, like, what: str):
 def prepare(params, inputs, outputs):
     """(params with its device set, the producers' ready token) for a submission
     with a non-numpy array; ArgumentError when its arrays sit on different devices."""
+    if len(inputs) == 1 and (not outputs or outputs[0] is inputs[0]):  # one, in place
+        device = device_of(inputs[0])
+        if device == CPU:
+            return params, None
+        if params.device != device:
+            params = params._replace(device=device)
+        return params, backend(device).record_ready(inputs)
     arrays = list(inputs) + [o for o in (outputs or ()) if o is not None]
     devices = {device_of(a) for a in arrays}
     if devices == {CPU}:

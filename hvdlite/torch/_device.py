@@ -12,6 +12,7 @@ waiting for the GPU.  Use the result on that stream (or synchronize it).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hvdlite.exceptions import ArgumentError
@@ -28,15 +29,24 @@ def check(tensor: torch.Tensor, what: str) -> None:
         )
 
 
+_cuda_backend = None
+
+
 def engine_view(tensor: torch.Tensor):
     """The engine's (CuPy) view of a contiguous CUDA tensor, no copy."""
-    from hvdlite.device import registry
+    global _cuda_backend
+    if _cuda_backend is None:
+        from hvdlite.device import registry
 
-    return registry.backend("cuda").wrap(tensor, "hvdlite.torch")
+        _cuda_backend = registry.backend("cuda")
+    return _cuda_backend.wrap(tensor, "hvdlite.torch")
 
 
 def is_device_result(array) -> bool:
-    return hasattr(array, "__cuda_array_interface__") and not isinstance(array, torch.Tensor)
+    """Whether an engine result is a device array (not numpy memory, not a tensor)."""
+    if isinstance(array, (np.ndarray, torch.Tensor)):
+        return False
+    return hasattr(array, "__cuda_array_interface__")
 
 
 def to_torch(array) -> torch.Tensor:
