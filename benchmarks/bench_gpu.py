@@ -259,16 +259,18 @@ def bench_two_ranks(hvd, cp) -> list[str]:
         big.set(big_host, stream=stream)
         stream.synchronize()
 
+    host_arrays = [np.ones(SMALL, np.float32) for _ in range(COUNT)]
+
+    def host_path():  # the floor: the host path's own cost for 200 numpy arrays
+        _burst(hvd, host_arrays, "s.h")
+
     size = hvd.size()
-    for fn in (ours, by_hand, ours_big, by_hand_big):
+    for fn in (ours, by_hand, host_path, ours_big, by_hand_big):
         fn()
+    t_ours, t_hand, t_host = _alternating([ours, by_hand, host_path])
     return [
-        _line(
-            f"{size} ranks: {COUNT} x 64 KB async+sync",
-            *_alternating([ours, by_hand]),
-            1.2,
-            " by hand",
-        ),
+        _line(f"{size} ranks: {COUNT} x 64 KB async+sync", t_ours, t_hand, 1.2, " by hand"),
+        _line(f"{size} ranks: {COUNT} x 64 KB async+sync", t_ours, t_host, None, " host path"),
         _line(f"{size} ranks: 64 MB", *_alternating([ours_big, by_hand_big], 10), None, " by hand"),
     ]
 
