@@ -126,6 +126,9 @@ def broadcast_optimizer_state(
             "broadcast_optimizer_state expects a torch.optim.Optimizer, got "
             f"{type(optimizer).__name__}"
         )
+    if hasattr(optimizer, "broadcast_state"):  # a ShardedOptimizer: its state is spread
+        optimizer.broadcast_state(root_rank)
+        return
     if not optimizer.state_dict()["state"] and not isinstance(optimizer, torch.optim.LBFGS):
         _initialize_state(optimizer)
     is_root = _basics.rank() == root_rank

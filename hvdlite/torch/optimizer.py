@@ -556,6 +556,7 @@ def DistributedOptimizer(
     *,
     reducer: GradientReducer | None = None,
     bucket_cap_mb: float | None = None,
+    shard_optimizer_state: bool = False,
 ):
     """Wrap a ``torch.optim.Optimizer`` so that ``step()`` applies gradients
     averaged (``op``) over every rank of ``process_set``.
@@ -583,6 +584,12 @@ def DistributedOptimizer(
     and ``sparse_as_dense`` must then stay default; one reducer per
     optimizer).  The result is still an instance of
     ``type(optimizer)`` and shares its parameter groups and state.
+    (+) ``shard_optimizer_state=True`` keeps on each rank the optimizer state of
+    its shard of the parameters only, reduce-scattering gradients and
+    allgathering the updated parameters (:mod:`.sharded`: ZeRO-1/2; checkpoints
+    through ``consolidate_state_dict()``); ``named_parameters``, ``groups`` and
+    ``bucket_cap_mb`` then have no effect, ``reducer``, top-k, PowerSGD and Adasum
+    are refused.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
@@ -596,6 +603,16 @@ def DistributedOptimizer(
         )
     _basics.size()  # ValueError naming the fix when init() has not been called
     _check_passes(backward_passes_per_step)
+    if shard_optimizer_state:
+        if reducer is not None or sparse_as_dense:
+            raise ValueError(
+                "shard_optimizer_state=True reduce-scatters dense gradients itself: "
+                "drop reducer= and sparse_as_dense=, or the sharding."
+            )
+        check_predivide(op, gradient_predivide_factor)
+        from hvdlite.torch.sharded import ShardedOptimizer
+
+        return ShardedOptimizer(optimizer, compression, op, gradient_predivide_factor, process_set)
     bucket_cap = bucket_cap_bytes(bucket_cap_mb)
     if reducer is not None:
         _check_reducer(reducer, compression, op, gradient_predivide_factor, sparse_as_dense)

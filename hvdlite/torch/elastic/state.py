@@ -17,6 +17,7 @@ from hvdlite.elastic.persistence import ElasticStateError
 from hvdlite.elastic.state import ObjectState, _summary_of
 from hvdlite.elastic.writer import InBand
 from hvdlite.torch.elastic.sampler import ElasticSampler
+from hvdlite.torch.sharded import ShardedOptimizer
 from hvdlite.torch.functions import (
     broadcast_object,
     broadcast_optimizer_state,
@@ -116,6 +117,23 @@ class OptimizerStateHandler(StateHandler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
+class ShardedOptimizerStateHandler(StateHandler):
+    """A sharded optimizer (``shard_optimizer_state=True``): each save first
+    gathers the shards' state on every rank (saves run on every rank together),
+    so that a restore reshards it, at the same or another number of ranks."""
+
+    def __init__(self, value) -> None:
+        value.consolidate_state_dict(to=None)
+        super().__init__(value)
+
+    def save(self) -> None:
+        self.value.consolidate_state_dict(to=None)
+        super().save()
+
+    def sync(self) -> None:
+        self.value.broadcast_state(root_rank=0)
+
+
 class SamplerStateHandler(StateHandler):
     def sync(self) -> None:
         self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
@@ -123,6 +141,7 @@ class SamplerStateHandler(StateHandler):
 
 _registry = [
     (torch.nn.Module, ModelStateHandler),
+    (ShardedOptimizer, ShardedOptimizerStateHandler),
     (torch.optim.Optimizer, OptimizerStateHandler),
     (ElasticSampler, SamplerStateHandler),
 ]
