@@ -543,6 +543,15 @@ def _reduce_scatter_rows(pool: BufferPool, tensors: list[Scattered], wire, op, c
     """Reduce *tensors* (all of one wire dtype) and return this rank's dim-0 shards."""
     size, me = comm.Get_size(), comm.Get_rank()
     counts = rank_counts(tensors, size)
+    if len(tensors) == 1 and tensors[0].dtype == wire and tensors[0].prescale == 1.0:
+        # One tensor of the wire dtype: its rows are already rank-major, so MPI reads
+        # it and writes this rank's shard where it belongs (no pack, no fusion buffer).
+        t = tensors[0]
+        out = np.empty((t.rows[me],) + tuple(t.shape[1:]), dtype=t.dtype)
+        comm.Reduce_scatter(t.input.reshape(-1), out.reshape(-1), counts, op)
+        if t.postscale != 1.0:
+            np.multiply(out, t.postscale, out=out, casting="unsafe")
+        return [out]
     send = pool.get(wire, sum(counts), slot=0)
     pack_rank_major(NUMPY, tensors, send, offsets(counts))
     recv = pool.get(wire, counts[me], slot=1)
