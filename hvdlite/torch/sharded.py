@@ -197,14 +197,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for dtype, by_shard in layout.items()
         }
 
-    def _flat(self, indices, block: int, value, dtype) -> torch.Tensor:
-        """The tensors value(i) of *indices*, flat and back to back, padded to *block*."""
-        device = self._params[next(iter(indices), 0)].device if indices else self._device
-        pieces = [value(i).reshape(-1) for i in indices]
-        used = sum(piece.numel() for piece in pieces)
-        if used < block:
-            pieces.append(torch.zeros(block - used, dtype=dtype, device=device))
-        return torch.cat(pieces) if len(pieces) > 1 else pieces[0].clone()
+    def _flat(self, shards, block: int, value, dtype) -> torch.Tensor:
+        """The tensors value(i) of each shard's indices, flat and back to back, each
+        shard padded to *block*: one new buffer, written once."""
+        pieces = []
+        for indices in shards:
+            used = 0
+            for i in indices:
+                pieces.append(value(i).reshape(-1))
+                used += pieces[-1].numel()
+            if used < block:
+                pieces.append(torch.zeros(block - used, dtype=dtype, device=self._device))
+        return torch.cat(pieces)
 
     def _reduce_gradients(self) -> None:
         params, size = self._params, self._size
@@ -220,7 +224,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for dtype, (by_shard, block) in self._by_dtype().items():
             if not block:
                 continue
-            flat = torch.cat([self._flat(s, block, grad, dtype) for s in by_shard])
+            flat = self._flat(by_shard, block, grad, dtype)
             wire, ctx = self._compression.compress(flat)
             pre, post, op = 1.0, 1.0, self._op
             if self._op == Average and self._predivide != 1.0:
@@ -237,7 +241,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             offset = 0
             for i in by_shard[self._rank]:
                 p, n = params[i], params[i].numel()
-                p.grad = shard[offset : offset + n].view_as(p).clone() if anywhere[i] else None
+                # a view of the received shard: this rank's gradients cost P/N, no copy
+                p.grad = shard[offset : offset + n].view_as(p) if anywhere[i] else None
                 offset += n
         for r, shard in enumerate(self._shards):
             if r != self._rank:
@@ -249,7 +254,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for dtype, (by_shard, block) in self._by_dtype().items():
             if not block:
                 continue
-            mine = self._flat(by_shard[self._rank], block, lambda i: params[i].detach(), dtype)
+            mine = self._flat([by_shard[self._rank]], block, lambda i: params[i].detach(), dtype)
             every = _ops.allgather(
                 mine, name=f"sharded.params.{dtype}", process_set=self._process_set
             )

@@ -72,8 +72,8 @@ def same_weights(a, b, tol=1e-5):
 
 @pytest.mark.parametrize("make_opt", [sgd, adam, adamw_groups])
 def test_parity_with_one_process_on_the_whole_batch(make_opt):
-    ref, _ = train(make_opt, 4, sharded=False)
-    got, opt = train(make_opt, 4, sharded=True)
+    ref, _ = train(make_opt, 50, sharded=False)
+    got, opt = train(make_opt, 50, sharded=True)
     same_weights(got, ref)
     assert isinstance(opt, ShardedOptimizer) and isinstance(opt, torch.optim.Optimizer)
     assert got.unused.weight.grad is None  # no gradient anywhere: never stepped
