@@ -64,6 +64,34 @@ def test_rank_killed_by_sigkill_ends_job_with_report():
     assert "rank 1 is about to be killed" in result.stderr
 
 
+# Code written for torchrun: the process group from the environment variables only.
+_TORCHRUN_STYLE = """
+import os
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(os.environ["LOCAL_RANK"])])
+dist.all_reduce(t)
+local = f"{os.environ['LOCAL_RANK']}/{os.environ['LOCAL_WORLD_SIZE']}"
+print(f"rank {dist.get_rank()} of {dist.get_world_size()} local {local} sum {t.item():g}")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_code_written_for_torchrun_runs_under_hvdrun():
+    pytest.importorskip("torch")
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = hvdrun("-np", "2", "--master-port", str(port), PY, "-c", _TORCHRUN_STYLE, timeout=100)
+    assert result.returncode == 0, result.output
+    for rank in range(2):
+        assert f"[{rank}] rank {rank} of 2 local {rank}/2 sum 1" in result.stdout, result.output
+
+
 @pytest.mark.timeout(120)
 def test_mpi_abort_is_reported():
     # An uncaught exception under `python -m mpi4py` calls MPI_Abort: the launcher

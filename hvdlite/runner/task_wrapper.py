@@ -3,8 +3,10 @@
 Contract, for each rank:
 
 - runs *cmd* as a child (same environment, plus ``PYTHONUNBUFFERED=1`` unless
-  set, so a crash does not swallow the last lines), with every inherited file
-  descriptor kept (PMI passes its socket as ``PMI_FD``);
+  set, so a crash does not swallow the last lines, and torchrun's ``RANK``,
+  ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` from what the launcher
+  said), with every inherited file descriptor kept (PMI passes its socket as
+  ``PMI_FD``);
 - copies the child's stdout and stderr to its own, whole lines at a time (the
   MPI launcher adds the rank prefix), optionally also to
   ``<output-dir>/rank.<N>/stdout|stderr``, and keeps the last lines; with
@@ -234,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     host = socket.gethostname()
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(rankenv.torchrun_variables(who))
     token = env.pop(protocol.TOKEN_VARIABLE, "")
     owner = env.pop(lifeline.OWNER_VARIABLE, "")
     owner = owner if owner and lifeline.alive(owner) else None  # None: hvdrun on another host
