@@ -48,7 +48,13 @@ def lines_of(out: str, rank: int) -> list[str]:
     [
         ("knob-mismatch", ["HVDLITE_FUSION_THRESHOLD differs between ranks", "rank 1: 1024"]),
         ("bad-knob", ["failed on 1 of", "HVDLITE_CYCLE_TIME='nan' is not valid"]),
-        ("timeline-unopenable", ["rank 0: FileNotFoundError", "/nonexistent-dir/timeline.json"]),
+        (
+            "timeline-unopenable",
+            [
+                "rank 0: FileNotFoundError",
+                "the timeline file '/nonexistent-dir/timeline.json' (set by HVDLITE_TIMELINE",
+            ],
+        ),
         ("sets-differ", ["process_sets=...) must list the same sets"]),
     ],
 )

@@ -700,6 +700,13 @@ def test_every_knob_has_a_horovod_name_and_a_config_field():
         assert getattr(config.Config(), knob.attr) == knob.default
 
 
+def test_a_message_names_the_variable_that_set_a_knob():
+    assert config.variable_of("timeline", {"HOROVOD_TIMELINE": "t.json"}) == "HOROVOD_TIMELINE"
+    both = {"HOROVOD_TIMELINE": "a", "HVDLITE_TIMELINE": "b"}
+    assert config.variable_of("timeline", both) == "HVDLITE_TIMELINE"
+    assert config.variable_of("timeline", {}) == "HVDLITE_TIMELINE"
+
+
 def test_horovod_names_accepted_and_hvdlite_wins():
     cfg = config.read_config({"HOROVOD_FUSION_THRESHOLD": "1024", "HOROVOD_CACHE_CAPACITY": "7"})
     assert cfg.fusion_threshold == 1024 and cfg.cache_capacity == 7
