@@ -92,7 +92,9 @@ KNOBS: tuple[Knob, ...] = (
         "HVDLITE_HIERARCHICAL_ALLREDUCE",
         bool,
         False,
-        "reduce inside each node, then across nodes, then broadcast inside the node",
+        "reduce-scatter inside each node, allreduce each shard across nodes, allgather inside "
+        "the node (nodes of unequal size: reduce to one rank per node, allreduce across nodes, "
+        "broadcast inside each node)",
         agree=True,
     ),
     Knob(
@@ -100,7 +102,8 @@ KNOBS: tuple[Knob, ...] = (
         "HVDLITE_HIERARCHICAL_ALLGATHER",
         bool,
         False,
-        "gather inside each node, then across nodes",
+        "gather inside each node to one rank, exchange the node blocks across nodes, "
+        "broadcast the result inside each node",
         agree=True,
     ),
     Knob(
