@@ -64,11 +64,13 @@ bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
 # Lint: ruff's checks and its formatter (check only), then the import graph: no cycles,
-# and no adapter (torch/, tensorflow/, keras/, runner/) reaching into hvdlite.engine.
+# and no adapter (torch/, tensorflow/, keras/, runner/) reaching into hvdlite.engine;
+# then that docs/KNOBS.md is what tools/knobs_doc.py makes of the knob table.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check hvdlite tests benchmarks examples tools
 	$(VENV)/bin/ruff format --check hvdlite tests benchmarks examples tools
 	$(PY) tools/import_graph.py
+	$(PY) tools/knobs_doc.py --check
 
 clean:
 	rm -rf $(VENV) $(OMPI_VENV) build *.egg-info

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -62,6 +63,13 @@ def build_model() -> keras.Model:
             keras.layers.Dense(10),
         ]
     )
+
+
+def progress_verbosity() -> int:
+    """Keras' progress bar redraws one line with terminal codes: fine in a terminal,
+    garbage in a log file or under hvdrun (which reads each rank's output through a
+    pipe).  There, one line per epoch (verbose=2)."""
+    return 1 if sys.stdout.isatty() else 2
 
 
 def main(argv=None) -> float:
@@ -113,7 +121,7 @@ def main(argv=None) -> float:
         epochs=args.epochs,
         validation_data=(x_test[rank::size], y_test[rank::size]),
         callbacks=callbacks,
-        verbose=1 if rank == 0 else 0,
+        verbose=progress_verbosity() if rank == 0 else 0,
     )
 
     # Each rank scores its shard of the test set; the average is the test accuracy.

@@ -201,7 +201,7 @@ def init(comm=None, process_sets=None) -> None:
             try:
                 set_ranks = _resolve_sets(process_sets, world, MPI)
                 if cfg.timeline and world.Get_rank() == 0:
-                    timeline = Timeline(cfg.timeline, cfg.timeline_mark_cycles)
+                    timeline = _open_timeline(cfg)
                 if cfg.autotune:  # scikit-learn present, rank 0's CSV log writable
                     from . import autotune  # numpy: only once a job asks for it
 
@@ -231,6 +231,19 @@ def init(comm=None, process_sets=None) -> None:
             os.register_at_fork(after_in_child=runtime.forget_after_fork)
             _atexit_registered = True
         _install_excepthooks()
+
+
+def _open_timeline(cfg) -> Timeline:
+    """Rank 0's timeline from the knobs; an OSError that names the file and the knob."""
+    try:
+        return Timeline(cfg.timeline, cfg.timeline_mark_cycles)
+    except OSError as exc:
+        knob = _config.variable_of("timeline")
+        raise type(exc)(
+            f"the timeline file {cfg.timeline!r} (set by {knob}, hvdrun "
+            f"--timeline-filename) cannot be written: {exc.strerror or exc}. Give a path "
+            f"in a directory that exists and that you can write, or unset {knob}."
+        ) from exc
 
 
 def _world_of(comm, MPI):
@@ -620,7 +633,14 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     st = state()
     if st.world.Get_rank() != 0:
         return
-    old, st.timeline = st.timeline, Timeline(file_path, mark_cycles)
+    try:
+        timeline = Timeline(file_path, mark_cycles)
+    except OSError as exc:
+        raise type(exc)(
+            f"hvd.start_timeline: the timeline file {file_path!r} cannot be written: "
+            f"{exc.strerror or exc}"
+        ) from exc
+    old, st.timeline = st.timeline, timeline
     st.engine.timeline = st.timeline  # the engine switches at its next cycle or batch
     if old is not None:
         old.close()

@@ -23,7 +23,16 @@ import math
 import os
 from collections.abc import Mapping
 
-__all__ = ["Knob", "KNOBS", "Config", "read_config", "env_value", "agreed_values", "disagreements"]
+__all__ = [
+    "Knob",
+    "KNOBS",
+    "Config",
+    "read_config",
+    "env_value",
+    "variable_of",
+    "agreed_values",
+    "disagreements",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +92,9 @@ KNOBS: tuple[Knob, ...] = (
         "HVDLITE_HIERARCHICAL_ALLREDUCE",
         bool,
         False,
-        "reduce inside each node, then across nodes, then broadcast inside the node",
+        "reduce-scatter inside each node, allreduce each shard across nodes, allgather inside "
+        "the node (nodes of unequal size: reduce to one rank per node, allreduce across nodes, "
+        "broadcast inside each node)",
         agree=True,
     ),
     Knob(
@@ -91,7 +102,8 @@ KNOBS: tuple[Knob, ...] = (
         "HVDLITE_HIERARCHICAL_ALLGATHER",
         bool,
         False,
-        "gather inside each node, then across nodes",
+        "gather inside each node to one rank, exchange the node blocks across nodes, "
+        "broadcast the result inside each node",
         agree=True,
     ),
     Knob(
@@ -289,6 +301,16 @@ def env_value(knob: Knob, environ: Mapping[str, str] | None = None) -> str | Non
         if name in environ:
             return environ[name]
     return None
+
+
+def variable_of(attr: str, environ: Mapping[str, str] | None = None) -> str:
+    """The variable that set knob *attr*: its ``HVDLITE_*`` name unless only the
+    ``HOROVOD_*`` one is set (for messages that name where a value came from)."""
+    environ = os.environ if environ is None else environ
+    knob = next(k for k in KNOBS if k.attr == attr)
+    if knob.env not in environ and knob.horovod_env in environ:
+        return knob.horovod_env
+    return knob.env
 
 
 def _parse(knob: Knob, raw: str):

@@ -149,6 +149,17 @@ def test_tuner_converges_on_a_synthetic_score_and_logs_every_sample(tmp_path):
         )
         == tuner.setting
     )
+    # The best row scores the mean of the samples of the setting kept.
+    kept_scores = [
+        float(r["score_bytes_per_second"])
+        for r in rows[2:22]
+        if int(r["fusion_threshold_bytes"]) == tuner.setting.fusion_threshold
+        and float(r["cycle_time_ms"]) == tuner.setting.cycle_time_ms
+        and (r["shared_memory_allreduce"] == "1") == tuner.setting.shared_memory_allreduce
+    ]
+    assert float(rows[-1]["score_bytes_per_second"]) == pytest.approx(
+        sum(kept_scores) / len(kept_scores), rel=1e-3
+    )
     # Settled: more steps change nothing and measure nothing.
     kept = tuner.setting
     run_tuner(tuner, clock, steps=50)
@@ -260,3 +271,30 @@ def test_prepare_opens_the_log_on_rank_0_only(tmp_path):
     with pytest.raises(OSError) as info:
         prepare(bad, 0)
     assert "HVDLITE_AUTOTUNE_LOG" in str(info.value)
+
+
+def test_rank_0_says_in_one_line_what_autotune_settled_on(caplog):
+    import logging
+
+    hvdlite_log = logging.getLogger("hvdlite")
+    level = hvdlite_log.level
+    caplog.handler.setLevel(logging.NOTSET)  # what reaches a handler: what the user sees
+
+    def settled_lines(shown_level):
+        caplog.clear()
+        hvdlite_log.setLevel(shown_level)
+        clock = [0.0]
+        tuner = make_tuner(warmup=0, steps=2, samples=3, clock=clock)
+        run_tuner(tuner, clock)
+        assert tuner.finished
+        lines = [r.getMessage() for r in caplog.records if "autotune settled" in r.getMessage()]
+        return tuner, lines
+
+    try:
+        tuner, lines = settled_lines(logging.WARNING)  # the default level
+        assert len(lines) == 1 and "\n" not in lines[0]
+        assert tuner.setting.describe() in lines[0] and "after 3 samples" in lines[0]
+        assert "the best single sample" in lines[0]
+        assert settled_lines(logging.ERROR)[1] == []  # errors only: quiet
+    finally:
+        hvdlite_log.setLevel(level)

@@ -218,7 +218,29 @@ def test_a_caller_gives_up_on_a_step_that_outlasts_the_limit():
     assert started.wait(5)
     driver.drive(Handle("h"), timeout=5)
     release.set()
-    assert isinstance(loop.failed, TimeoutError) and "0.3 s" in str(loop.failed)
+    assert isinstance(loop.failed, CollectiveTimeoutError) and "0.3 s" in str(loop.failed)
+
+
+def test_a_collective_timeout_is_logged_as_its_message_without_engine_frames(caplog):
+    message = "hvdlite: rank 0 waited more than 3 s for the other ranks (deliberate)"
+    loop = _InterruptibleLoop([CollectiveTimeoutError(message)])
+    driver = Driver(loop, cycle_time=0.001, start_delay=0.001)
+    with caplog.at_level(logging.DEBUG, logger="hvdlite"):
+        driver.drive(Handle("h"), timeout=5)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [r.getMessage() for r in errors] == [message]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert any("driver.py" in text for text in debug)  # the frames, for who asks
+    assert isinstance(loop.failed, CollectiveTimeoutError)
+
+
+def test_other_engine_failures_keep_their_traceback(caplog):
+    loop = _InterruptibleLoop([RuntimeError("a bug")])
+    driver = Driver(loop, cycle_time=0.001, start_delay=0.001)
+    with caplog.at_level(logging.WARNING, logger="hvdlite"):
+        driver.drive(Handle("h"), timeout=5)
+    (error,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert error.startswith("hvdlite engine failed:") and "Traceback" in error
 
 
 # ------------------------------------------------------------- automatic names

@@ -290,6 +290,23 @@ def test_the_stall_clock_asks_only_for_old_work_and_not_too_often():
     assert not StallClock(2.0, 0.0, enabled=False, clock=lambda: 1e9).due({old.key: old})
 
 
+def test_the_same_stall_warning_repeats_less_and_less_often():
+    now = [100.0]
+    clock = StallClock(warn_seconds=5.0, fail_seconds=0.0, enabled=True, clock=lambda: now[0])
+    rank1, rank2 = frozenset({1}), frozenset({1, 2})
+    logged = []
+    for _ in range(200):  # a stall check every 2.5 s, for 500 s
+        gap = clock.report_due("report", rank1)
+        if gap is not None:
+            logged.append((now[0], gap))
+        now[0] += 2.5
+    assert [t for t, _ in logged] == [100.0, 105.0, 115.0, 135.0, 175.0, 255.0, 415.0]
+    assert [gap for _, gap in logged][:3] == [5.0, 10.0, 20.0]
+    assert clock.report_due("report", rank2) == 5.0  # another rank went missing: at once
+    assert clock.report_due("", frozenset()) is None  # the stall ended
+    assert clock.report_due("report", rank2) == 5.0  # a new stall: at once again
+
+
 # -------------------------------------------------------------------------- driver
 class _ScriptedLoop:
     """A loop whose cycles follow a script of (progress, stop) answers."""

@@ -304,6 +304,8 @@ def test_stall_report_lists_missing_ranks_and_their_names():
     assert errors == []
     assert "rank 1: [b]" in report and "rank 2: [a, b]" in report
     assert "rank 0:" not in report
+    assert "HVDLITE_CHECK_ORDER=1" in report and "What to check" in report  # the hint
+    assert c.stalled_ranks == {1, 2}
 
 
 def test_stall_report_quiet_before_the_warning_time():
@@ -408,7 +410,7 @@ def test_stall_report_at_32_ranks_names_ranges_not_ranks():
     pending.update({r: [] for r in range(3, 32)})
     report, errors = c.stall_report(pending, warn_after=1.0, fail_after=2.0)
     assert "ranks 1, 2: [b]" in report and "ranks 3-31: [a, b]" in report
-    assert len(report.splitlines()) == 3  # the header and one line per distinct list
+    assert len(report.splitlines()) == 4  # the header, one line per distinct list, the hint
     assert len(errors) == 2
     assert "ranks [0-2] submitted it, ranks [3-31] never did" in errors[0].error
 
@@ -696,6 +698,13 @@ def test_every_knob_has_a_horovod_name_and_a_config_field():
         assert knob.horovod_env == "HOROVOD_" + knob.env[len("HVDLITE_") :]
         assert knob.attr in fields
         assert getattr(config.Config(), knob.attr) == knob.default
+
+
+def test_a_message_names_the_variable_that_set_a_knob():
+    assert config.variable_of("timeline", {"HOROVOD_TIMELINE": "t.json"}) == "HOROVOD_TIMELINE"
+    both = {"HOROVOD_TIMELINE": "a", "HVDLITE_TIMELINE": "b"}
+    assert config.variable_of("timeline", both) == "HVDLITE_TIMELINE"
+    assert config.variable_of("timeline", {}) == "HVDLITE_TIMELINE"
 
 
 def test_horovod_names_accepted_and_hvdlite_wins():

@@ -522,3 +522,25 @@ def test_ranks_that_left_with_a_commit_hvdrun_cannot_see_end_the_job(tmp_path, j
         and "rank 0 wrote into a directory hvdrun does not see" in result.stderr
     ), result.output
     assert "launch 1:" not in result.stderr
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("example", ["torch_elastic.py", "keras_elastic.py"])
+def test_the_elastic_examples_survive_their_simulated_failure(tmp_path, job_env, example):
+    if example.startswith("keras"):
+        pytest.importorskip("tensorflow")
+    pytest.importorskip("sklearn")
+    script = str(EXAMPLES / example)
+    result = _hvdrun(
+        tmp_path, job_env, "-np", "2", "--max-restarts", "1", PY, script, "--epochs", "4"
+    )
+    assert result.returncode == 0, result.output
+    out = result.output
+    assert "rank 1: simulated failure" in out and "relaunching (restart 1 of 1)" in out, out
+    assert "[0] launch 0: 2 rank(s) start at epoch 0" in out
+    assert "[0] launch 1: 2 rank(s) start at epoch 1" in out, out  # from the last commit
+    accuracy = float(out.split("final test accuracy ")[1].split("%")[0])
+    assert accuracy >= 90.0, out

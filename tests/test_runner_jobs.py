@@ -62,6 +62,70 @@ def test_rank_killed_by_sigkill_ends_job_with_report():
     assert "rank 1 on host" in result.stderr
     assert "killed by signal 9 (SIGKILL)" in result.stderr, result.stderr
     assert "rank 1 is about to be killed" in result.stderr
+    # MPICH's own banner about the same failure is left out (the report says so when
+    # mpiexec printed one).
+    assert "BAD TERMINATION" not in result.output.replace("'BAD TERMINATION OF ONE", "")
+    assert "YOU CAN IGNORE THE BELOW CLEANUP MESSAGES" not in result.output
+
+
+# Every rank writes a traceback one line at a time, 20 ms apart, all starting together
+# (a barrier of files in argv[1]), so that their lines reach hvdrun interleaved.
+_SLOW_TRACEBACK = """
+import os, sys, time
+here, rank, size = sys.argv[1], os.environ["RANK"], int(os.environ["WORLD_SIZE"])
+open(os.path.join(here, rank), "w").close()
+while len(os.listdir(here)) < size:
+    time.sleep(0.005)
+lines = ["Traceback (most recent call last):"]
+lines += [f'  File "train.py", line {n}, in step_{n}' for n in range(10)]
+lines += [f"RuntimeError: boom on rank {rank}"]
+for line in lines:
+    sys.stderr.write(line + "\\n")
+    sys.stderr.flush()
+    time.sleep(0.02)
+sys.exit(1)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_tracebacks_of_ranks_that_fail_together_come_out_whole(tmp_path):
+    result = hvdrun("-np", "3", PY, "-c", _SLOW_TRACEBACK, str(tmp_path))
+    assert result.returncode == 1, result.output
+    tagged = [line for line in result.stderr.splitlines() if line.startswith("[")]
+    for rank in range(3):
+        mine = [i for i, line in enumerate(tagged) if line.startswith(f"[{rank}] ")]
+        if not mine:  # stopped by hvdrun before it wrote (a loaded machine)
+            continue
+        assert mine == list(range(mine[0], mine[0] + len(mine))), "\n".join(tagged)
+    assert sum("RuntimeError: boom on rank" in line for line in tagged) >= 1
+
+
+# Code written for torchrun: the process group from the environment variables only.
+_TORCHRUN_STYLE = """
+import os
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(os.environ["LOCAL_RANK"])])
+dist.all_reduce(t)
+local = f"{os.environ['LOCAL_RANK']}/{os.environ['LOCAL_WORLD_SIZE']}"
+print(f"rank {dist.get_rank()} of {dist.get_world_size()} local {local} sum {t.item():g}")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_code_written_for_torchrun_runs_under_hvdrun():
+    pytest.importorskip("torch")
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = hvdrun("-np", "2", "--master-port", str(port), PY, "-c", _TORCHRUN_STYLE, timeout=100)
+    assert result.returncode == 0, result.output
+    for rank in range(2):
+        assert f"[{rank}] rank {rank} of 2 local {rank}/2 sum 1" in result.stdout, result.output
 
 
 @pytest.mark.timeout(120)

@@ -75,6 +75,59 @@ def test_knob_flags_become_variables():
     assert args.command == ["python", "train.py", "--lr", "1"]
 
 
+def test_np_written_together_with_its_number():
+    # "-np2" reaches argparse as -n with the value "p2": it means 2.
+    assert options.parse_args(["-np2", "python"]).np == 2
+    assert options.parse_args(["-np16", "python", "-np2"]).command == ["python", "-np2"]
+    assert options.parse_args(["-n", "3", "python"]).np == 3
+    with pytest.raises(UsageError, match="'px' is not a number"):
+        options.parse_args(["-npx", "python"])
+
+
+def test_a_python_script_without_python_gets_the_line_that_runs_it(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    with pytest.raises(UsageError) as info:
+        _plan(["-np", "2", "train.py", "--lr", "0.1"])
+    assert str(info.value) == (
+        "command not found: train.py (not on PATH); "
+        "did you mean `hvdrun -np 2 python train.py --lr 0.1`?"
+    )
+    with pytest.raises(UsageError) as info:
+        _plan(["-np", "2", "--verbose", "--", str(script)])
+    assert "not executable" in str(info.value)
+    assert f"did you mean `hvdrun -np 2 --verbose python {script}`?" in str(info.value)
+    with pytest.raises(UsageError) as info:
+        _plan(["-np", "2", "no-such-program"])
+    assert "did you mean" not in str(info.value)  # only for .py files
+
+
+def test_torchrun_variables_from_what_the_launcher_said():
+    from hvdlite.runner.rankenv import RankEnv, torchrun_variables
+
+    assert torchrun_variables(RankEnv(3, 4, 1, 2, "pmi")) == {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+    }
+    assert torchrun_variables(RankEnv(3, 4, None, None, "pmix")) == {"RANK": "3", "WORLD_SIZE": "4"}
+    assert torchrun_variables(None) == {}
+
+
+def test_master_address_and_port_only_when_asked():
+    assert "MASTER_PORT" not in _genv(_plan(["-np", "2", PY]))
+    plan = _plan(["-np", "2", "--master-port", "29501", PY])
+    assert _genv(plan)["MASTER_PORT"] == "29501" and _genv(plan)["MASTER_ADDR"] == "127.0.0.1"
+    assert "MASTER_ADDR=127.0.0.1" in plan.shell_line()  # not a secret: shown
+    plan = _plan(["-H", "n1:2,n2:2", "--master-port", "29501", PY])
+    assert plan.env["MASTER_ADDR"] == "n1"  # rank 0's host
+    plan = _plan(["-np", "2", "--master-port", "29501", "--master-addr", "10.0.0.5", PY])
+    assert plan.env["MASTER_ADDR"] == "10.0.0.5"
+    with pytest.raises(UsageError, match="--master-port"):
+        _plan(["-np", "2", "--master-port", "70000", PY])
+
+
 def test_command_flags_are_not_hvdruns():
     args = options.parse_args(["-np", "2", "--", "python", "-np", "--verbose"])
     assert args.command == ["python", "-np", "--verbose"] and args.verbose is None

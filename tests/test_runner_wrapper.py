@@ -102,6 +102,45 @@ def test_job_variables_are_used_and_hidden_from_the_command():
     assert _statuses(result.stderr, "") == [None, None]  # another job's token: not ours
 
 
+_TF_NOISE = [
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "I0000 00:00:1795736095.233446   13806 port.cc:153] oneDNN custom operations are on.",
+    "W0000 00:00:1795736095.233446   13806 cpu_feature_guard.cc:227] a warning",
+    "E1126 23:28:34.123456   13806 some_file.cc:1] an error",
+]
+
+
+def test_tf_cpp_min_log_level_applies_to_the_lines_tensorflow_writes_before_reading_it():
+    from hvdlite.runner.task_wrapper import native_log_level, quiet_native_lines
+
+    block = "".join(line + "\n" for line in _TF_NOISE + ["an ordinary line"]).encode()
+    kept = [quiet_native_lines(block, level).decode().splitlines() for level in range(4)]
+    assert kept[0] == _TF_NOISE + ["an ordinary line"]
+    assert kept[1] == _TF_NOISE[2:] + ["an ordinary line"]
+    assert kept[2] == _TF_NOISE[3:] + ["an ordinary line"]
+    assert kept[3] == ["an ordinary line"]
+    assert [native_log_level(e) for e in ({}, {"TF_CPP_MIN_LOG_LEVEL": "2"})] == [0, 2]
+    assert native_log_level({"TF_CPP_MIN_LOG_LEVEL": "lots"}) == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("level", [None, "0"])
+def test_a_rank_gets_torchruns_variables_and_tensorflows_info_lines_stay_out(level):
+    child = (
+        "import os, sys; "
+        "print([os.environ.get(n) for n in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', "
+        "'LOCAL_WORLD_SIZE', 'TF_CPP_MIN_LOG_LEVEL')]); "
+        f"sys.stderr.write({chr(10).join(_TF_NOISE)!r} + chr(10))"
+    )
+    extra = {} if level is None else {"TF_CPP_MIN_LOG_LEVEL": level}
+    env = clean_env(PMI_RANK="3", PMI_SIZE="4", MPI_LOCALRANKID="1", MPI_LOCALNRANKS="2", **extra)
+    result = run([PY, str(WRAPPER), "--", PY, "-c", child], env=env)
+    assert result.returncode == 0, result.output
+    assert result.stdout == str(["3", "1", "4", "2", level or "1"]) + "\n"
+    shown = [line for line in _TF_NOISE if line in result.stderr]
+    assert shown == (_TF_NOISE if level == "0" else _TF_NOISE[2:])
+
+
 @pytest.mark.timeout(60)
 def test_rank_does_not_outlive_hvdrun():
     """When hvdrun (the owner named in the environment) dies, the wrapper stops its command."""

@@ -220,3 +220,52 @@ def test_plotting_without_matplotlib_says_what_to_install(tmp_path, capsys, monk
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     assert timeline_main(["plot", _write(tmp_path, FUSED), "-o", str(tmp_path / "x.png")]) == 2
     assert "pip install 'hvdlite[plot]'" in capsys.readouterr().err
+
+
+ONE_TRACK = [
+    (s.R_SUBMIT, [((0, "only"), _ms(1), int(Kind.ALLREDUCE))]),
+    (s.R_REPORTS, _ms(2), [([_params("only")], None), ([_params("only")], None)]),
+    (s.R_DECIDED, _ms(3)),
+    (
+        s.R_BATCH,
+        [_response("only")],
+        Transport.MPI,
+        [_ms(4), (s.COLLECTIVE, _ms(5))],
+        _ms(6),
+        _ms(7),
+    ),
+]
+
+
+@pytest.mark.parametrize("records", [ONE_TRACK, FUSED], ids=["one-track", "two-tracks"])
+def test_the_plot_is_sized_to_its_tracks_and_cuts_nothing_off(records, tmp_path):
+    pytest.importorskip("matplotlib")
+    import warnings
+
+    from hvdlite.timeline import plot
+    from hvdlite.timeline.plot import draw_steps, plot_steps
+
+    trace = _trace(records, mark_cycles=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no layout warning, nothing else either
+        fig, first, last = draw_steps(trace, 1, 1, title="t.json")
+        assert plot_steps(trace, str(tmp_path / "p.png"), 1, 1) == (first, last)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # what savefig renders with for .png
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    whole = fig.bbox
+    (ax,) = fig.axes
+    parts = [fig.legends[0], ax.xaxis.label, ax.title, *ax.get_yticklabels()]
+    for part in parts:
+        box = part.get_window_extent(renderer)
+        assert whole.x0 - 1 <= box.x0 and box.x1 <= whole.x1 + 1, part
+        assert whole.y0 - 1 <= box.y0 and box.y1 <= whole.y1 + 1, part
+    # the legend sits below the axis label, not over it
+    assert (
+        fig.legends[0].get_window_extent(renderer).y1
+        <= ax.xaxis.label.get_window_extent(renderer).y0 + 1
+    )
+    rows = len(ax.get_yticklabels())
+    assert fig.get_size_inches()[1] == pytest.approx(plot._TOP + plot._ROW * rows + plot._BOTTOM)

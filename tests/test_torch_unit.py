@@ -184,3 +184,19 @@ def test_bucket_cap_from_argument_or_the_knob():
     for bad in (-1, float("nan"), float("inf"), "25", True):
         with pytest.raises(ValueError, match="bucket_cap_mb must be a finite number"):
             bucket_cap_bytes(bad)
+
+
+@pytest.mark.parametrize(
+    "dtype,hint",
+    [
+        (torch.complex64, "torch.view_as_real(tensor)"),
+        (torch.uint32, "tensor.to(torch.int64)"),
+        (torch.float8_e4m3fn, "tensor.float()"),
+    ],
+)
+def test_an_unsupported_dtype_names_the_cast_that_fixes_it(dtype, hint):
+    from hvdlite.torch._handles import _check
+
+    with pytest.raises(ValueError, match="unsupported dtype") as info:
+        _check(torch.zeros(2).to(dtype), "allreduce")
+    assert hint in str(info.value) and "bfloat16" in str(info.value)

@@ -48,9 +48,20 @@ _COLUMNS = (
 )
 
 
+def _announce(message: str) -> None:
+    """Log *message* at INFO level even where the level shown is WARNING (the
+    default): the setting autotune keeps is worth one line.  Not shown when the
+    user asked for errors only."""
+    if log.isEnabledFor(logging.WARNING):
+        log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, message, (), None))
+
+
 class SampleLog:
     """The CSV file of ``HVDLITE_AUTOTUNE_LOG``: a header, then one row per sample
-    (``phase`` warmup or sample) and a last row (``best``) with the setting kept.
+    (``phase`` warmup or sample) and a last row (``best``) with the setting kept and,
+    as its score, the mean of the samples measured with it (the setting is chosen by
+    the model's prediction from every sample, so a single sample of another setting
+    may have scored higher: noise).
 
     Opened at ``init()`` on rank 0 (a bad path fails ``init()`` on every rank);
     a write that fails later warns once and stops the log, never the job.
@@ -187,9 +198,7 @@ class Tuner:
                     self.samples, "best", self.setting, 0, 0.0, self._best_score()
                 )
                 self.sample_log.close()
-            log.info(
-                "autotune finished after %d samples: %s", self.samples, self.setting.describe()
-            )
+            _announce(self.settled_line())
             return
         if self.samples < len(self._initial):
             self._choose(self._initial[self.samples])
@@ -202,11 +211,29 @@ class Tuner:
         self._current = index
         self.setting = self.space.settings[index]
 
-    def _best_score(self) -> float:
-        scores = [
+    def _scores_of_current(self) -> list[float]:
+        return [
             s for i, s in zip(self.optimizer.tried, self.optimizer.scores) if i == self._current
         ]
+
+    def _best_score(self) -> float:
+        """The ``best`` row's score: the mean of the samples measured with the setting
+        kept.  The setting is the one whose score the model predicts highest from
+        every sample, so one lucky sample of another setting can score above it."""
+        scores = self._scores_of_current()
         return sum(scores) / len(scores) if scores else 0.0
+
+    def settled_line(self) -> str:
+        """The one line rank 0 prints when tuning ends."""
+        scores = self._scores_of_current()
+        top = max(self.optimizer.scores, default=0.0)
+        return (
+            f"autotune settled after {self.samples} samples: {self.setting.describe()}. "
+            f"Kept for the highest throughput the model predicts from all samples (it "
+            f"discounts one lucky measurement): {self._best_score() / 1e6:.4g} MB/s on "
+            f"average over its {len(scores)} sample(s); the best single sample of any "
+            f"setting measured {top / 1e6:.4g} MB/s."
+        )
 
     def _log(self, number: int, phase: str, steps: int, seconds: float, score: float) -> None:
         if self.sample_log is not None:

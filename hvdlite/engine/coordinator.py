@@ -91,6 +91,7 @@ class Coordinator:
         self._table: dict[tuple, dict[int, Params]] = {}
         self.joined: list[int] = []  # ranks in the order they joined
         self._world: frozenset | None = None  # every rank, once decides_alone needs it
+        self.stalled_ranks: frozenset = frozenset()  # the missing ranks of the last report
 
     def pending_names(self) -> dict[tuple, list[int]]:
         return {key: sorted(reqs) for key, reqs in self._table.items()}
@@ -248,6 +249,7 @@ class Coordinator:
                     )
                 )
                 self._table.pop(key, None)
+        self.stalled_ranks = frozenset(missing_by_rank)
         if not missing_by_rank:
             return "", errors
         lines = [
@@ -266,12 +268,27 @@ class Coordinator:
                 f" (and {len(names) - 10} more)" if len(names) > 10 else ""
             )
             lines.append(f"  {describe_ranks(ranks)}: [{shown}]")
+        lines.append(STALL_HINT)
         return "\n".join(lines), errors
+
+
+#: The last lines of a stall warning: what to look at next.
+STALL_HINT = (
+    "What to check: every rank that waits has logged the Python stack of the code that "
+    "submitted what it waits on ('hvdlite stall: rank N waits on ...'); for ranks on "
+    "different code paths run with HVDLITE_CHECK_ORDER=1 (hvdrun --check-order), which "
+    "fails at the first collective that differs; for a rank that is alive but stuck, "
+    "HVDLITE_COLLECTIVE_TIMEOUT=SECONDS ends the job instead of waiting. (README: "
+    '"My job hangs")'
+)
+#: The longest gap between two repeats of the same stall warning.
+REPORT_GAP_CAP = 600.0
 
 
 class StallClock:
     """When a rank should ask for a stall check: it has work pending for longer than
-    the warning time, looked at no more often than every few seconds."""
+    the warning time, looked at no more often than every few seconds.  On rank 0 it
+    also spaces out the warning itself (:meth:`report_due`)."""
 
     def __init__(
         self,
@@ -285,6 +302,9 @@ class StallClock:
         self.enabled = enabled
         self._clock = clock
         self._next_look = clock() + min(warn_seconds, 5.0)
+        self._last_report: frozenset | None = None  # the missing ranks last reported
+        self._report_gap = 0.0
+        self._next_report = 0.0
 
     def due(self, pending: Mapping) -> bool:
         """*pending*: this rank's entries by key (each with a ``submitted`` time)."""
@@ -296,3 +316,23 @@ class StallClock:
         self._next_look = now + max(1.0, min(self.warn_seconds, 10.0) / 2)
         oldest = min(entry.submitted for entry in pending.values())
         return now - oldest >= self.warn_seconds
+
+    def report_due(self, report: str, stalled: frozenset = frozenset()) -> float | None:
+        """Whether to log *report* (rank 0's stall warning, "" when there is no stall)
+        now.  A warning about other missing ranks (*stalled*) than the last one is due
+        at once; one about the same ranks after the warning time, then after twice as
+        long each time, up to ``REPORT_GAP_CAP`` seconds.  Returns the seconds until the
+        next repeat when it is due, else None."""
+        now = self._clock()
+        if not report:
+            self._last_report = None
+            return None
+        if stalled != self._last_report:
+            self._last_report = stalled
+            self._report_gap = max(self.warn_seconds, 1.0)
+        elif now < self._next_report:
+            return None
+        else:
+            self._report_gap = min(self._report_gap * 2, REPORT_GAP_CAP)
+        self._next_report = now + self._report_gap
+        return self._report_gap

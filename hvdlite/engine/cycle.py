@@ -95,8 +95,14 @@ _JOIN = int(Kind.JOIN)
 #: after this many seconds, so work that nobody waits on still completes.
 _LAZY_START = 0.02
 _SHUTDOWN_MESSAGE = (
-    "hvdlite has been shut down. This was caused by shutdown() on this or another "
-    "rank, or an exception on another rank; call hvd.init() again to restart."
+    "hvdlite has been shut down on this rank (hvd.shutdown()) before this collective "
+    "completed; call hvd.init() again to run collectives."
+)
+_PEER_SHUTDOWN_MESSAGE = (
+    "hvdlite was shut down by another rank: its program ended (or called hvd.shutdown()) "
+    "while this rank still had collectives to run, and they cannot complete without it. "
+    "Every rank must run the same collectives before it exits; if that rank failed, its "
+    "error is in the job's output."
 )
 
 
@@ -303,6 +309,7 @@ class Engine:
         if tl is not None:
             tl.cycle_began(self.cycles, new)
         flags = self._flags(bool(new))
+        stopping_here = bool(flags & Flag.SHUTDOWN)
         if self._joined or not self._execution.stage():
             flags |= Flag.UNSTAGED
         status = self._status.exchange(
@@ -358,6 +365,8 @@ class Engine:
                 if evicted is not None:
                     self._uncached.append(evicted)
         if flags & Flag.SHUTDOWN:
+            if not stopping_here and not self._stop_reason:
+                self._stop_reason = _PEER_SHUTDOWN_MESSAGE
             return True, True
         # Only globally known facts decide progress, so every rank waits (or not)
         # together: see "Another cycle" in the module docstring.

@@ -27,6 +27,7 @@ import time
 import traceback
 from typing import Protocol
 
+from ..exceptions import CollectiveTimeoutError
 from .backoff import Backoff
 
 __all__ = ["Driver", "Loop", "Phase"]
@@ -235,9 +236,10 @@ class Driver:
             while not handle.done() and not self.finished:
                 if not self._step_lock.acquire(timeout=self.step_limit or -1):
                     self._failed(
-                        TimeoutError(
-                            f"an engine step has run for more than {self.step_limit:g} s "
-                            "(HVDLITE_COLLECTIVE_TIMEOUT): a peer stopped inside a collective"
+                        CollectiveTimeoutError(
+                            f"hvdlite: an engine step has run for more than "
+                            f"{self.step_limit:g} s (HVDLITE_COLLECTIVE_TIMEOUT): a peer "
+                            "stopped inside a collective"
                         )
                     )
                     break
@@ -297,8 +299,17 @@ class Driver:
             self._owner = None
 
     def _failed(self, exc: BaseException) -> None:
-        """Report *exc*, stop, and let the loop fail its work (and end the job)."""
-        log.error("hvdlite engine failed:\n%s", "".join(traceback.format_exception(exc)))
+        """Report *exc*, stop, and let the loop fail its work (and end the job).
+
+        A wait that outlasted ``HVDLITE_COLLECTIVE_TIMEOUT`` is an answer about the
+        job, not a bug in the engine: its message alone is an error, where in the
+        engine it arose only at debug level."""
+        frames = "".join(traceback.format_exception(exc))
+        if isinstance(exc, CollectiveTimeoutError):
+            log.error("%s", exc)
+            log.debug("where the engine noticed it:\n%s", frames)
+        else:
+            log.error("hvdlite engine failed:\n%s", frames)
         self._set_state(Phase.FAILED)
         self.event.set()
         self.loop.fail(exc)

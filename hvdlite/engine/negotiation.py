@@ -135,8 +135,9 @@ def negotiate(
                 stall_clock.warn_seconds,
                 stall_clock.fail_seconds,
             )
-            if report:
-                log.warning(report)
+            gap = stall_clock.report_due(report, coordinator.stalled_ranks)
+            if gap is not None:
+                log.warning("%s\nRepeated while the stall lasts, next in %.0f s.", report, gap)
             responses += errors
     return comm.bcast(responses, root=0)
 

@@ -92,7 +92,19 @@ class Launch:
 # Variables whose values hvdrun prints: its own knobs and launcher settings (they come
 # from hvdrun's flags, on its own command line anyway).  Any other value -- e.g. from
 # hvdlite.run(env=...) -- may be a secret and is printed as ***.
-_SHOWN_PREFIXES = ("HVDLITE_", "HOROVOD_", "NCCL_", "MPIR_CVAR_", "FI_", "UCX_", "HYDRA_", "I_MPI_")
+_SHOWN_PREFIXES = (
+    "HVDLITE_",
+    "HOROVOD_",
+    "NCCL_",
+    "MPIR_CVAR_",
+    "FI_",
+    "UCX_",
+    "HYDRA_",
+    "I_MPI_",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TF_CPP_MIN_LOG_LEVEL",
+)
 MASK = "***"
 
 
@@ -101,15 +113,34 @@ def shown_value(name: str, value: str) -> str:
     return value if name.startswith(_SHOWN_PREFIXES) else MASK
 
 
-def _check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
+def _check_command(
+    command: Sequence[str], environ: Mapping[str, str], argv: Sequence[str] = ()
+) -> None:
+    """UsageError unless *command* can be started; *argv*: hvdrun's whole command line,
+    for the hint when the command is a Python script given without ``python``."""
     if not command:
         raise UsageError("no command given: e.g. hvdrun -np 2 python train.py")
     program = command[0]
     if os.sep in program:
         if not (os.path.isfile(program) and os.access(program, os.X_OK)):
-            raise UsageError(f"command not found or not executable: {program}")
+            raise UsageError(
+                f"command not found or not executable: {program}" + _python_hint(command, argv)
+            )
     elif shutil.which(program, path=environ.get("PATH")) is None:
-        raise UsageError(f"command not found: {program} (not on PATH)")
+        raise UsageError(
+            f"command not found: {program} (not on PATH)" + _python_hint(command, argv)
+        )
+
+
+def _python_hint(command: Sequence[str], argv: Sequence[str]) -> str:
+    """For a script ending in .py that cannot run as a program: the line that runs it."""
+    if not command[0].endswith(".py"):
+        return ""
+    options = list(argv[: len(argv) - len(command)])
+    if options[-1:] == ["--"]:
+        options.pop()
+    line = shlex.join(["hvdrun", *options, "python", *command])
+    return f"; did you mean `{line}`?"
 
 
 def _resolve_hosts(
@@ -269,7 +300,7 @@ def prepare(
     args, values = parse(argv)
     if args.check_build:
         return args, None
-    _check_command(args.command, environ)
+    _check_command(args.command, environ, argv)
     if placement is None:
         np, hosts, _source = _resolve_hosts(values, environ)
     else:
@@ -278,6 +309,8 @@ def prepare(
     knob_env = {**(rank_env or {}), **knob_environment(values)}
     if nics:
         knob_env["NCCL_SOCKET_IFNAME"] = ",".join(nics)
+    if values.get("master_port") is not None and not values.get("master_addr"):
+        knob_env["MASTER_ADDR"] = hosts[0].name if hosts else "127.0.0.1"
     ssh_args = _ssh_args(values)
     binding = shlex.split(str(values["binding_args"])) if values.get("binding_args") else None
     # The job's variables are in the launch so that Open MPI's -x forwards them too.
@@ -423,7 +456,7 @@ def run_elastic_job(
             "--max-np or --max-restarts N"
         )
     environ = dict(environ)
-    _check_command(args.command, environ)
+    _check_command(args.command, environ, argv)
     if settings.source == "script":
         source = ScriptDiscovery(settings.discovery_script, settings.slots_per_host)
     elif settings.source == "slurm":

@@ -20,7 +20,9 @@ Contract of :func:`run_job`:
   pieces of at most ``MAX_PENDING_BYTES``, so its length never costs memory;
 - the first rank that ends with a non-zero status stops the job the same way,
   and hvdrun prints a report of that rank (host, exit code or signal, last
-  lines) and returns its exit code;
+  lines) and returns its exit code; the output before it is passed on with
+  each rank's traceback in one piece and without MPICH's own notice of the
+  failure (see :mod:`.output`);
 - if not every rank has started after ``start_timeout`` seconds, the job is
   stopped and hvdrun returns 1;
 - the return value is 0 when the launcher and all ranks succeeded, 128+N after
@@ -41,6 +43,7 @@ import collections
 import dataclasses
 import os
 import queue
+import select
 import signal
 import subprocess
 import sys
@@ -50,6 +53,7 @@ from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
 from . import lifeline, protocol
+from .output import OutputOrder
 from .report import Failure, exit_code_of, first_failure, format_failure, format_launcher_failure
 
 __all__ = ["run_job", "run_job_outcome", "JobOutcome", "STOP_GRACE_SECONDS", "MAX_PENDING_BYTES"]
@@ -59,6 +63,7 @@ QUIET_GRACE_SECONDS = 30.0
 MAX_PENDING_BYTES = 64 * 1024  # more than any status line
 _EOF_WAIT_SECONDS = 3.0
 _TAIL_LINES = 200  # the fallback report picks one rank's lines out of these
+_DUE_LOOK = 0.25  # how often a quiet stream lets go of held lines (see .output)
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -120,6 +125,7 @@ class _Reader(threading.Thread):
         self._events, self._tail = events, tail
         self._token, self._np = token, np
         self.buffer = _LineBuffer(protocol.marker(token).encode())
+        self.order = OutputOrder()
         self._sink_ok = True
 
     def _write(self, data: bytes) -> None:
@@ -136,28 +142,39 @@ class _Reader(threading.Thread):
         if message is not None:
             self._events.put(("status", message))
             return
-        self._write(raw)
-        if text.strip():
+        left_out = self.order.lines_left_out
+        self._write_all(self.order.line(raw, text))
+        if text.strip() and self.order.lines_left_out == left_out:
             self._tail.append((self._name, text.rstrip("\r\n")[: protocol.MAX_LINE_CHARS]))
+
+    def _write_all(self, lines: list[bytes]) -> None:
+        if lines:
+            self._write(b"".join(lines))
 
     def run(self) -> None:
         fd = self._pipe.fileno()
         while True:
             try:
-                chunk = os.read(fd, 65536)
+                ready = select.select([fd], [], [], _DUE_LOOK)[0]
+                chunk = os.read(fd, 65536) if ready else None
             except InterruptedError:
                 continue
-            except OSError:
+            except (OSError, ValueError):
                 break
+            if chunk is None:
+                self._write_all(self.order.due())
+                continue
             if not chunk:
                 break
             for piece, whole_line in self.buffer.feed(chunk):
                 if whole_line:
                     self._line(piece)
                 else:
-                    self._write(piece)
+                    self._write_all(self.order.flush() + [piece])
+            self._write_all(self.order.due())
         if self.buffer.pending:
             self._line(self.buffer.pending)
+        self._write_all(self.order.flush())
         self._events.put(("eof", None))
 
 
@@ -400,7 +417,8 @@ def _run(
         if proc.poll() is None:
             job.kill()
             proc.wait()
-    code = _conclude(job, returncode, wall_start, tail)
+    notices = sum(reader.order.notices_left_out for reader in readers)
+    code = _conclude(job, returncode, wall_start, tail, notices)
     return JobOutcome(
         code,
         job.reason,
@@ -411,7 +429,7 @@ def _run(
     )
 
 
-def _conclude(job: _Job, returncode: int, wall_start: float, tail) -> int:
+def _conclude(job: _Job, returncode: int, wall_start: float, tail, notices: int = 0) -> int:
     if job.reason == "signal":
         job.say(f"hvdrun: stopped all ranks after {signal.Signals(job.signum).name}\n")
         return 128 + job.signum
@@ -427,9 +445,9 @@ def _conclude(job: _Job, returncode: int, wall_start: float, tail) -> int:
         return next(iter(job.quiet_exits.values()))
     if failure is not None:
         elapsed = max(failure.time - wall_start, 0.0)
-        job.say(format_failure(failure, elapsed, len(job.failures), job.np))
+        job.say(format_failure(failure, elapsed, len(job.failures), job.np, notices))
         return exit_code_of(failure)
     if returncode != 0:
-        job.say(format_launcher_failure(job.launcher, returncode, list(tail)))
+        job.say(format_launcher_failure(job.launcher, returncode, list(tail), notices))
         return returncode if 0 < returncode < 256 else 1
     return 0

@@ -226,12 +226,22 @@ def _knob_flag(knob: Knob) -> str:
     return _KNOB_FLAGS.get(knob.attr, "--" + knob.attr.replace("_", "-"))
 
 
+def _rank_count(text: str) -> object:
+    """-np's value.  ``-np2`` (no space) reaches argparse as ``-n`` with the value
+    ``p2``: take it as the 2 it means."""
+    if re.fullmatch(r"p=?\d+", text.strip()):
+        text = text.strip().lstrip("p=")
+    return _number(int, 1)(text)
+
+
+_rank_count.__name__ = "int"
+
 LAUNCH_OPTIONS: tuple[Option, ...] = (
     Option(
         "np",
         ("-np", "-n", "--num-proc"),
         "number of ranks to start (default inside SLURM: the allocation's task count)",
-        _number(int, 1),
+        _rank_count,
         "N",
     ),
     Option(
@@ -363,6 +373,25 @@ LIBRARY_OPTIONS: tuple[Option, ...] = (
         env="HVDLITE_LOG_HIDE_TIME",
         to_env=lambda on: "0" if on else "1",
         negations=("--log-without-timestamp", "--log-hide-timestamp"),
+    ),
+    Option(
+        "master_port",
+        ("--master-port",),
+        "set MASTER_PORT=PORT and MASTER_ADDR (rank 0's host, or --master-addr) on every "
+        "rank, for torch.distributed code written for torchrun (RANK, LOCAL_RANK, "
+        "WORLD_SIZE and LOCAL_WORLD_SIZE are always set)",
+        _number(int, 1, maximum=65535),
+        "PORT",
+        env="MASTER_PORT",
+    ),
+    Option(
+        "master_addr",
+        ("--master-addr",),
+        "the MASTER_ADDR every rank gets (default with --master-port: the first host, "
+        "where rank 0 runs)",
+        str,
+        "HOST",
+        env="MASTER_ADDR",
     ),
     Option(
         "torus_allreduce",

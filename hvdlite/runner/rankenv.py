@@ -14,8 +14,9 @@ own variables.  This module reads them in order of trust:
    script itself every process sees ``SLURM_PROCID=0``).
 
 The answer is what the launcher *says*; MPI's communicator stays the truth
-once initialized.  The task wrapper uses this to label its reports, and the
-engine may use it before ``MPI_Init``.  Standard library only.
+once initialized.  The task wrapper uses this to label its reports and to give
+each rank torchrun's variables (:func:`torchrun_variables`), and the engine may
+use it before ``MPI_Init``.  Standard library only.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ try:
 except ImportError:  # imported as a plain file (by the task wrapper)
     from slurm import expand_tasks_per_node  # type: ignore[no-redef]
 
-__all__ = ["RankEnv", "from_environ"]
+__all__ = ["RankEnv", "from_environ", "torchrun_variables"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,3 +104,18 @@ def from_environ(environ: Mapping[str, str] | None = None) -> RankEnv | None:
         if rank is not None and size is not None:
             return RankEnv(rank, size, slurm_local[0], slurm_local[1], "slurm")
     return None
+
+
+def torchrun_variables(who: RankEnv | None) -> dict[str, str]:
+    """torchrun's names for what the launcher said: ``RANK``, ``WORLD_SIZE`` and, where
+    the launcher told, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``; empty without a launcher.
+
+    Code written for torchrun (``int(os.environ["LOCAL_RANK"])``,
+    ``init_process_group("gloo")`` with ``MASTER_ADDR``/``MASTER_PORT`` from
+    ``hvdrun --master-port``) then runs under hvdrun unchanged."""
+    if who is None:
+        return {}
+    names = {"RANK": who.rank, "WORLD_SIZE": who.size}
+    if who.local_rank is not None and who.local_size is not None:
+        names.update(LOCAL_RANK=who.local_rank, LOCAL_WORLD_SIZE=who.local_size)
+    return {name: str(value) for name, value in names.items()}

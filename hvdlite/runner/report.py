@@ -19,6 +19,7 @@ __all__ = [
     "format_launcher_failure",
     "exit_code_of",
     "rank_of_line",
+    "split_rank",
 ]
 
 _RULE = "=" * 72
@@ -30,10 +31,17 @@ _PREFIX = re.compile(r"^(?:\[(\d+)\] |\[\d+,(\d+)\]<std(?:out|err)>: ?|\s*(\d+):
 
 def rank_of_line(line: str) -> int | None:
     """The rank a launcher-prefixed output line came from, or None."""
+    return split_rank(line)[0]
+
+
+def split_rank(line: str) -> tuple[int | None, str]:
+    """``(rank, what the rank wrote)`` of a launcher-prefixed line; ``(None, line)``
+    for a line without a rank prefix (the launcher's own)."""
     match = _PREFIX.match(line)
     if not match:
-        return None
-    return int(next(group for group in match.groups() if group is not None))
+        return None, line
+    rank = int(next(group for group in match.groups() if group is not None))
+    return rank, line[match.end() :]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +92,17 @@ def exit_code_of(failure: Failure) -> int:
     return failure.code if 0 < failure.code < 256 else 1
 
 
-def format_failure(failure: Failure, elapsed: float, nfailed: int, np: int) -> str:
-    """The report block for the first failure."""
+_NOTICE = (
+    "(mpiexec's own notice of this failure, 'BAD TERMINATION OF ONE OF YOUR APPLICATION "
+    "PROCESSES', is left out: it says the same)"
+)
+
+
+def format_failure(
+    failure: Failure, elapsed: float, nfailed: int, np: int, notices: int = 0
+) -> str:
+    """The report block for the first failure; *notices*: launcher notices of the
+    failure that hvdrun left out of the output (it says so)."""
     lines = [
         _RULE,
         f"hvdrun: the job failed: rank {failure.rank} on host {failure.host} "
@@ -102,11 +119,15 @@ def format_failure(failure: Failure, elapsed: float, nfailed: int, np: int) -> s
             f"the other {others} rank(s) were stopped by hvdrun"
             + (f" ({nfailed - 1} more reported a non-zero exit)" if nfailed > 1 else "")
         )
+    if notices:
+        lines.append(_NOTICE)
     lines.append(_RULE)
     return "\n".join(lines) + "\n"
 
 
-def format_launcher_failure(launcher: str, returncode: int, tail: Sequence[tuple[str, str]]) -> str:
+def format_launcher_failure(
+    launcher: str, returncode: int, tail: Sequence[tuple[str, str]], notices: int = 0
+) -> str:
     """The report when the launcher failed and no rank reported a status.
 
     That happens when a rank calls MPI_Abort (the launcher kills every rank at
@@ -138,5 +159,7 @@ def format_launcher_failure(launcher: str, returncode: int, tail: Sequence[tuple
     elif shown:
         lines.append("last lines of output:")
     lines += [f"    {line}" for line in shown[-_FALLBACK_LINES:]]
+    if notices:
+        lines.append(_NOTICE)
     lines.append(_RULE)
     return "\n".join(lines) + "\n"

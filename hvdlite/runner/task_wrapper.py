@@ -3,8 +3,11 @@
 Contract, for each rank:
 
 - runs *cmd* as a child (same environment, plus ``PYTHONUNBUFFERED=1`` unless
-  set, so a crash does not swallow the last lines), with every inherited file
-  descriptor kept (PMI passes its socket as ``PMI_FD``);
+  set, so a crash does not swallow the last lines, ``TF_CPP_MIN_LOG_LEVEL=1``
+  unless set, so TensorFlow's C++ INFO lines stay out, and torchrun's ``RANK``,
+  ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` from what the launcher
+  said), with every inherited file descriptor kept (PMI passes its socket as
+  ``PMI_FD``);
 - copies the child's stdout and stderr to its own, whole lines at a time (the
   MPI launcher adds the rank prefix), optionally also to
   ``<output-dir>/rank.<N>/stdout|stderr``, and keeps the last lines; with
@@ -20,7 +23,10 @@ Contract, for each rank:
   ``$HVDLITE_JOB_TOKEN``) to stderr when the child starts and when it ends
   (rank, host, exit code or signal, whether it was told to stop, the last
   lines) and exits with the child's code (128+N for signal N).  The child's
-  environment has neither ``HVDLITE_JOB_*`` variable.
+  environment has neither ``HVDLITE_JOB_*`` variable;
+- applies ``TF_CPP_MIN_LOG_LEVEL`` to the C++ log lines (absl's format) of the
+  child's stderr: TensorFlow writes some before it reads that variable itself
+  (:func:`quiet_native_lines`).
 
 It is run as a plain file, not as ``-m hvdlite.runner.task_wrapper``, so that it
 imports nothing but the standard library and its sibling modules: importing the
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -88,17 +95,60 @@ class _Tail:
             return list(self._lines)
 
 
+# A line of absl's C++ log format (TensorFlow, XLA): severity letter, date, time
+# (before absl is set up: date 0000 and the seconds since 1970), thread,
+# file:line].  TensorFlow writes such lines before its own log set-up has read
+# TF_CPP_MIN_LOG_LEVEL, announced by absl's one-line notice.
+_ABSL_LINE = re.compile(rb"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [^\s:\]]+:\d+\] ")
+_ABSL_NOTICE = (
+    b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+)
+_SEVERITY = {b"I": 0, b"W": 1, b"E": 2, b"F": 3}
+
+
+def native_log_level(environ) -> int:
+    """TF_CPP_MIN_LOG_LEVEL as a number (0 shows everything; unset or bad: 0)."""
+    try:
+        return max(0, int(environ.get("TF_CPP_MIN_LOG_LEVEL", "0")))
+    except ValueError:
+        return 0
+
+
+def quiet_native_lines(block: bytes, level: int) -> bytes:
+    """*block* (whole lines) without the absl-format lines below *level* and, from
+    level 1, absl's notice that precedes them: TF_CPP_MIN_LOG_LEVEL applied to the
+    lines TensorFlow writes before it reads that variable itself."""
+    if level <= 0 or (b"] " not in block and _ABSL_NOTICE not in block):
+        return block
+    kept = []
+    for line in block.splitlines(keepends=True):
+        if line.rstrip(b"\r\n") == _ABSL_NOTICE:
+            continue
+        match = _ABSL_LINE.match(line)
+        if match and _SEVERITY[match.group(1)] < level:
+            continue
+        kept.append(line)
+    return b"".join(kept)
+
+
 class _Pump(threading.Thread):
     """Copies one pipe to *out_fd* (and a log file) in whole lines."""
 
     def __init__(
-        self, pipe, out_fd: int, tail: _Tail, log_path: str | None, timestamp: bool = False
+        self,
+        pipe,
+        out_fd: int,
+        tail: _Tail,
+        log_path: str | None,
+        timestamp: bool = False,
+        native_level: int = 0,
     ) -> None:
         super().__init__(daemon=True)
         self._pipe, self._out_fd, self._tail = pipe, out_fd, tail
         self._log = open_for_writing(log_path, binary=True) if log_path else None
         self._alive = True
         self._timestamp = timestamp
+        self._native_level = native_level
 
     def _stamped(self, block: bytes) -> bytes:
         if not self._timestamp:
@@ -107,6 +157,9 @@ class _Pump(threading.Thread):
         return b"".join(stamp + line for line in block.splitlines(keepends=True))
 
     def _emit(self, block: bytes) -> None:
+        block = quiet_native_lines(block, self._native_level)
+        if not block:
+            return
         out = self._stamped(block)
         if self._alive:
             self._alive = _write_all(self._out_fd, out)
@@ -234,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     host = socket.gethostname()
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # N ranks' C++ INFO lines are noise
+    env.update(rankenv.torchrun_variables(who))
     token = env.pop(protocol.TOKEN_VARIABLE, "")
     owner = env.pop(lifeline.OWNER_VARIABLE, "")
     owner = owner if owner and lifeline.alive(owner) else None  # None: hvdrun on another host
@@ -270,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     tail = _Tail(args.tail)
     pumps = [
         _Pump(child.stdout, 1, tail, out_log, args.timestamp),
-        _Pump(child.stderr, 2, tail, err_log, args.timestamp),
+        _Pump(child.stderr, 2, tail, err_log, args.timestamp, native_log_level(env)),
     ]
     for pump in pumps:
         pump.start()

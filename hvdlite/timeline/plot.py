@@ -14,7 +14,7 @@ from collections import Counter
 from . import schema as s
 from .reader import Trace
 
-__all__ = ["plot_steps", "step_starts", "MAX_ROWS_DRAWN", "MissingMatplotlib"]
+__all__ = ["plot_steps", "draw_steps", "step_starts", "MAX_ROWS_DRAWN", "MissingMatplotlib"]
 
 #: Tensor rows in one picture at most (the first to start in the window).
 MAX_ROWS_DRAWN = 60
@@ -64,6 +64,24 @@ def plot_steps(
 ) -> tuple[int, int]:
     """Draw steps *first* .. *first* + *count* - 1 (1-based, clamped to the trace)
     into the image *out*; returns the steps drawn."""
+    fig, first, last = draw_steps(trace, first, count, title)
+    fig.savefig(out, dpi=110)
+    return first, last
+
+
+# The figure's layout, in inches: it grows with its rows, and its margins are fixed
+# (the title above, the time axis and the legend below, the labels on the left), so
+# one row or sixty, nothing is cut off and no layout engine has to guess.
+_WIDTH = 12.0
+_ROW = 0.28
+_TOP = 0.45
+_BOTTOM = 0.85  # tick labels, the axis label, then the legend
+_RIGHT = 0.25
+_LABEL_CHAR = 0.06  # the width of a 7-point character, about
+
+
+def draw_steps(trace: Trace, first: int = 2, count: int = 1, title: str = ""):
+    """The figure :func:`plot_steps` saves: ``(figure, first, last)``."""
     try:
         from matplotlib.figure import Figure
         from matplotlib.lines import Line2D
@@ -86,7 +104,15 @@ def plot_steps(
     order = order[:MAX_ROWS_DRAWN]
     cycles = [e for e in trace.slices.get(s.CYCLE, ()) if inside(e)]
     labels = (["engine cycles"] if cycles else []) + [trace.tracks.get(t, str(t)) for t in order]
-    fig = Figure(figsize=(12, 1.2 + 0.28 * len(labels)))
+    left = min(max(1.0, 0.3 + _LABEL_CHAR * max((len(x) for x in labels), default=0)), 5.0)
+    height = _TOP + _ROW * max(len(labels), 1) + _BOTTOM
+    fig = Figure(figsize=(_WIDTH, height))
+    fig.subplots_adjust(
+        left=left / _WIDTH,
+        right=1 - _RIGHT / _WIDTH,
+        top=1 - _TOP / height,
+        bottom=_BOTTOM / height,
+    )
     ax = fig.add_subplot()
 
     def ms(t: float) -> float:
@@ -117,7 +143,8 @@ def plot_steps(
     ax.set_yticks([i + 0.5 for i in range(len(labels))], labels, fontsize=7)
     ax.set_ylim(len(labels), 0)
     ax.set_xlim(0, ms(hi))
-    ax.set_xlabel("ms from the start of the step")
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_xlabel("ms from the start of the step", fontsize=8)
     steps = f"step {first}" if first == last else f"steps {first}-{last}"
     ax.set_title(f"{title}: {steps}" if title else steps, fontsize=9)
     legend = [Patch(color=c, label=s.LABELS[p]) for p, c in _COLOURS.items()]
@@ -132,14 +159,12 @@ def plot_steps(
                 label="a rank reported (coordinator)",
             )
         )
-    ax.legend(
+    fig.legend(
         handles=legend,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.6 / len(labels) - 0.1),
+        loc="lower center",
+        bbox_to_anchor=(0.5, 0.05 / height),
         ncol=len(legend),
         fontsize=7,
         frameon=False,
     )
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    return first, last
+    return fig, first, last

@@ -68,8 +68,25 @@ def _check(tensor, what: str) -> None:
         )
     if tensor.dtype not in _NUMPY_DTYPES and tensor.dtype != torch.bfloat16:
         raise ArgumentError(
-            f"hvdlite.torch.{what}: unsupported dtype {tensor.dtype}; supported: {_SUPPORTED}"
+            f"hvdlite.torch.{what}: unsupported dtype {tensor.dtype}; supported: {_SUPPORTED} "
+            f"({_cast_hint(tensor.dtype)})"
         )
+
+
+def _cast_hint(dtype: torch.dtype) -> str:
+    """How to get a supported dtype from *dtype*, as a short phrase."""
+    if dtype.is_complex:
+        return (
+            "reduce torch.view_as_real(tensor), which holds the real and imaginary parts "
+            "as float, and view the result back with torch.view_as_complex"
+        )
+    if dtype.is_floating_point:  # float8 kinds and the like
+        return "cast it first, e.g. tensor.float() or tensor.to(torch.bfloat16)"
+    if str(dtype).startswith(("torch.qint", "torch.quint")):
+        return "dequantize it first: tensor.dequantize()"
+    if dtype in (torch.uint32, torch.uint64):
+        return "cast it first, e.g. tensor.to(torch.int64)"
+    return "cast it first, e.g. tensor.float() or tensor.to(torch.int32)"
 
 
 def _source(tensor, what: str) -> torch.Tensor:

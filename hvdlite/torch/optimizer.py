@@ -45,6 +45,7 @@ as counted by the reducer.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import warnings
 import weakref
@@ -118,7 +119,9 @@ class _DistributedOptimizer:
         elastic = os.environ.get("HVDLITE_ELASTIC", os.environ.get("HOROVOD_ELASTIC")) == "1"
         self._hooks_on = process_set.included() and (process_set.size() > 1 or elastic)
         if self._hooks_on:
+            _refuse_second_wrapper(self._optimizer_step_pre_hooks)
             self._register_hooks()
+            self.register_step_pre_hook(_step_guard(weakref.ref(self)))
 
     def _register_hooks(self) -> None:
         ref = weakref.ref(self)
@@ -349,6 +352,58 @@ def _counting_hook(ref, slot: _Slot):
             opt._grad_ready(p, slot)  # raises: more passes than backward_passes_per_step
 
     return grad_accumulated
+
+
+# The wrapper shares the wrapped optimizer's step hooks (the same dict), so a hook
+# it registers runs whichever of them steps: :func:`_step_guard` tells a step of
+# the wrapper from one that bypassed it.
+_BYPASSED_STEP = (
+    "step() was called on the optimizer that hvd.DistributedOptimizer wrapped, not on the "
+    "optimizer it returned: the gradients of this backward pass were not averaged across "
+    "ranks. Call step() and zero_grad() on what DistributedOptimizer returned, e.g. "
+    "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=...)."
+)
+_WRAPPED_TWICE = (
+    "this optimizer is already wrapped by another hvd.DistributedOptimizer (the same "
+    "torch optimizer passed twice, perhaps once through hvdlite.DistributedOptimizer and "
+    "once through hvdlite.torch.DistributedOptimizer): both would hook the same parameters, "
+    "and a step of one leaves the other's gradients counted but never reduced. Wrap the "
+    "torch optimizer once and use only the optimizer that call returned."
+)
+
+
+def _step_guard(ref):
+    """A step pre-hook: refuses a step of another optimizer object (the wrapped one,
+    or a second wrapper of it) while this wrapper's gradients wait to be reduced."""
+
+    def guard(optimizer, args, kwargs):
+        wrapper = ref()
+        if wrapper is None or optimizer is wrapper or not wrapper._backward_pending():
+            return None
+        if isinstance(optimizer, _DistributedOptimizer):
+            raise RuntimeError(_WRAPPED_TWICE)
+        raise RuntimeError(_BYPASSED_STEP)
+
+    guard.hvdlite_wrapper = ref
+    return guard
+
+
+def _refuse_second_wrapper(step_hooks) -> None:
+    """ValueError when a live wrapper with hooks already shares these step hooks (the
+    same torch optimizer wrapped before).  A wrapper that is only waiting for the
+    garbage collector (an LR scheduler makes a cycle) does not count."""
+
+    def others():
+        return [
+            hook.hvdlite_wrapper()
+            for hook in list(step_hooks.values())
+            if getattr(hook, "hvdlite_wrapper", None) is not None
+        ]
+
+    if any(w is not None and w._hooks_on for w in others()):
+        gc.collect()
+        if any(w is not None and w._hooks_on for w in others()):
+            raise ValueError(_WRAPPED_TWICE)
 
 
 def _check_no_graph(grad) -> None:

@@ -8,8 +8,9 @@ communication hook.  Three come with hvdlite, chosen from Horovod's arguments:
 
 - :class:`AllreduceReducer` (the default; ``op``, a stateless ``compression``
   cast, ``gradient_predivide_factor``, ``sparse_as_dense``): one allreduce per
-  key (a gradient, or a bucket or group of them; sparse gradients keep their
-  own exchange), started from the hook while backward still runs;
+  key (a bucket of gradients, a group, or one gradient; sparse gradients keep
+  their own exchange), started from the hook while backward still runs where
+  the engine thread has a core of its own, else at ``synchronize()``;
 - :class:`CompressorReducer` (``compression=Compression.topk(...)`` or
   ``Compression.powersgd(...)``): the whole exchange at ``synchronize()``;
 - :class:`AdasumReducer` (``op=Adasum``): gradients stay local, ``step()``
@@ -346,9 +347,12 @@ _ELEMENTWISE = (NoneCompressor, FP16Compressor, BF16Compressor)
 
 
 class AllreduceReducer(GradientReducer):
-    """Horovod's default: one allreduce (``op``) per gradient, or one grouped
-    allreduce per group, started the moment it is final so communication
-    overlaps the rest of backward.
+    """The default: one grouped allreduce (``op``) per key -- a bucket of about
+    ``bucket_cap_mb`` (25) MB of gradients, a ``groups=`` group, or one gradient
+    with ``bucket_cap_mb=0`` as Horovod does -- started from backward once the
+    key's last gradient is final where the engine thread has a core of its own
+    (communication overlaps the rest of backward), else all at ``synchronize()``
+    (see :func:`hvdlite.torch.optimizer._hooks_start_work`).
 
     ``compression`` is a stateless cast for the wire (``Compression.none``,
     ``.fp16``, ``.bf16``); ``gradient_predivide_factor`` f divides by f before

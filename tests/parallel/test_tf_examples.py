@@ -30,6 +30,9 @@ def test_keras_digits_reaches_95_percent_and_rank0_checkpoints(tmp_path_factory,
     if hvd.rank() == 0:
         assert checkpoint.exists()
         assert "Epoch 10/10" in out and "final test accuracy" in out
+        # Not a terminal: one line per epoch, no progress bar and no terminal codes.
+        assert "\x1b[" not in out and "\u2501" not in out and "\r" not in out
+        assert "loss:" in out
     else:
         assert not checkpoint.exists()
         assert "Epoch" not in out  # the progress bar is rank 0's only

@@ -252,6 +252,36 @@ def test_named_parameters_errors():
         hvd.DistributedOptimizer(opt)
 
 
+def test_wrapping_one_optimizer_twice_is_refused_naming_it():
+    model = make_model()
+    base = sgd(model.parameters())
+    first = hvdlite.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    with pytest.raises(ValueError, match="already wrapped by another") as info:
+        hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    assert "use only the optimizer that call returned" in str(info.value)
+    del first  # once the first wrapper is gone, the optimizer may be wrapped again
+    again = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    x, y = batch(0)
+    F.mse_loss(model(mine(x)), mine(y)).backward()
+    again.step()
+
+
+def test_a_step_that_bypasses_the_wrapper_is_refused(overlap):
+    model = make_model()
+    base = sgd(model.parameters())
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = batch(0)
+    F.mse_loss(model(mine(x)), mine(y)).backward()
+    with pytest.raises(RuntimeError, match="not on the optimizer it returned") as info:
+        base.step()
+    assert "were not averaged" in str(info.value)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))  # no update
+    opt.step()  # the wrapper still works, and the local step before any backward too
+    opt.zero_grad()
+    base.step()
+
+
 def test_zero_grad_between_backward_and_step_raises(overlap):
     model = make_model()
     opt = hvd.DistributedOptimizer(
