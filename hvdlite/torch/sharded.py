@@ -7,7 +7,10 @@ parameters only.  A step:
 1. the gradients, laid out shard after shard in one flat buffer per dtype
    (each shard padded to the largest), are *reduce-scattered*: each rank
    receives the averaged gradients of its own shard and no other (ZeRO-2: the
-   other gradients are dropped, ``.grad`` becomes None for them);
+   other gradients are dropped, ``.grad`` becomes None for them).  Where the
+   engine routes the set's allreduces through one node's shared memory, the
+   buffer is allreduced there instead and each rank keeps its shard: MPI's
+   reduce-scatter is several times slower than that route on one node;
 2. the wrapped optimizer's class steps the rank's shard (its state exists for
    that shard only: ZeRO-1);
 3. the updated shards are *allgathered* back into every parameter.
@@ -46,6 +49,8 @@ from hvdlite.torch.functions import allgather_object, broadcast_object
 __all__ = ["ShardedOptimizer", "balanced_shards"]
 
 _CASTS = (NoneCompressor, FP16Compressor, BF16Compressor)
+#: The most bytes per rank one parameter allgather moves (see _gather_parameters).
+_GATHER_CHUNK_BYTES = 8 << 20
 
 
 def balanced_shards(sizes: list[int], n: int) -> list[list[int]]:
@@ -105,6 +110,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._layout_size = None
         self._consolidated = None
         self._skip_reduce = False
+        self._buffers: dict = {}
         self._repartition()
         if optimizer.state:  # an optimizer that already stepped: keep its state, sharded
             self.load_state_dict(optimizer.state_dict())
@@ -126,6 +132,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self._layout_size == size:
             return
         self._size, self._rank = size, rank
+        self._reduce_whole = self._device.type == "cpu" and _basics.allreduce_uses_shared_memory(
+            self._process_set
+        )
         sizes = [p.numel() * p.element_size() for p in self._params]
         self._shards = balanced_shards(sizes, size)
         self._owned = self._shards[rank]  # global parameter indices, ascending
@@ -197,9 +206,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for dtype, by_shard in layout.items()
         }
 
-    def _flat(self, shards, block: int, value, dtype) -> torch.Tensor:
+    def _buffer(self, what: str, shape: tuple, dtype) -> torch.Tensor:
+        """A persistent buffer of this optimizer (new memory each step would be paid
+        for again in page faults: several times a memcpy's cost for large buffers)."""
+        key = (what, dtype)
+        buf = self._buffers.get(key)
+        if buf is None or buf.shape != shape:
+            buf = self._buffers[key] = torch.empty(shape, dtype=dtype, device=self._device)
+        return buf
+
+    def _flat(self, what: str, shards, block: int, value, dtype) -> torch.Tensor:
         """The tensors value(i) of each shard's indices, flat and back to back, each
-        shard padded to *block*: one new buffer, written once."""
+        shard padded to *block* with zeros, in this optimizer's buffer *what*."""
         pieces = []
         for indices in shards:
             used = 0
@@ -208,7 +226,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 used += pieces[-1].numel()
             if used < block:
                 pieces.append(torch.zeros(block - used, dtype=dtype, device=self._device))
-        return torch.cat(pieces)
+        return torch.cat(pieces, out=self._buffer(what, (len(shards) * block,), dtype))
 
     def _reduce_gradients(self) -> None:
         params, size = self._params, self._size
@@ -224,19 +242,32 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for dtype, (by_shard, block) in self._by_dtype().items():
             if not block:
                 continue
-            flat = self._flat(by_shard, block, grad, dtype)
+            flat = self._flat("grads", by_shard, block, grad, dtype)
             wire, ctx = self._compression.compress(flat)
             pre, post, op = 1.0, 1.0, self._op
             if self._op == Average and self._predivide != 1.0:
                 pre, post, op = 1.0 / self._predivide, self._predivide / size, Sum
-            shard = _ops.reducescatter(
-                wire,
-                op=op,
-                name=f"sharded.grads.{dtype}",
-                prescale_factor=pre,
-                postscale_factor=post,
-                process_set=self._process_set,
-            )
+            if self._reduce_whole:
+                # One node: the engine's shared-memory allreduce is faster than MPI's
+                # reduce-scatter; this rank keeps its shard (a copy: the rest is freed).
+                whole = _ops.allreduce_(
+                    wire,
+                    op=op,
+                    name=f"sharded.grads.{dtype}",
+                    prescale_factor=pre,
+                    postscale_factor=post,
+                    process_set=self._process_set,
+                )
+                shard = whole[self._rank * block : (self._rank + 1) * block].clone()
+            else:
+                shard = _ops.reducescatter(
+                    wire,
+                    op=op,
+                    name=f"sharded.grads.{dtype}",
+                    prescale_factor=pre,
+                    postscale_factor=post,
+                    process_set=self._process_set,
+                )
             shard = self._compression.decompress(shard, ctx)
             offset = 0
             for i in by_shard[self._rank]:
@@ -250,22 +281,28 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     params[i].grad = None  # ZeRO-2: the other shards' gradients are dropped
 
     def _gather_parameters(self) -> None:
-        params = self._params
+        """Every rank's updated shard into every parameter, in allgathers of at most
+        :data:`_GATHER_CHUNK_BYTES` per rank (each fits the engine's shared-memory
+        area on one node; one gather of a whole shard would go through MPI's
+        Allgatherv, several times slower there)."""
+        params, size = self._params, self._size
         for dtype, (by_shard, block) in self._by_dtype().items():
             if not block:
                 continue
-            mine = self._flat([by_shard[self._rank]], block, lambda i: params[i].detach(), dtype)
-            every = _ops.allgather(
-                mine, name=f"sharded.params.{dtype}", process_set=self._process_set
+            mine = self._flat(
+                "mine", [by_shard[self._rank]], block, lambda i: params[i].detach(), dtype
             )
-            for r, shard in enumerate(by_shard):
-                if r == self._rank:
-                    continue
-                offset = r * block
-                for i in shard:
-                    p, n = params[i], params[i].numel()
-                    p.data.copy_(every[offset : offset + n].view_as(p))
-                    offset += n
+            step = max(1, _GATHER_CHUNK_BYTES // mine.element_size())
+            for first in range(0, block, step):
+                chunk = _ops.allgather(
+                    mine[first : first + step],
+                    name=f"sharded.params.{dtype}.{first}",
+                    process_set=self._process_set,
+                )
+                rows = chunk.view(size, -1)
+                for r, shard in enumerate(by_shard):
+                    if r != self._rank:
+                        _copy_range(rows[r], first, [params[i] for i in shard])
 
     # ----------------------------------------------------------- checkpoints
     def consolidate_state_dict(self, to: int | None = 0) -> None:
@@ -354,6 +391,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
 def _hyper(group: dict) -> dict:
     return {k: v for k, v in group.items() if k != "params"}
+
+
+def _copy_range(values: torch.Tensor, first: int, params) -> None:
+    """Elements first..first+len(values) of the flat concatenation of *params*, from
+    *values*, into the parameters they belong to."""
+    last, offset = first + values.numel(), 0
+    for p in params:
+        n = p.numel()
+        lo, hi = max(first, offset), min(last, offset + n)
+        if lo < hi:
+            p.data.view(-1)[lo - offset : hi - offset].copy_(values[lo - first : hi - first])
+        offset += n
+        if offset >= last:
+            break
 
 
 def _to_cpu(state: dict) -> dict:

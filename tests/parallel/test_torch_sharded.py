@@ -243,3 +243,13 @@ def test_backward_passes_per_step_like_the_unsharded_optimizer():
             opt.step()
         results.append(model)
     same_weights(results[1], results[0])
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["allreduce-on-one-node", "reducescatter"])
+def test_both_gradient_routes_agree_with_one_process(whole):
+    ref, _ = train(adam, 3, sharded=False)
+    model = make_big_model()
+    opt = hvd.DistributedOptimizer(adam(model.parameters()), shard_optimizer_state=True)
+    opt._reduce_whole = whole  # the route is the engine's choice; both must agree
+    train(adam, 3, sharded=True, model=model, opt=opt)
+    same_weights(model, ref)
