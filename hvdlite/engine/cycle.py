@@ -66,7 +66,7 @@ from .cache_bits import CacheBits
 from .coordinator import Coordinator, StallClock
 from .doorbell import Doorbell
 from .driver import Driver, Phase
-from ..exceptions import HorovodInternalError, MismatchError
+from ..exceptions import CollectiveTimeoutError, HorovodInternalError, MismatchError
 from .executor import MPIExecutor
 from .execution import Execution
 from .messages import (
@@ -266,7 +266,12 @@ class Engine:
         return self.doorbell.heard()
 
     def fail(self, exc: BaseException) -> None:
-        self._stop_reason = f"hvdlite engine failed on rank {self.rank}: {exc!r}"
+        # A wait that ran out is an answer about the job: its message says it all.
+        self._stop_reason = (
+            str(exc)
+            if isinstance(exc, CollectiveTimeoutError)
+            else f"hvdlite engine failed on rank {self.rank}: {exc!r}"
+        )
         self._fail_everything(self._stop_reason)
         if self.size > 1:
             # Peers would wait for this rank forever: end the job instead of hanging it.

@@ -94,7 +94,7 @@ def exit_code_of(failure: Failure) -> int:
 
 _NOTICE = (
     "(mpiexec's own notice of this failure, 'BAD TERMINATION OF ONE OF YOUR APPLICATION "
-    "PROCESSES', is left out: it says the same)"
+    "PROCESSES', is not shown: it says the same)"
 )
 
 
