@@ -92,6 +92,16 @@ from .reductions import allreduce, grouped_allreduce, grouped_reducescatter, red
 from . import elastic  # noqa: E402 - hvd.elastic.run, TensorFlowKerasState
 from ..basics import COMMON_NAMES
 
+
+def _executing_eagerly() -> bool:
+    """Whether TensorFlow runs eagerly here: Horovod's ``horovod.tensorflow`` exposes
+    this private helper, and scripts (its own tests among them) call it as
+    ``hvd._executing_eagerly()``."""
+    import tensorflow as tf
+
+    return tf.executing_eagerly()
+
+
 __all__ = [
     *COMMON_NAMES,
     "HorovodInternalError",

@@ -69,6 +69,7 @@ __all__ = [
     "chain_link",
     "to_wire",
     "from_wire",
+    "Scaling",
     "process_set_by_id",
 ]
 
@@ -179,6 +180,61 @@ def from_wire(tensor: tf.Tensor, dtype: tf.DType, *, reduce: bool) -> tf.Tensor:
     if dtype != tf.bfloat16:
         return tensor
     return tf.cast(tensor, tf.bfloat16) if reduce else tf.bitcast(tensor, tf.bfloat16)
+
+
+class Scaling:
+    """Where a reduction's pre/postscale factors are applied: by the engine, or here.
+
+    The engine reduces float16 in float32 and applies the factors to the float32
+    values, rounding to float16 once at the end.  Horovod scales the float16
+    buffer itself: the prescaled input is rounded to float16 before the sum, and
+    the postscale factor multiplies the sum already rounded to float16 (in
+    float32, then rounded again).  At sizes that are not powers of two the two
+    differ by an ulp, and Horovod's suites compare with zero tolerance; each
+    rank checks its own shard of a reducescatter, so an ulp on one rank only
+    puts the ranks on different paths through a test.  So a group holding a
+    float16 tensor with a factor other than 1 is scaled here, in Horovod's
+    order, and the engine gets op Sum and no factors (Average folds into the
+    postscale factor as 1/size, as in Horovod's core).  Every other dtype of
+    such a group is scaled exactly as the engine would: floats in their own
+    precision (bfloat16 on its float32 wire), integers in float64, truncated.
+    A sum that overflows float16 stays inf here, as in Horovod, where the
+    engine path would have kept it finite: so the engine keeps every group
+    without a factor, Average included.
+    """
+
+    def __init__(self, dtypes, op, prescale_factor, postscale_factor, set_size: int):
+        self.op, self.pre, self.post = op, prescale_factor, postscale_factor
+        try:
+            pre, post = float(prescale_factor), float(postscale_factor)
+        except (TypeError, ValueError):  # the engine says what is wrong with them
+            pre = post = 1.0
+        self.here = tf.float16 in dtypes and (pre != 1.0 or post != 1.0)
+        if not self.here:
+            return
+        if op == _ops.Average:
+            op, post = _ops.Sum, post / set_size
+        self.op, self.pre, self.post = op, 1.0, 1.0
+        self._pre, self._post = pre, post
+
+    def before(self, wire: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+        """One wire tensor (of a tensor of ``dtype``), prescaled where the adapter scales."""
+        return _scale_wire(wire, dtype, self._pre) if self.here else wire
+
+    def after(self, wire: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+        """One reduced wire tensor, postscaled where the adapter scales."""
+        return _scale_wire(wire, dtype, self._post) if self.here else wire
+
+
+def _scale_wire(wire: tf.Tensor, dtype: tf.DType, factor: float) -> tf.Tensor:
+    if factor == 1.0:
+        return wire
+    if dtype == tf.float16:  # the float16 value times float32(factor), rounded to float16
+        half = tf.cast(tf.cast(wire, tf.float16), tf.float32)
+        return tf.cast(tf.cast(half * tf.constant(factor, tf.float32), tf.float16), tf.float32)
+    if wire.dtype.is_floating:
+        return wire * tf.constant(factor, wire.dtype)
+    return tf.cast(tf.cast(wire, tf.float64) * factor, wire.dtype)
 
 
 #: TensorFlow (Eigen's largest alignment) adopts a numpy function's output

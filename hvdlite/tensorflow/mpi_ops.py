@@ -182,7 +182,8 @@ def _zeros_if_none(grads, outputs):
 
 def _grouped_allreduce_nograd(tensors, name, op, prescale_factor, postscale_factor, process_set):
     dtypes = [t.dtype for t in tensors]
-    wire = [_bridge.to_wire(t, reduce=True) for t in tensors]
+    scaling = _bridge.Scaling(dtypes, op, prescale_factor, postscale_factor, process_set.size())
+    wire = [scaling.before(_bridge.to_wire(t, reduce=True), t.dtype) for t in tensors]
     if name is None:
         name = _bridge.op_name("GroupedAllreduce", tensors, None)
 
@@ -190,9 +191,9 @@ def _grouped_allreduce_nograd(tensors, name, op, prescale_factor, postscale_fact
         return _collectives.grouped_allreduce(
             list(arrays),
             name=name,
-            op=op,
-            prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor,
+            op=scaling.op,
+            prescale_factor=scaling.pre,
+            postscale_factor=scaling.post,
             process_set=process_set,
             outputs=outputs,
         )
@@ -205,7 +206,10 @@ def _grouped_allreduce_nograd(tensors, name, op, prescale_factor, postscale_fact
         name,
         outputs_like_inputs=len(wire),
     )
-    return [_bridge.from_wire(o, d, reduce=True) for o, d in zip(outs, dtypes, strict=True)]
+    return [
+        _bridge.from_wire(scaling.after(o, d), d, reduce=True)
+        for o, d in zip(outs, dtypes, strict=True)
+    ]
 
 
 def _reduce_backward(dys, xs, ys, op, prescale_factor, postscale_factor, process_set):
@@ -595,7 +599,8 @@ def _grouped_reducescatter_nograd(
     tensors, name, op, prescale_factor, postscale_factor, process_set
 ):
     dtypes = [t.dtype for t in tensors]
-    wire = [_bridge.to_wire(t, reduce=True) for t in tensors]
+    scaling = _bridge.Scaling(dtypes, op, prescale_factor, postscale_factor, process_set.size())
+    wire = [scaling.before(_bridge.to_wire(t, reduce=True), t.dtype) for t in tensors]
     if name is None:
         name = _bridge.op_name("GroupedReducescatter", tensors, None)
 
@@ -603,15 +608,18 @@ def _grouped_reducescatter_nograd(
         return _collectives.grouped_reducescatter(
             list(arrays),
             name=name,
-            op=op,
-            prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor,
+            op=scaling.op,
+            prescale_factor=scaling.pre,
+            postscale_factor=scaling.post,
             process_set=process_set,
         )
 
     shapes = [tf.TensorShape([None]).concatenate(w.shape[1:]) for w in wire]
     outs = _bridge.run(fn, wire, [w.dtype for w in wire], shapes, name)
-    return [_bridge.from_wire(o, d, reduce=True) for o, d in zip(outs, dtypes, strict=True)]
+    return [
+        _bridge.from_wire(scaling.after(o, d), d, reduce=True)
+        for o, d in zip(outs, dtypes, strict=True)
+    ]
 
 
 @_no_autograph
