@@ -247,27 +247,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
             pre, post, op = 1.0, 1.0, self._op
             if self._op == Average and self._predivide != 1.0:
                 pre, post, op = 1.0 / self._predivide, self._predivide / size, Sum
+            how = dict(
+                op=op,
+                name=f"sharded.grads.{dtype}",
+                prescale_factor=pre,
+                postscale_factor=post,
+                process_set=self._process_set,
+            )
             if self._reduce_whole:
                 # One node: the engine's shared-memory allreduce is faster than MPI's
                 # reduce-scatter; this rank keeps its shard (a copy: the rest is freed).
-                whole = _ops.allreduce_(
-                    wire,
-                    op=op,
-                    name=f"sharded.grads.{dtype}",
-                    prescale_factor=pre,
-                    postscale_factor=post,
-                    process_set=self._process_set,
-                )
+                whole = _ops.allreduce_(wire, **how)
                 shard = whole[self._rank * block : (self._rank + 1) * block].clone()
             else:
-                shard = _ops.reducescatter(
-                    wire,
-                    op=op,
-                    name=f"sharded.grads.{dtype}",
-                    prescale_factor=pre,
-                    postscale_factor=post,
-                    process_set=self._process_set,
-                )
+                shard = _ops.reducescatter(wire, **how)
             shard = self._compression.decompress(shard, ctx)
             offset = 0
             for i in by_shard[self._rank]:
