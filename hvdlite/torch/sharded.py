@@ -152,6 +152,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         kwargs = {k: v for k, v in self._defaults.items() if k in accepted}
         self.local = self._wrapped_class(local_groups, **kwargs)
         self._layout_size = size
+        self._layout = self._by_dtype()  # depends only on the shards: made once per size
 
     # -------------------------------------------------------------- the step
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -239,7 +240,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             p = params[i]
             return p.grad if p.grad is not None else torch.zeros_like(p)
 
-        for dtype, (by_shard, block) in self._by_dtype().items():
+        for dtype, (by_shard, block) in self._layout.items():
             if not block:
                 continue
             flat = self._flat("grads", by_shard, block, grad, dtype)
@@ -279,7 +280,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         area on one node; one gather of a whole shard would go through MPI's
         Allgatherv, several times slower there)."""
         params, size = self._params, self._size
-        for dtype, (by_shard, block) in self._by_dtype().items():
+        for dtype, (by_shard, block) in self._layout.items():
             if not block:
                 continue
             mine = self._flat(
