@@ -9,10 +9,15 @@ Ordering model (CUDA terms; the host backend follows the same calls in program
 order and can keep a journal of them for tests):
 
 1. at submission, on the caller's thread, :meth:`ArrayBackend.record_ready`
-   marks where the producer's streams stood (an event on each);
+   notes the producer streams (the submitting thread's current streams); it
+   records nothing, so a submission costs no driver call;
 2. the engine runs a batch on its own stream: :meth:`~ArrayBackend.wait_ready`
-   makes that stream wait for the marks (the host never blocks), then the
-   copies, scaling and collective are enqueued on it;
+   records one event on each producer stream of the batch and makes the engine
+   stream wait for it (the host never blocks).  That event covers everything
+   enqueued there before the batch runs, so all the work before each
+   submission too: the engine may wait for a little more than it must, never
+   for less, and a batch costs one record per producer stream, not one per
+   tensor.  Then the copies, scaling and collective are enqueued on it;
 3. :meth:`~ArrayBackend.publish` makes each producer stream wait for the
    engine stream's work so far, so whatever the caller enqueues after the
    handle completes sees the results; nothing blocks the training stream on
@@ -24,7 +29,7 @@ thread, waits for the engine stream.
 
 Cost model: the executor issues a constant number of backend calls per batch,
 whatever its number of tensors (one :meth:`~ArrayBackend.copy_many` per pack or
-unpack, one wait per producer stream, one publish); the CUDA backend runs each
+unpack, one record and wait per producer stream, one publish); the CUDA backend runs each
 as a constant number of launches.  The host backend's journal counts the calls,
 which is how CPU CI holds the GPU path's cost per batch flat.
 
@@ -45,7 +50,7 @@ import threading
 import numpy as np
 
 from ..engine.fusion import BufferPool
-from ..engine.packing import Copy
+from ..engine.packing import NUMPY, Copy
 from .arrays import HOST, HostDeviceArray
 
 __all__ = ["ArrayBackend", "HostBackend", "HostEvent"]
@@ -115,6 +120,10 @@ class ArrayBackend(abc.ABC):
         """Pack flat *srcs* (all of dst's dtype) back to back into *dst*."""
 
     @abc.abstractmethod
+    def split(self, src, dsts) -> None:
+        """Unpack flat *src* back to back into flat *dsts* (all of src's dtype)."""
+
+    @abc.abstractmethod
     def to_host(self, src, host: np.ndarray) -> None:
         """Copy device *src* into *host*; complete when this returns."""
 
@@ -126,12 +135,13 @@ class ArrayBackend(abc.ABC):
     # ----------------------------------------------------------- ordering
     @abc.abstractmethod
     def record_ready(self, arrays):
-        """Caller thread, at submission: a token marking where the streams that
-        produced *arrays* stand now."""
+        """Caller thread, at submission: a token naming the streams that produced
+        *arrays* (the submitting thread's current ones); no device call."""
 
     @abc.abstractmethod
     def wait_ready(self, tokens) -> None:
-        """Engine stream: wait (on the device) for the marks of *tokens* (None skipped)."""
+        """Engine stream: wait (on the device) for the producer streams of *tokens*
+        (None skipped) as they stand now: one record and one wait per stream."""
 
     @abc.abstractmethod
     def publish(self, tokens) -> None:
@@ -147,8 +157,10 @@ class ArrayBackend(abc.ABC):
 
 
 class HostEvent:
-    """An event of the host backend: recorded when made (the host runs in order);
-    its "stream" is the recording thread, as a CUDA producer stream would be."""
+    """A producer mark of the host backend: its "stream" is the submitting thread,
+    as a CUDA producer stream would be; *seq* orders the marks (a batch's
+    :meth:`HostBackend.wait_ready` gives its tokens a newer one, as the CUDA
+    backend records a new event there)."""
 
     __slots__ = ("seq", "stream")
     _counter = itertools.count(1)
@@ -217,6 +229,10 @@ class HostBackend(ArrayBackend):
         self._note("copies", len(srcs))
         np.concatenate(srcs, out=dst)
 
+    def split(self, src, dsts) -> None:
+        self._note("copies", len(dsts))
+        NUMPY.split(src, dsts)
+
     def copy_many(self, copies) -> None:
         self._note("copies", len(copies))
         for dst, src, factor in copies:
@@ -241,9 +257,18 @@ class HostBackend(ArrayBackend):
         return event
 
     def wait_ready(self, tokens) -> None:
-        if self.journal is not None:  # the host has nothing to wait for: only a record
-            for seq in self._latest(tokens):
-                self._note("wait", seq)
+        if self.journal is None:
+            return  # the host has nothing to wait for: the journal is all there is
+        recorded: dict[int, HostEvent] = {}  # one record per producer stream of the batch
+        for token in tokens:
+            if token is not None:
+                event = recorded.get(token.stream)
+                if event is None:
+                    event = recorded[token.stream] = HostEvent()
+                    self._note("record", event.seq)
+                token.seq = event.seq
+        for seq in self._latest(tokens):
+            self._note("wait", seq)
 
     def publish(self, tokens) -> None:
         if self.journal is not None:

@@ -19,6 +19,7 @@ import itertools
 import math
 import sys
 import threading
+import weakref
 
 import cupy
 import numpy as np
@@ -36,8 +37,10 @@ _BYTES = np.dtype(np.uint8)
 
 
 class Ready:
-    """Where a submission's producer streams stood: ``marks`` = [(stream, event, seq)],
-    *seq* ordering the marks of one stream (a later mark covers the earlier ones)."""
+    """A submission's producer streams: ``marks`` = [(stream, event, seq)], *seq*
+    ordering the marks of one stream (a later mark covers the earlier ones).  A
+    mark whose event is None is pending: the batch that runs the submission
+    records it (:meth:`CudaBackend.wait_ready`)."""
 
     __slots__ = ("device_id", "marks")
 
@@ -117,22 +120,43 @@ class CudaBackend(ArrayBackend):
         self._marking = threading.Lock()  # a mark's event record and its seq, together
         self._seq = itertools.count(1)
         self.copies = BatchedCopies()
+        self._held: dict[int, tuple] = {}  # wrap_held's views, by data pointer
 
     # ------------------------------------------------------------ arrays
     def wrap(self, x, what: str):
-        if isinstance(x, cupy.ndarray):
+        if x.__class__ is cupy.ndarray:
             arr = x
         elif _is_torch_tensor(x):
-            arr = _from_torch(x, what)
+            return _from_torch(x, what)  # contiguity checked there, on the tensor
         elif hasattr(x, "__cuda_array_interface__"):
             arr = _from_interface(x, what)
         else:
             arr = cupy.from_dlpack(x)
-        if not arr.flags.c_contiguous:
+        if not arr._c_contiguous:  # cupy's own flag: .flags makes an object per call
             raise ArgumentError(
                 f"{what}: the device array is not C-contiguous; pass a contiguous "
                 "one (e.g. cupy.ascontiguousarray(x) or tensor.contiguous())."
             )
+        return arr
+
+    def wrap_held(self, tensor, what: str):
+        """:meth:`wrap` for a torch CUDA tensor that the caller holds until its
+        collective completes (a gradient of a bucket): the view, which then need
+        not hold the tensor, is made once per tensor and reused while the
+        tensor keeps its memory, shape and dtype."""
+        ptr = tensor.data_ptr()
+        held = self._held.get(ptr)
+        if (
+            held is not None
+            and held[0]() is tensor
+            and held[1] == tensor.shape
+            and held[2] is tensor.dtype
+        ):
+            return held[3]
+        arr = _from_torch(tensor, what, owner=None)
+        if len(self._held) >= _HELD_VIEWS:
+            self._held.clear()  # dead tensors' entries go; live ones come back on next use
+        self._held[ptr] = (weakref.ref(tensor), tensor.shape, tensor.dtype, arr)
         return arr
 
     def empty(self, shape, dtype, ready=None):
@@ -142,8 +166,10 @@ class CudaBackend(ArrayBackend):
         with stream:
             out = cupy.empty(shape, dtype)
         # The memory is the producer stream's from now on: the engine also waits for
-        # whatever that stream still does, so reuse of a just-freed block is ordered.
-        ready.marks.append(self._mark(stream, ready.device_id))
+        # whatever that stream still does, so reuse of a just-freed block is ordered
+        # (a pending mark, recorded when the batch runs, already covers it).
+        if ready.marks[0][1] is not None:
+            ready.marks.append(self._mark(stream, ready.device_id))
         return out
 
     def buffer(self, dtype, count: int, slot: int = 0):
@@ -167,11 +193,14 @@ class CudaBackend(ArrayBackend):
         dst.fill(0)
 
     def concatenate(self, srcs, dst) -> None:
-        copies, offset, base, dtype = [], 0, dst.data.ptr, dst.dtype
-        for src in srcs:
-            copies.append(Copy(Window(base + offset * dtype.itemsize, src.size, dtype), src))
-            offset += src.size
-        self.copies.run(copies, self._stream())
+        sizes = [src.nbytes for src in srcs]
+        starts = list(itertools.accumulate(sizes, initial=dst.data.ptr))[:-1]
+        self.copies.run_bytes([src.data.ptr for src in srcs], starts, sizes, self._stream())
+
+    def split(self, src, dsts) -> None:
+        sizes = [dst.nbytes for dst in dsts]
+        starts = list(itertools.accumulate(sizes, initial=src.data.ptr))[:-1]
+        self.copies.run_bytes(starts, [dst.data.ptr for dst in dsts], sizes, self._stream())
 
     # Views for copy_many: bare pointer records, no CuPy array made.
     def flat(self, x):
@@ -211,16 +240,17 @@ class CudaBackend(ArrayBackend):
             return Ready(device_id, self._producer_marks(device_id))
 
     def _producer_marks(self, device_id: int) -> list:
-        """Marks on the submitting thread's CuPy stream and torch's current stream."""
+        """Pending marks on the submitting thread's CuPy stream and torch's current
+        stream (no event recorded here: see :meth:`wait_ready`)."""
         stream = cupy.cuda.get_current_stream()
-        marks = [self._mark(stream, device_id)]
+        marks = [(stream, None, 0)]
         torch_ptr = _torch_stream_ptr(device_id)
         if torch_ptr is not None and torch_ptr != stream.ptr:
             key = (device_id, torch_ptr)
             external = self._external.get(key)
             if external is None:
                 external = self._external[key] = cupy.cuda.ExternalStream(torch_ptr, device_id)
-            marks.append(self._mark(external, device_id))
+            marks.append((external, None, 0))
         return marks
 
     def _mark(self, stream, device_id: int) -> tuple:
@@ -230,17 +260,32 @@ class CudaBackend(ArrayBackend):
             return (stream, event, next(self._seq))
 
     def wait_ready(self, tokens) -> None:
-        """One wait per producer stream: its latest mark covers the earlier ones."""
+        """One wait per producer stream: a pending mark is recorded now, once per
+        stream for the whole batch (it covers the submissions, and whatever came
+        after them on that stream); else the stream's latest mark covers the rest."""
         latest: dict[int, tuple] = {}
+        pending: dict[int, object] = {}
         for token in tokens:
             if token is not None:
                 for mark in token.marks:
-                    seen = latest.get(mark[0].ptr)
+                    ptr = mark[0].ptr
+                    if mark[1] is None:
+                        pending[ptr] = mark[0]
+                        continue
+                    seen = latest.get(ptr)
                     if seen is None or seen[2] < mark[2]:
-                        latest[mark[0].ptr] = mark
+                        latest[ptr] = mark
+        fresh = []
+        if pending:
+            device_id = cupy.cuda.runtime.getDevice()
+            for ptr, producer in pending.items():
+                latest[ptr] = mark = self._mark(producer, device_id)
+                fresh.append(mark[1])
         stream = self._stream()
         for _, event, _ in latest.values():
             stream.wait_event(event)
+        if fresh:  # a wait takes the event's state when made: the events are free again
+            self._events.give(device_id, fresh)
 
     def publish(self, tokens) -> None:
         device_id = cupy.cuda.runtime.getDevice()
@@ -252,7 +297,8 @@ class CudaBackend(ArrayBackend):
             if token is None:
                 continue
             for producer, event, _ in token.marks:
-                used.append(event)
+                if event is not None:
+                    used.append(event)
                 if producer.ptr not in seen:
                     seen.add(producer.ptr)
                     producer.wait_event(done)
@@ -308,6 +354,7 @@ def _from_interface(x, what: str):
 
 
 _TORCH_DTYPES: dict = {}
+_SELF = object()  # _from_torch's default owner: the tensor itself
 
 
 def _is_torch_tensor(x) -> bool:
@@ -315,9 +362,14 @@ def _is_torch_tensor(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _from_torch(x, what: str):
+#: Views wrap_held keeps (a few per gradient of the largest model step).
+_HELD_VIEWS = 8192
+
+
+def _from_torch(x, what: str, owner=_SELF):
     """A CuPy array over a torch CUDA tensor's memory, read from the tensor directly
-    (cheaper than building its ``__cuda_array_interface__``)."""
+    (cheaper than building its ``__cuda_array_interface__``); it holds *x* alive
+    unless *owner* is given (None: the caller holds *x*)."""
     if not x.is_contiguous():
         raise ArgumentError(
             f"{what}: the device array is not C-contiguous; pass a contiguous "
@@ -325,11 +377,12 @@ def _from_torch(x, what: str):
         )
     dtype = _TORCH_DTYPES.get(x.dtype)
     if dtype is None:
-        dtype = _TORCH_DTYPES[x.dtype] = np.dtype(x.__cuda_array_interface__["typestr"])
+        typestr = x.detach().__cuda_array_interface__["typestr"]
+        dtype = _TORCH_DTYPES[x.dtype] = np.dtype(typestr)
     shape = tuple(x.shape)
     nbytes = x.numel() * dtype.itemsize
     ptr = x.data_ptr()
     if nbytes == 0 or ptr == 0:
         return cupy.empty(shape, dtype)
-    memory = cupy.cuda.UnownedMemory(ptr, nbytes, x, x.get_device())
+    memory = cupy.cuda.UnownedMemory(ptr, nbytes, x if owner is _SELF else owner, x.get_device())
     return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(memory, 0))

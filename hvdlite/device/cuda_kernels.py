@@ -200,22 +200,31 @@ class BatchedCopies:
                 )
             )
             groups.setdefault(key, []).append(copy)
-        rows = sum(len(group) for group in groups.values())
         srcs, dsts, counts, factors, launches = [], [], [], [], []
         for key, group in groups.items():
             unit = "nbytes" if key == "bytes" else "size"
             sizes = [getattr(dst, unit) for dst, _, _ in group]
-            launches.append(
-                (key, len(srcs), len(group), max(sizes) // (16 if key == "bytes" else 1))
-            )
+            launches.append((key, len(srcs), len(group), max(sizes)))
             srcs += [0 if src is None else _ptr(src) for _, src, _ in group]
             dsts += [_ptr(dst) for dst, _, _ in group]
             counts += sizes
             factors += [factor for _, _, factor in group]
+        self._launch(srcs, dsts, counts, factors, launches, stream)
+
+    def run_bytes(self, srcs, dsts, nbytes, stream) -> None:
+        """Plain copies given as device pointers: ``nbytes[i]`` bytes from
+        ``srcs[i]`` to ``dsts[i]`` (sequences of ints), in one launch."""
+        if len(srcs):
+            self._launch(srcs, dsts, nbytes, None, [("bytes", 0, len(srcs), max(nbytes))], stream)
+
+    def _launch(self, srcs, dsts, counts, factors, launches, stream) -> None:
+        """Upload the rows (factors None: all 1.0) and run each launch, a
+        ``(kernel key, first row, rows, longest count)``."""
+        rows = len(srcs)
         slot, host = self._slot(rows)
         table = host[: rows * _ROW].reshape(rows, _ROW)
         table[:, 0], table[:, 1], table[:, 2] = srcs, dsts, counts
-        table.view(np.float64)[:, 3] = factors
+        table.view(np.float64)[:, 3] = 1.0 if factors is None else factors
         device_table = cupy.empty(rows * _ROW, np.int64)
         cupy.cuda.runtime.memcpyAsync(
             device_table.data.ptr,
@@ -228,6 +237,7 @@ class BatchedCopies:
         for key, first, count, longest in launches:
             kernel = self._kernel(key)
             by = min(count, 65535)
+            longest //= 16 if key == "bytes" else 1
             bx = max(1, min(-(-longest // (_THREADS * 4)), max(1, 4096 // by)))
             kernel(
                 (bx, by),

@@ -11,7 +11,7 @@ the set must agree on; and the producers' streams are marked
 from __future__ import annotations
 
 from ..exceptions import ArgumentError
-from .arrays import CPU, device_of
+from .arrays import CPU, device_of, devices_of
 from .registry import backend
 
 __all__ = ["engine_array", "engine_output", "prepare"]
@@ -52,8 +52,11 @@ def prepare(params, inputs, outputs):
         if params.device != device:
             params = params._replace(device=device)
         return params, backend(device).record_ready(inputs)
-    arrays = list(inputs) + [o for o in (outputs or ()) if o is not None]
-    devices = {device_of(a) for a in arrays}
+    arrays = list(inputs)
+    others = [o for o in (outputs or ()) if o is not None]
+    if len(others) != len(arrays) or any(o is not i for o, i in zip(others, arrays)):
+        arrays += others  # not in place: the outputs' devices count too
+    devices = devices_of(arrays)
     if devices == {CPU}:
         return params, None
     if len(devices) > 1:

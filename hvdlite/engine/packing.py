@@ -10,8 +10,8 @@ differ.  The functions here take the copies from an *ops* object, which
   factor`` cast to dst's dtype (src None: zeros).  One call per pack or unpack,
   whatever the number of tensors: a device backend runs it as a constant
   number of launches, which is what keeps the GPU path's cost per batch flat;
-- ``concatenate(srcs, dst)``: the flat *srcs* back to back into *dst* (the
-  unscaled single-dtype pack);
+- ``concatenate(srcs, dst)`` and ``split(src, dsts)``: the flat *srcs* back to
+  back into *dst*, and back out (the unscaled single-dtype pack and unpack);
 - ``copy(dst, src)`` and ``scale(dst, src, factor)``: one array;
 - ``flat(x)``, ``as_bytes(x)`` and ``window(flat, start, count)``: the views a
   copy reads or writes (a device backend may answer with a bare pointer record,
@@ -83,6 +83,13 @@ class _NumpyOps:
     @staticmethod
     def concatenate(srcs, dst) -> None:
         np.concatenate(srcs, out=dst)
+
+    @staticmethod
+    def split(src, dsts) -> None:
+        offset = 0
+        for dst in dsts:
+            dst[...] = src[offset : offset + dst.size]
+            offset += dst.size
 
     @staticmethod
     def flat(x):
@@ -163,6 +170,13 @@ def pack(ops, tensors: Reduction, buf) -> None:
 def unpack(ops, tensors: Reduction, buf) -> None:
     """The reduced *buf* out into the outputs: postscaled, cast back; nothing
     for a joined rank."""
+    outputs = tensors.outputs
+    if all(out is not None and out.dtype == buf.dtype for out in outputs) and all(
+        post == 1.0 for post in tensors.postscales
+    ):
+        # The common case (no scaling, one dtype, nobody joined): one plain split.
+        ops.split(buf, [ops.flat(out) for out in outputs])
+        return
     copies, offset, window, flat = [], 0, ops.window, ops.flat
     for out, count, post in zip(tensors.outputs, tensors.counts, tensors.postscales):
         if out is not None:

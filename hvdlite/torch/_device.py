@@ -17,7 +17,7 @@ import torch
 
 from hvdlite.exceptions import ArgumentError
 
-__all__ = ["check", "engine_view", "is_device_result", "to_torch"]
+__all__ = ["check", "engine_view", "held_view", "is_device_result", "to_torch"]
 
 
 def check(tensor: torch.Tensor, what: str) -> None:
@@ -32,14 +32,26 @@ def check(tensor: torch.Tensor, what: str) -> None:
 _cuda_backend = None
 
 
-def engine_view(tensor: torch.Tensor):
-    """The engine's (CuPy) view of a contiguous CUDA tensor, no copy."""
+def _backend():
     global _cuda_backend
     if _cuda_backend is None:
         from hvdlite.device import registry
 
         _cuda_backend = registry.backend("cuda")
-    return _cuda_backend.wrap(tensor, "hvdlite.torch")
+    return _cuda_backend
+
+
+def engine_view(tensor: torch.Tensor):
+    """The engine's (CuPy) view of a contiguous CUDA tensor, no copy; it keeps
+    the tensor alive."""
+    return _backend().wrap(tensor, "hvdlite.torch")
+
+
+def held_view(tensor: torch.Tensor):
+    """:func:`engine_view` of a tensor (autograd's too: the view reads its memory)
+    that the caller holds until the collective completes: made once per tensor
+    and reused while the tensor keeps its memory, shape and dtype."""
+    return _backend().wrap_held(tensor, "hvdlite.torch")
 
 
 def is_device_result(array) -> bool:

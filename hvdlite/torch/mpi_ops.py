@@ -62,6 +62,7 @@ from hvdlite import basics as _basics
 from hvdlite import collectives as _collectives
 from hvdlite.ops import Average, ReduceOp, Sum
 from hvdlite.process_sets import ProcessSet, global_process_set
+from hvdlite.torch import _device
 from hvdlite.torch._handles import (
     _NUMPY_DTYPES,
     _all_of,
@@ -214,6 +215,29 @@ def _plain_views(tensors) -> list | None:
     return arrays
 
 
+#: Dtypes whose CUDA tensors the engine reduces through their own device view
+#: (float16 too: see :func:`_widened`).
+_CUDA_AS_IS = _AS_IS | {torch.float16}
+
+
+def _cuda_views(tensors) -> list | None:
+    """The engine's device views of *tensors* when every one is a contiguous CUDA
+    tensor that the engine reduces as it is, else None (the general path).  The
+    caller's handle must hold *tensors* until the collective completes."""
+    arrays = []
+    for t in tensors:
+        if (
+            t.__class__ is not torch.Tensor
+            or not t.is_cuda
+            or t.layout is not torch.strided
+            or t.dtype not in _CUDA_AS_IS
+            or not t.is_contiguous()
+        ):
+            return None
+        arrays.append(_device.held_view(t))
+    return arrays
+
+
 def allreduce_async(
     tensor: torch.Tensor,
     average: bool | None = None,
@@ -326,6 +350,8 @@ def grouped_allreduce_async_(
     """
     tensors = list(tensors)
     arrays = _plain_views(tensors)
+    if arrays is None and tensors and tensors[0].__class__ is torch.Tensor and tensors[0].is_cuda:
+        arrays = _cuda_views(tensors)
     if arrays is not None:  # the common case (a gradient bucket): no per-tensor conversions
         handle = _collectives.grouped_allreduce_async(
             arrays,

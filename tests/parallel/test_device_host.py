@@ -320,6 +320,9 @@ def test_a_batch_costs_the_same_backend_calls_for_2_or_200_tensors(case):
     few, many = _backend_calls(lambda: case(2)), _backend_calls(lambda: case(200))
     assert few == many, (few, many)
     assert few["copies"] >= 1
+    # one producer stream (this thread): one record and one wait per batch, made by
+    # the engine however many submissions the batch holds
+    assert few["record"] == few["wait"] == 1, few
 
 
 # ----------------------------------------------------------------- ordering
@@ -337,14 +340,16 @@ def test_batch_is_ordered_after_producers_and_published_after():
         backend.journal = None
     ready = [seq for kind, *seq in journal if kind == "ready"]
     assert len(ready) == 3
+    records = [i for i, item in enumerate(journal) if item[0] == "record"]
     waits = [(i, item[1]) for i, item in enumerate(journal) if item[0] == "wait"]
     publishes = [(i, item[1]) for i, item in enumerate(journal) if item[0] == "publish"]
     syncs = [i for i, item in enumerate(journal) if item == ("sync",)]
-    for (seq,) in ready:
-        # the engine waits for the producer (its latest mark covers this one) before
-        # moving data (a sync of the staged copy), and publishes only after that
-        wait = min(i for i, waited in waits if waited >= seq)
-        publish = min(i for i, published in publishes if published >= seq and i > wait)
+    for at, (seq,) in zip([i for i, item in enumerate(journal) if item[0] == "ready"], ready):
+        # the engine records the producer after the submission and waits for that mark
+        # before moving data (a sync of the staged copy), and publishes only after that
+        record = min(i for i in records if i > at)
+        wait = min(i for i, waited in waits if i > record and waited > seq)
+        publish = min(i for i, published in publishes if published > seq and i > wait)
         assert any(wait < s < publish for s in syncs), journal
 
 
