@@ -642,9 +642,11 @@ def DistributedOptimizer(
     (+) ``shard_optimizer_state=True`` keeps on each rank the optimizer state of
     its shard of the parameters only, reduce-scattering gradients and
     allgathering the updated parameters (:mod:`.sharded`: ZeRO-1/2; checkpoints
-    through ``consolidate_state_dict()``); ``named_parameters``, ``groups`` and
-    ``bucket_cap_mb`` then have no effect, ``reducer``, top-k, PowerSGD and Adasum
-    are refused.
+    through ``consolidate_state_dict()``); on one node the gradients are
+    averaged during backward in buckets (``named_parameters``,
+    ``backward_passes_per_step`` and ``bucket_cap_mb`` apply), elsewhere
+    reduce-scattered in ``step()``; ``groups`` has no effect there, ``reducer``,
+    top-k, PowerSGD and Adasum are refused.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
@@ -667,7 +669,16 @@ def DistributedOptimizer(
         check_predivide(op, gradient_predivide_factor)
         from hvdlite.torch.sharded import ShardedOptimizer
 
-        return ShardedOptimizer(optimizer, compression, op, gradient_predivide_factor, process_set)
+        return ShardedOptimizer(
+            optimizer,
+            compression,
+            op,
+            gradient_predivide_factor,
+            process_set,
+            named_parameters=named_parameters,
+            backward_passes_per_step=backward_passes_per_step,
+            bucket_cap_mb=bucket_cap_mb,
+        )
     bucket_cap = bucket_cap_bytes(bucket_cap_mb)
     if reducer is not None:
         _check_reducer(reducer, compression, op, gradient_predivide_factor, sparse_as_dense)

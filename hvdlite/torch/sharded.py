@@ -4,13 +4,16 @@
 gives each member of the process set the optimizer state of its shard of the
 parameters only.  A step:
 
-1. the gradients, laid out shard after shard in one flat buffer per dtype
-   (each shard padded to the largest), are *reduce-scattered*: each rank
-   receives the averaged gradients of its own shard and no other (ZeRO-2: the
-   other gradients are dropped, ``.grad`` becomes None for them).  Where the
-   engine routes the set's allreduces through one node's shared memory, the
-   buffer is allreduced there instead and each rank keeps its shard: MPI's
-   reduce-scatter is several times slower than that route on one node;
+1. the gradients are averaged and each rank keeps those of its own shard
+   (ZeRO-2: the other gradients are dropped, ``.grad`` becomes None for them).
+   Where the engine routes the set's allreduces through one node's shared
+   memory, that happens during backward, overlapped with it: the gradients are
+   allreduced in buckets as the unsharded ``DistributedOptimizer`` does (MPI's
+   reduce-scatter is several times slower than that route on one node).
+   Elsewhere (several nodes, GPUs) ``step()`` lays them out shard after shard
+   in one flat buffer per dtype (each shard padded to the largest) and
+   *reduce-scatters* it: each rank receives its own shard's gradients and no
+   other, half the bytes of an allreduce, after backward;
 2. the wrapped optimizer's class steps the rank's shard (its state exists for
    that shard only: ZeRO-1);
 3. the updated shards are *allgathered* back into every parameter.
@@ -82,6 +85,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         op=Average,
         gradient_predivide_factor: float = 1.0,
         process_set=None,
+        named_parameters=None,
+        backward_passes_per_step: int = 1,
+        bucket_cap_mb: float | None = None,
     ):
         if not isinstance(compression, type) or not issubclass(compression, _CASTS):
             if not isinstance(compression, _CASTS):
@@ -112,6 +118,23 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._skip_reduce = False
         self._buffers: dict = {}
         self._repartition()
+        # On one node the gradients are averaged during backward (module doc, step 1)
+        # by an unsharded DistributedOptimizer over a no-op optimizer: its hooks,
+        # buckets and compression, unchanged.
+        self._averager = None
+        if self._reduce_whole:
+            from hvdlite.torch.optimizer import DistributedOptimizer
+
+            self._averager = DistributedOptimizer(
+                _NoStep(self.param_groups),
+                named_parameters=named_parameters,
+                compression=compression,
+                backward_passes_per_step=backward_passes_per_step,
+                bucket_cap_mb=bucket_cap_mb,
+                op=op,
+                gradient_predivide_factor=gradient_predivide_factor,
+                process_set=self._process_set,
+            )
         if optimizer.state:  # an optimizer that already stepped: keep its state, sharded
             self.load_state_dict(optimizer.state_dict())
 
@@ -156,6 +179,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     # -------------------------------------------------------------- the step
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._averager is not None:  # it also refuses a zero_grad() after backward
+            self._averager.zero_grad(set_to_none=set_to_none)
+            return
         for p in self._params:
             if p.grad is not None:
                 if set_to_none:
@@ -229,12 +255,25 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 pieces.append(torch.zeros(block - used, dtype=dtype, device=self._device))
         return torch.cat(pieces, out=self._buffer(what, (len(shards) * block,), dtype))
 
-    def _reduce_gradients(self) -> None:
-        params, size = self._params, self._size
-        has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
-        anywhere = _ops.allreduce(
+    def _anywhere_async(self):
+        """A handle to which parameters have a gradient on some rank (a parameter
+        with none anywhere keeps none and is not stepped, as unsharded)."""
+        has_grad = torch.tensor([p.grad is not None for p in self._params], dtype=torch.int32)
+        return _ops.allreduce_async(
             has_grad, op=Max, name="sharded.has_grad", process_set=self._process_set
-        ).tolist()
+        )
+
+    def _reduce_gradients(self) -> None:
+        if self._averager is not None:
+            anywhere = self._anywhere_async()
+            self._averager.synchronize()  # waits for what backward started
+            for p, used in zip(self._params, _ops.synchronize(anywhere).tolist()):
+                if not used:
+                    p.grad = None  # the averager wrote zeros for it
+            self._drop_other_shards()
+            return
+        params, size = self._params, self._size
+        anywhere = _ops.synchronize(self._anywhere_async()).tolist()
 
         def grad(i):
             p = params[i]
@@ -269,10 +308,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 # a view of the received shard: this rank's gradients cost P/N, no copy
                 p.grad = shard[offset : offset + n].view_as(p) if anywhere[i] else None
                 offset += n
+        self._drop_other_shards()
+
+    def _drop_other_shards(self) -> None:
+        """ZeRO-2: the other shards' gradients are dropped."""
         for r, shard in enumerate(self._shards):
             if r != self._rank:
                 for i in shard:
-                    params[i].grad = None  # ZeRO-2: the other shards' gradients are dropped
+                    self._params[i].grad = None
 
     def _gather_parameters(self) -> None:
         """Every rank's updated shard into every parameter, in allgathers of at most
@@ -381,6 +424,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
             f"ShardedOptimizer({self._wrapped_class.__name__}, shard {self._rank} of "
             f"{self._size}: {len(self._owned)} of {len(self._params)} parameters)"
         )
+
+
+class _NoStep(torch.optim.Optimizer):
+    """The parameters of a ShardedOptimizer, for its gradient averager: this
+    optimizer's step() changes nothing (the shard's optimizer steps)."""
+
+    def __init__(self, param_groups):
+        super().__init__([{"params": list(g["params"])} for g in param_groups], {})
+
+    def step(self, closure=None):
+        return None
 
 
 def _hyper(group: dict) -> dict:
