@@ -1,4 +1,9 @@
-"""Keras 3 callbacks for data-parallel training (``hvdlite.tensorflow.keras.callbacks``).
+"""Keras 3 callbacks for data-parallel training, on any Keras backend hvdlite supports.
+
+Horovod's ``horovod.keras.callbacks`` (``hvdlite.tensorflow.keras.callbacks``
+holds the same classes).  The collectives go through the Keras backend's
+interface (:mod:`hvdlite.keras._select`): variables are broadcast in place,
+metrics averaged as numbers.
 
 Cross-rank contract: pass the same callbacks, in the same order, on every
 rank (they hold collectives).  Put ``MetricAverageCallback`` before callbacks
@@ -10,11 +15,10 @@ from __future__ import annotations
 import numpy as np
 import keras
 
-from hvdlite import collectives as _collectives
-from hvdlite import ops as _ops
+from hvdlite.basics import rank, size
+from hvdlite.process_sets import global_process_set
 
-from ..functions import broadcast_variables
-from ..mpi_ops import global_process_set, rank, size
+from ._select import current as _current_backend
 
 __all__ = [
     "BroadcastGlobalVariablesCallback",
@@ -55,8 +59,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def _broadcast_what_exists(self):
         model = self.model
         if not self._model_done and model.built and model.variables:
-            broadcast_variables(
-                self._shared(model.variables), self.root_rank, process_set=self.process_set
+            _current_backend().broadcast_variables(
+                self._shared(model.variables), self.root_rank, self.process_set
             )
             self._model_done = True
         optimizer = getattr(model, "optimizer", None)
@@ -65,8 +69,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             and optimizer is not None
             and getattr(optimizer, "built", False)
         ):
-            broadcast_variables(
-                self._shared(optimizer.variables), self.root_rank, process_set=self.process_set
+            _current_backend().broadcast_variables(
+                self._shared(optimizer.variables), self.root_rank, self.process_set
             )
             self._optimizer_done = True
 
@@ -103,12 +107,9 @@ class MetricAverageCallback(keras.callbacks.Callback):
         )
         if not keys or self.process_set.size() == 1:
             return
-        values = [np.asarray(logs[k], dtype=np.float64).reshape(()) for k in keys]
-        averaged = _collectives.grouped_allreduce(
-            [np.ascontiguousarray(v) for v in values], op=_ops.Average, process_set=self.process_set
-        )
+        averaged = _current_backend().allreduce_metrics([logs[k] for k in keys], self.process_set)
         for k, v in zip(keys, averaged, strict=True):
-            logs[k] = float(np.asarray(v).reshape(()))
+            logs[k] = v
 
     def on_epoch_end(self, epoch, logs=None):
         self._average_metrics_in_place(logs)

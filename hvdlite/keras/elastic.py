@@ -1,4 +1,6 @@
-"""``hvdlite.tensorflow.keras.elastic``: Horovod's Keras elastic state and callbacks.
+"""``hvdlite.keras.elastic``: Horovod's Keras elastic state and callbacks, on any Keras backend.
+
+``hvdlite.tensorflow.keras.elastic`` holds the same objects.
 
 For ``model.fit`` inside ``@hvd.elastic.run``: ``KerasState(model, epoch=0, batch=0)``
 and, in this order after any metric-averaging callback,
@@ -16,8 +18,13 @@ from __future__ import annotations
 
 import keras
 
+from hvdlite.basics import rank
 from hvdlite.elastic import ObjectState, State, run, run_fn
-from hvdlite.tensorflow.elastic import TensorFlowKerasState
+from hvdlite.elastic.model_state import ModelState
+from hvdlite.objects import broadcast_object
+from hvdlite.process_sets import global_process_set
+
+from ._select import current as _current_backend
 
 __all__ = [
     "run",
@@ -31,8 +38,30 @@ __all__ = [
 ]
 
 
-class KerasState(TensorFlowKerasState):
-    """Horovod's ``KerasState(model, optimizer=None, backend=None, **kwargs)``."""
+def _broadcast_variables(variables, root_rank) -> None:
+    _current_backend().broadcast_variables(variables, root_rank, global_process_set)
+
+
+class KerasState(ModelState):
+    """Horovod's ``KerasState(model, optimizer=None, backend=None, **kwargs)``.
+
+    A built Keras model and its optimizer (default ``model.optimizer``), plus
+    plain values (:class:`hvdlite.elastic.model_state.ModelState`); ``sync()``
+    broadcasts their variables through the Keras backend's collectives.
+    ``backend`` (Horovod's Keras 2 backend module) is kept and unused.
+    """
+
+    def __init__(self, model, optimizer=None, backend=None, **kwargs) -> None:
+        self.backend = backend
+        super().__init__(
+            model,
+            optimizer,
+            broadcast_variables=_broadcast_variables,
+            bcast_object=broadcast_object,
+            get_rank=rank,
+            kind="KerasState",
+            **kwargs,
+        )
 
 
 class CommitStateCallback(keras.callbacks.Callback):

@@ -14,42 +14,52 @@ in front, which overrides ``apply``:
   ``average_aggregated_gradients``) and applies them; the other calls only
   advance ``iterations`` (Horovod's behaviour).
 
-Inside ``model.fit`` the train step is a ``tf.function``; the reduction is one
-graph node there.  Cross-rank contract: every member of the process set calls
-``apply`` the same number of times with gradients of the same variables.
+The reduction itself is the Keras backend's (:mod:`._select`, read once): on
+TensorFlow one graph node inside ``model.fit``'s ``tf.function``, on torch one
+grouped allreduce of the ``.grad`` tensors through :mod:`hvdlite.torch`.  The
+aggregation above is written in ``keras.ops``, so it runs on either.  On a
+backend that cannot work (JAX, for now) making the optimizer raises, naming
+the fix.
+
+Cross-rank contract: every member of the process set calls ``apply`` the same
+number of times with gradients of the same variables.
 """
 
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
+from keras import ops
 
-from ..._subclass import with_mixin
-from ..compression import Compression
-from ..gradient_reduction import (
-    GradientReducer,
-    LocalSources,
-    local_layer_list,
-    normalize_groups,
-    reduce_with_local,
-)
-from ..mpi_ops import Average, Sum, global_process_set
+from .._optimizer_args import local_layer_list, normalize_groups
+from .._subclass import with_mixin
+from ..ops import Average, Sum
+from ..process_sets import global_process_set
+from ._select import current as _current_backend
 
-_no_autograph = tf.autograph.experimental.do_not_convert
+__all__ = [
+    "DistributedOptimizer",
+    "PartialDistributedOptimizer",
+    "make_distributed",
+    "normalize_groups",
+    "local_layer_list",
+]
 
-__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "make_distributed"]
+_BACKEND = _current_backend()
+#: Horovod's ``Compression`` for this backend's tensors (``hvd.Compression``).
+Compression = _BACKEND.Compression
 
 
 class _HvdState:
     """hvdlite's per-optimizer settings, kept out of Keras' variable tracking."""
 
-    def __init__(self, reducer, bpps, average_aggregated, process_set, scale_local):
+    def __init__(self, backend, reducer, bpps, average_aggregated, process_set, scale_local):
+        self.backend = backend
         self.reducer = reducer
         self.bpps = bpps
         self.average_aggregated = average_aggregated
         self.process_set = process_set
         self.scale_local = scale_local
-        self.local = LocalSources()
+        self.local = backend.local_sources()
         self.accumulators = None
         self.counter = None
 
@@ -80,9 +90,8 @@ class _DistributedMixin:
 
     def _hvd_reduce(self, grads, variables):
         st = self._hvd
-        return reduce_with_local(st.reducer, grads, variables, st.local, st.scale_local)
+        return st.backend.reduce_with_local(st.reducer, grads, variables, st.local, st.scale_local)
 
-    @_no_autograph
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         if not grads:
@@ -97,6 +106,8 @@ class _DistributedMixin:
             )
             return super().apply(self._hvd_reduce(grads, variables), trainable_variables)
         return self._hvd_apply_aggregated(grads, trainable_variables)
+
+    apply = _BACKEND.no_autograph(apply)
 
     def _hvd_apply_aggregated(self, grads, trainable_variables):
         st = self._hvd
@@ -117,28 +128,28 @@ class _DistributedMixin:
         present = [g is not None for g in grads]
         for g, acc in zip(grads, accs, strict=True):
             if g is not None:
-                acc.assign_add(tf.cast(tf.convert_to_tensor(g), acc.dtype))
+                acc.assign_add(ops.cast(g, acc.dtype))
         st.counter.assign_add(1)
         base = super()
 
         def boundary():
             agg = [
-                tf.convert_to_tensor(acc.value) if p else None
+                ops.convert_to_tensor(acc.value) if p else None
                 for acc, p in zip(accs, present, strict=True)
             ]
             if st.average_aggregated:
-                agg = [None if a is None else a / tf.cast(st.bpps, a.dtype) for a in agg]
+                agg = [None if a is None else a / ops.cast(st.bpps, a.dtype) for a in agg]
             base.apply(self._hvd_reduce(agg, variables), variables)
             for acc in accs:
-                acc.assign(tf.zeros_like(acc.value))
+                acc.assign(ops.zeros_like(acc.value))
             st.counter.assign(0)
-            return tf.constant(True)
+            return ops.convert_to_tensor(True)
 
         def skip():
             self._iterations.assign_add(1)
-            return tf.constant(False)
+            return ops.convert_to_tensor(False)
 
-        tf.cond(st.counter.value >= st.bpps, boundary, skip)
+        ops.cond(st.counter.value >= st.bpps, boundary, skip)
 
 
 def _distributed_class(opt_cls: type) -> type:
@@ -160,10 +171,15 @@ def make_distributed(
     scale_local_gradients=True,
     in_place=False,
 ):
-    """Build the distributed optimizer (a fresh copy, or ``optimizer`` re-classed in place)."""
+    """Build the distributed optimizer (a fresh copy, or ``optimizer`` re-classed in place).
+
+    Raises on a Keras backend hvdlite cannot train on (every rank raises: each
+    makes its optimizer), naming the backends that work.
+    """
+    _BACKEND.check_supported()
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(
-            f"hvdlite.tensorflow.keras.DistributedOptimizer wraps a Keras 3 optimizer "
+            f"hvdlite.keras.DistributedOptimizer wraps a Keras 3 optimizer "
             f"(keras.optimizers.*), got {type(optimizer).__module__}."
             f"{type(optimizer).__name__}."
         )
@@ -175,14 +191,14 @@ def make_distributed(
         raise ValueError("op currently only supports Average and Sum")
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
-    reducer = GradientReducer(
-        name or f"Distributed{type(optimizer).__name__}",
-        compression,
-        sparse_as_dense,
-        op,
-        gradient_predivide_factor,
-        groups,
-        process_set,
+    reducer = _BACKEND.gradient_reducer(
+        name=name or f"Distributed{type(optimizer).__name__}",
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        groups=groups,
+        process_set=process_set,
     )
     cls = _distributed_class(type(optimizer))
     if in_place:
@@ -191,6 +207,7 @@ def make_distributed(
     else:
         opt = cls.from_config(optimizer.get_config())
     opt._hvd = _HvdState(
+        _BACKEND,
         reducer,
         backward_passes_per_step,
         average_aggregated_gradients,
