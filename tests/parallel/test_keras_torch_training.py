@@ -143,6 +143,22 @@ def test_fit_with_adam_groups_and_sum():
     weights_close(model, ref)
 
 
+def test_partial_optimizer_keeps_local_layer_gradients():
+    x, y = global_data(seed=11)
+    model = make_model()
+    local = model.layers[1]
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.05), local_layers=[local])
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(local_data(x), local_data(y), batch_size=B, epochs=1, shuffle=False, verbose=0)
+    shared = [w.ravel() for w in model.layers[0].get_weights()]
+    mine = np.concatenate([w.ravel() for w in local.get_weights()])
+    for other in hvd.allgather_object(shared):
+        for a, b in zip(other, shared, strict=True):
+            np.testing.assert_array_equal(a, b)
+    others = hvd.allgather_object(mine)
+    assert not any(np.allclose(o, mine) for r, o in enumerate(others) if r != R)
+
+
 @pytest.mark.parametrize("average", [False, True])
 def test_fit_backward_passes_per_step(average):
     steps = 4
