@@ -2,6 +2,7 @@
 
     hvdrun -np 2 python examples/keras_digits.py
     hvdrun -np 2 python examples/keras_digits.py --compression fp16 --epochs 30
+    KERAS_BACKEND=torch hvdrun -np 2 python examples/keras_digits.py
 
 A Horovod Keras script with one changed import: every rank fits on its shard of
 the training set, ``hvd.DistributedOptimizer`` averages the gradients inside
@@ -9,6 +10,7 @@ the compiled train step, the callbacks broadcast the initial state from rank 0,
 average the epoch metrics and warm the learning rate up; only rank 0 shows the
 progress bar, prints the test accuracy (averaged over ranks) and writes the best
 model.  The 1797 8x8 images ship with scikit-learn, so nothing is downloaded.
+The same script runs on Keras' TensorFlow or PyTorch backend (``KERAS_BACKEND``).
 """
 
 from __future__ import annotations
@@ -21,11 +23,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 
-import hvdlite.tensorflow.keras as hvd  # noqa: E402
+import hvdlite.keras as hvd  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -40,7 +41,7 @@ def parse_args(argv=None):
         default=os.path.join("checkpoints", "keras_digits.keras"),
         help="where rank 0 keeps the best model ('' to skip)",
     )
-    parser.add_argument("--threads", type=int, default=1, help="TensorFlow threads per rank")
+    parser.add_argument("--threads", type=int, default=1, help="framework threads per rank")
     parser.add_argument("--seed", type=int, default=42)
     return parser.parse_args(argv)
 
@@ -65,6 +66,19 @@ def build_model() -> keras.Model:
     )
 
 
+def limit_threads(threads: int) -> None:
+    """Each rank computes on *threads* threads of its backend (ranks share the cores)."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    elif keras.backend.backend() == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def progress_verbosity() -> int:
     """Keras' progress bar redraws one line with terminal codes: fine in a terminal,
     garbage in a log file or under hvdrun (which reads each rank's output through a
@@ -74,8 +88,7 @@ def progress_verbosity() -> int:
 
 def main(argv=None) -> float:
     args = parse_args(argv)
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    limit_threads(args.threads)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     keras.utils.set_random_seed(args.seed + rank)  # ranks differ; the callback aligns them
@@ -84,7 +97,7 @@ def main(argv=None) -> float:
     if rank == 0:
         print(
             f"training on {size} rank(s): {len(x_train)} train / {len(x_test)} test images, "
-            f"compression={args.compression}",
+            f"compression={args.compression}, Keras backend {keras.backend.backend()}",
             flush=True,
         )
     x_train, y_train = x_train[rank::size], y_train[rank::size]  # this rank's shard

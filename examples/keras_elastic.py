@@ -2,6 +2,7 @@
 
     hvdrun -np 2 --max-restarts 1 python examples/keras_elastic.py
     hvdrun -np 2 --max-restarts 1 python examples/keras_elastic.py --fail-at-step 0  # no failure
+    KERAS_BACKEND=torch hvdrun -np 2 --max-restarts 1 python examples/keras_elastic.py
 
 Horovod's Keras elastic API on scikit-learn's digits.  ``KerasState`` keeps the
 model (with its optimizer) and the number of finished epochs; the callbacks
@@ -30,7 +31,7 @@ import numpy as np  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 
-import hvdlite.tensorflow.keras as hvd  # noqa: E402
+import hvdlite.keras as hvd  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -44,7 +44,8 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
     """Wrap *optimizer* with the data-parallel optimizer of its framework.
 
     A ``torch.optim.Optimizer`` goes to :func:`hvdlite.torch.DistributedOptimizer`,
-    a Keras optimizer to :func:`hvdlite.tensorflow.keras.DistributedOptimizer`, a
+    a Keras optimizer to :func:`hvdlite.keras.DistributedOptimizer` (on any Keras
+    backend; on TensorFlow it is ``hvdlite.tensorflow.keras``'s), a
     ``tf.compat.v1.train.Optimizer`` to :func:`hvdlite.tensorflow.DistributedOptimizer`;
     the remaining arguments are passed through unchanged.
     """
@@ -53,7 +54,7 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
 
         return torch_distributed(optimizer, *args, **kwargs)
     if _is_keras_optimizer(optimizer):
-        from hvdlite.tensorflow.keras import DistributedOptimizer as keras_distributed
+        from hvdlite.keras import DistributedOptimizer as keras_distributed
 
         return keras_distributed(optimizer, *args, **kwargs)
     if _is_tf1_optimizer(optimizer):
@@ -64,6 +65,6 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
         f"hvdlite.DistributedOptimizer: unsupported optimizer type "
         f"{type(optimizer).__module__}.{type(optimizer).__qualname__}; supported are "
         f"torch.optim.Optimizer (hvdlite.torch.DistributedOptimizer), Keras "
-        f"optimizers (hvdlite.tensorflow.keras.DistributedOptimizer) and "
+        f"optimizers (hvdlite.keras.DistributedOptimizer) and "
         f"tf.compat.v1.train.Optimizer (hvdlite.tensorflow.DistributedOptimizer)"
     )

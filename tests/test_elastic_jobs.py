@@ -528,10 +528,16 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("example", ["torch_elastic.py", "keras_elastic.py"])
-def test_the_elastic_examples_survive_their_simulated_failure(tmp_path, job_env, example):
-    if example.startswith("keras"):
-        pytest.importorskip("tensorflow")
+@pytest.mark.parametrize(
+    "example,keras_backend",
+    [("torch_elastic.py", None), ("keras_elastic.py", "tensorflow"), ("keras_elastic.py", "torch")],
+)
+def test_the_elastic_examples_survive_their_simulated_failure(
+    tmp_path, job_env, example, keras_backend
+):
+    if keras_backend is not None:
+        pytest.importorskip(keras_backend)
+        job_env = {**job_env, "KERAS_BACKEND": keras_backend}
     pytest.importorskip("sklearn")
     script = str(EXAMPLES / example)
     result = _hvdrun(

@@ -1,6 +1,9 @@
 """Run every module in tests/parallel/ under real MPI at the sizes it declares.
 
-Each module names its world sizes in a line ``MPI_SIZES = (1, 2, 3)``.  Every
+Each module names its world sizes in a line ``MPI_SIZES = (1, 2, 3)``, and may
+name environment variables its ranks need from their start in a line
+``MPI_ENV = {"KERAS_BACKEND": "torch"}`` (what must be set before an import,
+e.g. Keras' backend, which a module cannot set once another has imported it).  Every
 (module, size) pair is one test here: ``mpiexec -n size python -m pytest
 module`` with a hard timeout; the test passes when every rank passed.  On a
 timeout the whole process group is killed, so nothing hangs and nothing is left
@@ -13,6 +16,7 @@ and with it the job.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import signal
@@ -33,6 +37,11 @@ def _declared_sizes(path: Path) -> tuple[int, ...]:
     if not match:
         return (2,)
     return tuple(int(x) for x in match.group(1).replace(",", " ").split())
+
+
+def _declared_env(path: Path) -> dict[str, str]:
+    match = re.search(r"^MPI_ENV\s*=\s*(\{[^}]*\})", path.read_text(), re.M)
+    return {str(k): str(v) for k, v in ast.literal_eval(match.group(1)).items()} if match else {}
 
 
 def _cases():
@@ -90,6 +99,7 @@ def test_module_under_mpi(module: Path, n: int):
             str(ROOT / "pyproject.toml"),
             str(module),
         ],
+        env={**os.environ, **_declared_env(module)},
     )
     passed = re.findall(r"(\d+) passed", out)
     assert rc == 0, f"{module.name} at {n} ranks exited {rc}:\n{out[-8000:]}"

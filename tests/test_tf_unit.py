@@ -22,7 +22,8 @@ import hvdlite.tensorflow as hvd  # noqa: E402
 import hvdlite.tensorflow.keras as hk  # noqa: E402
 from hvdlite.exceptions import ArgumentError, HorovodInternalError, MismatchError  # noqa: E402
 from hvdlite.tensorflow import _bridge, _errors  # noqa: E402
-from hvdlite.tensorflow.gradient_reduction import _split_evenly, normalize_groups  # noqa: E402
+from hvdlite._optimizer_args import split_groups  # noqa: E402
+from hvdlite.tensorflow.gradient_reduction import normalize_groups  # noqa: E402
 from hvdlite.tensorflow.keras.callbacks import LearningRateScheduleCallback  # noqa: E402
 
 
@@ -227,8 +228,8 @@ def test_groups_normalization_and_split():
     assert normalize_groups(0, None) is None
     with pytest.raises(ValueError, match="groups"):
         normalize_groups(0, 0)
-    assert _split_evenly(list(range(5)), 2) == [[0, 1], [2, 3, 4]]
-    assert _split_evenly([0, 1], 4) == [[0], [1]]
+    assert split_groups(list(range(5)), 2, None) == [[0, 1], [2, 3, 4]]
+    assert split_groups([0, 1], 4, None) == [[0], [1]]
 
 
 # ------------------------------------------------------------ keras optimizer

@@ -1,23 +1,134 @@
-"""``hvdlite.keras``: the module for ``import horovod.keras as hvd`` users, on Keras 3.
+"""``hvdlite.keras``: Horovod's Keras API on Keras 3, on the TensorFlow or the PyTorch backend.
 
-Horovod has two Keras modules, ``horovod.keras`` (standalone Keras) and
-``horovod.tensorflow.keras`` (``tf.keras``); with Keras 3 they are the same
-thing, so this module is :mod:`hvdlite.tensorflow.keras` under the other name:
-the same objects (``hvdlite.keras.DistributedOptimizer is
-hvdlite.tensorflow.keras.DistributedOptimizer``), the callbacks in
-:mod:`hvdlite.keras.callbacks`, and ``load_model``.  Switch with
-``import hvdlite.keras as hvd``.
+Switch with ``import hvdlite.keras as hvd`` (Horovod's ``horovod.keras``; on
+the TensorFlow backend ``hvdlite.tensorflow.keras`` is the same module under
+its other name).  Keras picks its backend when it is first imported
+(``KERAS_BACKEND=tensorflow|torch``); hvdlite reads it once
+(:mod:`._select`) and talks to it through one interface
+(:class:`._backend.KerasBackend`):
 
-Cross-rank contract: as for :mod:`hvdlite.tensorflow.keras`.
+- :mod:`.optimizer` -- ``DistributedOptimizer`` (and the partial one): reduces
+  a step's gradients in one grouped submission, through ``hvdlite.tensorflow``
+  on TensorFlow and ``hvdlite.torch`` on PyTorch;
+- :mod:`.callbacks`, :mod:`.elastic` -- Horovod's callbacks and the elastic
+  ``KerasState``;
+- :mod:`.saving` -- ``load_model``; :mod:`.values` -- the value collectives.
+
+On the TensorFlow backend this module exports exactly
+``hvdlite.tensorflow.keras``'s names and objects (``SyncBatchNormalization``
+and graph-capable value collectives included).  On the torch backend it
+imports no TensorFlow; what needs TensorFlow (``SyncBatchNormalization``)
+is absent and says so.  On JAX, importing works and making a
+``DistributedOptimizer`` raises, naming the backends that work.
+
+Cross-rank contract: every rank runs the same program on the same Keras
+backend: the same model, optimizer wrapper and callbacks, the same number
+of steps.
 """
 
 from __future__ import annotations
 
 import importlib as _importlib
 
-from hvdlite.tensorflow.keras import *  # noqa: F403 - the whole public API, re-exported
-from hvdlite.tensorflow.keras import __all__  # noqa: F401
+from hvdlite.basics import (  # noqa: F401  (re-exported basics)
+    COMMON_NAMES as _COMMON_NAMES,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from hvdlite.dynamic_sets import add_process_set, remove_process_set  # noqa: F401
+from hvdlite.exceptions import HorovodInternalError  # noqa: F401
+from hvdlite.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
+from hvdlite.process_sets import ProcessSet, global_process_set  # noqa: F401
 
-# This package's own callbacks module (the star import brought the other one's).
+from ._select import current as _current_backend
+from .optimizer import Compression, DistributedOptimizer, PartialDistributedOptimizer
+from .saving import load_model
+
 callbacks = _importlib.import_module(__name__ + ".callbacks")
 elastic = _importlib.import_module(__name__ + ".elastic")
+
+__all__ = [
+    *_COMMON_NAMES,
+    "HorovodInternalError",
+    "Compression",
+    "DistributedOptimizer",
+    "PartialDistributedOptimizer",
+    "broadcast_global_variables",
+    "allreduce",
+    "allgather",
+    "broadcast",
+    "reducescatter",
+    "load_model",
+    "callbacks",
+    "SyncBatchNormalization",
+    "broadcast_object",
+    "broadcast_object_fn",
+    "allgather_object",
+    "elastic",
+]
+
+#: On TensorFlow, these are ``hvdlite.tensorflow.keras``'s (tf tensors, graph-capable).
+_TENSORFLOW_NAMES = (
+    "allreduce",
+    "allgather",
+    "broadcast",
+    "reducescatter",
+    "SyncBatchNormalization",
+    "broadcast_object",
+    "broadcast_object_fn",
+    "allgather_object",
+    "broadcast_global_variables",
+)
+
+if _current_backend().name == "tensorflow":
+
+    def __getattr__(name: str):
+        # Loaded on first use, so that hvdlite.tensorflow.keras (which imports
+        # this package's modules) can be imported before or after this one.
+        if name in _TENSORFLOW_NAMES:
+            value = getattr(_importlib.import_module("hvdlite.tensorflow.keras"), name)
+            globals()[name] = value
+            return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+else:
+    from .values import (  # noqa: F401
+        allgather,
+        allgather_object,
+        allreduce,
+        broadcast,
+        broadcast_global_variables,
+        broadcast_object,
+        broadcast_object_fn,
+        reducescatter,
+    )
+
+    __all__.remove("SyncBatchNormalization")
+
+    def __getattr__(name: str):
+        if name == "SyncBatchNormalization":
+            raise AttributeError(
+                "hvdlite.keras.SyncBatchNormalization is a TensorFlow layer and Keras runs "
+                f"on {_current_backend().name!r}: set KERAS_BACKEND=tensorflow to use it"
+            )
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from hvdlite.basics import rank
 from hvdlite.elastic import ObjectState, State, run, run_fn
+from hvdlite.elastic.model_state import ModelState
 from hvdlite.elastic.persistence import ElasticStateError
 
 from .functions import broadcast_object, broadcast_variables
@@ -38,11 +39,6 @@ def _assign(variables, values, what: str) -> None:
         variable.assign(value)
 
 
-def _optimizer_variables(optimizer) -> list:
-    found = optimizer.variables
-    return list(found() if callable(found) else found)
-
-
 def _require_eager(what: str, session) -> None:
     if session is not None or not tf.executing_eagerly():
         raise ValueError(
@@ -51,71 +47,27 @@ def _require_eager(what: str, session) -> None:
         )
 
 
-class TensorFlowKerasState(ObjectState):
+class TensorFlowKerasState(ModelState):
     """A Keras model and its optimizer (default ``model.optimizer``), plus plain values.
 
     The model must be built (``model.build(input_shape)`` or one call on data);
     the optimizer is built on the model's trainable variables when it is not yet,
-    so that every rank has the same variables to broadcast and commit.
+    so that every rank has the same variables to broadcast and commit
+    (:class:`hvdlite.elastic.model_state.ModelState`).
     """
 
     def __init__(self, model, optimizer=None, backend=None, **kwargs) -> None:
         _require_eager("TensorFlowKerasState", None)
-        if not getattr(model, "built", True):
-            raise ValueError(
-                "TensorFlowKerasState: the model must be built first: call "
-                "model.build(input_shape) or run it on a batch"
-            )
-        optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
-        if optimizer is None:
-            raise ValueError(
-                "TensorFlowKerasState: no optimizer: compile the model with one or pass optimizer="
-            )
-        self.model, self.optimizer, self.backend = model, optimizer, backend
-        self._build_optimizer()
-        self._save_model()
-        super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
-
-    def _build_optimizer(self) -> None:
-        if not getattr(self.optimizer, "built", True):
-            self.optimizer.build(self.model.trainable_variables)
-
-    def _save_model(self) -> None:
-        self._saved_model_state = _values(self.model.variables)
-        self._saved_optimizer_state = _values(_optimizer_variables(self.optimizer))
-
-    def _load_model(self) -> None:
-        _assign(self.model.variables, self._saved_model_state, "model")
-        _assign(_optimizer_variables(self.optimizer), self._saved_optimizer_state, "optimizer")
-
-    def save(self) -> None:
-        self._save_model()
-        super().save()
-
-    def restore(self) -> None:
-        self._load_model()
-        super().restore()
-
-    def sync(self) -> None:
-        self._build_optimizer()
-        broadcast_variables(
-            list(self.model.variables) + _optimizer_variables(self.optimizer), root_rank=0
+        self.backend = backend
+        super().__init__(
+            model,
+            optimizer,
+            broadcast_variables=broadcast_variables,
+            bcast_object=broadcast_object,
+            get_rank=rank,
+            kind="TensorFlowKerasState",
+            **kwargs,
         )
-        self._save_model()
-        super().sync()
-
-    def _snapshot(self) -> object:
-        snapshot = super()._snapshot()
-        snapshot.update(model=self._saved_model_state, optimizer=self._saved_optimizer_state)
-        return snapshot
-
-    def _load_snapshot(self, snapshot: object) -> None:
-        if not isinstance(snapshot, dict) or "model" not in snapshot:
-            raise ElasticStateError("the committed state was not written by a Keras state")
-        self._build_optimizer()
-        self._saved_model_state = list(snapshot["model"])
-        self._saved_optimizer_state = list(snapshot["optimizer"])
-        super()._load_snapshot(snapshot)
 
 
 class TensorFlowState(ObjectState):

@@ -28,12 +28,11 @@ get their gradients back unchanged, as in Horovod.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import tensorflow as tf
 
 from hvdlite import basics as _basics
+from hvdlite._optimizer_args import local_layer_list, normalize_groups, split_groups
 from hvdlite import collectives as _collectives
 from hvdlite import handles as _handles
 
@@ -52,46 +51,6 @@ __all__ = [
     "reduce_with_local",
     "scale_local",
 ]
-
-
-def local_layer_list(local_layers) -> list:
-    """``local_layers`` of the partial tape/optimizer as a list of Keras layers."""
-    import keras
-
-    if local_layers is None:
-        return []
-    if isinstance(local_layers, keras.layers.Layer):
-        return [local_layers]
-    local_layers = list(local_layers)
-    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
-        raise ValueError("All local layers must be of keras.layers.Layer type.")
-    return local_layers
-
-
-def normalize_groups(num_groups, groups):
-    """Horovod's rule: ``num_groups`` is the deprecated spelling of an int ``groups``."""
-    if num_groups:
-        warnings.warn(
-            "Parameter `num_groups` has been replaced by `groups` and will be "
-            "removed in a future version.",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        if groups is None:
-            groups = num_groups
-    if groups is not None and not (
-        isinstance(groups, list) or (isinstance(groups, int) and groups > 0)
-    ):
-        raise ValueError(
-            "groups should be a non-negative integer or a list of list of tf.Variable."
-        )
-    return groups
-
-
-def _split_evenly(items, k):
-    n = len(items)
-    chunks = [items[i * n // k : (i + 1) * n // k] for i in range(k)]
-    return [c for c in chunks if c]
 
 
 class LocalSources:
@@ -148,35 +107,7 @@ class GradientReducer:
 
     # -- grouping -------------------------------------------------------------
     def _dense_groups(self, dense_positions, grads, variables):
-        groups = self.groups
-        if groups is None:
-            return [dense_positions]
-        if isinstance(groups, int):
-            return _split_evenly(dense_positions, groups)
-        if variables is None:
-            raise ValueError(
-                "groups given as lists of variables need the variables; pass them to the reducer."
-            )
-        where = {id(variables[p]): p for p in dense_positions}
-        for p in dense_positions:
-            inner = getattr(variables[p], "value", None)
-            if isinstance(inner, tf.Variable):
-                where.setdefault(id(inner), p)
-        out, used = [], set()
-        for group in groups:
-            members = []
-            for var in group:
-                p = where.get(id(var))
-                if p is None:
-                    inner = getattr(var, "value", None)
-                    p = where.get(id(inner)) if inner is not None else None
-                if p is not None and p not in used:
-                    members.append(p)
-                    used.add(p)
-            if members:
-                out.append(sorted(members))
-        out += [[p] for p in dense_positions if p not in used]
-        return out
+        return split_groups(dense_positions, self.groups, variables)
 
     # -- the reduction ----------------------------------------------------------
     @_no_autograph

@@ -3,7 +3,12 @@
 Switch with ``import hvdlite.tensorflow.keras as hvd``.  Provides the basics,
 :func:`DistributedOptimizer` (works with ``model.compile``/``model.fit`` and
 custom loops), the callbacks in :mod:`hvdlite.tensorflow.keras.callbacks`,
-value-level collectives and :func:`load_model`.
+value-level collectives and :func:`load_model`.  The optimizer, callbacks,
+elastic state and ``load_model`` are :mod:`hvdlite.keras`'s (one for every
+Keras backend); this module adds TensorFlow's value collectives and
+``SyncBatchNormalization``, and needs Keras on TensorFlow
+(``KERAS_BACKEND=tensorflow``): on another backend importing it raises
+ImportError pointing at :mod:`hvdlite.keras`.
 
 Cross-rank contract: as for :mod:`hvdlite.tensorflow` — every rank runs the
 same program: the same model, optimizer wrapper and callbacks, the same number
@@ -13,7 +18,18 @@ of steps.
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
+
+if keras.backend.backend() != "tensorflow":
+    raise ImportError(
+        "hvdlite.tensorflow.keras is Keras on TensorFlow, but Keras runs on "
+        f"{keras.backend.backend()!r} (KERAS_BACKEND): use `import hvdlite.keras as hvd`, "
+        "which works on the torch backend too, or set KERAS_BACKEND=tensorflow "
+        "before keras is first imported"
+    )
+
+import tensorflow as tf  # noqa: E402
+
+from hvdlite.keras.saving import load_model  # noqa: E402
 
 from .. import reductions as _reductions
 from .. import mpi_ops as _ops
@@ -56,7 +72,7 @@ from ..mpi_ops import (  # noqa: F401  (re-exported basics)
 from ..functions import allgather_object, broadcast_object, broadcast_object_fn  # noqa: F401
 from ..sync_batch_norm import SyncBatchNormalization  # noqa: F401
 from . import callbacks  # noqa: F401
-from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, make_distributed
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from . import elastic  # noqa: F401  (hvd.elastic.KerasState and its callbacks)
 
 from ...basics import COMMON_NAMES
@@ -127,28 +143,3 @@ def broadcast(value, root_rank, name=None):
 def reducescatter(value, name=None, op=Average):
     """Reduce a value across ranks; each rank gets its block of dim-0 rows."""
     return _reductions.reducescatter(tf.convert_to_tensor(value), name=name, op=op)
-
-
-def load_model(
-    filepath,
-    custom_optimizers=None,
-    custom_objects=None,
-    compression=Compression.none,
-    legacy_opts=False,
-):
-    """Load a saved Keras model and make its optimizer a DistributedOptimizer.
-
-    The optimizer keeps its loaded state (it is converted in place).
-    ``custom_optimizers``: optimizer classes the file may name;
-    ``custom_objects``: as for ``keras.models.load_model``.  ``legacy_opts``
-    (Horovod: load into ``tf.keras.optimizers.legacy`` classes) is accepted and
-    changes nothing: Keras 3 has one family of optimizers.
-    """
-    objects = dict(custom_objects or {})
-    for cls in custom_optimizers or []:
-        objects.setdefault(cls.__name__, cls)
-    model = keras.models.load_model(filepath, custom_objects=objects or None)
-    optimizer = getattr(model, "optimizer", None)
-    if isinstance(optimizer, keras.optimizers.Optimizer) and not hasattr(optimizer, "_hvd"):
-        make_distributed(optimizer, compression=compression, in_place=True)
-    return model
