@@ -122,6 +122,69 @@ def test_torch_rank_killed_mid_epoch_resumes_from_the_last_commit(tmp_path, job_
     assert f"weights equal those of {out / 'final.pt'}: True" in again.stdout, again.output
 
 
+@pytest.mark.timeout(300)
+def test_a_sharded_optimizer_resumes_on_fewer_ranks_resharded(tmp_path, job_env):
+    # 3 ranks shard SGD's momentum; rank 2 dies after shrinking the discovered hosts to
+    # 2 slots, so the job resumes from its last commit on 2 ranks: the committed
+    # (consolidated) state is resharded over 2.  A 2-rank run from what it resumed
+    # with, uninterrupted, must end with the same weights.
+    hostsfile, discover = _discovery(tmp_path, "localhost:3")
+    out, replay = tmp_path / "elastic", tmp_path / "replay"
+    out.mkdir()
+    replay.mkdir()
+    script = str(SCRIPTS / "torch_train.py")
+    common = ["--epochs", "2", "--batches", "6", "--commit-every", "2", "--sharded"]
+    result = _hvdrun(
+        tmp_path,
+        job_env,
+        "--min-np",
+        "2",
+        "--max-np",
+        "3",
+        "--max-restarts",
+        "2",
+        "--host-discovery-script",
+        str(discover),
+        PY,
+        script,
+        *common,
+        "--kill-rank",
+        "2",
+        "--kill-at",
+        "9",
+        "--hosts-file",
+        str(hostsfile),
+        "--shrink-to",
+        "localhost:2",
+        "--out",
+        str(out),
+    )
+    log = result.output
+    assert result.returncode == 0, log
+    assert "launch 1: 2 rank(s) on localhost:2, resuming from commit" in log, log
+    assert "finished 2 epochs with 2 ranks" in log, log
+    again = run(
+        hvdrun_cmd(
+            "-np",
+            "2",
+            PY,
+            script,
+            *common,
+            "--out",
+            str(replay),
+            "--start-from",
+            str(out / "resumed.pt"),
+            "--compare-with",
+            str(out / "final.pt"),
+        ),
+        timeout=120,
+        env=job_env,
+    )
+    assert again.returncode == 0, again.output
+    assert "(the commit was resumed with 2)" in again.stdout, again.output
+    assert f"weights equal those of {out / 'final.pt'}: True" in again.stdout, again.output
+
+
 def _edit_hosts_when_paused(signal_dir: Path, hostsfile: Path, steps: dict, stop):
     """Launch N pauses (pause.N appears) -> write steps[N] into the discovery file."""
     pending = dict(steps)

@@ -132,6 +132,7 @@ class State:
         every few batches, trading that cost against the work a failure loses.
         """
         self._settle()
+        self._prepare_commit()
         live = None
         if self._context.relaunchable and not self._background and self._rank() == 0:
             live = self._live_snapshot()
@@ -141,6 +142,10 @@ class State:
         else:
             self._commit_live(live)
         self.check_host_updates()
+
+    def _prepare_commit(self) -> None:
+        """Every rank, first in ``commit()``: what the state must do together before
+        rank 0 snapshots it and the others save it (nothing here)."""
 
     def _commit_live(self, live: tuple[object, dict]) -> None:
         """Rank 0's synchronous commit, straight from the live state (which stands still:

@@ -9,6 +9,9 @@ instead, a crash).  Rank 0 saves the final weights to
 ``--out``/final.pt; after a relaunch the reset callback saves what the job
 resumed from (model, optimizer, epoch, batch, size) to ``--out``/resumed.pt.
 ``--compare-with FILE``: rank 0 says at the end whether its weights equal FILE's.
+``--sharded``: the optimizer shards its state (``shard_optimizer_state=True``);
+``--hosts-file F --shrink-to H``: the rank that kills itself first writes H into the
+discovery file F, so that the job resumes on fewer ranks.
 """
 
 import argparse
@@ -30,6 +33,9 @@ parser.add_argument("--exit-code", type=int, default=0)
 parser.add_argument("--out", required=True)
 parser.add_argument("--start-from", default=None)
 parser.add_argument("--compare-with", default=None)
+parser.add_argument("--sharded", action="store_true")
+parser.add_argument("--hosts-file", default=None)
+parser.add_argument("--shrink-to", default=None)
 args = parser.parse_args()
 
 hvd.init()
@@ -40,6 +46,7 @@ model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 optimizer = hvd.DistributedOptimizer(
     torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
     named_parameters=model.named_parameters(),
+    shard_optimizer_state=args.sharded,
 )
 state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
 if args.start_from:
@@ -57,6 +64,8 @@ if args.start_from:
 
 
 def on_reset():
+    if args.sharded:
+        optimizer.consolidate_state_dict(to=0)  # collective: state_dict() on rank 0
     if hvd.rank() == 0:
         torch.save(
             {
@@ -86,6 +95,9 @@ def train(state):
             step = state.epoch * args.batches + state.batch
             if launch == 0 and hvd.rank() == args.kill_rank and step == args.kill_at:
                 print(f"rank {hvd.rank()} kills itself before step {step}", flush=True)
+                if args.hosts_file:
+                    with open(args.hosts_file, "w") as hosts:
+                        hosts.write(args.shrink_to + "\n")
                 if args.exit_code:
                     os._exit(args.exit_code)
                 os.kill(os.getpid(), signal.SIGKILL)

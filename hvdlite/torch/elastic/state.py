@@ -95,6 +95,13 @@ class StateHandler:
         self.saved = _copy_into(self.saved, self.value.state_dict())
         self.in_commit = False
 
+    def prepare_commit(self) -> None:
+        """Every rank, at a commit's start: collective work the state needs first."""
+
+    def live_state(self):
+        """The live state rank 0 writes in a synchronous commit."""
+        return self.value.state_dict()
+
     def restore(self) -> None:
         # A copy with every tensor new (nothing to reuse): what load_state_dict may keep.
         self.value.load_state_dict(_copy_into(None, self.saved))
@@ -120,14 +127,29 @@ class OptimizerStateHandler(StateHandler):
 class ShardedOptimizerStateHandler(StateHandler):
     """A sharded optimizer (``shard_optimizer_state=True``): each save first
     gathers the shards' state on every rank (saves run on every rank together),
-    so that a restore reshards it, at the same or another number of ranks."""
+    so that a restore reshards it, at the same or another number of ranks.  A
+    commit gathers it once, on every rank, before rank 0 writes it
+    (:meth:`prepare_commit`) and the others save it."""
 
     def __init__(self, value) -> None:
         value.consolidate_state_dict(to=None)
         super().__init__(value)
+        self._prepared = False
+
+    def prepare_commit(self) -> None:
+        self.value.consolidate_state_dict(to=None)
+        self._prepared = True
+
+    def live_state(self):
+        if not self._prepared:
+            self.value.consolidate_state_dict(to=None)
+        self._prepared = False
+        return self.value.state_dict()
 
     def save(self) -> None:
-        self.value.consolidate_state_dict(to=None)
+        if not self._prepared:
+            self.value.consolidate_state_dict(to=None)
+        self._prepared = False
         super().save()
 
     def sync(self) -> None:
@@ -215,10 +237,14 @@ class TorchState(ObjectState):
         return (
             {
                 "objects": InBand(objects),
-                "handlers": {name: h.value.state_dict() for name, h in self._handlers.items()},
+                "handlers": {name: h.live_state() for name, h in self._handlers.items()},
             },
             _summary_of(objects),
         )
+
+    def _prepare_commit(self) -> None:
+        for handler in self._handlers.values():
+            handler.prepare_commit()
 
     def _saved_in_commit(self) -> None:
         for handler in self._handlers.values():
