@@ -138,35 +138,34 @@ def allreduce(leaves, op, prescale, postscale, name, process_set) -> list:
 
 
 # ------------------------------------------------------------ the other collectives
-def _check_shape(what: str, got, expected, fix: str) -> None:
-    if tuple(got) != tuple(expected):
-        raise ArgumentError(
-            f"hvdlite.jax.{what} inside jax.jit: the result has shape {tuple(got)}, but the "
-            f"traced program expects {tuple(expected)}; {fix}"
-        )
+def _uneven(what: str, rows) -> ArgumentError:
+    return ArgumentError(
+        f"hvdlite.jax.{what} inside jax.jit: the ranks passed dims 0 of {rows}, but every "
+        "rank must pass the same dim 0 inside jit (the compiled program fixes its output "
+        f"shape); for uneven rows call {what} outside the jitted function."
+    )
 
 
 def allgather(leaves, name, process_set) -> list:
-    """Traced allgather of each leaf: every rank must pass the same dim 0."""
+    """Traced allgather of each leaf: every rank must pass the same dim 0.
+
+    Each rank's dims 0 travel in the same group (one small int64 row), so that
+    every rank sees an uneven input and raises alike.
+    """
     n = process_set.size()
     specs = [jax.ShapeDtypeStruct((n * x.shape[0], *x.shape[1:]), x.dtype) for x in leaves]
+    mine = np.array([[x.shape[0] for x in leaves]], dtype=np.int64)
 
     def host(*arrays):
         staged = [host_input(np.asarray(a), reduce=False) for a in arrays]
-        engine_name = _engine_name("allgather", name, process_set)
-        ins = [s.array for s in staged]
-        if len(ins) == 1:
-            outs = [_collectives.allgather(ins[0], name=engine_name, process_set=process_set)]
-        else:
-            outs = _collectives.grouped_allgather(ins, name=engine_name, process_set=process_set)
-        for out, spec in zip(outs, specs, strict=True):
-            _check_shape(
-                "allgather",
-                out.shape,
-                spec.shape,
-                "every rank must pass the same dim 0 inside jit (uneven rows: call "
-                "allgather outside the jitted function).",
-            )
+        outs = _collectives.grouped_allgather(
+            [s.array for s in staged] + [mine],
+            name=_engine_name("allgather", name, process_set),
+            process_set=process_set,
+        )
+        rows = outs.pop()
+        if (rows != mine).any():
+            raise _uneven("allgather", rows[:, 0].tolist())
         return [s.restore(o) for s, o in zip(staged, outs, strict=True)]
 
     return _call(host, specs, leaves)
@@ -189,23 +188,23 @@ def broadcast(leaf, root_rank: int, name, process_set):
 
 
 def alltoall(leaf, name, process_set):
-    """Traced alltoall with even splits: every rank must pass the same dim 0."""
+    """Traced alltoall with even splits: every rank must pass the same dim 0.
+
+    Where dims 0 differ, every rank receives uneven counts, so each raises.
+    """
+    n = process_set.size()
 
     def host(array):
         staged = host_input(np.asarray(array), reduce=False)
-        out = _collectives.alltoall(
+        handle = _collectives.alltoall_async(
             staged.array,
             None,
             name=_engine_name("alltoall", name, process_set),
             process_set=process_set,
         )
-        _check_shape(
-            "alltoall",
-            out.shape,
-            array.shape,
-            "every rank must pass the same dim 0 inside jit (uneven splits: call "
-            "alltoall outside the jitted function).",
-        )
+        out, received = _collectives.synchronize(handle)
+        if (np.asarray(received) != array.shape[0] // n).any():
+            raise _uneven("alltoall", [int(r) * n for r in received])
         return staged.restore(out)
 
     return _call(host, _specs([leaf]), [leaf])[0]
