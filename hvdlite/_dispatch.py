@@ -40,13 +40,20 @@ def _is_tf1_optimizer(obj) -> bool:
     return base is not None and isinstance(obj, base)
 
 
+def _is_optax_transformation(obj) -> bool:
+    optax = sys.modules.get("optax")
+    base = getattr(optax, "GradientTransformation", None) if optax is not None else None
+    return base is not None and isinstance(obj, base)
+
+
 def DistributedOptimizer(optimizer, *args, **kwargs):
     """Wrap *optimizer* with the data-parallel optimizer of its framework.
 
     A ``torch.optim.Optimizer`` goes to :func:`hvdlite.torch.DistributedOptimizer`,
     a Keras optimizer to :func:`hvdlite.keras.DistributedOptimizer` (on any Keras
     backend; on TensorFlow it is ``hvdlite.tensorflow.keras``'s), a
-    ``tf.compat.v1.train.Optimizer`` to :func:`hvdlite.tensorflow.DistributedOptimizer`;
+    ``tf.compat.v1.train.Optimizer`` to :func:`hvdlite.tensorflow.DistributedOptimizer`,
+    an optax ``GradientTransformation`` to :func:`hvdlite.jax.DistributedOptimizer`;
     the remaining arguments are passed through unchanged.
     """
     if _is_torch_optimizer(optimizer):
@@ -61,10 +68,15 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
         from hvdlite.tensorflow import DistributedOptimizer as tf_distributed
 
         return tf_distributed(optimizer, *args, **kwargs)
+    if _is_optax_transformation(optimizer):
+        from hvdlite.jax import DistributedOptimizer as jax_distributed
+
+        return jax_distributed(optimizer, *args, **kwargs)
     raise TypeError(
         f"hvdlite.DistributedOptimizer: unsupported optimizer type "
         f"{type(optimizer).__module__}.{type(optimizer).__qualname__}; supported are "
         f"torch.optim.Optimizer (hvdlite.torch.DistributedOptimizer), Keras "
-        f"optimizers (hvdlite.keras.DistributedOptimizer) and "
-        f"tf.compat.v1.train.Optimizer (hvdlite.tensorflow.DistributedOptimizer)"
+        f"optimizers (hvdlite.keras.DistributedOptimizer), "
+        f"tf.compat.v1.train.Optimizer (hvdlite.tensorflow.DistributedOptimizer) and optax "
+        f"GradientTransformations (hvdlite.jax.DistributedOptimizer)"
     )

@@ -1,9 +1,11 @@
 """Run every module in tests/parallel/ under real MPI at the sizes it declares.
 
-Each module names its world sizes in a line ``MPI_SIZES = (1, 2, 3)``, and may
+Each module names its world sizes in a line ``MPI_SIZES = (1, 2, 3)``; it may
 name environment variables its ranks need from their start in a line
 ``MPI_ENV = {"KERAS_BACKEND": "torch"}`` (what must be set before an import,
-e.g. Keras' backend, which a module cannot set once another has imported it).  Every
+e.g. Keras' backend, which a module cannot set once another has imported it), and
+the packages it cannot run without in a line ``MPI_REQUIRES = ("jax", "optax")``
+(its cases are skipped, saying which is missing, where one is not importable).  Every
 (module, size) pair is one test here: ``mpiexec -n size python -m pytest
 module`` with a hard timeout; the test passes when every rank passed.  On a
 timeout the whole process group is killed, so nothing hangs and nothing is left
@@ -17,6 +19,7 @@ and with it the job.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import signal
@@ -44,10 +47,26 @@ def _declared_env(path: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in ast.literal_eval(match.group(1)).items()} if match else {}
 
 
+def _missing_requirements(path: Path) -> list[str]:
+    match = re.search(r"^MPI_REQUIRES\s*=\s*\(([^)]*)\)", path.read_text(), re.M)
+    names = re.findall(r"[\w.]+", match.group(1)) if match else []
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
 def _cases():
     for path in sorted(PARALLEL.glob("test_*.py")):
+        missing = _missing_requirements(path)
+        marks = (
+            [
+                pytest.mark.skip(
+                    reason=f"{', '.join(missing)} not importable here (pip install hvdlite[all])"
+                )
+            ]
+            if missing
+            else []
+        )
         for n in _declared_sizes(path):
-            yield pytest.param(path, n, id=f"{path.stem}-np{n}")
+            yield pytest.param(path, n, id=f"{path.stem}-np{n}", marks=marks)
 
 
 def mpiexec() -> str:

@@ -125,9 +125,9 @@ def test_dispatch_rejects_other_objects():
 
 def test_dispatch_routes_keras_optimizers_without_importing_tensorflow(monkeypatch):
     calls = []
-    fake_keras_adapter = types.ModuleType("hvdlite.tensorflow.keras")
+    fake_keras_adapter = types.ModuleType("hvdlite.keras")
     fake_keras_adapter.DistributedOptimizer = lambda opt, **kw: calls.append((opt, kw)) or "ok"
-    monkeypatch.setitem(sys.modules, "hvdlite.tensorflow.keras", fake_keras_adapter)
+    monkeypatch.setitem(sys.modules, "hvdlite.keras", fake_keras_adapter)
     monkeypatch.setitem(sys.modules, "keras", types.ModuleType("keras"))
     adam = type("Adam", (), {"__module__": "keras.src.optimizers.adam"})()
     assert hvdlite.DistributedOptimizer(adam, backward_passes_per_step=2) == "ok"

@@ -10,7 +10,7 @@ package by name (``import hvdlite``) is.
 Besides cycles it checks the layering (:func:`layering_violations`):
 
 - the framework adapters and the launcher (``hvdlite.torch``,
-  ``hvdlite.tensorflow``, ``hvdlite.keras``, ``hvdlite.runner``) import nothing
+  ``hvdlite.tensorflow``, ``hvdlite.keras``, ``hvdlite.jax``, ``hvdlite.runner``) import nothing
   from ``hvdlite.engine``: they reach it through the public modules and the
   seams ``hvdlite.basics`` and ``hvdlite.collectives`` name for them;
 - the engine imports only itself and the modules below it: the value modules
@@ -116,7 +116,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 #: Packages that must not import the engine.
-ADAPTERS = ("hvdlite.torch", "hvdlite.tensorflow", "hvdlite.keras", "hvdlite.runner")
+ADAPTERS = ("hvdlite.torch", "hvdlite.tensorflow", "hvdlite.keras", "hvdlite.jax", "hvdlite.runner")
 ENGINE = "hvdlite.engine"
 #: What the engine may import besides itself (a module or a package's modules).
 ENGINE_MAY_IMPORT = (

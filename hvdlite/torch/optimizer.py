@@ -669,15 +669,20 @@ def DistributedOptimizer(
         check_predivide(op, gradient_predivide_factor)
         from hvdlite.torch.sharded import ShardedOptimizer
 
+        def averager(no_step_optimizer):  # gradients averaged during backward, on one node
+            return DistributedOptimizer(
+                no_step_optimizer,
+                named_parameters=named_parameters,
+                compression=compression,
+                backward_passes_per_step=backward_passes_per_step,
+                op=op,
+                gradient_predivide_factor=gradient_predivide_factor,
+                process_set=process_set,
+                bucket_cap_mb=bucket_cap_mb,
+            )
+
         return ShardedOptimizer(
-            optimizer,
-            compression,
-            op,
-            gradient_predivide_factor,
-            process_set,
-            named_parameters=named_parameters,
-            backward_passes_per_step=backward_passes_per_step,
-            bucket_cap_mb=bucket_cap_mb,
+            optimizer, compression, op, gradient_predivide_factor, process_set, averager=averager
         )
     bucket_cap = bucket_cap_bytes(bucket_cap_mb)
     if reducer is not None:

@@ -85,9 +85,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         op=Average,
         gradient_predivide_factor: float = 1.0,
         process_set=None,
-        named_parameters=None,
-        backward_passes_per_step: int = 1,
-        bucket_cap_mb: float | None = None,
+        averager=None,
     ):
         if not isinstance(compression, type) or not issubclass(compression, _CASTS):
             if not isinstance(compression, _CASTS):
@@ -119,22 +117,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._buffers: dict = {}
         self._repartition()
         # On one node the gradients are averaged during backward (module doc, step 1)
-        # by an unsharded DistributedOptimizer over a no-op optimizer: its hooks,
-        # buckets and compression, unchanged.
+        # by *averager*, given an optimizer whose step() does nothing over the same
+        # parameters: an unsharded DistributedOptimizer (its hooks, buckets and
+        # compression, unchanged).
         self._averager = None
-        if self._reduce_whole:
-            from hvdlite.torch.optimizer import DistributedOptimizer
-
-            self._averager = DistributedOptimizer(
-                _NoStep(self.param_groups),
-                named_parameters=named_parameters,
-                compression=compression,
-                backward_passes_per_step=backward_passes_per_step,
-                bucket_cap_mb=bucket_cap_mb,
-                op=op,
-                gradient_predivide_factor=gradient_predivide_factor,
-                process_set=self._process_set,
-            )
+        if self._reduce_whole and averager is not None:
+            self._averager = averager(_NoStep(self.param_groups))
         if optimizer.state:  # an optimizer that already stepped: keep its state, sharded
             self.load_state_dict(optimizer.state_dict())
 
