@@ -415,6 +415,24 @@ def test_stall_report_at_32_ranks_names_ranges_not_ranks():
     assert "ranks [0-2] submitted it, ranks [3-31] never did" in errors[0].error
 
 
+def test_stall_report_names_the_hosts_of_missing_ranks():
+    c, _ = coordinator(32)
+    c.hosts = [f"node{r // 2}" for r in range(32)]  # two ranks per host
+    pending = {0: [((0, "a"), 5.0)], 1: [((0, "a"), 5.0)], 2: [((0, "a"), 5.0)]}
+    pending.update({r: [] for r in range(3, 32)})
+    pending[3] = [((0, "a"), 5.0)]
+    pending[5] = [((0, "a"), 5.0)]
+    report, errors = c.stall_report(pending, warn_after=1.0, fail_after=2.0)
+    assert "ranks 4, 6-31 (on node2, node3, node4, node5, node6, node7, node8, node9 and " in report
+    c2, _ = coordinator(4)
+    c2.hosts = ["h1", "h1", "h2", "h3"]
+    report, errors = c2.stall_report(
+        {0: [((0, "a"), 5.0)], 1: [((0, "a"), 5.0)], 2: [((0, "a"), 5.0)], 3: []}, 1.0, 2.0
+    )
+    assert "rank 3 (on h3): [a]" in report
+    assert "ranks [0-2] submitted it, ranks [3] (on h3) never did" in errors[0].error
+
+
 def test_stall_report_ignores_joined_ranks_and_other_sets_members():
     c, _ = coordinator(3, {1: frozenset({0, 1})})
     c.process([(2, [join_params()])])

@@ -15,6 +15,7 @@ are submitted, and slurmd on compute nodes h1 and h2.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -32,6 +33,8 @@ from helpers_runner.netns_hosts import ALT_PORT, DATA_IFACE, DOWN_HOST, MGMT_IFA
 from helpers_runner.slurm_two_nodes import TwoNodeCluster
 
 HOST_RANK = str(HELPERS / "host_rank.py")
+THREE_HOSTS_CHECKS = str(HELPERS / "three_hosts_checks.py")
+ELASTIC_SCRIPTS = Path(__file__).resolve().parent / "elastic_scripts"
 PLACE = re.compile(r"rank (\d+) of (\d+) on (\w+) local (\d+)/(\d+)")
 _ = netns_hosts  # the session fixture, used by name
 
@@ -163,6 +166,103 @@ def test_network_interface_carries_the_traffic(netns_hosts, flavour, iface):
     got = {name: after[name] - before[name] for name in after}
     assert got[iface] > 8_000_000, got  # the 16 MB allreduce crossed on the chosen interface
     assert got[other] < 2_000_000, got  # ssh and little else on the other one
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("hierarchical", ["0", "1"], ids=["flat", "hierarchical"])
+def test_three_hosts_two_ranks_each_sets_join_and_stall_report(netns_hosts, hierarchical):
+    # Collectives, process sets spanning hosts, join and a stall, at 3 hosts x 2 ranks
+    # (helpers_runner/three_hosts_checks.py checks the values on every rank).
+    env = _env(
+        "mpich",
+        HVDLITE_HIERARCHICAL_ALLREDUCE=hierarchical,
+        HVDLITE_HIERARCHICAL_ALLGATHER=hierarchical,
+        HVDLITE_STALL_CHECK_TIME_SECONDS="1",
+    )
+    result = _hvdrun_on_h1(
+        netns_hosts,
+        "-np",
+        "6",
+        "-H",
+        "h1:2,h2:2,h3:2",
+        sys.executable,
+        THREE_HOSTS_CHECKS,
+        env=env,
+        timeout=150,
+    )
+    assert result.returncode == 0, result.output
+    for rank in range(6):
+        assert f"rank {rank} on h{rank // 2 + 1} checks ok" in result.stdout, result.output
+    # rank 0's stall report names the late rank and its host
+    assert "rank 4 (on h3): [late]" in result.output, result.output
+
+
+@pytest.mark.timeout(300)
+def test_elastic_job_loses_a_host_and_goes_on_with_the_other_two(netns_hosts, tmp_path):
+    # hvdrun on h1 discovers h1:2,h2:2,h3:2; when launch 0 pauses, h3 leaves the
+    # discovery file: the job resumes from its commit on 4 ranks on h1 and h2, and
+    # every sample of the epoch is still trained exactly once.
+    hostsfile = tmp_path / "hosts.txt"
+    hostsfile.write_text("h1:2\nh2:2\nh3:2\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hostsfile}\n")
+    discover.chmod(0o755)
+    signal_dir, log = tmp_path / "signals", tmp_path / "steps.jsonl"
+    signal_dir.mkdir()
+    stop = threading.Event()
+
+    def drop_h3_when_paused():
+        while not stop.is_set():
+            if (signal_dir / "pause.0").exists():
+                hostsfile.write_text("h1:2\nh2:2\n")
+                return
+            time.sleep(0.05)
+
+    editor = threading.Thread(target=drop_h3_when_paused, daemon=True)
+    editor.start()
+    env = _env("mpich", HVDLITE_ELASTIC_DISCOVERY_INTERVAL="0.2")
+    try:
+        result = _hvdrun_on_h1(
+            netns_hosts,
+            "--elastic-state-dir",
+            str(tmp_path / "state"),
+            "--min-np",
+            "4",
+            "--max-np",
+            "6",
+            "--host-discovery-script",
+            str(discover),
+            sys.executable,
+            str(ELASTIC_SCRIPTS / "sampler_resize.py"),
+            "--samples",
+            "48",
+            "--batch",
+            "2",
+            "--epochs",
+            "1",
+            "--pause",
+            "2",
+            "--log",
+            str(log),
+            "--signal-dir",
+            str(signal_dir),
+            env=env,
+            timeout=240,
+        )
+    finally:
+        stop.set()
+        editor.join(timeout=5)
+    assert result.returncode == 0, result.output
+    assert "launch 1: 4 rank(s) on h1:2,h2:2, resuming from commit" in result.stderr, result.output
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    starts = [(r["launch"], r["size"]) for r in records if "reset_sizes" in r]
+    assert starts[:2] == [(0, 6), (1, 4)], records
+    per_epoch: dict[int, list[int]] = {}
+    for record in records:
+        if "indices" in record:
+            per_epoch.setdefault(record["epoch"], []).extend(record["indices"])
+    assert sorted(per_epoch) == [0]
+    assert sorted(per_epoch[0]) == list(range(48)), per_epoch
 
 
 def _rank_process(hosts, host: str, marker: str, rank: int) -> int | None:

@@ -81,9 +81,14 @@ class Coordinator:
     """Rank 0's negotiation state across cycles."""
 
     def __init__(
-        self, world_size: int, members: Callable[[int], frozenset | None], check_order: bool = False
+        self,
+        world_size: int,
+        members: Callable[[int], frozenset | None],
+        check_order: bool = False,
+        hosts: list[str] | None = None,
     ):
         self.world_size = world_size
+        self.hosts = hosts  # host name of each rank, for the reports (None: not known)
         self._members = members
         self.order = OrderCheck(members) if check_order else None  # HVDLITE_CHECK_ORDER
         # Names some member of their set has asked for and others have not yet: a
@@ -243,8 +248,9 @@ class Coordinator:
                         None,
                         key,
                         f"Stalled collective {key[1]!r} cancelled after {oldest:.0f} s: ranks "
-                        f"[{rank_ranges(ages)}] submitted it, ranks [{rank_ranges(missing)}] "
-                        "never did. Make every rank of the process set call the same "
+                        f"[{rank_ranges(ages)}] submitted it, ranks [{rank_ranges(missing)}]"
+                        f"{self._on_hosts(missing)} never did. Make every rank of the process "
+                        "set call the same "
                         "collectives with the same names.",
                     )
                 )
@@ -267,10 +273,23 @@ class Coordinator:
             shown = ", ".join(names[:10]) + (
                 f" (and {len(names) - 10} more)" if len(names) > 10 else ""
             )
-            lines.append(f"  {describe_ranks(ranks)}: [{shown}]")
+            lines.append(f"  {describe_ranks(ranks)}{self._on_hosts(ranks)}: [{shown}]")
         lines.append(STALL_HINT)
         return "\n".join(lines), errors
 
+    def _on_hosts(self, ranks: list[int]) -> str:
+        """`` (on h3)``, `` (on h2, h3)``: where *ranks* run, for a report ("" unknown)."""
+        if not self.hosts:
+            return ""
+        names = list(dict.fromkeys(self.hosts[r] for r in ranks if r < len(self.hosts)))
+        shown = ", ".join(names[:_HOSTS_SHOWN])
+        if len(names) > _HOSTS_SHOWN:
+            shown += f" and {len(names) - _HOSTS_SHOWN} more hosts"
+        return f" (on {shown})"
+
+
+#: The most host names one line of a report lists.
+_HOSTS_SHOWN = 8
 
 #: The last lines of a stall warning: what to look at next.
 STALL_HINT = (

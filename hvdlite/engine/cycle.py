@@ -163,8 +163,12 @@ class Engine:
         self._joined = False  # this rank is inside join()
         self._some_joined = False  # some rank is, as of the last cycle
         self.bits = CacheBits(ResponseCache(config.cache_capacity), self.rank)
+        # Rank 0 names hosts in its stall reports: each rank's host, gathered once.
+        hosts = self.comm.gather(MPI.Get_processor_name(), root=0)
         self.coordinator = (
-            Coordinator(self.size, sets.members.get, config.check_order) if self.rank == 0 else None
+            Coordinator(self.size, sets.members.get, config.check_order, hosts)
+            if self.rank == 0
+            else None
         )
         self.check_order = config.check_order  # then the response cache is bypassed
         self.executor = MPIExecutor(
