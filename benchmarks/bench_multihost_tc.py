@@ -1,18 +1,22 @@
 """Flat against hierarchical collectives across hosts joined by a slow link, same run.
 
-Run as root: ``python benchmarks/bench_multihost_tc.py``.  It builds two pretend
-machines (network namespaces with their own sshd, ``tests/helpers_runner/netns_hosts.py``),
-shapes each one's link to the switch with ``tc netem`` (default 1 Gbit/s and 0.2 ms each
-way; a token bucket for the rate alone where the kernel has no netem), and
-runs ``hvdrun -np 4 -H h1:2,h2:2`` jobs from h1: ranks on one host share
-memory, ranks on different hosts talk over the shaped links (both of each host's
-networks are shaped: MPI may pick either).  Jobs alternate between the
-flat setting and ``HVDLITE_HIERARCHICAL_ALLREDUCE=1`` /
+Run as root: ``python benchmarks/bench_multihost_tc.py``.  It builds pretend machines
+(``--hosts``, default 3: network namespaces with their own sshd,
+``tests/helpers_runner/netns_hosts.py``), shapes each one's link to the switch with
+``tc netem`` (default 1 Gbit/s and 0.2 ms each way; a token bucket for the rate alone
+where the kernel has no netem), and runs ``hvdrun -H h1:2,h2:2,...`` jobs (2 ranks per
+host) from h1: ranks on one host share memory, ranks on different hosts talk over the
+shaped links (both of each host's networks are shaped: MPI may pick either).  Jobs
+alternate between the flat setting and ``HVDLITE_HIERARCHICAL_ALLREDUCE=1`` /
 ``HVDLITE_HIERARCHICAL_ALLGATHER=1``.
-Each job times allreduce of 4 MB and 64 MB and allgather of 16 MB per rank (median over
-iterations of the slowest rank), and the bytes h2 received on its link during the job
-are counted, so the table shows the measured cross-host bytes beside the times.  Where
-the hosts cannot be built (not root, no ``ip``/``tc``/sshd) it says why and exits 0.
+Each job times allreduce of 4 MB and 64 MB, allgather of 16 MB per rank and a torch
+training step (an MLP with 16 MB of gradients, ``DistributedOptimizer``): the median
+over iterations of the slowest rank.  The bytes h2 received on its link during each
+case are counted, so the table shows the measured cross-host bytes beside the times.
+Then one ``hvdrun --autotune`` job trains the same MLP with hierarchical allreduce
+offered to the tuner, and the setting it kept is printed beside the step time it gets.
+Where the hosts cannot be built (not root, no ``ip``/``tc``/sshd) it says why and
+exits 0.
 """
 
 from __future__ import annotations
@@ -30,7 +34,33 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 RESULT = "BENCH-RESULT "
-CASES = (("allreduce", 4), ("allreduce", 64), ("allgather", 16))
+CASES = (("allreduce", 4), ("allreduce", 64), ("allgather", 16), ("torch step", 16))
+WIDTH, LAYERS, BATCH = 1024, 4, 32  # the MLP: 4 x 1024 x 1024 weights, 16 MB of gradients
+
+
+def _torch_step():
+    """A training step of the MLP with DistributedOptimizer (a closure to time)."""
+    import torch
+
+    import hvdlite.torch as hvd_torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(LAYERS):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1])
+    opt = hvd_torch.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=1e-3), named_parameters=model.named_parameters()
+    )
+    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    return step
 
 
 # ------------------------------------------------------------------ worker side
@@ -55,8 +85,10 @@ def worker(iters: int) -> None:
         x = np.ones((mb << 20) // 4, np.float32)
         if kind == "allreduce":
             fn = lambda x=x, mb=mb: hvd.allreduce(x, op=hvd.Sum, name=f"b.ar.{mb}")  # noqa: E731
-        else:
+        elif kind == "allgather":
             fn = lambda x=x, mb=mb: hvd.allgather(x, name=f"b.ag.{mb}")  # noqa: E731
+        else:
+            fn = _torch_step()
         fn()
         times = []
         comm.Barrier()
@@ -66,11 +98,30 @@ def worker(iters: int) -> None:
             start = time.perf_counter()
             fn()
             times.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
-        # the last rank is on h2: what its host received, per call
-        per_call = (received() - before) / iters if hvd.rank() == hvd.size() - 1 else 0.0
+        # rank 2 is on h2 (2 ranks per host): what its host received, per call
+        per_call = (received() - before) / iters if hvd.rank() == 2 else 0.0
         out[f"{kind} {mb} MB"] = (statistics.median(times), comm.allreduce(per_call))
     if hvd.rank() == 0:
         print(RESULT + json.dumps(out), flush=True)
+    hvd.shutdown()
+
+
+def autotune_worker(steps: int) -> None:
+    """Train the MLP for *steps* steps under autotune; rank 0 prints the median time
+    of the last steps (the kept setting's) as a result line."""
+    from mpi4py import MPI
+
+    import hvdlite as hvd
+
+    hvd.init()
+    step, comm, times = _torch_step(), MPI.COMM_WORLD, []
+    for _ in range(steps):
+        comm.Barrier()
+        start = time.perf_counter()
+        step()
+        times.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    if hvd.rank() == 0:
+        print(RESULT + json.dumps({"last steps": statistics.median(times[-10:])}), flush=True)
     hvd.shutdown()
 
 
@@ -96,6 +147,11 @@ def _shape(hosts, rate: str, delay: str) -> str:
     return applied
 
 
+def _placement(hosts) -> list[str]:
+    names = sorted(hosts.hosts)
+    return ["-np", str(2 * len(names)), "-H", ",".join(f"{name}:2" for name in names)]
+
+
 def run_job(hosts, hierarchical: bool, iters: int) -> tuple[dict, int]:
     from helpers_runner.common import clean_env, hvdrun_cmd, run
     from helpers_runner.netns_hosts import DATA_IFACE, MGMT_IFACE
@@ -104,7 +160,7 @@ def run_job(hosts, hierarchical: bool, iters: int) -> tuple[dict, int]:
     env = clean_env(HVDLITE_HIERARCHICAL_ALLREDUCE=flag, HVDLITE_HIERARCHICAL_ALLGATHER=flag)
     before = sum(hosts.rx_bytes("h2", i) for i in (MGMT_IFACE, DATA_IFACE))
     cmd = hvdrun_cmd(
-        "-np", "4", "-H", "h1:2,h2:2", sys.executable, __file__, "--worker", "--iters", str(iters)
+        *_placement(hosts), sys.executable, __file__, "--worker", "--iters", str(iters)
     )
     result = run(hosts.wrap("h1", cmd), env=env, timeout=900)
     received = sum(hosts.rx_bytes("h2", i) for i in (MGMT_IFACE, DATA_IFACE)) - before
@@ -114,9 +170,45 @@ def run_job(hosts, hierarchical: bool, iters: int) -> tuple[dict, int]:
     return json.loads(lines[-1].split(RESULT, 1)[1]), received
 
 
+def run_autotune(hosts, steps: int, log: Path) -> tuple[float, dict]:
+    """One ``hvdrun --autotune`` job (hierarchical allreduce offered to the tuner):
+    the median step time at its end and the setting the tuner kept (its log's last row)."""
+    import csv
+
+    from helpers_runner.common import clean_env, hvdrun_cmd, run
+
+    env = clean_env(
+        HVDLITE_HIERARCHICAL_ALLREDUCE="1",
+        HVDLITE_AUTOTUNE_WARMUP_SAMPLES="1",
+        HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE="4",
+        HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES="12",
+    )
+    cmd = hvdrun_cmd(
+        *_placement(hosts),
+        "--autotune",
+        "--autotune-log-file",
+        str(log),
+        sys.executable,
+        __file__,
+        "--autotune-worker",
+        "--iters",
+        str(steps),
+    )
+    result = run(hosts.wrap("h1", cmd), env=env, timeout=1200)
+    lines = [line for line in result.stdout.splitlines() if RESULT in line]
+    if result.returncode or not lines:
+        raise RuntimeError(f"autotune job failed ({result.returncode}):\n{result.output[-4000:]}")
+    rows = list(csv.DictReader(log.open()))
+    kept = rows[-1] if rows else {}
+    return json.loads(lines[-1].split(RESULT, 1)[1])["last steps"], kept
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--autotune-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--hosts", type=int, default=3, choices=(2, 3))
+    parser.add_argument("--autotune-steps", type=int, default=120)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rate", default="1gbit")
@@ -125,6 +217,9 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args.iters)
         return 0
+    if args.autotune_worker:
+        autotune_worker(args.iters)
+        return 0
     from helpers_runner.netns_hosts import NetnsHosts, reason_unavailable, remove_stale
 
     reason = reason_unavailable()
@@ -132,17 +227,20 @@ def main(argv=None) -> int:
         print(f"bench_multihost_tc: skipped: {reason}")
         return 0
     remove_stale()
-    hosts = NetnsHosts(Path(tempfile.mkdtemp(prefix="hvd-tc-")), ("h1", "h2")).start()
+    workdir = Path(tempfile.mkdtemp(prefix="hvd-tc-"))
+    names = tuple(f"h{i + 1}" for i in range(args.hosts))
+    hosts = NetnsHosts(workdir, names).start()
     try:
         shaped = _shape(hosts, args.rate, args.delay)
         runs = {False: [], True: []}
         for _ in range(args.rounds):
             for hierarchical in (False, True):
                 runs[hierarchical].append(run_job(hosts, hierarchical, args.iters))
+        tuned_step, kept = run_autotune(hosts, args.autotune_steps, workdir / "autotune.csv")
     finally:
         hosts.stop()
     print(
-        f"2 hosts x 2 ranks, each host's link {shaped}; "
+        f"{args.hosts} hosts x 2 ranks, each host's link {shaped}; "
         f"median of {args.iters} iterations, best of {args.rounds} jobs per setting"
     )
     print(
@@ -163,6 +261,15 @@ def main(argv=None) -> int:
     print(
         f"{'bytes into h2, a job':22s}{hier_bytes / 2**20:12.0f}MB{flat_bytes / 2**20:10.0f}MB"
         f"{hier_bytes / flat_bytes:8.2f}  (the cross-host bytes the hierarchical path saves)"
+    )
+    flat_step = min(r[0]["torch step 16 MB"][0] for r in runs[False])
+    print(
+        f"hvdrun --autotune, {args.autotune_steps} torch steps: kept "
+        + ", ".join(f"{k}={v}" for k, v in kept.items() if k not in ("sample", "phase"))
+    )
+    print(
+        f"{'torch step, tuned':18s}{tuned_step * 1e3:12.1f}ms{flat_step * 1e3:8.1f}ms"
+        f"{tuned_step / flat_step:7.2f}  (last 10 steps of the autotune job vs the flat jobs)"
     )
     return 0
 
