@@ -3,6 +3,8 @@ return arrays on the input's GPU with the CPU path's values (bfloat16 included);
 and DistributedOptimizer work eagerly and inside jax.jit (where the reduction is a host
 callback, so the values cross to the host and back)."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,10 @@ hvd = None  # hvdlite.jax, imported by the fixture (CPU collection never imports
 @pytest.fixture(scope="module")
 def jax():
     global hvd
+    # JAX takes 75 % of the GPU's memory when its backend starts; ranks sharing the GPU
+    # (tests/test_gpu_mpi.py) and the torch tests after this module need it to take
+    # only what it uses.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     jax = pytest.importorskip(
         "jax", reason="JAX is not installed here (pip install 'jax[cuda12]' optax)"
     )
