@@ -30,6 +30,14 @@ MINE = next((ps for ps in SETS if RANK in ps.ranks), hvd.global_process_set)
 v1 = tf.compat.v1
 
 
+@pytest.fixture(autouse=True)
+def every_rank_finishes_each_test():
+    """A rank whose set finished must not go on (or exit, shutting the job down) while
+    another set's members still run theirs."""
+    yield
+    hvd.barrier()
+
+
 def test_the_framework_module_reaches_the_process_set_table():
     expected = {0: list(range(SIZE)), **{ps.process_set_id: ps.ranks for ps in SETS}}
     assert hvd.mpi_ops._basics._get_process_set_ids_and_ranks() == expected
