@@ -55,7 +55,8 @@ test-gpu:
 	@if [ "$(PY)" = "$(VENV)/bin/python" ]; then $(MAKE) --no-print-directory setup; fi
 	$(PY) -m pytest tests/gpu tests/test_gpu_mpi.py -m gpu -q -rs $(PYTEST_ARGS)
 
-# Horovod's own test_torch.py and test_tensorflow.py, unchanged, at 2, 3 and 4 ranks through
+# Horovod's own test_torch.py, test_tensorflow.py and its process-set and timeline suites,
+# unchanged, at 2, 3 and 4 ranks through
 # tools/horovod_shim (import horovod.torch -> hvdlite.torch). Not part of `make test`: it
 # takes long and needs a checkout of github.com/horovod/horovod (cloned when HOROVOD_SRC is
 # unset and the network allows). Expected failures and why: tools/horovod_expected_failures.txt.

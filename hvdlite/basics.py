@@ -18,9 +18,10 @@ from . import config as _config
 from .engine import runtime
 from .device.selection import agree as agree_device_choice
 from .device.capabilities import cuda_available, nccl_version
+from .engine import initial_sets
 from .engine.init_agreement import Preparation, agree
 from .engine.process_set_table import ProcessSetTable
-from .process_sets import ProcessSet
+from .process_sets import ProcessSet, global_process_set
 from .engine.runtime import Runtime, is_running, live, state
 from .engine.thread_affinity import core_for
 from .timeline import Timeline
@@ -174,17 +175,27 @@ def init(comm=None, process_sets=None) -> None:
 
     *comm*: None, an mpi4py communicator, or a list of COMM_WORLD ranks (only those
     ranks call init).  *process_sets*: a list of :class:`ProcessSet` to register
-    now, or ``"dynamic"`` to allow add/remove later.  A second call while
-    initialized does nothing.  Knobs are read from the environment now.
+    now, or ``"dynamic"`` to allow add/remove later.  Knobs are read from the
+    environment now.
 
     Every rank succeeds or every rank raises: what can fail on one rank alone
     (a bad knob, knobs that differ between ranks, ``process_sets`` that differ,
     rank 0's timeline file) is agreed on before any collective set-up (see
     :mod:`hvdlite.engine.init_agreement`); a failure in the set-up itself ends the job.
+    A list that names a set twice (or a set of every rank) is the exception, as in
+    Horovod: the job starts with the distinct sets, then every rank raises
+    ValueError (see :mod:`hvdlite.engine.initial_sets`).
+
+    A second call while initialized starts nothing; with *process_sets* it gives
+    those ProcessSet objects the ids of the registered sets with the same ranks
+    (local to each rank; ValueError for a set that is not registered or is listed
+    twice).
     """
     global _atexit_registered
     with _init_lock:
         if is_running():
+            st = live()
+            initial_sets.match_registered(process_sets, st.sets, st.world, _mpi())
             return
         runtime.refuse_in_forked_child()
         error = None
@@ -196,10 +207,10 @@ def init(comm=None, process_sets=None) -> None:
             _tune_malloc()
         MPI = _import_mpi(cfg)
         world = _world_of(comm, MPI)
-        set_ranks, timeline, sample_log = [], None, None
+        mine, timeline, sample_log = [], None, None
         if error is None:
             try:
-                set_ranks = _resolve_sets(process_sets, world, MPI)
+                mine = initial_sets.resolve(process_sets, world, MPI)
                 if cfg.timeline and world.Get_rank() == 0:
                     timeline = _open_timeline(cfg)
                 if cfg.autotune:  # scikit-learn present, rank 0's CSV log writable
@@ -209,7 +220,7 @@ def init(comm=None, process_sets=None) -> None:
             except (ValueError, OSError, ImportError) as exc:
                 error = exc
         try:
-            agree(world, Preparation(error, cfg, [ranks for _, ranks in set_ranks]))
+            per_rank = agree(world, Preparation(error, cfg, [entry for _, entry in mine]))
         except BaseException:
             if timeline is not None:
                 timeline.close()
@@ -218,19 +229,49 @@ def init(comm=None, process_sets=None) -> None:
             if world not in (MPI.COMM_WORLD, MPI.COMM_SELF):
                 world.Free()
             raise
+        size = world.Get_size()
         try:
             new = _start(
-                world, cfg, set_ranks, timeline, process_sets == "dynamic", MPI, sample_log
+                world,
+                cfg,
+                _sets_to_register(initial_sets.union(per_rank, size), mine),
+                timeline,
+                process_sets == "dynamic",
+                MPI,
+                sample_log,
             )
         except BaseException as exc:
             _end_job_after_failed_start(world, exc)
             raise
         runtime.install(new)
+        global_process_set.mpi_comm = comm if hasattr(comm, "Get_group") else None
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             os.register_at_fork(after_in_child=runtime.forget_after_fork)
             _atexit_registered = True
         _install_excepthooks()
+        for place in initial_sets.duplicates([entry for _, entry in mine], size):
+            ps = mine[place][0]
+            if new.sets.get(ps.process_set_id) is not ps:  # as Horovod: no id for a repeat
+                ps.process_set_id = None
+        repeated = initial_sets.duplicates_message(per_rank, size)
+        if repeated:
+            raise ValueError(repeated)
+
+
+def _mpi():
+    from mpi4py import MPI
+
+    return MPI
+
+
+def _sets_to_register(order: list[list[int]], mine) -> list[tuple[ProcessSet, list[int]]]:
+    """The sets every rank registers, in *order*: this rank's own ProcessSet object
+    where its list has the set (its first entry of it), a new one where not."""
+    own: dict[tuple, ProcessSet] = {}
+    for ps, (_, ranks) in mine:
+        own.setdefault(tuple(ranks), ps)
+    return [(own.get(tuple(ranks)) or ProcessSet(ranks), ranks) for ranks in order]
 
 
 def _open_timeline(cfg) -> Timeline:
@@ -260,39 +301,6 @@ def _world_of(comm, MPI):
     if world == MPI.COMM_NULL:
         raise ValueError("init(comm=...) was called on a rank that is not in comm.")
     return world
-
-
-def _resolve_sets(process_sets, world, MPI) -> list[tuple[ProcessSet, list[int]]]:
-    """Each ProcessSet of ``init(process_sets=...)`` with its global ranks (local:
-    ValueError for a bad set, before any rank enters a collective)."""
-    if process_sets in (None, "dynamic"):
-        return []
-    resolved = []
-    size = world.Get_size()
-    for ps in process_sets:
-        if not isinstance(ps, ProcessSet):
-            ps = ProcessSet(ps)
-        if ps.mpi_comm is not None:
-            group = ps.mpi_comm.Get_group()
-            ranks = MPI.Group.Translate_ranks(
-                group, list(range(group.Get_size())), world.Get_group()
-            )
-        else:
-            ranks = ps.ranks
-        ranks = sorted(int(r) for r in ranks or ())
-        bad = [r for r in ranks if not 0 <= r < size]
-        if bad or not ranks:
-            raise ValueError(
-                f"init(process_sets=...): {ps} names ranks {bad or 'none'} "
-                f"outside the world of {size} ranks (valid: 0..{size - 1})."
-            )
-        if ranks == list(range(size)) or any(ranks == other for _, other in resolved):
-            raise ValueError(
-                f"init(process_sets=...) lists ranks {ranks} twice (a set of "
-                "every rank is hvd.global_process_set, registered already)."
-            )
-        resolved.append((ps, ranks))
-    return resolved
 
 
 def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None) -> Runtime:
@@ -540,6 +548,13 @@ def _shutdown_at_exit() -> None:
 
 def is_initialized() -> bool:
     return is_running()
+
+
+def _get_process_set_ids_and_ranks() -> dict[int, list[int]]:
+    """Every registered process set: id -> its global ranks, the global set (0)
+    included (Horovod's internal helper, which its tests call; local)."""
+    table = live().sets
+    return {set_id: list(table.ranks[set_id]) for set_id in sorted(table.ranks)}
 
 
 def size() -> int:

@@ -104,15 +104,20 @@ def _members(st, process_set: ProcessSet, what: str) -> tuple[int, list[int]]:
 def _name(st, op: str, name: str | None, set_id: int = 0) -> str:
     """*name*, or the next automatic name of *op* in process set *set_id*.
 
-    Counting per process set keeps automatic names in step across the members of
-    a set even when some of them also call unnamed collectives on other sets;
+    Counting per process set (per registration of its id) keeps automatic names in
+    step across the members of a set even when some of them also call unnamed
+    collectives on other sets;
     counting per thread (:mod:`hvdlite.engine.auto_names`) keeps threads apart.
     """
     if name is not None:
         if not isinstance(name, str) or not name:
             raise ArgumentError(f"{op}: name must be a non-empty string, got {name!r}.")
         return name
-    return f"{op}.noname.{st.names.suffix(op if set_id == GLOBAL_SET_ID else (op, set_id))}"
+    if set_id == GLOBAL_SET_ID:
+        return f"{op}.noname.{st.names.suffix(op)}"
+    # A removed set's id comes back for a later set: count per registration, so that
+    # the new set's members start from the same number.
+    return f"{op}.noname.{st.names.suffix((op, set_id, st.sets.registration_of(set_id)))}"
 
 
 def _array(x, what: str) -> np.ndarray:

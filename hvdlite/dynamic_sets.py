@@ -40,7 +40,9 @@ def add_process_set(process_set) -> ProcessSet:
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister *process_set* on every rank (collective). Returns True when removed."""
+    """Unregister *process_set* on every rank (collective). Returns True when removed,
+    False (on every rank, without a collective) for the global set or a set without
+    an id, as Horovod does."""
     st = state()
     if not st.dynamic:
         raise ValueError(
@@ -48,7 +50,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
             "'dynamic') or set HVDLITE_DYNAMIC_PROCESS_SETS=1."
         )
     if process_set is global_process_set or process_set.process_set_id in (None, 0):
-        raise ValueError("Only a registered process set other than the global one can be removed.")
+        return False  # the global set is never removed; a set without an id is not there
     n = st.names.suffix("remove_process_set")
     submit_control(
         Kind.REMOVE_PROCESS_SET, f"__remove_process_set__.{n}", (process_set.process_set_id,)

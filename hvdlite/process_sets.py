@@ -78,7 +78,10 @@ class ProcessSet:
         return hash((self.process_set_id, tuple(self._ranks or ())))
 
     def __repr__(self) -> str:
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+        return (
+            f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
+            f"mpi_comm={self.mpi_comm})"
+        )
 
 
 def _my_rank() -> int | None:

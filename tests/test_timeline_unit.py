@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +20,7 @@ from hvdlite.timeline.__main__ import main as timeline_main
 from hvdlite.timeline.events import MAX_OPEN, TraceBuilder
 from hvdlite.timeline.summary import format_summary, summarize
 from hvdlite.engine.transport import Transport
+from hvdlite.ops import ReduceOp
 
 T0 = 1000.0
 
@@ -94,7 +96,18 @@ def test_a_fused_batch_draws_every_phase_on_each_of_its_tensors_tracks():
         "copy_out": (9000, 10000),
         "callbacks": (10000, 12000),
     }
-    assert a["collective"]["name"] == "MPI allreduce"
+    # Horovod's activity names, which users' scripts search a timeline for
+    names = {cat: e["name"] for cat, e in a.items()}
+    assert names == {
+        "negotiate": "NEGOTIATE_ALLREDUCE",
+        "op": "ALLREDUCE",
+        "queue": "QUEUE",
+        "copy_in": "MEMCPY_IN_FUSION_BUFFER",
+        "collective": "MPI_ALLREDUCE",
+        "copy_out": "MEMCPY_OUT_FUSION_BUFFER",
+        "callbacks": "CALLBACKS",
+    }
+    assert a["collective"]["args"]["path"] == "MPI"
     assert b["negotiate"]["ts"] == pytest.approx(2000)
     # one batch id ties the fused tensors together
     assert a["op"]["args"]["batch"] == b["op"]["args"]["batch"] == a["copy_in"]["args"]["batch"]
@@ -102,11 +115,98 @@ def test_a_fused_batch_draws_every_phase_on_each_of_its_tensors_tracks():
     # the coordinator's report instants, and who was last
     reports = sorted((trace.track(e), e["args"]["rank"], round(e["ts"])) for e in trace.reports)
     assert reports == [("a", 0, 3000), ("a", 1, 3000), ("b", 0, 3000), ("b", 1, 5000)]
+    assert {e["name"] for e in trace.reports} == {"0", "1"}  # named by the rank, as Horovod
     assert a["negotiate"]["args"] == {"ranks": 2, "last": [0, 1], "wait_for_last_us": 0.0}
     assert b["negotiate"]["args"]["last"] == [1]
     assert b["negotiate"]["args"]["wait_for_last_us"] == pytest.approx(2000)
     cycles = sorted(e["name"] for e in trace.slices[s.CYCLE])
     assert cycles == ["cycle 1", "cycle 2"]
+    marks = [e for e in trace.events if e.get("name") == "CYCLE_START"]
+    assert [(e["ph"], e["s"], round(e["ts"]), e["args"]["cycle"]) for e in marks] == [
+        ("i", "g", 500, 1),
+        ("i", "g", 4000, 2),
+    ]
+
+
+def _one_batch(timeline: Timeline, name: str, cycle: int) -> None:
+    """What the engine records for one tensor that goes through the coordinator."""
+    entry = SimpleNamespace(
+        key=(0, name), submitted=timeline._builder._t0 + 0.001, params=_params(name)
+    )
+    timeline.cycle_began(cycle, [entry])
+    timeline.reports([([_params(name)], None)])
+    timeline.decided()
+    timeline.batch_began()
+    timeline.via(Transport.MPI)
+    timeline.phase(s.COLLECTIVE)
+    timeline.finishing()
+    timeline.batch_ended([_response(name)])
+
+
+@pytest.mark.parametrize("mark_cycles", [False, True])
+def test_cycle_start_marks_only_with_mark_cycles(tmp_path, mark_cycles):
+    path = tmp_path / "t.json"
+    timeline = Timeline(str(path), mark_cycles=mark_cycles)
+    _one_batch(timeline, "c", 1)
+    timeline.close()
+    trace = Trace(json.loads(path.read_text()))
+    starts = [e for e in trace.events if e.get("name") == s.CYCLE_START]
+    assert len(starts) == (1 if mark_cycles else 0)
+    assert bool(trace.slices.get(s.CYCLE)) == mark_cycles
+
+
+def test_a_batch_is_on_disk_as_valid_json_soon_after_it_ran(tmp_path):
+    # Horovod's suite reads the file 0.1 s after an allreduce returned, while the job runs.
+    path = tmp_path / "t.json"
+    timeline = Timeline(str(path), mark_cycles=True)
+    try:
+        for i in range(3):
+            _one_batch(timeline, f"live.{i}", i + 1)
+            deadline = time.monotonic() + 0.1
+            while True:
+                text = path.read_text()
+                try:
+                    events = json.loads(text)  # a complete JSON array, not a cut one
+                except json.JSONDecodeError:  # read in the middle of a write
+                    events = []
+                if f"live.{i}" in text and events or time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+            names = {e.get("name") for e in events}
+            assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "MPI_ALLREDUCE", "CYCLE_START"} <= names
+            assert f"live.{i}" in Trace(events).tracks.values()
+    finally:
+        timeline.close()
+    events = json.loads(path.read_text())
+    assert events[-1]["name"] == "timeline end"
+    assert {f"live.{i}" for i in range(3)} <= set(Trace(events).tracks.values())
+
+
+@pytest.mark.parametrize(
+    "path, kind, op, name",
+    [
+        (Transport.MPI, Kind.BROADCAST, 0, "MPI_BCAST"),
+        (Transport.MPI, Kind.ALLGATHER, 0, "MPI_ALLGATHER"),
+        (Transport.MPI, Kind.ALLTOALL, 0, "MPI_ALLTOALL"),
+        (Transport.MPI, Kind.REDUCESCATTER, 0, "MPI_REDUCESCATTER"),
+        (Transport.MPI, Kind.ALLREDUCE, int(ReduceOp.ADASUM), "MPI_ADASUM_ALLREDUCE"),
+        (Transport.NCCL, Kind.ALLGATHER, 0, "NCCL_ALLGATHER"),
+        (Transport.CUDA_AWARE_MPI, Kind.ALLREDUCE, 0, "MPI_ALLREDUCE"),
+        (Transport.STAGED, Kind.ALLREDUCE, 0, "MPI_ALLREDUCE"),
+        (Transport.HIERARCHICAL, Kind.ALLGATHER, 0, "HIERARCHICAL_ALLGATHER"),
+    ],
+)
+def test_each_kind_and_path_has_horovods_name(path, kind, op, name):
+    p = Params(set_id=0, name="t", kind=int(kind), op=op, dtypes=("<f4",), shapes=((4,),))
+    records = [
+        (s.R_SUBMIT, [((0, "t"), _ms(1), int(kind))]),
+        (s.R_DECIDED, _ms(2)),
+        (s.R_BATCH, [Response(0, p, p.key)], path, [_ms(3)], _ms(4), _ms(5)),
+    ]
+    t = _on(_trace(records), "t")
+    assert t["collective"]["name"] == name
+    assert t["collective"]["args"]["path"] == ("MPI" if path is Transport.MPI else path.value)
+    assert t["negotiate"]["name"] == "NEGOTIATE_" + t["op"]["name"]
 
 
 def test_a_batch_without_marks_is_one_collective_named_by_its_path():
@@ -118,7 +218,8 @@ def test_a_batch_without_marks_is_one_collective_named_by_its_path():
         ]
     )
     g = _on(trace, "g")
-    assert g["collective"]["name"] == "shared memory allreduce"
+    assert g["collective"]["name"] == "SHM_ALLREDUCE"
+    assert g["collective"]["args"]["path"] == "shared memory"
     assert (g["collective"]["ts"], g["collective"]["dur"]) == pytest.approx((3000, 2000))
     assert g["negotiate"]["args"] == {"cached": True}  # no reports: the response cache
     assert "copy_in" not in g and trace.reports == []
@@ -147,7 +248,7 @@ def test_names_that_never_run_are_forgotten_past_a_bound():
 def test_summary_counts_each_batch_once_and_names_the_straggler():
     summary = summarize(_trace(FUSED))
     assert summary["batches"] == 1
-    assert summary["phases"]["collective: MPI allreduce"] == pytest.approx((1, 1.0, 1.0))
+    assert summary["phases"]["collective: MPI_ALLREDUCE"] == pytest.approx((1, 1.0, 1.0))
     assert summary["phases"]["negotiate"][0] == 2  # per tensor
     assert summary["tensors"]["b"]["negotiate"] == pytest.approx((1, 4.0, 4.0))
     assert summary["late_ranks"] == {1: (1, pytest.approx(2.0))}
@@ -203,7 +304,7 @@ def test_the_recorder_writes_a_valid_file_and_ignores_records_after_close(tmp_pa
     timeline.decided()  # the engine may hold it for the rest of a cycle
     trace = Trace(json.loads(path.read_text()))
     w = _on(trace, "w")
-    assert w["collective"]["name"] == "hierarchical allreduce"
+    assert w["collective"]["name"] == "HIERARCHICAL_ALLREDUCE"
     assert {"negotiate", "copy_in", "copy_out", "callbacks"} <= set(w)
     assert trace.slices[s.CYCLE][0]["name"] == "cycle 1"
 

@@ -1,9 +1,10 @@
 """Run Horovod's own parallel test suites, unchanged, against hvdlite.
 
 ``make test-horovod HOROVOD_SRC=<a checkout of github.com/horovod/horovod>`` runs
-``test/parallel/test_torch.py`` and ``test_tensorflow.py`` under mpiexec at 2, 3
-and 4 ranks, with ``tools/horovod_shim`` first on the path so that
-``import horovod.torch as hvd`` gives ``hvdlite.torch``.  Without HOROVOD_SRC
+``test/parallel/test_torch.py``, ``test_tensorflow.py`` and the smaller suites in
+:data:`SUITES` (process sets, the timeline) under mpiexec at 2, 3 and 4 ranks,
+with ``tools/horovod_shim`` first on the path so that ``import horovod.torch as
+hvd`` gives ``hvdlite.torch``.  Without HOROVOD_SRC
 the script clones the repository (where the network allows) into
 ``.horovod-src/``; the source distribution on the package index has no tests.
 
@@ -38,7 +39,15 @@ SHIM = ROOT / "tools" / "horovod_shim"
 EXPECTED = ROOT / "tools" / "horovod_expected_failures.txt"
 CLONE = ROOT / ".horovod-src"
 REPOSITORY = "https://github.com/horovod/horovod"
-SUITES = {"torch": "test_torch.py", "tensorflow": "test_tensorflow.py"}
+SUITES = {
+    "torch": "test_torch.py",
+    "tensorflow": "test_tensorflow.py",
+    "tensorflow_process_sets": "test_tensorflow_process_sets.py",
+    "tensorflow_process_sets_dynamic": "test_tensorflow_process_sets_dynamic.py",
+    "process_sets_static": "test_process_sets_static.py",
+    "process_sets_multi_comm": "test_process_sets_multi_comm.py",
+    "timeline": "test_timeline.py",
+}
 _RESULT = re.compile(r"^(\S+\.py::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 _STARTED = re.compile(r"^(\S+\.py::\S+) ")
 _COLLECTED = re.compile(r"collected (\d+) items?(?: / (\d+) deselected)?")

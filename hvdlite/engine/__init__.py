@@ -26,7 +26,8 @@ Running what was agreed
 
 State
     ``runtime`` (what ``init()`` built; the bottom of the import graph),
-    ``init_agreement``, ``process_set_table``, ``thread_affinity``.
+    ``init_agreement``, ``initial_sets`` (the sets of ``init(process_sets=...)``),
+    ``process_set_table``, ``thread_affinity``.
 
 Imports point inward only: the public modules and the adapters import the
 engine, never the reverse (``tools/import_graph.py`` checks it).

@@ -7,12 +7,14 @@ or every rank raises the same error: one rank's bad value can no longer leave
 the others blocked in the next communicator split.
 
 Cross-rank contract: collective over the job's communicator, called exactly
-once by every rank at the same point of ``init()``.
+once by every rank at the same point of ``init()``; every rank gets back the same
+lists of process sets (see :mod:`~hvdlite.engine.initial_sets`).
 """
 
 from __future__ import annotations
 
 from .. import config as _config
+from .initial_sets import Entry, inconsistency
 from .rank_ranges import describe_ranks
 
 __all__ = ["Preparation", "agree", "check"]
@@ -21,16 +23,16 @@ __all__ = ["Preparation", "agree", "check"]
 class Preparation:
     """What one rank brings to the agreement."""
 
-    def __init__(self, error: BaseException | None, cfg, set_ranks: list[list[int]]):
+    def __init__(self, error: BaseException | None, cfg, sets: list[Entry]):
         self.error = error
         self.cfg = cfg
-        self.set_ranks = set_ranks
+        self.sets = sets
 
     def summary(self) -> tuple:
         """The picklable part every rank sends."""
         if self.error is not None:
             return (f"{type(self.error).__name__}: {self.error}", None, None)
-        return (None, _config.agreed_values(self.cfg), self.set_ranks)
+        return (None, _config.agreed_values(self.cfg), self.sets)
 
 
 def check(summaries: list[tuple]) -> str | None:
@@ -56,20 +58,12 @@ def check(summaries: list[tuple]) -> str | None:
             "every rank, but " + "; ".join(mismatches) + ". Give every rank the same "
             "environment (hvdrun forwards its own to every rank)."
         )
-    sets = {}
-    for rank, s in enumerate(summaries):
-        sets.setdefault(repr(s[2]), []).append(rank)
-    if len(sets) > 1:
-        parts = "; ".join(f"{describe_ranks(r)}: {v}" for v, r in sets.items())
-        return (
-            "hvdlite.init(process_sets=...) must list the same sets, in the same order, "
-            f"on every rank, but they differ ({parts})."
-        )
-    return None
+    return inconsistency([s[2] for s in summaries])
 
 
-def agree(world, mine: Preparation) -> None:
-    """Collective: return when every rank prepared the same way, else raise on every rank.
+def agree(world, mine: Preparation) -> list[list[Entry]]:
+    """Collective: every rank's process sets (indexed by rank) when every rank
+    prepared the same way, else raise on every rank.
 
     The rank whose preparation failed re-raises its own exception's class; the
     others raise ValueError, since a bad value is what makes ``init()`` fail.
@@ -77,7 +71,7 @@ def agree(world, mine: Preparation) -> None:
     summaries = world.allgather(mine.summary())
     message = check(summaries)
     if message is None:
-        return
+        return [s[2] for s in summaries]
     if mine.error is not None and isinstance(mine.error, (ValueError, OSError)):
         raise type(mine.error)(message) from mine.error
     raise ValueError(message)

@@ -8,6 +8,7 @@ are the public :class:`~hvdlite.process_sets.ProcessSet` objects.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from ..process_sets import GLOBAL_SET_ID, ProcessSet, global_process_set
@@ -20,7 +21,9 @@ class ProcessSetTable:
 
     ``members[id]`` is the frozenset of the set's global ranks, ``ranks[id]`` the
     same as a sorted list; ``comm_of(id)`` is this rank's communicator of the set
-    (None where it is not a member).
+    (None where it is not a member).  A removed set's id is given again, oldest
+    first, before new ones (as in Horovod), so ids stay small in a job that adds and
+    removes sets; every rank registers and removes in the same order, so they agree.
     """
 
     def __init__(self, world_size: int, world_rank: int, world_comm):
@@ -31,12 +34,20 @@ class ProcessSetTable:
         self.members: dict[int, frozenset] = {GLOBAL_SET_ID: frozenset(range(world_size))}
         self.ranks: dict[int, list[int]] = {GLOBAL_SET_ID: list(range(world_size))}
         self._next_id = 1
+        self._freed: deque[int] = deque()  # ids of removed sets, to be given again
+        self._registrations = 0  # sets registered so far (the same count on every rank)
+        self._registration: dict[int, int] = {GLOBAL_SET_ID: 0}
 
     def register(self, ps: ProcessSet, ranks: Sequence[int], comm) -> ProcessSet:
         """Give *ps* the next id; *comm*: this rank's communicator of it, or None."""
         ps._ranks = sorted(ranks)
-        ps.process_set_id = self._next_id
-        self._next_id += 1
+        if self._freed:
+            ps.process_set_id = self._freed.popleft()
+        else:
+            ps.process_set_id = self._next_id
+            self._next_id += 1
+        self._registrations += 1
+        self._registration[ps.process_set_id] = self._registrations
         self._sets[ps.process_set_id] = ps
         self._comms[ps.process_set_id] = comm
         self.members[ps.process_set_id] = frozenset(ps._ranks)
@@ -60,7 +71,13 @@ class ProcessSetTable:
         if comm is not None:
             comm.Free()
         ps.process_set_id = None
+        self._freed.append(set_id)
         return ps
+
+    def registration_of(self, set_id: int) -> int:
+        """Which registration *set_id* belongs to (its ids are given again after a
+        removal): the same number on every rank."""
+        return self._registration.get(set_id, 0)
 
     def get(self, set_id: int) -> ProcessSet | None:
         return self._sets.get(set_id)

@@ -112,8 +112,22 @@ def check_dtype(dtype: tf.DType, what: str, *, op=None) -> None:
 
 
 def check_process_set(process_set, what: str) -> None:
-    """Fail at call time (not deep inside a graph run) for a set this rank is not in:
-    InvalidArgumentError, as Horovod's ops (also a ValueError)."""
+    """Fail at call time (when a graph op is built, not when the graph runs) for a set
+    that is not registered, as Horovod does, or that this rank is not in: an
+    InvalidArgumentError, as Horovod's ops raise, that is also a ValueError."""
+    if not isinstance(process_set, _process_sets.ProcessSet):
+        raise _errors.ArgumentError(
+            message=f"hvdlite {what}: process_set must be a hvd.ProcessSet, got "
+            f"{type(process_set).__name__}."
+        )
+    if process_set is not _process_sets.global_process_set:
+        set_id = process_set.process_set_id
+        registered = None if set_id is None else _basics.registered_process_set(set_id)
+        if registered is None or registered.ranks != process_set.ranks:
+            raise _errors.ArgumentError(
+                message=f"hvdlite {what}: {process_set} is not registered; pass it to "
+                "hvd.init(process_sets=[...]) or hvd.add_process_set() first."
+            )
     if not process_set.included():
         raise _errors.ArgumentError(
             message=f"hvdlite {what}: this rank ({_basics.rank()}) is not a member of "

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import tensorflow as tf
 
+from hvdlite import basics as _basics  # noqa: F401  (Horovod's mpi_ops._basics, for its tests)
 from hvdlite import collectives as _collectives
 from hvdlite import handles as _handles
 from hvdlite.basics import (  # noqa: F401  (re-exported basics)

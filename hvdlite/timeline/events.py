@@ -25,7 +25,7 @@ from ..engine.messages import CACHEABLE, Kind
 from ..ops import ReduceOp
 from . import schema as s
 
-__all__ = ["TraceBuilder", "MAX_ROWS", "MAX_OPEN"]
+__all__ = ["TraceBuilder", "MAX_ROWS", "MAX_OPEN", "collective_name"]
 
 #: Tracks (one per tensor name) a timeline draws at most.
 MAX_ROWS = 4096
@@ -36,9 +36,21 @@ _KEYS_KEPT = 4096
 _OVERFLOW_ROW = "(more names)"
 _NONAME = ".noname"
 _TRACED = frozenset(int(k) for k in CACHEABLE)
-_KIND = {int(k): k.name.lower() for k in Kind}
+_KIND = {int(k): k.name for k in Kind}  # ALLREDUCE ...: Horovod's request and response names
 _ADASUM = int(ReduceOp.ADASUM)
-_PATHS = {"mpi": "MPI"}  # Transport values as they read in a slice name
+# How a path (a Transport's value) and a kind read in a collective slice's name, as in
+# Horovod's activity names (MPI_ALLREDUCE, MPI_BCAST, NCCL_ALLGATHER ...).  Device buffers
+# that go through MPI (CUDA-aware, or staged through host memory) are MPI_ activities there
+# too; args.path tells them apart.
+_PATH_PREFIX = {
+    "mpi": "MPI",
+    "shared memory": "SHM",
+    "hierarchical": "HIERARCHICAL",
+    "NCCL": "NCCL",
+    "CUDA-aware MPI": "MPI",
+    "staged through host memory": "MPI",
+}
+_COLLECTIVE_OF_KIND = {"BROADCAST": "BCAST", "ADASUM": "ADASUM_ALLREDUCE"}
 _LAST_SHOWN = 16  # ranks listed in a negotiation's "last" at most
 
 _TID = "\x00"  # stands for the track id in a batch's block of lines
@@ -46,19 +58,25 @@ _SLICE = (
     '{"ph":"X","cat":"%s","name":"%s","pid":0,"tid":\x00,"ts":%.3f,"dur":%.3f,'
     '"args":{"batch":%d}},\n'
 )
+_COLLECTIVE = (
+    '{"ph":"X","cat":"%s","name":"%s","pid":0,"tid":\x00,"ts":%.3f,"dur":%.3f,'
+    '"args":{"batch":%d,"path":%s}},\n'
+)
 _OP = (
     '{"ph":"X","cat":"op","name":"%s","pid":0,"tid":%d,"ts":%.3f,"dur":%.3f,'
     '"args":{"batch":%d,"fused":%d,%s}},\n'
 )
 _NEGOTIATE = (
-    '{"ph":"X","cat":"negotiate","name":"negotiate %s","pid":0,"tid":%d,'
+    '{"ph":"X","cat":"negotiate","name":"NEGOTIATE_%s","pid":0,"tid":%d,'
     '"ts":%.3f,"dur":%.3f,"args":%s},\n'
 )
 _REPORT = (
-    '{"ph":"i","s":"t","cat":"report","name":"rank %d ready","pid":0,"tid":%d,'
-    '"ts":%.3f,"args":{"rank":%d}},\n'
+    '{"ph":"i","s":"t","cat":"report","name":"%d","pid":0,"tid":%d,"ts":%.3f,"args":{"rank":%d}},\n'
 )
 _CYCLE = '{"ph":"X","cat":"cycle","name":"cycle %d","pid":0,"tid":%d,"ts":%.3f,"dur":%.3f},\n'
+_CYCLE_START = (
+    '{"ph":"i","s":"g","cat":"cycle","name":"%s","pid":0,"tid":%d,"ts":%.3f,"args":{"cycle":%d}},\n'
+)
 _REPORTED = '{"ranks":%d,"last":%s,"wait_for_last_us":%.3f}'
 _DESCRIPTION = '"dtypes":%s,"shapes":%s'
 _PROCESS = '{"ph":"M","name":"process_name","pid":0,"args":{"name":%s}},\n'
@@ -67,6 +85,13 @@ _TRACK = (
     '{"ph":"M","name":"thread_name","pid":0,"tid":%d,"args":{"name":%s}},\n'
     '{"ph":"M","name":"thread_sort_index","pid":0,"tid":%d,"args":{"sort_index":%d}},\n'
 )
+
+
+def collective_name(path: str, kind: str) -> str:
+    """The collective slice's name: Horovod's activity name for *kind* (``ALLREDUCE``
+    ...) moved on *path* (a Transport's value), e.g. ``MPI_ALLREDUCE``, ``MPI_BCAST``."""
+    prefix = _PATH_PREFIX.get(path) or path.upper().replace(" ", "_").replace("-", "_")
+    return f"{prefix}_{_COLLECTIVE_OF_KIND.get(kind, kind)}"
 
 
 class _Negotiation:
@@ -154,6 +179,9 @@ class TraceBuilder:
         elif tag == s.R_CYCLE:
             self._end_cycle(out)
             self._cycle = (record[2], record[1])
+            out.append(
+                _CYCLE_START % (s.CYCLE_START, s.CYCLES_TRACK, self._us(record[1]), record[2])
+            )
 
     def _end_cycle(self, out: list[str]) -> None:
         if self._cycle is not None:
@@ -205,7 +233,7 @@ class TraceBuilder:
         p0 = batch[0].params
         kind = _KIND.get(p0.kind, str(p0.kind))
         if p0.kind == Kind.ALLREDUCE and p0.op == _ADASUM:
-            kind = "adasum"
+            kind = "ADASUM"
         executed = len(marks) > 1 or finish is not None
         block = ""
         if executed:
@@ -242,23 +270,33 @@ class TraceBuilder:
         start = marks[0]
         points = marks[1:] or [(s.COLLECTIVE, start)]
         path = getattr(path, "value", path) or "mpi"
-        name = f"{_PATHS.get(path, path)} {kind}"
+        path_words = json.dumps("MPI" if path == "mpi" else path)
         lines = [
             _SLICE
-            % (s.QUEUE, "queue", self._us(decided), max(0.0, start - decided) * 1e6, batch_id)
+            % (
+                s.QUEUE,
+                s.ACTIVITIES[s.QUEUE],
+                self._us(decided),
+                max(0.0, start - decided) * 1e6,
+                batch_id,
+            )
         ]
         stop = finish if finish is not None else end
         for i, (phase, t) in enumerate(points):
             t = start if i == 0 else t
             until = points[i + 1][1] if i + 1 < len(points) else stop
-            label = name if phase == s.COLLECTIVE else s.LABELS[phase]
-            lines.append(_SLICE % (phase, label, self._us(t), max(0.0, until - t) * 1e6, batch_id))
+            at, took = self._us(t), max(0.0, until - t) * 1e6
+            if phase == s.COLLECTIVE:
+                name = collective_name(path, kind)
+                lines.append(_COLLECTIVE % (phase, name, at, took, batch_id, path_words))
+            else:
+                lines.append(_SLICE % (phase, s.ACTIVITIES[phase], at, took, batch_id))
         if finish is not None:
             lines.append(
                 _SLICE
                 % (
                     s.CALLBACKS,
-                    "callbacks",
+                    s.ACTIVITIES[s.CALLBACKS],
                     self._us(finish),
                     max(0.0, end - finish) * 1e6,
                     batch_id,

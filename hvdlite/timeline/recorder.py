@@ -96,6 +96,7 @@ class Timeline:
         if marks is not None:
             self._records.append((schema.R_BATCH, batch, self._path, marks, self._finish, _clock()))
             self._marks = None
+            self._writer.wake()
 
     # --------------------------------------------------------- any thread
     def close(self) -> None:

@@ -2,27 +2,34 @@
 
 A timeline is a Chrome trace (the JSON array format that ui.perfetto.dev and
 chrome://tracing open) written by rank 0.  Each tensor name has a track.  Every
-slice on it carries its phase in ``cat``:
+slice on it carries its phase in ``cat`` and, in ``name``, the activity name
+Horovod's timeline gives it (the names users' scripts search a timeline for):
 
-- ``negotiate``: from rank 0's submission (or the first rank's report, if
-  earlier) until every rank was ready and the response was known;
-- ``op``: the tensor's execution, around the phases below; its name is the kind
-  (``allreduce`` ...), its args the batch id, the tensors in the batch, dtypes
-  and shapes;
-- ``queue``: from the response until its batch started (batches of one cycle
-  run one after the other);
-- ``copy_in`` / ``copy_out``: packing into / unpacking from the fusion buffer;
-- ``collective``: the data movement, named by its path (``MPI allreduce``,
-  ``shared memory allreduce``, ``hierarchical allreduce``, ``MPI allgather``...);
-- ``callbacks``: completing the handles (done-callbacks run here).
+- ``negotiate`` (``NEGOTIATE_ALLREDUCE``, ``NEGOTIATE_ALLGATHER`` ...): from
+  rank 0's submission (or the first rank's report, if earlier) until every rank
+  was ready and the response was known;
+- ``op`` (``ALLREDUCE``, ``BROADCAST`` ...): the tensor's execution, around the
+  phases below; its args the batch id, the tensors in the batch, dtypes and shapes;
+- ``queue`` (``QUEUE``): from the response until its batch started (batches of
+  one cycle run one after the other);
+- ``copy_in`` / ``copy_out`` (``MEMCPY_IN_FUSION_BUFFER`` /
+  ``MEMCPY_OUT_FUSION_BUFFER``): packing into / unpacking from the fusion buffer;
+- ``collective`` (``MPI_ALLREDUCE``, ``MPI_BCAST``, ``SHM_ALLREDUCE``,
+  ``HIERARCHICAL_ALLREDUCE``, ``NCCL_ALLGATHER`` ...): the data movement, named
+  by its path and kind; ``args.path`` says the path in words (``shared memory``,
+  ``CUDA-aware MPI`` ...);
+- ``callbacks`` (``CALLBACKS``, hvdlite's own): completing the handles
+  (done-callbacks run here).
 
 Execution slices carry ``args.batch``: the same id on every tensor fused into
-one batch.  On the coordinator's tracks, instant events (``cat`` ``report``)
-mark the cycle in which each rank reported the tensor; the negotiate slice's
-args sum them up (``last``: the ranks that reported last; ``wait_for_last_us``:
-from the first report to the last; ``cached``: decided by the response cache,
-so no reports).  With ``mark_cycles`` a track of its own shows each engine cycle,
-from its start to the last thing recorded in it.
+one batch.  On the coordinator's tracks, instant events (``cat`` ``report``,
+named by the rank, as Horovod names them) mark the cycle in which each rank
+reported the tensor; the negotiate slice's args sum them up (``last``: the
+ranks that reported last; ``wait_for_last_us``: from the first report to the
+last; ``cached``: decided by the response cache, so no reports).  With
+``mark_cycles`` each engine cycle starts with a global ``CYCLE_START`` instant
+(Horovod's marker), and a track of its own shows the cycle as a slice
+(``cycle N``), from its start to the last thing recorded in it.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ __all__ = [
     "OPERATION",
     "REPORT",
     "CYCLE",
+    "CYCLE_START",
+    "ACTIVITIES",
     "LABELS",
     "CYCLES_TRACK",
     "FIRST_TENSOR_TRACK",
@@ -68,6 +77,17 @@ LABELS = {
     COPY_OUT: "copy out",
     CALLBACKS: "callbacks",
 }
+
+#: The slice names of the phases whose name does not depend on the kind or the path:
+#: Horovod's activity names, and one of hvdlite's own for the callbacks.
+ACTIVITIES = {
+    QUEUE: "QUEUE",
+    COPY_IN: "MEMCPY_IN_FUSION_BUFFER",
+    COPY_OUT: "MEMCPY_OUT_FUSION_BUFFER",
+    CALLBACKS: "CALLBACKS",
+}
+#: Horovod's name for the instant that marks the start of each engine cycle.
+CYCLE_START = "CYCLE_START"
 
 CYCLES_TRACK = 1
 FIRST_TENSOR_TRACK = 2

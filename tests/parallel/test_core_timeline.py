@@ -100,8 +100,13 @@ def test_a_training_loop_draws_every_phase_with_its_path_and_batch():
             "copy_out",
             "callbacks",
         } <= set(small)
-        assert {e["name"] for e in small["collective"]} == {"MPI allreduce"}
+        assert {e["name"] for e in small["collective"]} == {"MPI_ALLREDUCE"}
         assert len(small["op"]) == 4
+        assert {e["name"] for e in small["op"]} == {"ALLREDUCE"}
+        assert {e["name"] for e in small["negotiate"]} == {"NEGOTIATE_ALLREDUCE"}
+        assert {e["name"] for e in small["copy_in"]} == {"MEMCPY_IN_FUSION_BUFFER"}
+        assert {e["name"] for e in small["copy_out"]} == {"MEMCPY_OUT_FUSION_BUFFER"}
+        assert {e["name"] for e in _on_track(trace, "ag.a")["negotiate"]} == {"NEGOTIATE_ALLGATHER"}
         # the three small tensors of a step ran fused: one batch id
         batches = [
             {e["args"]["batch"] for e in _on_track(trace, f"grad.small.{i}")["op"]}
@@ -119,14 +124,14 @@ def test_a_training_loop_draws_every_phase_with_its_path_and_batch():
         shm = state().engine.executor._shm.get(0) is not None
         big = _on_track(trace, "grad.big")
         assert {e["name"] for e in big["collective"]} == {
-            "shared memory allreduce" if shm else "MPI allreduce"
+            "SHM_ALLREDUCE" if shm else "MPI_ALLREDUCE"
         }
         gathered = _on_track(trace, "ag.a")
         assert {e["name"] for e in gathered["collective"]} == {
-            "shared memory allgather" if shm else "MPI allgather"
+            "SHM_ALLGATHER" if shm else "MPI_ALLGATHER"
         }
         assert "copy_in" in gathered and "copy_out" in gathered
-        assert {e["name"] for e in _on_track(trace, "bc")["collective"]} == {"MPI broadcast"}
+        assert {e["name"] for e in _on_track(trace, "bc")["collective"]} == {"MPI_BCAST"}
 
         late = _on_track(trace, "late")["negotiate"][0]["args"]
         assert late["last"] == [1] and late["wait_for_last_us"] > 50_000, late

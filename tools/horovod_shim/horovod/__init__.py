@@ -4,16 +4,19 @@
 gives ``hvdlite.tensorflow``, and so on for every ``horovod.X`` that hvdlite
 has.  A few helper modules that Horovod's tests import but that are not part of
 Horovod's API (``horovod.tensorflow.util``, ``horovod.common.util``,
-``horovod.runner.util.threads``) are provided here with just what the tests use.
+``horovod.runner.util.threads``, ``horovod.runner.common.util.env``) are provided
+here with just what the tests use.
 Only ``tools/horovod_suites.py`` puts this directory on ``sys.path``; hvdlite
 itself never does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.util
+import os
 import sys
 import threading
 import types
@@ -40,6 +43,42 @@ def _common_util() -> types.ModuleType:
             super().clear()
 
     module._cache = _Cache()
+    module.env = _environment_override
+    return module
+
+
+@contextlib.contextmanager
+def _environment_override(**values):
+    """Set the given environment variables (None: leave alone) for the block, then put
+    back what was there before."""
+    values = {key: value for key, value in values.items() if value is not None}
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, before in saved.items():
+            if before is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = before
+
+
+def _runner_env() -> types.ModuleType:
+    module = types.ModuleType("horovod.runner.common.util.env")
+
+    def get_env_rank_and_size():
+        """(rank, size) from the launcher's variables; (0, 1) outside a launcher."""
+        for rank_name, size_name in (
+            ("HOROVOD_RANK", "HOROVOD_SIZE"),
+            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+            ("PMI_RANK", "PMI_SIZE"),
+        ):
+            if rank_name in os.environ and size_name in os.environ:
+                return int(os.environ[rank_name]), int(os.environ[size_name])
+        return 0, 1
+
+    module.get_env_rank_and_size = get_env_rank_and_size
     return module
 
 
@@ -69,6 +108,9 @@ _MADE = {
     "horovod.runner": lambda: _package("horovod.runner"),
     "horovod.runner.util": lambda: _package("horovod.runner.util"),
     "horovod.runner.util.threads": _runner_threads,
+    "horovod.runner.common": lambda: _package("horovod.runner.common"),
+    "horovod.runner.common.util": lambda: _package("horovod.runner.common.util"),
+    "horovod.runner.common.util.env": _runner_env,
 }
 
 
