@@ -3,6 +3,7 @@
     hvdrun -np 2 python examples/keras_digits.py
     hvdrun -np 2 python examples/keras_digits.py --compression fp16 --epochs 30
     KERAS_BACKEND=torch hvdrun -np 2 python examples/keras_digits.py
+    KERAS_BACKEND=jax hvdrun -np 2 python examples/keras_digits.py
 
 A Horovod Keras script with one changed import: every rank fits on its shard of
 the training set, ``hvd.DistributedOptimizer`` averages the gradients inside
@@ -10,7 +11,8 @@ the compiled train step, the callbacks broadcast the initial state from rank 0,
 average the epoch metrics and warm the learning rate up; only rank 0 shows the
 progress bar, prints the test accuracy (averaged over ranks) and writes the best
 model.  The 1797 8x8 images ship with scikit-learn, so nothing is downloaded.
-The same script runs on Keras' TensorFlow or PyTorch backend (``KERAS_BACKEND``).
+The same script runs on Keras' TensorFlow, PyTorch or JAX backend (``KERAS_BACKEND``;
+on JAX the gradients are averaged inside the jitted train step).
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def limit_threads(threads: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
+    # JAX: XLA fixes its CPU threads when jax is imported; for one per rank start the
+    # job with XLA_FLAGS=--xla_cpu_multi_thread_eigen=false.
 
 
 def progress_verbosity() -> int:

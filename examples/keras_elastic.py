@@ -3,6 +3,7 @@
     hvdrun -np 2 --max-restarts 1 python examples/keras_elastic.py
     hvdrun -np 2 --max-restarts 1 python examples/keras_elastic.py --fail-at-step 0  # no failure
     KERAS_BACKEND=torch hvdrun -np 2 --max-restarts 1 python examples/keras_elastic.py
+    KERAS_BACKEND=jax hvdrun -np 2 --max-restarts 1 python examples/keras_elastic.py
 
 Horovod's Keras elastic API on scikit-learn's digits.  ``KerasState`` keeps the
 model (with its optimizer) and the number of finished epochs; the callbacks

@@ -593,7 +593,12 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize(
     "example,keras_backend",
-    [("torch_elastic.py", None), ("keras_elastic.py", "tensorflow"), ("keras_elastic.py", "torch")],
+    [
+        ("torch_elastic.py", None),
+        ("keras_elastic.py", "tensorflow"),
+        ("keras_elastic.py", "torch"),
+        ("keras_elastic.py", "jax"),
+    ],
 )
 def test_the_elastic_examples_survive_their_simulated_failure(
     tmp_path, job_env, example, keras_backend

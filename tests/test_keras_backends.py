@@ -39,6 +39,19 @@ def test_torch_backend_imports_no_tensorflow():
 
 
 @pytest.mark.timeout(150)
+def test_jax_backend_imports_no_tensorflow():
+    pytest.importorskip("jax")
+    code = (
+        "import sys, keras, hvdlite.keras as hvd\n"
+        "import hvdlite.keras.callbacks, hvdlite.keras.elastic\n"
+        "hvd.init()\n"
+        "opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))\n"
+        "print(type(opt).__name__, hvd.Compression.__module__, 'tensorflow' in sys.modules)"
+    )
+    assert _python("jax", code) == "SGD hvdlite.jax.compression False"
+
+
+@pytest.mark.timeout(150)
 def test_a_backend_that_cannot_train_is_refused_naming_the_fix():
     code = (
         "import keras, hvdlite.keras as hvd\n"
@@ -49,7 +62,7 @@ def test_a_backend_that_cannot_train_is_refused_naming_the_fix():
     )
     out = _python("numpy", code)
     assert "'numpy' is not supported" in out and "KERAS_BACKEND" in out
-    assert "tensorflow, torch" in out
+    assert "tensorflow, torch, jax" in out
 
 
 class _Var:

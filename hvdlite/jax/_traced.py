@@ -44,7 +44,7 @@ from hvdlite.ops import Average, Sum
 
 from ._arrays import host_input
 
-__all__ = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter"]
+__all__ = ["allreduce", "allreduce_groups", "allgather", "broadcast", "alltoall", "reducescatter"]
 
 _counters: dict = {}
 _lock = threading.Lock()
@@ -135,6 +135,38 @@ def allreduce(leaves, op, prescale, postscale, name, process_set) -> list:
     if op in (Average, Sum):
         return list(_differentiable(spec, tuple(leaves)))
     return _reduce(spec, leaves)
+
+
+def allreduce_groups(groups, op, prescale, postscale, names, process_set) -> list[list]:
+    """Several grouped allreduces in ONE ordered callback (not differentiable).
+
+    *groups*: lists of traced arrays, one grouped submission each, named
+    ``allreduce.<names[k]>``; inside the callback every group is submitted
+    before any is waited on, so the engine may negotiate them in one cycle.
+    Returns the reduced groups, in the same structure.
+    """
+    leaves = [x for group in groups for x in group]
+    cuts = list(itertools.accumulate(len(group) for group in groups))
+    kwargs = dict(
+        op=op, prescale_factor=prescale, postscale_factor=postscale, process_set=process_set
+    )
+
+    def host(*arrays):
+        staged = [host_input(np.asarray(a), reduce=True) for a in arrays]
+        with _collectives.waiting_caller():  # waited on right below, by this thread
+            handles = [
+                _collectives.grouped_allreduce_async(
+                    [s.array for s in staged[start:stop]],
+                    name=_engine_name("allreduce", name, process_set),
+                    **kwargs,
+                )
+                for start, stop, name in zip([0, *cuts[:-1]], cuts, names, strict=True)
+            ]
+        outs = [o for handle in handles for o in _collectives.synchronize(handle)]
+        return [s.restore(o) for s, o in zip(staged, outs, strict=True)]
+
+    flat = _call(host, _specs(leaves), leaves)
+    return [flat[start:stop] for start, stop in zip([0, *cuts[:-1]], cuts, strict=True)]
 
 
 # ------------------------------------------------------------ the other collectives

@@ -1,25 +1,25 @@
-"""``hvdlite.keras``: Horovod's Keras API on Keras 3, on the TensorFlow or the PyTorch backend.
+"""``hvdlite.keras``: Horovod's Keras API on Keras 3, on the TensorFlow, PyTorch or JAX backend.
 
 Switch with ``import hvdlite.keras as hvd`` (Horovod's ``horovod.keras``; on
 the TensorFlow backend ``hvdlite.tensorflow.keras`` is the same module under
 its other name).  Keras picks its backend when it is first imported
-(``KERAS_BACKEND=tensorflow|torch``); hvdlite reads it once
+(``KERAS_BACKEND=tensorflow|torch|jax``); hvdlite reads it once
 (:mod:`._select`) and talks to it through one interface
 (:class:`._backend.KerasBackend`):
 
 - :mod:`.optimizer` -- ``DistributedOptimizer`` (and the partial one): reduces
   a step's gradients in one grouped submission, through ``hvdlite.tensorflow``
-  on TensorFlow and ``hvdlite.torch`` on PyTorch;
+  on TensorFlow, ``hvdlite.torch`` on PyTorch and ``hvdlite.jax`` on JAX
+  (inside the jitted train step);
 - :mod:`.callbacks`, :mod:`.elastic` -- Horovod's callbacks and the elastic
   ``KerasState``;
 - :mod:`.saving` -- ``load_model``; :mod:`.values` -- the value collectives.
 
 On the TensorFlow backend this module exports exactly
 ``hvdlite.tensorflow.keras``'s names and objects (``SyncBatchNormalization``
-and graph-capable value collectives included).  On the torch backend it
-imports no TensorFlow; what needs TensorFlow (``SyncBatchNormalization``)
-is absent and says so.  On JAX, importing works and making a
-``DistributedOptimizer`` raises, naming the backends that work.
+and graph-capable value collectives included).  On the torch
+and JAX backends it imports no TensorFlow; what needs TensorFlow
+(``SyncBatchNormalization``) is absent and says so.
 
 Cross-rank contract: every rank runs the same program on the same Keras
 backend: the same model, optimizer wrapper and callbacks, the same number

@@ -21,7 +21,7 @@ from hvdlite._optimizer_args import identities
 __all__ = ["KerasBackend", "UnsupportedBackend", "IdentityCompression", "LocalSources"]
 
 #: What the error messages offer as the fix.
-WORKING = ("tensorflow", "torch")
+WORKING = ("tensorflow", "torch", "jax")
 
 
 class IdentityCompression:
@@ -127,6 +127,48 @@ class KerasBackend:
     def broadcast_variables(self, variables, root_rank: int, process_set) -> None:
         """Overwrite every Keras variable in ``variables`` with ``root_rank``'s value, in place."""
         raise NotImplementedError
+
+    def sync_model(self, model) -> None:
+        """Make ``model``'s Keras variables (and its optimizer's) hold the values
+        training works on, and have training read them back at its next step
+        (local).  Callbacks call it before they read or overwrite variables in
+        the middle of an epoch; a no-op where the variables are the state."""
+
+    def apply_accumulated(
+        self, optimizer, apply, reduce, grads, variables, accs, counter, k, average
+    ):
+        """``backward_passes_per_step = k > 1``: add ``grads`` to the accumulators
+        ``accs`` and count the call in ``counter``; on every k-th call
+        ``apply(reduce(sums, variables), variables)`` (sums divided by k with
+        ``average``) and zero the accumulators; other calls only advance
+        ``optimizer.iterations`` (Horovod's behaviour).  ``reduce`` is collective:
+        every member reaches it on the same calls."""
+        from keras import ops
+
+        for g, acc in zip(grads, accs, strict=True):
+            if g is not None:
+                acc.assign_add(ops.cast(g, acc.dtype))
+        counter.assign_add(1)
+        present = [g is not None for g in grads]
+
+        def boundary():
+            agg = [
+                ops.convert_to_tensor(acc.value) if p else None
+                for acc, p in zip(accs, present, strict=True)
+            ]
+            if average:
+                agg = [None if a is None else a / ops.cast(k, a.dtype) for a in agg]
+            apply(reduce(agg, variables), variables)
+            for acc in accs:
+                acc.assign(ops.zeros_like(acc.value))
+            counter.assign(0)
+            return ops.convert_to_tensor(True)
+
+        def skip():
+            optimizer._iterations.assign_add(1)
+            return ops.convert_to_tensor(False)
+
+        ops.cond(counter.value >= k, boundary, skip)
 
     def allreduce_metrics(self, values: list[float], process_set) -> list[float]:
         """The average over ``process_set`` of each of ``values`` (Python numbers, as

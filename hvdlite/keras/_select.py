@@ -6,7 +6,7 @@ once and imports only that backend's module:
 
 - ``tensorflow`` -> :mod:`._backend_tensorflow` (``hvdlite.tensorflow``'s reduction);
 - ``torch`` -> :mod:`._backend_torch` (``hvdlite.torch``'s grouped allreduce);
-- ``jax`` -> :mod:`._backend_jax` (not supported yet: it says so, with the fix);
+- ``jax`` -> :mod:`._backend_jax` (``hvdlite.jax``'s traced grouped allreduce);
 - anything else (``numpy``, ``openvino``) -> an
   :class:`~hvdlite.keras._backend.UnsupportedBackend` naming the backends that work.
 

@@ -3,7 +3,9 @@
 Horovod's ``horovod.keras.callbacks`` (``hvdlite.tensorflow.keras.callbacks``
 holds the same classes).  The collectives go through the Keras backend's
 interface (:mod:`hvdlite.keras._select`): variables are broadcast in place,
-metrics averaged as numbers.
+metrics averaged as numbers.  A callback that touches variables in the middle
+of an epoch first has the backend write the training state back into them
+(``sync_model``: Keras' JAX trainer keeps it outside the variables).
 
 Cross-rank contract: pass the same callbacks, in the same order, on every
 rank (they hold collectives).  Put ``MetricAverageCallback`` before callbacks
@@ -58,6 +60,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def _broadcast_what_exists(self):
         model = self.model
+        if self._model_done and self._optimizer_done:
+            return
+        _current_backend().sync_model(model)
         if not self._model_done and model.built and model.variables:
             _current_backend().broadcast_variables(
                 self._shared(model.variables), self.root_rank, self.process_set
@@ -166,6 +171,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         )
 
     def _adjust_learning_rate(self, epoch):
+        _current_backend().sync_model(self.model)  # JAX: the live rate and momentums
         optimizer = self.model.optimizer
         old_lr = _get_lr(optimizer)
         new_lr = self.initial_lr * self.multiplier(epoch)
@@ -291,6 +297,7 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
         super().on_train_begin(logs)
 
     def _save_model(self, epoch, batch, logs):
+        _current_backend().sync_model(self.model)  # JAX, mid-epoch: the live weights
         if rank() == 0:
             return super()._save_model(epoch, batch, logs)
         # Other ranks keep `best` in step with rank 0 but write nothing.

@@ -63,6 +63,20 @@ class KerasState(ModelState):
             **kwargs,
         )
 
+    # JAX's trainer keeps the live values outside the variables during fit:
+    # write them back first, and have fit read what restore/sync assign.
+    def save(self) -> None:
+        _current_backend().sync_model(self.model)
+        super().save()
+
+    def restore(self) -> None:
+        _current_backend().sync_model(self.model)
+        super().restore()
+
+    def sync(self) -> None:
+        _current_backend().sync_model(self.model)
+        super().sync()
+
 
 class CommitStateCallback(keras.callbacks.Callback):
     """``state.commit()`` every *batches_per_commit* batches and at the end of each epoch."""

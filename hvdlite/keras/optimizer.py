@@ -16,10 +16,13 @@ in front, which overrides ``apply``:
 
 The reduction itself is the Keras backend's (:mod:`._select`, read once): on
 TensorFlow one graph node inside ``model.fit``'s ``tf.function``, on torch one
-grouped allreduce of the ``.grad`` tensors through :mod:`hvdlite.torch`.  The
-aggregation above is written in ``keras.ops``, so it runs on either.  On a
-backend that cannot work (JAX, for now) making the optimizer raises, naming
-the fix.
+grouped allreduce of the ``.grad`` tensors through :mod:`hvdlite.torch`, on
+JAX one ordered host callback of :mod:`hvdlite.jax` inside the jitted train
+step (Keras' JAX trainer calls ``stateless_apply``, which calls ``apply``).
+The aggregation is the backend's too (``KerasBackend.apply_accumulated``:
+``keras.ops.cond`` on TensorFlow and torch, a select on JAX).  On a backend
+that cannot work (numpy, openvino) making the optimizer raises, naming the
+fix.
 
 Cross-rank contract: every member of the process set calls ``apply`` the same
 number of times with gradients of the same variables.
@@ -28,7 +31,6 @@ number of times with gradients of the same variables.
 from __future__ import annotations
 
 import keras
-from keras import ops
 
 from .._optimizer_args import local_layer_list, normalize_groups
 from .._subclass import with_mixin
@@ -125,31 +127,17 @@ class _DistributedMixin:
             else list(self._trainable_variables)
         )
         accs = [st.accumulators[self._get_variable_index(v)] for v in variables]
-        present = [g is not None for g in grads]
-        for g, acc in zip(grads, accs, strict=True):
-            if g is not None:
-                acc.assign_add(ops.cast(g, acc.dtype))
-        st.counter.assign_add(1)
-        base = super()
-
-        def boundary():
-            agg = [
-                ops.convert_to_tensor(acc.value) if p else None
-                for acc, p in zip(accs, present, strict=True)
-            ]
-            if st.average_aggregated:
-                agg = [None if a is None else a / ops.cast(st.bpps, a.dtype) for a in agg]
-            base.apply(self._hvd_reduce(agg, variables), variables)
-            for acc in accs:
-                acc.assign(ops.zeros_like(acc.value))
-            st.counter.assign(0)
-            return ops.convert_to_tensor(True)
-
-        def skip():
-            self._iterations.assign_add(1)
-            return ops.convert_to_tensor(False)
-
-        ops.cond(st.counter.value >= st.bpps, boundary, skip)
+        st.backend.apply_accumulated(
+            self,
+            super().apply,
+            self._hvd_reduce,
+            grads,
+            variables,
+            accs,
+            st.counter,
+            st.bpps,
+            st.average_aggregated,
+        )
 
 
 def _distributed_class(opt_cls: type) -> type:

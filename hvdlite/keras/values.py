@@ -37,7 +37,8 @@ __all__ = [
 
 
 def _array(value) -> np.ndarray:
-    return np.ascontiguousarray(ops.convert_to_numpy(value))
+    array = np.asarray(ops.convert_to_numpy(value))  # keeps a scalar 0-d
+    return array if array.flags.c_contiguous else array.copy(order="C")
 
 
 def allreduce(

@@ -11,10 +11,16 @@ import os
 
 
 def keras_on(backend: str, stall_shutdown_seconds: int = 90):
-    """Import keras on *backend* (one torch thread per rank: two ranks share two
-    cores) and return it; a collective that stalls *stall_shutdown_seconds*
+    """Import keras on *backend* (one torch or XLA thread per rank: two ranks share
+    two cores) and return it; a collective that stalls *stall_shutdown_seconds*
     fails the test instead of hanging it."""
     os.environ.setdefault("KERAS_BACKEND", backend)
+    if backend == "jax":  # XLA's CPU client on one thread
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = (
+            f"{flags} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        ).strip()
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", str(stall_shutdown_seconds))
     import keras
