@@ -23,6 +23,7 @@ os.environ.pop("HVDLITE_STALL_CHECK_DISABLE", None)
 os.environ.pop("HOROVOD_STALL_CHECK_DISABLE", None)
 
 import hvdlite as hvd  # noqa: E402
+from mpi4py import MPI  # noqa: E402
 
 MPI_SIZES = (2, 3)
 
@@ -84,7 +85,8 @@ def test_stalled_names_warn_then_fail_on_every_rank():
         report = texts[0]
         for r in range(SIZE):
             names = [n for n in ("stall.a", "stall.b", "stall.c") if n not in submitted_by(r)]
-            assert f"rank {r}: [{', '.join(names)}]" in report, report
+            host = MPI.Get_processor_name()  # every rank runs on this host here
+            assert f"rank {r} (on {host}): [{', '.join(names)}]" in report, report
     else:
         assert not [text for _, text in WARNINGS.records if "Missing ranks" in text]
     # Every rank waited, and said where: the stack of the thread that submitted the
