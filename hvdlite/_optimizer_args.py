@@ -89,3 +89,19 @@ def local_layer_list(local_layers) -> list:
     if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
         raise ValueError("All local layers must be of keras.layers.Layer type.")
     return local_layers
+
+
+def reduction_scales(op, gradient_predivide_factor: float) -> tuple[float, float]:
+    """(prescale, postscale) of a gradient reduction with *op* (Average or Sum):
+    with Average and predivide factor f, ``1/f`` before the sum and ``f`` after it
+    (the engine then divides by the set's size: Horovod's split).  ValueError for
+    another op, or a factor with an op other than Average."""
+    from hvdlite.ops import Average, Sum
+
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op not in (Average, Sum):
+        raise ValueError(f"hvdlite.keras: gradients are reduced with Average or Sum, not {op!r}.")
+    if op == Average:
+        return 1.0 / gradient_predivide_factor, gradient_predivide_factor
+    return 1.0, 1.0

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from hvdlite._optimizer_args import split_groups
+from hvdlite._optimizer_args import reduction_scales, split_groups
 from hvdlite.collectives import waiting_caller
-from hvdlite.ops import Average, Sum
 from hvdlite.torch.casts import BF16Compressor, FP16Compressor, NoneCompressor
 from hvdlite.torch.functions import broadcast_parameters
 from hvdlite.torch.mpi_ops import grouped_allreduce_async, synchronize
@@ -47,19 +46,12 @@ class TorchGradientReducer:
     def __init__(
         self, name, compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set
     ):
-        if gradient_predivide_factor != 1.0 and op != Average:
-            raise ValueError("gradient_predivide_factor not supported with op != Average")
-        if op not in (Average, Sum):
-            raise ValueError(
-                f"hvdlite.keras: gradients are reduced with Average or Sum, not {op!r}."
-            )
+        self.prescale, self.postscale = reduction_scales(op, gradient_predivide_factor)
         self.name = name
         self.compression = compression
         self.op = op
         self.groups = groups
         self.process_set = process_set
-        self.prescale = 1.0 / gradient_predivide_factor if op == Average else 1.0
-        self.postscale = gradient_predivide_factor if op == Average else 1.0
 
     def __call__(self, grads, variables=None):
         grads = list(grads)
