@@ -285,6 +285,20 @@ def allreduce_async_(
         reduction (float16 and bfloat16 are copied back by that call, so read
         *tensor* only after it).
     """
+    if tensor.__class__ is torch.Tensor and tensor.is_cuda:
+        views = _cuda_views([tensor])
+        if views is not None:  # its held view: the handle holds *tensor* till it completes
+            handle = _collectives.allreduce_async(
+                views[0],
+                average,
+                _named("allreduce", name),
+                op,
+                prescale_factor,
+                postscale_factor,
+                process_set,
+                output=views[0],
+            )
+            return _attach(handle, lambda _result: tensor)
     dst = _target(tensor, "allreduce_async_")
     return _allreduce(
         [dst],
