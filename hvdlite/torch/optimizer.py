@@ -640,13 +640,15 @@ def DistributedOptimizer(
     optimizer).  The result is still an instance of
     ``type(optimizer)`` and shares its parameter groups and state.
     (+) ``shard_optimizer_state=True`` keeps on each rank the optimizer state of
-    its shard of the parameters only, reduce-scattering gradients and
+    its part of the parameters only, reduce-scattering gradients and
     allgathering the updated parameters (:mod:`.sharded`: ZeRO-1/2; checkpoints
-    through ``consolidate_state_dict()``); on one node the gradients are
-    averaged during backward in buckets (``named_parameters``,
-    ``backward_passes_per_step`` and ``bucket_cap_mb`` apply), elsewhere
-    reduce-scattered in ``step()``; ``groups`` has no effect there, ``reducer``,
-    top-k, PowerSGD and Adasum are refused.
+    through ``consolidate_state_dict()``): for SGD, Adam, AdamW and the other
+    element-wise torch optimizers each gradient bucket's reduce-scatter starts
+    during backward (on one node: its allreduce), for any other optimizer whole
+    parameters are reduce-scattered in ``step()`` (on one node: allreduced in
+    backward); ``named_parameters``, ``backward_passes_per_step`` and
+    ``bucket_cap_mb`` apply, ``groups`` has no effect, ``reducer``, top-k,
+    PowerSGD and Adasum are refused.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
@@ -669,6 +671,9 @@ def DistributedOptimizer(
         check_predivide(op, gradient_predivide_factor)
         from hvdlite.torch.sharded import ShardedOptimizer
 
+        if named_parameters is not None:  # read twice: by the averager and the sharding
+            named_parameters = list(named_parameters)
+
         def averager(no_step_optimizer):  # gradients averaged during backward, on one node
             return DistributedOptimizer(
                 no_step_optimizer,
@@ -682,7 +687,15 @@ def DistributedOptimizer(
             )
 
         return ShardedOptimizer(
-            optimizer, compression, op, gradient_predivide_factor, process_set, averager=averager
+            optimizer,
+            compression,
+            op,
+            gradient_predivide_factor,
+            process_set,
+            averager=averager,
+            named_parameters=named_parameters,
+            bucket_cap_mb=bucket_cap_mb,
+            backward_passes_per_step=backward_passes_per_step,
         )
     bucket_cap = bucket_cap_bytes(bucket_cap_mb)
     if reducer is not None:
