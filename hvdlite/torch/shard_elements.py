@@ -44,7 +44,7 @@ from hvdlite.collectives import waiting_caller
 from hvdlite.ops import Max
 from hvdlite.torch import mpi_ops as _ops
 from hvdlite.torch.buckets import FIRST_BUCKET_BYTES, build_buckets
-from hvdlite.torch.optimizer import _check_no_graph, _on_grad_accumulated
+from hvdlite.torch.grad_hooks import check_no_graph, on_grad_accumulated
 
 __all__ = ["ELEMENTWISE_OPTIMIZERS", "ElementShards", "element_buckets", "is_elementwise"]
 
@@ -215,7 +215,7 @@ class ElementShards:
             return
         ref = weakref.ref(self)
         for i in self._bucket_of:
-            self._hook_handles.append(_on_grad_accumulated(self._params[i], _hook(ref, i)))
+            self._hook_handles.append(on_grad_accumulated(self._params[i], _hook(ref, i)))
 
     def stop_hooks(self) -> None:
         for handle in self._hook_handles:
@@ -230,7 +230,7 @@ class ElementShards:
                 "call to step(). Increase backward_passes_per_step to accumulate gradients "
                 "locally."
             )
-        _check_no_graph(self._params[i].grad)
+        check_no_graph(self._params[i].grad)
         self._left[i] = left - 1
         if left > 1:
             return

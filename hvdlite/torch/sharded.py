@@ -84,7 +84,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         process_set=None,
         averager=None,
         *,
-        named_parameters=None,
+        names: dict | None = None,
         bucket_cap_mb: float | None = None,
         backward_passes_per_step: int = 1,
     ):
@@ -101,8 +101,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 "shard_optimizer_state=True reduces gradients with op=Average or Sum; "
                 f"got {op!r} (Adasum combines whole parameter deltas: use it unsharded)."
             )
-        from hvdlite.torch.optimizer import _name_parameters
-
         self._process_set = process_set if process_set is not None else global_process_set
         self._compression = compression
         self._op = op
@@ -118,10 +116,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._consolidated = None
         self._skip_reduce = False
         self._synchronized = False
+        self._loaded = None
         #: "elements" (each bucket cut into equal chunks) or "parameters" (whole ones)
         self.ownership = "elements" if is_elementwise(optimizer, self._params) else "parameters"
         if self.ownership == "elements":
-            names = _name_parameters(self.param_groups, named_parameters)
+            if names is None:  # (DistributedOptimizer passes named_parameters' names)
+                names = {
+                    p: f"allreduce.noname.{g}.{j}"
+                    for g, group in enumerate(self.param_groups)
+                    for j, p in enumerate(group["params"])
+                }
             cap = bucket_cap_bytes(bucket_cap_mb)
             self._model = ElementShards(self, names, cap, backward_passes_per_step)
         else:
@@ -256,6 +260,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             else:
                 self._model.reduce(self._averager)
         self._synchronized = False
+        self._loaded = None
         for full, local in zip(self.param_groups, self.local.param_groups):
             local.update(_hyper(full))
         self.local.step()
@@ -315,17 +320,29 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for piece in local["params"]:
                 i, first, end = self._model.pieces[li]
                 if keys[i] in state:
-                    local_state[li] = _slice_state(state[keys[i]], self._params[i], first, end, piece)
+                    saved_state, p = state[keys[i]], self._params[i]
+                    local_state[li] = _slice_state(saved_state, p, first, end, piece)
                 ids.append(li)
                 li += 1
             local_groups.append({**_hyper(group), "params": ids})
         self.local.load_state_dict({"state": local_state, "param_groups": local_groups})
+        self._loaded = state_dict  # the whole state, until the next step (broadcast_state)
 
     def broadcast_state(self, root_rank: int) -> None:
-        """Every rank takes *root_rank*'s state and hyperparameters (collective)."""
-        self.consolidate_state_dict(to=root_rank)
-        state = self._consolidated if _basics.rank() == root_rank else None
-        self._consolidated = None
+        """Every rank takes *root_rank*'s state and hyperparameters (collective).
+
+        Where *root_rank* loaded a whole state and has not stepped since (Horovod's
+        ``if rank == 0: opt.load_state_dict(...)`` then a broadcast; an elastic
+        restore), that state is what every rank takes; otherwise the ranks' parts,
+        consolidated on *root_rank*."""
+        root = _basics.rank() == root_rank
+        state = self._loaded if root else None
+        if not broadcast_object(
+            state is not None, root_rank, name="sharded.loaded", process_set=self._process_set
+        ):
+            self.consolidate_state_dict(to=root_rank)
+            state = self._consolidated if root else None
+            self._consolidated = None
         state = broadcast_object(
             state, root_rank, name="sharded.broadcast", process_set=self._process_set
         )
@@ -344,7 +361,8 @@ def _assemble(pieces, params) -> dict:
     """The unsharded state of each parameter from its pieces' states (global index,
     first, end, the local parameter's shape, state): a tensor shaped like the local
     parameter is that piece's part of a tensor shaped like the parameter, any other
-    value (a step count, a scalar) is the same in every piece."""
+    value (a step count, a scalar) is the same in every piece.  A parameter whose
+    pieces do not cover it (only some ranks loaded a state) gets none."""
     by_param: dict = {}
     for i, first, end, shape, state in pieces:
         by_param.setdefault(i, []).append((first, end, shape, state))
@@ -353,11 +371,9 @@ def _assemble(pieces, params) -> dict:
         parts = sorted(by_param[i], key=lambda part: part[0])
         p, covered = params[i], 0
         for first, end, _, _ in parts:
-            if first != covered:
-                raise RuntimeError(f"consolidate_state_dict: parameter {i} has a gap at {covered}")
-            covered = end
+            covered = end if first == covered else -1
         if covered != p.numel():
-            raise RuntimeError(f"consolidate_state_dict: parameter {i} is incomplete")
+            continue
         whole = {}
         for key, value in parts[0][3].items():
             if all(
