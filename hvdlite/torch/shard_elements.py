@@ -23,7 +23,8 @@ A step:
    backward left incomplete (zeros for missing gradients) and waits.
    One-node route (the engine's shared-memory allreduce, several times faster than
    MPI's reduce-scatter there): the owner's averager has allreduced whole buckets
-   during backward; ``step()`` copies this rank's chunk out and drops ``.grad``;
+   during backward; ``step()`` takes views of this rank's chunk and drops ``.grad``
+   (the memory of a parameter split between ranks stays until the next backward);
 2. each slice's ``.grad`` is its part of the chunk (a view); a parameter with a
    gradient on no rank keeps none on every slice and is not stepped;
 3. after the local step, each bucket's owned chunk is allgathered into every rank's
@@ -129,7 +130,6 @@ class _Bucket:
         "chunk",
         "send",
         "mine",
-        "grads",
         "left",
         "record",
         "slices",
@@ -149,7 +149,6 @@ class _Bucket:
         self.chunk = 0
         self.send = None  # the flat padded gradients (reduce-scatter route), kept
         self.mine = None  # this rank's chunk of the parameters, for the allgather
-        self.grads = None  # this rank's chunk of the averaged gradients (one node)
         self.left = len(members)
         self.record = None  # (handle, wire, compression context) while in flight
         self.slices: list = []  # (global index, slice parameter, start in the chunk)
@@ -184,7 +183,7 @@ class ElementShards:
         slice_of = {}
         for b in self._buckets:
             b.chunk = -(-b.total // size)
-            b.send = b.mine = b.grads = None
+            b.send = b.mine = None
             b.slices = []
             lo, hi = rank * b.chunk, min((rank + 1) * b.chunk, b.total)
             for i, offset in zip(b.members, b.offsets):
@@ -294,36 +293,36 @@ class ElementShards:
                 has = [p.grad is not None for p in self._params]
                 anywhere = _anywhere_async(has, process_set)
                 averager.synchronize()  # waits for what backward started
+                anywhere = _ops.synchronize(anywhere).tolist()
+                # Views of the averaged gradients (no copy: a parameter split between
+                # ranks keeps its whole gradient's memory until the next backward).
                 for b in self._buckets:
-                    if b.grads is None:
-                        b.grads = torch.empty(b.chunk, dtype=b.dtype, device=b.device)
-                    _read_range(b.grads, rank * b.chunk, self._bucket_grads(b))
-                chunks = [b.grads for b in self._buckets]
+                    for i, piece, start in b.slices:
+                        grad = self._params[i].grad
+                        first = rank * b.chunk + start - b.offsets[b.members.index(i)]
+                        piece.grad = (
+                            grad.reshape(-1)[first : first + piece.numel()]
+                            if anywhere[i] and grad is not None
+                            else None
+                        )
                 for p in self._params:
                     p.grad = None
-                anywhere = _ops.synchronize(anywhere).tolist()
-            else:
-                with waiting_caller():  # waited on right below, by this thread
-                    for b in self._buckets:
-                        if b.record is None:
-                            self._start(b)
-                    anywhere = _anywhere_async(self._had, process_set)
-                chunks = []
+                return
+            with waiting_caller():  # waited on right below, by this thread
                 for b in self._buckets:
-                    handle, _, cctx = b.record
-                    chunks.append(owner._compression.decompress(_ops.synchronize(handle), cctx))
-                anywhere = _ops.synchronize(anywhere).tolist()
+                    if b.record is None:
+                        self._start(b)
+                anywhere = _anywhere_async(self._had, process_set)
+            chunks = []
+            for b in self._buckets:
+                handle, _, cctx = b.record
+                chunks.append(owner._compression.decompress(_ops.synchronize(handle), cctx))
+            anywhere = _ops.synchronize(anywhere).tolist()
             for b, chunk in zip(self._buckets, chunks, strict=True):
                 for i, piece, start in b.slices:
                     piece.grad = chunk[start : start + piece.numel()] if anywhere[i] else None
         finally:
             self._reset()
-
-    def _bucket_grads(self, b: _Bucket) -> list[torch.Tensor]:
-        return [
-            p.grad if p.grad is not None else torch.zeros_like(p)
-            for p in (self._params[i] for i in b.members)
-        ]
 
     def gather(self) -> None:
         """Every rank's updated chunk of every bucket into every parameter, in
