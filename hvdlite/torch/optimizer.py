@@ -60,6 +60,8 @@ from hvdlite._subclass import with_mixin
 from hvdlite.torch.buckets import FIRST_BUCKET_BYTES, bucket_cap_bytes, build_buckets
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.compressors import STATE_KEY, StatefulCompressor
+from hvdlite.torch.grad_hooks import check_no_graph as _check_no_graph
+from hvdlite.torch.grad_hooks import on_grad_accumulated as _on_grad_accumulated
 from hvdlite.torch.reducers import (
     AdasumReducer,
     AllreduceReducer,
@@ -406,14 +408,6 @@ def _refuse_second_wrapper(step_hooks) -> None:
             raise ValueError(_WRAPPED_TWICE)
 
 
-def _check_no_graph(grad) -> None:
-    if grad is not None and grad.requires_grad:
-        raise AssertionError(
-            "DistributedOptimizer does not support gradients that "
-            "require grad (backward(create_graph=True))"
-        )
-
-
 def _hooks_start_work(reducer: GradientReducer, param_groups) -> bool:
     """Whether the hooks hand each final gradient to *reducer* during backward
     (else they only count passes, and ``synchronize()`` starts every reduction).
@@ -432,16 +426,6 @@ def _hooks_start_work(reducer: GradientReducer, param_groups) -> bool:
     if _basics.reductions_overlap_compute():
         return True
     return any(p.device.type != "cpu" for group in param_groups for p in group["params"])
-
-
-def _on_grad_accumulated(p, hook):
-    """Call hook(p) each time autograd has accumulated a gradient into p.grad."""
-    if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
-        return p.register_post_accumulate_grad_hook(hook)
-    accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-    handle = accumulator.register_hook(lambda *_: hook(p))
-    handle.accumulator = accumulator  # keep the node alive with its hook
-    return handle
 
 
 def _name_parameters(param_groups, named_parameters) -> dict:
@@ -640,13 +624,15 @@ def DistributedOptimizer(
     optimizer).  The result is still an instance of
     ``type(optimizer)`` and shares its parameter groups and state.
     (+) ``shard_optimizer_state=True`` keeps on each rank the optimizer state of
-    its shard of the parameters only, reduce-scattering gradients and
+    its part of the parameters only, reduce-scattering gradients and
     allgathering the updated parameters (:mod:`.sharded`: ZeRO-1/2; checkpoints
-    through ``consolidate_state_dict()``); on one node the gradients are
-    averaged during backward in buckets (``named_parameters``,
-    ``backward_passes_per_step`` and ``bucket_cap_mb`` apply), elsewhere
-    reduce-scattered in ``step()``; ``groups`` has no effect there, ``reducer``,
-    top-k, PowerSGD and Adasum are refused.
+    through ``consolidate_state_dict()``): for SGD, Adam, AdamW and the other
+    element-wise torch optimizers each gradient bucket's reduce-scatter starts
+    during backward (on one node: its allreduce), for any other optimizer whole
+    parameters are reduce-scattered in ``step()`` (on one node: allreduced in
+    backward); ``named_parameters``, ``backward_passes_per_step`` and
+    ``bucket_cap_mb`` apply, ``groups`` has no effect, ``reducer``, top-k,
+    PowerSGD and Adasum are refused.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
@@ -669,6 +655,9 @@ def DistributedOptimizer(
         check_predivide(op, gradient_predivide_factor)
         from hvdlite.torch.sharded import ShardedOptimizer
 
+        if named_parameters is not None:  # read twice: by the averager and the sharding
+            named_parameters = list(named_parameters)
+
         def averager(no_step_optimizer):  # gradients averaged during backward, on one node
             return DistributedOptimizer(
                 no_step_optimizer,
@@ -682,7 +671,15 @@ def DistributedOptimizer(
             )
 
         return ShardedOptimizer(
-            optimizer, compression, op, gradient_predivide_factor, process_set, averager=averager
+            optimizer,
+            compression,
+            op,
+            gradient_predivide_factor,
+            process_set,
+            averager=averager,
+            names=_name_parameters(optimizer.param_groups, named_parameters),
+            bucket_cap_mb=bucket_cap_mb,
+            backward_passes_per_step=backward_passes_per_step,
         )
     bucket_cap = bucket_cap_bytes(bucket_cap_mb)
     if reducer is not None:

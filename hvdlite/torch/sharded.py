@@ -1,81 +1,78 @@
 """Sharded optimizer state (ZeRO-1 and -2) behind ``DistributedOptimizer``.
 
 ``hvd.DistributedOptimizer(opt, named_parameters=..., shard_optimizer_state=True)``
-gives each member of the process set the optimizer state of its shard of the
+gives each member of the process set the optimizer state of its part of the
 parameters only.  A step:
 
-1. the gradients are averaged and each rank keeps those of its own shard
-   (ZeRO-2: the other gradients are dropped, ``.grad`` becomes None for them).
-   Where the engine routes the set's allreduces through one node's shared
-   memory, that happens during backward, overlapped with it: the gradients are
-   allreduced in buckets as the unsharded ``DistributedOptimizer`` does (MPI's
-   reduce-scatter is several times slower than that route on one node).
-   Elsewhere (several nodes, GPUs) ``step()`` lays them out shard after shard
-   in one flat buffer per dtype (each shard padded to the largest) and
-   *reduce-scatters* it: each rank receives its own shard's gradients and no
-   other, half the bytes of an allreduce, after backward;
-2. the wrapped optimizer's class steps the rank's shard (its state exists for
-   that shard only: ZeRO-1);
-3. the updated shards are *allgathered* back into every parameter.
+1. the gradients are averaged and each rank keeps those of its own part (ZeRO-2:
+   the parameters' ``.grad`` are dropped);
+2. an optimizer of the wrapped class steps that part (its state exists for that
+   part only: ZeRO-1);
+3. the updated parts are *allgathered* back into every parameter.
 
-Results equal the unsharded optimizer's within floating-point rounding.  Shards
-are balanced by bytes, computed from the parameter list alone (identical on
-every rank): largest parameter first, each to the shard with the fewest bytes.
+Results equal the unsharded optimizer's within floating-point rounding.  Which part
+a rank owns is one of two *ownership models*, picked from the optimizer's class:
 
-Checkpoints: ``consolidate_state_dict(to=0)`` (collective) gathers the shards'
-state on one rank (``to=None``: every rank), whose ``state_dict()`` is then the
-unsharded optimizer's ``state_dict()``: loadable by the plain torch optimizer.
-``load_state_dict()`` takes such a consolidated state at any world size.
-``state_dict()`` without a consolidation first fails, naming the fix (the same
-contract as torch's ``ZeroRedundancyOptimizer``): a collective hidden in
-``state_dict()`` would hang the usual ``if rank == 0: torch.save(...)``.
+- element-partitioned (:mod:`.shard_elements`), for the torch optimizers whose update
+  is element by element (SGD, Adam, AdamW, ... :data:`ELEMENTWISE_OPTIMIZERS`): every
+  gradient bucket is cut into N equal chunks of elements, rank r owns chunk r of
+  each, and its optimizer steps 1-D slices that share storage with the parameters.
+  Across nodes and on GPUs each bucket's *reduce-scatter* starts from backward as
+  soon as its last gradient is ready, overlapping the rest of backward;
+- whole-parameter (:mod:`.shard_whole`), for any other optimizer (a class of your
+  own, Adafactor, LBFGS...): each rank owns whole parameters, shards balanced by
+  bytes; across nodes and on GPUs ``step()`` reduce-scatters one flat buffer per
+  dtype after backward.
+
+Where the engine routes the set's allreduces through one node's shared memory (CPU
+tensors, one node), both models average the gradients during backward instead, in
+buckets, with an unsharded ``DistributedOptimizer`` over the same parameters (the
+*averager*): MPI's reduce-scatter is several times slower than that route there.
+
+Checkpoints: ``consolidate_state_dict(to=0)`` (collective) gathers the parts' state
+on one rank (``to=None``: every rank), whose ``state_dict()`` is then the unsharded
+optimizer's ``state_dict()``: loadable by the plain torch optimizer (slices' states
+put back together into each parameter's shape).  ``load_state_dict()`` takes such a
+consolidated state at any world size.  ``state_dict()`` without a consolidation
+first fails, naming the fix (the same contract as torch's
+``ZeroRedundancyOptimizer``): a collective hidden in ``state_dict()`` would hang
+the usual ``if rank == 0: torch.save(...)``.
 
 Cross-rank contract: every member of the set wraps the same parameters in the
-same order and calls ``step()``, ``consolidate_state_dict()`` and
-``load_state_dict()`` together.
+same order (same ``requires_grad``, bucket cap and optimizer class) and calls
+``step()``, ``consolidate_state_dict()`` and ``load_state_dict()`` together.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 
 import torch
 
 from hvdlite import basics as _basics
-from hvdlite.ops import Average, Max, Sum
+from hvdlite.ops import Average, Sum
 from hvdlite.process_sets import global_process_set
-from hvdlite.torch import mpi_ops as _ops
+from hvdlite.torch.buckets import bucket_cap_bytes
 from hvdlite.torch.casts import BF16Compressor, FP16Compressor, NoneCompressor
 from hvdlite.torch.functions import allgather_object, broadcast_object
+from hvdlite.torch.shard_elements import ELEMENTWISE_OPTIMIZERS, ElementShards, is_elementwise
+from hvdlite.torch.shard_whole import WholeParameterShards, balanced_shards
 
-__all__ = ["ShardedOptimizer", "balanced_shards"]
+__all__ = ["ShardedOptimizer", "balanced_shards", "ELEMENTWISE_OPTIMIZERS"]
 
 _CASTS = (NoneCompressor, FP16Compressor, BF16Compressor)
-#: The most bytes per rank one parameter allgather moves (see _gather_parameters).
-_GATHER_CHUNK_BYTES = 8 << 20
-
-
-def balanced_shards(sizes: list[int], n: int) -> list[list[int]]:
-    """Indices of *sizes* (bytes per parameter) split into *n* shards of about
-    equal bytes: largest first, each to the lightest shard (the lowest-numbered
-    among equals); each shard lists its indices in their original order."""
-    loads = [0] * n
-    shards: list[list[int]] = [[] for _ in range(n)]
-    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        r = min(range(n), key=lambda r: (loads[r], r))
-        shards[r].append(i)
-        loads[r] += sizes[i]
-    return [sorted(s) for s in shards]
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` whose state is sharded over a process set.
 
     ``param_groups`` are the full groups (an LR scheduler adjusts them as
-    usual; each step copies their hyperparameters to the shard's groups);
-    ``state`` stays empty here: the shard's state lives in ``local``, an
-    optimizer of the wrapped class over this rank's parameters.
+    usual; each step copies their hyperparameters to the local groups);
+    ``state`` stays empty here: this rank's state lives in ``local``, an
+    optimizer of the wrapped class over this rank's part (slices of the
+    parameters, or whole ones: ``ownership``).
     """
 
     def __init__(
@@ -86,12 +83,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
         gradient_predivide_factor: float = 1.0,
         process_set=None,
         averager=None,
+        *,
+        names: dict | None = None,
+        bucket_cap_mb: float | None = None,
+        backward_passes_per_step: int = 1,
     ):
         if not isinstance(compression, type) or not issubclass(compression, _CASTS):
             if not isinstance(compression, _CASTS):
                 raise ValueError(
                     "shard_optimizer_state=True supports compression=Compression.none, "
-                    ".fp16 or .bf16 (gradients are reduce-scattered as one buffer); "
+                    ".fp16 or .bf16 (gradients are reduce-scattered as flat buffers); "
                     "top-k and PowerSGD keep per-parameter state: drop shard_optimizer_state "
                     "or the compression."
                 )
@@ -114,19 +115,32 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._layout_size = None
         self._consolidated = None
         self._skip_reduce = False
-        self._buffers: dict = {}
-        self._repartition()
-        # On one node the gradients are averaged during backward (module doc, step 1)
-        # by *averager*, given an optimizer whose step() does nothing over the same
-        # parameters: an unsharded DistributedOptimizer (its hooks, buckets and
-        # compression, unchanged).
+        self._synchronized = False
+        self._loaded = None
+        #: "elements" (each bucket cut into equal chunks) or "parameters" (whole ones)
+        self.ownership = "elements" if is_elementwise(optimizer, self._params) else "parameters"
+        if self.ownership == "elements":
+            if names is None:  # (DistributedOptimizer passes named_parameters' names)
+                names = {
+                    p: f"allreduce.noname.{g}.{j}"
+                    for g, group in enumerate(self.param_groups)
+                    for j, p in enumerate(group["params"])
+                }
+            cap = bucket_cap_bytes(bucket_cap_mb)
+            self._model = ElementShards(self, names, cap, backward_passes_per_step)
+        else:
+            self._model = WholeParameterShards(self)
+        # On one node the gradients are averaged during backward (module doc) by an
+        # unsharded DistributedOptimizer over an optimizer whose step() does nothing
+        # (its hooks, buckets and compression, unchanged), built by *averager*.
+        self._make_averager = averager
         self._averager = None
-        if self._reduce_whole and averager is not None:
-            self._averager = averager(_NoStep(self.param_groups))
+        self._route_whole = None
+        self._repartition()
         if optimizer.state:  # an optimizer that already stepped: keep its state, sharded
             self.load_state_dict(optimizer.state_dict())
 
-    # ------------------------------------------------------------- the shards
+    # ------------------------------------------------------------- the parts
     def _set_size_and_rank(self) -> tuple[int, int]:
         size, rank = self._process_set.size(), self._process_set.rank()
         if size is None or rank is None:
@@ -137,36 +151,70 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return size, rank
 
     def _repartition(self) -> None:
-        """(Re)build the shards and the local optimizer for the set's current size
+        """(Re)build the parts and the local optimizer for the set's current size
         (an elastic job may have changed it; the caller then loads a state)."""
         size, rank = self._set_size_and_rank()
         if self._layout_size == size:
             return
         self._size, self._rank = size, rank
-        self._reduce_whole = self._device.type == "cpu" and _basics.allreduce_uses_shared_memory(
-            self._process_set
+        self._set_route(
+            self._make_averager is not None
+            and self._device.type == "cpu"
+            and _basics.allreduce_uses_shared_memory(self._process_set)
         )
-        sizes = [p.numel() * p.element_size() for p in self._params]
-        self._shards = balanced_shards(sizes, size)
-        self._owned = self._shards[rank]  # global parameter indices, ascending
-        owned = set(self._owned)
-        index = 0
-        local_groups = []
-        for group in self.param_groups:
-            mine = []
-            for p in group["params"]:
-                if index in owned:
-                    mine.append(p)
-                index += 1
-            local_groups.append({**_hyper(group), "params": mine})
+        local_groups = self._model.partition(size, rank, self.param_groups)
         accepted = inspect.signature(self._wrapped_class.__init__).parameters
         kwargs = {k: v for k, v in self._defaults.items() if k in accepted}
-        self.local = self._wrapped_class(local_groups, **kwargs)
+        self.local = self._wrapped_class(
+            [{**_hyper(g), "params": mine} for g, mine in zip(self.param_groups, local_groups)],
+            **kwargs,
+        )
         self._layout_size = size
-        self._layout = self._by_dtype()  # depends only on the shards: made once per size
+
+    @property
+    def _reduce_whole(self) -> bool:
+        """Whether the gradients are averaged whole during backward (one node)
+        rather than reduce-scattered; the engine's routes decide, tests may set it."""
+        return self._route_whole
+
+    @_reduce_whole.setter
+    def _reduce_whole(self, whole: bool) -> None:
+        self._set_route(bool(whole) and self._make_averager is not None)
+
+    def _set_route(self, whole: bool) -> None:
+        if whole == self._route_whole:
+            return
+        self._route_whole = whole
+        if whole:
+            self._model.stop_hooks()
+            self._averager = self._make_averager(_NoStep(self.param_groups))
+        else:
+            if self._averager is not None:
+                for handle in self._averager._hook_handles:
+                    handle.remove()
+                self._averager = None
+            self._model.start_hooks()
+
+    @property
+    def _owned(self) -> list[int]:
+        """Global indices of the parameters this rank steps (in part or whole)."""
+        return sorted({i for i, _, _ in self._model.pieces})
+
+    def _scales(self) -> tuple[float, float, object]:
+        """(prescale, postscale, op) of a gradient reduction."""
+        if self._op == Average and self._predivide != 1.0:
+            return 1.0 / self._predivide, self._predivide / self._size, Sum
+        return 1.0, 1.0, self._op
 
     # -------------------------------------------------------------- the step
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._model.pending():
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                "cause a race condition."
+            )
+        self._model.zero_grad(set_to_none)
         if self._averager is not None:  # it also refuses a zero_grad() after backward
             self._averager.zero_grad(set_to_none=set_to_none)
             return
@@ -179,10 +227,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     p.grad.zero_()
 
     def synchronize(self) -> None:
-        """Reduce-scatter the gradients now: afterwards only this rank's shard has
-        ``.grad`` (averaged); use :meth:`skip_synchronize` around the ``step()``."""
+        """Reduce the gradients now: afterwards only this rank's part has a
+        gradient (averaged), on the parameters of ``local``; use
+        :meth:`skip_synchronize` around the ``step()``."""
         self._repartition()
-        self._reduce_gradients()
+        self._model.reduce(self._averager)
+        self._synchronized = True
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -201,165 +251,44 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         self._repartition()
         if not self._skip_reduce:
-            self._reduce_gradients()
+            if self._synchronized:  # reducing twice would lose the gradients
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context "
+                    "after optimizer.synchronize(); the gradients were reduced once there.",
+                    stacklevel=2,
+                )
+            else:
+                self._model.reduce(self._averager)
+        self._synchronized = False
+        self._loaded = None
         for full, local in zip(self.param_groups, self.local.param_groups):
             local.update(_hyper(full))
         self.local.step()
-        self._gather_parameters()
+        self._model.gather()
         return loss
-
-    def _by_dtype(self) -> dict:
-        """dtype -> (its parameters' global indices by shard, the padded block):
-        one flat buffer per dtype, shard after shard, each padded to *block*."""
-        layout: dict = {}
-        for r, shard in enumerate(self._shards):
-            for i in shard:
-                by_shard = layout.setdefault(self._params[i].dtype, [[] for _ in self._shards])
-                by_shard[r].append(i)
-        return {
-            dtype: (by_shard, max(sum(self._params[i].numel() for i in s) for s in by_shard))
-            for dtype, by_shard in layout.items()
-        }
-
-    def _buffer(self, what: str, shape: tuple, dtype) -> torch.Tensor:
-        """A persistent buffer of this optimizer (new memory each step would be paid
-        for again in page faults: several times a memcpy's cost for large buffers)."""
-        key = (what, dtype)
-        buf = self._buffers.get(key)
-        if buf is None or buf.shape != shape:
-            buf = self._buffers[key] = torch.empty(shape, dtype=dtype, device=self._device)
-        return buf
-
-    def _flat(self, what: str, shards, block: int, value, dtype) -> torch.Tensor:
-        """The tensors value(i) of each shard's indices, flat and back to back, each
-        shard padded to *block* with zeros, in this optimizer's buffer *what*."""
-        pieces = []
-        for indices in shards:
-            used = 0
-            for i in indices:
-                pieces.append(value(i).reshape(-1))
-                used += pieces[-1].numel()
-            if used < block:
-                pieces.append(torch.zeros(block - used, dtype=dtype, device=self._device))
-        return torch.cat(pieces, out=self._buffer(what, (len(shards) * block,), dtype))
-
-    def _anywhere_async(self):
-        """A handle to which parameters have a gradient on some rank (a parameter
-        with none anywhere keeps none and is not stepped, as unsharded)."""
-        has_grad = torch.tensor([p.grad is not None for p in self._params], dtype=torch.int32)
-        return _ops.allreduce_async(
-            has_grad, op=Max, name="sharded.has_grad", process_set=self._process_set
-        )
-
-    def _reduce_gradients(self) -> None:
-        if self._averager is not None:
-            anywhere = self._anywhere_async()
-            self._averager.synchronize()  # waits for what backward started
-            for p, used in zip(self._params, _ops.synchronize(anywhere).tolist()):
-                if not used:
-                    p.grad = None  # the averager wrote zeros for it
-            self._drop_other_shards()
-            return
-        params, size = self._params, self._size
-        anywhere = _ops.synchronize(self._anywhere_async()).tolist()
-
-        def grad(i):
-            p = params[i]
-            return p.grad if p.grad is not None else torch.zeros_like(p)
-
-        for dtype, (by_shard, block) in self._layout.items():
-            if not block:
-                continue
-            flat = self._flat("grads", by_shard, block, grad, dtype)
-            wire, ctx = self._compression.compress(flat)
-            pre, post, op = 1.0, 1.0, self._op
-            if self._op == Average and self._predivide != 1.0:
-                pre, post, op = 1.0 / self._predivide, self._predivide / size, Sum
-            how = dict(
-                op=op,
-                name=f"sharded.grads.{dtype}",
-                prescale_factor=pre,
-                postscale_factor=post,
-                process_set=self._process_set,
-            )
-            if self._reduce_whole:
-                # One node: the engine's shared-memory allreduce is faster than MPI's
-                # reduce-scatter; this rank keeps its shard (a copy: the rest is freed).
-                whole = _ops.allreduce_(wire, **how)
-                shard = whole[self._rank * block : (self._rank + 1) * block].clone()
-            else:
-                shard = _ops.reducescatter(wire, **how)
-            shard = self._compression.decompress(shard, ctx)
-            offset = 0
-            for i in by_shard[self._rank]:
-                p, n = params[i], params[i].numel()
-                # a view of the received shard: this rank's gradients cost P/N, no copy
-                p.grad = shard[offset : offset + n].view_as(p) if anywhere[i] else None
-                offset += n
-        self._drop_other_shards()
-
-    def _drop_other_shards(self) -> None:
-        """ZeRO-2: the other shards' gradients are dropped."""
-        for r, shard in enumerate(self._shards):
-            if r != self._rank:
-                for i in shard:
-                    self._params[i].grad = None
-
-    def _gather_parameters(self) -> None:
-        """Every rank's updated shard into every parameter, in allgathers of at most
-        :data:`_GATHER_CHUNK_BYTES` per rank (each fits the engine's shared-memory
-        area on one node; one gather of a whole shard would go through MPI's
-        Allgatherv, several times slower there)."""
-        params, size = self._params, self._size
-        for dtype, (by_shard, block) in self._layout.items():
-            if not block:
-                continue
-            mine = self._flat(
-                "mine", [by_shard[self._rank]], block, lambda i: params[i].detach(), dtype
-            )
-            step = max(1, _GATHER_CHUNK_BYTES // mine.element_size())
-            for first in range(0, block, step):
-                chunk = _ops.allgather(
-                    mine[first : first + step],
-                    name=f"sharded.params.{dtype}.{first}",
-                    process_set=self._process_set,
-                )
-                rows = chunk.view(size, -1)
-                for r, shard in enumerate(by_shard):
-                    if r != self._rank:
-                        _copy_range(rows[r], first, [params[i] for i in shard])
 
     # ----------------------------------------------------------- checkpoints
     def consolidate_state_dict(self, to: int | None = 0) -> None:
-        """Gather the shards' state (collective over the set) so that ``state_dict()``
+        """Gather the parts' state (collective over the set) so that ``state_dict()``
         on rank *to* (a global rank; None: on every rank) returns the whole state."""
         self._repartition()
         local = self.local.state_dict()
-        owned_in_local_order = [
-            i for group_indices in self._local_group_indices() for i in group_indices
+        locals_ = [p for g in self.local.param_groups for p in g["params"]]
+        mine = [
+            (*self._model.pieces[li], tuple(locals_[li].shape), _to_cpu(state))
+            for li, state in local["state"].items()
         ]
-        mine = {owned_in_local_order[li]: _to_cpu(state) for li, state in local["state"].items()}
-        shards = allgather_object(mine, name="sharded.consolidate", process_set=self._process_set)
+        parts = allgather_object(mine, name="sharded.consolidate", process_set=self._process_set)
         if to is None or _basics.rank() == to:
-            state = {}
-            for part in shards:
-                state.update(part)
+            state = _assemble([piece for part in parts for piece in part], self._params)
             groups, index = [], 0
             for group in self.param_groups:
                 n = len(group["params"])
                 groups.append({**_hyper(group), "params": list(range(index, index + n))})
                 index += n
-            self._consolidated = {"state": dict(sorted(state.items())), "param_groups": groups}
+            self._consolidated = {"state": state, "param_groups": groups}
         else:
             self._consolidated = None
-
-    def _local_group_indices(self) -> list[list[int]]:
-        """Per group, the global indices of this rank's parameters in it."""
-        owned, index, out = set(self._owned), 0, []
-        for group in self.param_groups:
-            out.append([index + k for k in range(len(group["params"])) if index + k in owned])
-            index += len(group["params"])
-        return out
 
     def state_dict(self) -> dict:
         if self._consolidated is None:
@@ -384,34 +313,93 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._repartition()
         for mine, saved in zip(self.param_groups, groups):
             mine.update(_hyper(saved))
-        state, local_groups, local_state, local_index, start = state_dict["state"], [], {}, 0, 0
-        for mine, saved, indices in zip(self.param_groups, groups, self._local_group_indices()):
+        keys = [key for g in groups for key in g["params"]]
+        state, local_state, local_groups, li = state_dict["state"], {}, [], 0
+        for group, local in zip(groups, self.local.param_groups):
             ids = []
-            for i in indices:
-                key = saved["params"][i - start]
-                if key in state:
-                    local_state[local_index] = state[key]
-                ids.append(local_index)
-                local_index += 1
-            local_groups.append({**_hyper(saved), "params": ids})
-            start += len(mine["params"])
+            for piece in local["params"]:
+                i, first, end = self._model.pieces[li]
+                if keys[i] in state:
+                    saved_state, p = state[keys[i]], self._params[i]
+                    local_state[li] = _slice_state(saved_state, p, first, end, piece)
+                ids.append(li)
+                li += 1
+            local_groups.append({**_hyper(group), "params": ids})
         self.local.load_state_dict({"state": local_state, "param_groups": local_groups})
+        self._loaded = state_dict  # the whole state, until the next step (broadcast_state)
 
     def broadcast_state(self, root_rank: int) -> None:
-        """Every rank takes *root_rank*'s state and hyperparameters (collective)."""
-        self.consolidate_state_dict(to=root_rank)
-        state = self._consolidated if _basics.rank() == root_rank else None
-        self._consolidated = None
+        """Every rank takes *root_rank*'s state and hyperparameters (collective).
+
+        Where *root_rank* loaded a whole state and has not stepped since (Horovod's
+        ``if rank == 0: opt.load_state_dict(...)`` then a broadcast; an elastic
+        restore), that state is what every rank takes; otherwise the ranks' parts,
+        consolidated on *root_rank*."""
+        root = _basics.rank() == root_rank
+        state = self._loaded if root else None
+        if not broadcast_object(
+            state is not None, root_rank, name="sharded.loaded", process_set=self._process_set
+        ):
+            self.consolidate_state_dict(to=root_rank)
+            state = self._consolidated if root else None
+            self._consolidated = None
         state = broadcast_object(
             state, root_rank, name="sharded.broadcast", process_set=self._process_set
         )
         self.load_state_dict(state)
 
     def __repr__(self) -> str:
+        mine = sum(end - first for _, first, end in self._model.pieces)
+        total = sum(p.numel() for p in self._params)
         return (
-            f"ShardedOptimizer({self._wrapped_class.__name__}, shard {self._rank} of "
-            f"{self._size}: {len(self._owned)} of {len(self._params)} parameters)"
+            f"ShardedOptimizer({self._wrapped_class.__name__}, owning {self.ownership}: "
+            f"part {self._rank} of {self._size}, {mine} of {total} elements)"
         )
+
+
+def _assemble(pieces, params) -> dict:
+    """The unsharded state of each parameter from its pieces' states (global index,
+    first, end, the local parameter's shape, state): a tensor shaped like the local
+    parameter is that piece's part of a tensor shaped like the parameter, any other
+    value (a step count, a scalar) is the same in every piece.  A parameter whose
+    pieces do not cover it (only some ranks loaded a state) gets none."""
+    by_param: dict = {}
+    for i, first, end, shape, state in pieces:
+        by_param.setdefault(i, []).append((first, end, shape, state))
+    out = {}
+    for i in sorted(by_param):
+        parts = sorted(by_param[i], key=lambda part: part[0])
+        p, covered = params[i], 0
+        for first, end, _, _ in parts:
+            covered = end if first == covered else -1
+        if covered != p.numel():
+            continue
+        whole = {}
+        for key, value in parts[0][3].items():
+            if all(
+                torch.is_tensor(part[3].get(key)) and tuple(part[3][key].shape) == part[2]
+                for part in parts
+            ):
+                flat = [part[3][key].reshape(-1) for part in parts]
+                whole[key] = (flat[0] if len(flat) == 1 else torch.cat(flat)).reshape(p.shape)
+            else:
+                whole[key] = value
+        out[i] = whole
+    return out
+
+
+def _slice_state(state: dict, p: torch.Tensor, first: int, end: int, piece) -> dict:
+    """The part of a parameter's unsharded *state* for its elements first..end (the
+    local parameter *piece*): tensors shaped like the parameter are cut, the rest
+    kept."""
+    if piece is p:
+        return state
+    return {
+        k: v.reshape(-1)[first:end].reshape(piece.shape).clone()
+        if torch.is_tensor(v) and v.shape == p.shape
+        else v
+        for k, v in state.items()
+    }
 
 
 class _NoStep(torch.optim.Optimizer):
@@ -427,20 +415,6 @@ class _NoStep(torch.optim.Optimizer):
 
 def _hyper(group: dict) -> dict:
     return {k: v for k, v in group.items() if k != "params"}
-
-
-def _copy_range(values: torch.Tensor, first: int, params) -> None:
-    """Elements first..first+len(values) of the flat concatenation of *params*, from
-    *values*, into the parameters they belong to."""
-    last, offset = first + values.numel(), 0
-    for p in params:
-        n = p.numel()
-        lo, hi = max(first, offset), min(last, offset + n)
-        if lo < hi:
-            p.data.view(-1)[lo - offset : hi - offset].copy_(values[lo - first : hi - first])
-        offset += n
-        if offset >= last:
-            break
 
 
 def _to_cpu(state: dict) -> dict:

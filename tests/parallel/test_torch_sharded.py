@@ -1,6 +1,7 @@
 """DistributedOptimizer(shard_optimizer_state=True): parity with one process on the
-concatenated batch, state held for one shard only, consolidated checkpoints loadable by
-the plain optimizer and reloadable at any world size, misuse refused."""
+concatenated batch (both ownership models, both gradient routes), state held for one
+part only, reduce-scatters started during backward, consolidated checkpoints loadable
+by the plain optimizer and reloadable at any world size, misuse refused."""
 
 import copy
 
@@ -17,6 +18,10 @@ from hvdlite.torch.sharded import ShardedOptimizer, balanced_shards
 MPI_SIZES = (1, 2, 3)
 
 pytestmark = pytest.mark.timeout(120)
+
+ROUTES = pytest.mark.parametrize(
+    "whole", [True, False], ids=["allreduce-on-one-node", "reducescatter"]
+)
 
 
 def make_big_model(seed=0):
@@ -46,7 +51,17 @@ def adamw_groups(params):
     )
 
 
-def train(make_opt, steps, sharded, model=None, opt=None, start=0, **kwargs):
+class MySGD(torch.optim.SGD):
+    """Not one of the known element-wise classes: sharded by whole parameters."""
+
+
+def my_sgd(params):
+    return MySGD(params, lr=0.1, momentum=0.9)
+
+
+def train(make_opt, steps, sharded, model=None, opt=None, start=0, whole=None, **kwargs):
+    """*whole*: force the gradient route (True: averaged during backward as on one
+    node; False: reduce-scattered, started from backward where the model allows)."""
     model = model or make_big_model()
     if opt is None:
         opt = make_opt(model.parameters())
@@ -54,6 +69,8 @@ def train(make_opt, steps, sharded, model=None, opt=None, start=0, **kwargs):
             opt = hvd.DistributedOptimizer(
                 opt, named_parameters=model.named_parameters(), shard_optimizer_state=True, **kwargs
             )
+            if whole is not None:
+                opt._reduce_whole = whole
     for step in range(start, start + steps):
         opt.zero_grad()
         x, y = batch(step)
@@ -79,17 +96,44 @@ def test_parity_with_one_process_on_the_whole_batch(make_opt):
     assert got.unused.weight.grad is None  # no gradient anywhere: never stepped
 
 
-def test_each_rank_holds_state_for_its_shard_only():
-    model, opt = train(adam, 2, sharded=True)
+def test_each_rank_holds_state_for_its_part_only():
+    """Element ownership: each rank's state covers its chunk of each bucket (slices
+    sharing the parameters' storage), every element exactly once over the ranks."""
+    model, opt = train(adam, 2, sharded=True, whole=False, bucket_cap_mb=0.0003)
+    assert opt.ownership == "elements"
     params = list(model.parameters())
-    owned = {id(params[i]) for i in opt._owned}
-    with_state = {id(p) for p in opt.local.state}
-    stepped = {id(p) for p in params if p is not model.unused.weight and p is not model.unused.bias}
-    assert with_state == owned & stepped
-    every = hvd.allgather_object(sorted(opt._owned))
-    assert sorted(i for shard in every for i in shard) == list(range(len(params)))
-    # ZeRO-2: after the step only this rank's shard kept its gradient
-    assert all(p.grad is None for i, p in enumerate(params) if i not in opt._owned)
+    unused = {id(model.unused.weight), id(model.unused.bias)}
+    stepped = sum(p.numel() for p in params if id(p) not in unused)
+    held = sum(state["exp_avg"].numel() for state in opt.local.state.values())
+    assert sum(hvd.allgather_object(held)) == stepped
+    total = sum(p.numel() for p in params)
+    mine = sum(end - first for _, first, end in opt._model.pieces)
+    assert sum(hvd.allgather_object(mine)) == total
+    assert mine <= total // N + len(opt._model._buckets)  # about P/N
+    for (i, first, _), piece in zip(
+        opt._model.pieces, [q for g in opt.local.param_groups for q in g["params"]], strict=True
+    ):
+        assert piece.data_ptr() == params[i].data_ptr() + first * piece.element_size()
+    # ZeRO-2: after the step no parameter keeps a whole gradient
+    assert all(p.grad is None for p in params)
+
+
+def test_whole_parameter_ownership_for_other_optimizers():
+    """An optimizer class not known to be element-wise: whole parameters, balanced."""
+    for whole in (True, False):
+        ref, _ = train(my_sgd, 5, sharded=False)
+        model, opt = train(my_sgd, 5, sharded=True, whole=whole)
+        same_weights(model, ref)
+        assert opt.ownership == "parameters" and isinstance(opt.local, MySGD)
+        params = list(model.parameters())
+        owned = {id(params[i]) for i in opt._owned}
+        stepped = {id(p) for p in params if p.grad is not None or id(p) in owned}
+        assert {id(p) for p in opt.local.state} <= owned
+        every = hvd.allgather_object(sorted(opt._owned))
+        assert sorted(i for shard in every for i in shard) == list(range(len(params)))
+        # ZeRO-2: after the step only this rank's shard kept its gradient
+        assert all(p.grad is None for i, p in enumerate(params) if i not in opt._owned)
+        assert stepped
 
 
 def test_shards_are_balanced_by_bytes_and_deterministic():
@@ -139,7 +183,8 @@ def test_load_state_saved_unsharded_then_continue_like_the_plain_optimizer():
     same_weights(model, ref)
 
 
-def test_lr_scheduler_and_predivide_and_fp16():
+@ROUTES
+def test_lr_scheduler_and_predivide_and_fp16(whole):
     ref, ref_opt = make_big_model(), None
     ref_opt = sgd(ref.parameters())
     ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, 1, gamma=0.5)
@@ -147,6 +192,7 @@ def test_lr_scheduler_and_predivide_and_fp16():
     opt = hvd.DistributedOptimizer(
         sgd(model.parameters()), shard_optimizer_state=True, gradient_predivide_factor=2.0
     )
+    opt._reduce_whole = whole
     sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
     for step in range(3):
         train(sgd, 1, sharded=False, model=ref, opt=ref_opt, start=step)
@@ -155,7 +201,7 @@ def test_lr_scheduler_and_predivide_and_fp16():
         sched.step()
     same_weights(model, ref)
     assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"]
-    half, _ = train(sgd, 2, sharded=True, compression=hvd.Compression.fp16)
+    half, _ = train(sgd, 2, sharded=True, whole=whole, compression=hvd.Compression.fp16)
     full, _ = train(sgd, 2, sharded=False)
     same_weights(half, full, tol=1e-2)
 
@@ -224,7 +270,8 @@ def test_elastic_torch_state_commits_and_restores_a_sharded_optimizer():
     train(adam, 1, sharded=True, model=model, opt=opt, start=2)
 
 
-def test_backward_passes_per_step_like_the_unsharded_optimizer():
+@ROUTES
+def test_backward_passes_per_step_like_the_unsharded_optimizer(whole):
     results = []
     for sharded in (False, True):
         model = make_big_model()
@@ -234,6 +281,8 @@ def test_backward_passes_per_step_like_the_unsharded_optimizer():
             backward_passes_per_step=2,
             shard_optimizer_state=sharded,
         )
+        if sharded:
+            opt._reduce_whole = whole
         for step in range(2):
             opt.zero_grad()
             for micro in range(2):
@@ -245,11 +294,94 @@ def test_backward_passes_per_step_like_the_unsharded_optimizer():
     same_weights(results[1], results[0])
 
 
-@pytest.mark.parametrize("whole", [True, False], ids=["allreduce-on-one-node", "reducescatter"])
+@ROUTES
 def test_both_gradient_routes_agree_with_one_process(whole):
     ref, _ = train(adam, 3, sharded=False)
+    model, opt = train(adam, 3, sharded=True, whole=whole)
+    assert opt._reduce_whole is whole
+    same_weights(model, ref)
+
+
+def test_reduce_scatters_start_during_backward():
+    """The reduce-scatter route: each bucket's reduce-scatter is in flight once
+    backward returns, before step(), and the parameters' gradients are gone."""
+    model, opt = train(adam, 1, sharded=True, whole=False, bucket_cap_mb=0.0003)
+    buckets = opt._model._buckets
+    assert len(buckets) >= 3
+    opt.zero_grad()
+    x, y = batch(7)
+    F.mse_loss(model[3](model[2](model[1](model[0](mine(x))))), mine(y)).backward()
+    unused = {id(p) for p in model.unused.parameters()}
+    used = [b for b in buckets if not any(id(opt._params[i]) in unused for i in b.members)]
+    assert used and all(b.record is not None for b in used)  # started by the hooks
+    assert all(opt._params[i].grad is None for b in used for i in b.members)
+    with pytest.raises(AssertionError, match="zero_grad"):
+        opt.zero_grad()
+    opt.step()
+    assert all(b.record is None for b in buckets)
+
+
+def frozen_model(seed=0):
+    """make_big_model with a frozen parameter used in the forward pass."""
+    model = make_big_model(seed)
+    model[2].bias.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize("make_opt", [sgd, adam, adamw_groups])
+def test_fifty_steps_on_the_reduce_scatter_route_like_one_process(make_opt):
+    ref, _ = train(make_opt, 50, sharded=False, model=frozen_model())
+    got, opt = train(
+        make_opt, 50, sharded=True, model=frozen_model(), whole=False, bucket_cap_mb=0.0003
+    )
+    assert opt.ownership == "elements" and not opt._reduce_whole
+    same_weights(got, ref)
+    assert torch.equal(got[2].bias, frozen_model()[2].bias)  # frozen: never stepped
+    assert got.unused.weight.grad is None
+
+
+@ROUTES
+def test_checkpoint_round_trip_through_the_plain_optimizer(whole):
+    model, opt = train(adamw_groups, 3, sharded=True, whole=whole, bucket_cap_mb=0.0003)
+    ref, ref_opt = train(adamw_groups, 3, sharded=False)
+    opt.consolidate_state_dict(to=None)
+    state = opt.state_dict()
+    ref_state = ref_opt.state_dict()
+    assert state["param_groups"] == ref_state["param_groups"]
+    assert state["state"].keys() == ref_state["state"].keys()
+    for k, v in ref_state["state"].items():
+        for name in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(state["state"][k][name], v[name], rtol=1e-5, atol=1e-6)
+        assert int(state["state"][k]["step"]) == 3
+    # into a sharded optimizer with other buckets (other slices), then on together
+    again = make_big_model()
+    again.load_state_dict(model.state_dict())
+    opt2 = hvd.DistributedOptimizer(
+        adamw_groups(again.parameters()),
+        named_parameters=again.named_parameters(),
+        shard_optimizer_state=True,
+        bucket_cap_mb=0.0001,
+    )
+    opt2._reduce_whole = not whole
+    opt2.load_state_dict(copy.deepcopy(state))
+    train(adamw_groups, 3, sharded=True, model=again, opt=opt2, start=3)
+    train(adamw_groups, 3, sharded=False, model=ref, opt=ref_opt, start=3)
+    same_weights(again, ref)
+
+
+@ROUTES
+def test_synchronize_then_step_inside_skip_synchronize(whole):
+    ref, _ = train(sgd, 2, sharded=False)
     model = make_big_model()
-    opt = hvd.DistributedOptimizer(adam(model.parameters()), shard_optimizer_state=True)
-    opt._reduce_whole = whole  # the route is the engine's choice; both must agree
-    train(adam, 3, sharded=True, model=model, opt=opt)
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()), shard_optimizer_state=True)
+    opt._reduce_whole = whole
+    for step in range(2):
+        opt.zero_grad()
+        x, y = batch(step)
+        F.mse_loss(model[3](model[2](model[1](model[0](mine(x))))), mine(y)).backward()
+        opt.synchronize()
+        grads = [q.grad for g in opt.local.param_groups for q in g["params"]]
+        assert any(g is not None for g in grads)
+        with opt.skip_synchronize():
+            opt.step()
     same_weights(model, ref)
