@@ -325,25 +325,35 @@ class ElementShards:
             self._reset()
 
     def gather(self) -> None:
-        """Every rank's updated chunk of every bucket into every parameter, in
-        allgathers of at most :data:`GATHER_CHUNK_BYTES` per rank."""
+        """Every rank's updated chunk of every bucket into every parameter.  CPU
+        buckets: one allgather after another, each of at most
+        :data:`GATHER_CHUNK_BYTES` per rank.  Device buckets: every bucket's
+        allgather is started before the first is waited for (the engine fuses
+        them; each piece would otherwise pay a launch and, staged, a host round
+        trip)."""
         owner = self._owner()
         size, rank, process_set = owner._size, owner._rank, owner._process_set
+        started = []
         for b in self._buckets:
             members = [self._params[i] for i in b.members]
             if b.mine is None:
                 b.mine = torch.empty(b.chunk, dtype=b.dtype, device=b.device)
             _read_range(b.mine, rank * b.chunk, [p.detach() for p in members])
-            step = max(1, GATHER_CHUNK_BYTES // b.mine.element_size())
+            on_cpu = b.device.type == "cpu"
+            step = max(1, GATHER_CHUNK_BYTES // b.mine.element_size()) if on_cpu else b.chunk
             for first in range(0, b.chunk, step):
-                rows = _ops.allgather(
+                gather = _ops.allgather if on_cpu else _ops.allgather_async
+                rows = gather(
                     b.mine[first : first + step],
                     name=f"{b.name}.params.{first}",
                     process_set=process_set,
-                ).view(size, -1)
-                for r in range(size):
-                    if r != rank:
-                        _copy_range(rows[r], r * b.chunk + first, members)
+                )
+                if on_cpu:
+                    _place_rows(rows, b.chunk, first, members, size, rank)
+                else:
+                    started.append((rows, b.chunk, first, members))
+        for handle, chunk, first, members in started:
+            _place_rows(_ops.synchronize(handle), chunk, first, members, size, rank)
 
     def zero_grad(self, set_to_none: bool) -> None:
         for b in self._buckets:
@@ -353,6 +363,15 @@ class ElementShards:
                         piece.grad = None
                     else:
                         piece.grad.zero_()
+
+
+def _place_rows(gathered, chunk: int, first: int, members, size: int, rank: int) -> None:
+    """Copy the other ranks' rows of an allgather of elements first.. of every
+    rank's chunk into *members*."""
+    rows = gathered.view(size, -1)
+    for r in range(size):
+        if r != rank:
+            _copy_range(rows[r], r * chunk + first, members)
 
 
 def _hook(ref, i: int):
