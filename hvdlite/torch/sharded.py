@@ -52,8 +52,9 @@ import warnings
 import torch
 
 from hvdlite import basics as _basics
-from hvdlite.ops import Average, Sum
+from hvdlite.ops import Average, Max, Sum
 from hvdlite.process_sets import global_process_set
+from hvdlite.torch import mpi_ops as _ops
 from hvdlite.torch.buckets import bucket_cap_bytes
 from hvdlite.torch.casts import BF16Compressor, FP16Compressor, NoneCompressor
 from hvdlite.torch.functions import allgather_object, broadcast_object
@@ -233,6 +234,39 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._repartition()
         self._model.reduce(self._averager)
         self._synchronized = True
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the reduced gradients by their norm over the whole model (collective
+        over the set), as ``torch.nn.utils.clip_grad_norm_`` does unsharded; returns
+        that norm.  Call it after :meth:`synchronize` (each rank then holds its part
+        of the gradients, on ``local``'s parameters: clipping the model's would see
+        none), then ``step()`` inside :meth:`skip_synchronize`."""
+        if not self._synchronized:
+            raise RuntimeError(
+                "clip_grad_norm_() clips the reduced gradients: call optimizer.synchronize() "
+                "first, then clip, then step() inside optimizer.skip_synchronize()."
+            )
+        norm_type = float(norm_type)
+        grads = [p.grad for group in self.local.param_groups for p in group["params"]]
+        grads = [g for g in grads if g is not None]
+        part = torch.zeros(1, dtype=torch.float64)
+        if norm_type == float("inf"):
+            op = Max
+            if grads:
+                part[0] = torch.stack([g.abs().max().double() for g in grads]).max().cpu()
+        else:
+            op = Sum
+            if grads:
+                powers = [g.double().abs().pow(norm_type).sum() for g in grads]
+                part[0] = torch.stack(powers).sum().cpu()
+        total = _ops.allreduce(part, op=op, name="sharded.grad_norm", process_set=self._process_set)
+        norm = total[0] if norm_type == float("inf") else total[0] ** (1.0 / norm_type)
+        scale = float(max_norm) / (float(norm) + 1e-6)
+        if scale < 1.0:
+            for g in grads:
+                g.mul_(scale)
+        return norm.float()
 
     @contextlib.contextmanager
     def skip_synchronize(self):

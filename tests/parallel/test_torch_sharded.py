@@ -385,3 +385,50 @@ def test_synchronize_then_step_inside_skip_synchronize(whole):
         with opt.skip_synchronize():
             opt.step()
     same_weights(model, ref)
+
+
+@ROUTES
+@pytest.mark.parametrize("make_opt", [sgd, my_sgd], ids=["elements", "parameters"])
+@pytest.mark.parametrize("norm_type", [2.0, float("inf")], ids=["l2", "inf"])
+def test_clip_grad_norm_like_clipping_the_whole_batch(whole, make_opt, norm_type):
+    """synchronize(), clip_grad_norm_(), step() in skip_synchronize(): the weights and
+    norms of one process clipping its gradients on the whole batch."""
+    results, norms = [], []
+    for sharded in (False, True):
+        model = make_big_model()
+        opt = make_opt(model.parameters())
+        if sharded:
+            opt = hvd.DistributedOptimizer(
+                opt, named_parameters=model.named_parameters(), shard_optimizer_state=True
+            )
+            opt._reduce_whole = whole
+        for step in range(5):
+            opt.zero_grad()
+            x, y = batch(step)
+            if sharded:
+                x, y = mine(x), mine(y)
+            F.mse_loss(model[3](model[2](model[1](model[0](x)))), 10 * y).backward()
+            if sharded:
+                opt.synchronize()
+                norms.append(opt.clip_grad_norm_(0.5, norm_type=norm_type))
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
+                norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, norm_type))
+                opt.step()
+        results.append(model)
+    same_weights(results[1], results[0])
+    for got, ref in zip(norms[5:], norms[:5]):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    assert max(norms[:5]) > 0.5  # the clipping did something
+
+
+def test_clip_grad_norm_before_synchronize_is_refused_with_the_fix():
+    model = make_big_model()
+    opt = hvd.DistributedOptimizer(
+        sgd(model.parameters()),
+        named_parameters=model.named_parameters(),
+        shard_optimizer_state=True,
+    )
+    with pytest.raises(RuntimeError, match=r"call optimizer.synchronize\(\) first"):
+        opt.clip_grad_norm_(1.0)
