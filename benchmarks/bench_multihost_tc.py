@@ -9,8 +9,10 @@ host) from h1: ranks on one host share memory, ranks on different hosts talk ove
 shaped links (both of each host's networks are shaped: MPI may pick either).  Jobs
 alternate between the flat setting and ``HVDLITE_HIERARCHICAL_ALLREDUCE=1`` /
 ``HVDLITE_HIERARCHICAL_ALLGATHER=1``.
-Each job times allreduce of 4 MB and 64 MB, allgather of 16 MB per rank and a torch
-training step (an MLP with 16 MB of gradients, ``DistributedOptimizer``): the median
+Each job times allreduce of 4 MB and 64 MB, allgather of 16 MB per rank and torch
+training steps (an MLP with 16 MB of gradients, ``DistributedOptimizer`` over SGD, and
+over AdamW unsharded and with ``shard_optimizer_state=True``, whose ratio is printed
+after the table for the flat and the hierarchical jobs): the median
 over iterations of the slowest rank.  The bytes h2 received on its link during each
 case are counted, so the table shows the measured cross-host bytes beside the times.
 Then one ``hvdrun --autotune`` job trains the same MLP with hierarchical allreduce
@@ -34,12 +36,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 RESULT = "BENCH-RESULT "
-CASES = (("allreduce", 4), ("allreduce", 64), ("allgather", 16), ("torch step", 16))
+CASES = (
+    ("allreduce", 4),
+    ("allreduce", 64),
+    ("allgather", 16),
+    ("torch step", 16),
+    ("AdamW step", 16),
+    ("AdamW sharded", 16),
+)
 WIDTH, LAYERS, BATCH = 1024, 4, 32  # the MLP: 4 x 1024 x 1024 weights, 16 MB of gradients
 
 
-def _torch_step():
-    """A training step of the MLP with DistributedOptimizer (a closure to time)."""
+def _torch_step(adamw: bool = False, sharded: bool = False):
+    """A training step of the MLP with DistributedOptimizer (a closure to time):
+    SGD, or AdamW with its state unsharded or sharded over the ranks."""
     import torch
 
     import hvdlite.torch as hvd_torch
@@ -50,8 +60,12 @@ def _torch_step():
     for _ in range(LAYERS):
         layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers[:-1])
+    if adamw:
+        inner = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    else:
+        inner = torch.optim.SGD(model.parameters(), lr=1e-3)
     opt = hvd_torch.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=1e-3), named_parameters=model.named_parameters()
+        inner, named_parameters=model.named_parameters(), shard_optimizer_state=sharded
     )
     x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
 
@@ -87,8 +101,10 @@ def worker(iters: int) -> None:
             fn = lambda x=x, mb=mb: hvd.allreduce(x, op=hvd.Sum, name=f"b.ar.{mb}")  # noqa: E731
         elif kind == "allgather":
             fn = lambda x=x, mb=mb: hvd.allgather(x, name=f"b.ag.{mb}")  # noqa: E731
-        else:
+        elif kind == "torch step":
             fn = _torch_step()
+        else:
+            fn = _torch_step(adamw=True, sharded=kind.endswith("sharded"))
         fn()
         times = []
         comm.Barrier()
@@ -262,6 +278,13 @@ def main(argv=None) -> int:
         f"{'bytes into h2, a job':22s}{hier_bytes / 2**20:12.0f}MB{flat_bytes / 2**20:10.0f}MB"
         f"{hier_bytes / flat_bytes:8.2f}  (the cross-host bytes the hierarchical path saves)"
     )
+    for hierarchical, label in ((False, "flat"), (True, "hierarchical")):
+        plain = min(r[0]["AdamW step 16 MB"][0] for r in runs[hierarchical])
+        sharded = min(r[0]["AdamW sharded 16 MB"][0] for r in runs[hierarchical])
+        print(
+            f"AdamW step, shard_optimizer_state=True vs unsharded ({label} jobs): "
+            f"{sharded * 1e3:.1f} ms vs {plain * 1e3:.1f} ms = {sharded / plain:.2f}x"
+        )
     flat_step = min(r[0]["torch step 16 MB"][0] for r in runs[False])
     print(
         f"hvdrun --autotune, {args.autotune_steps} torch steps: kept "
