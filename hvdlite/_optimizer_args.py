@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 
-__all__ = ["normalize_groups", "split_groups", "local_layer_list", "identities"]
+__all__ = ["normalize_groups", "split_groups", "local_layer_list", "identities", "refuse_sharding"]
 
 
 def normalize_groups(num_groups, groups):
@@ -105,3 +105,35 @@ def reduction_scales(op, gradient_predivide_factor: float) -> tuple[float, float
     if op == Average:
         return 1.0 / gradient_predivide_factor, gradient_predivide_factor
     return 1.0, 1.0
+
+
+#: Why each non-torch optimizer has no ``shard_optimizer_state`` (README: "Sharded
+#: optimizer state").
+_NO_SHARDING = {
+    "keras": (
+        "a Keras optimizer builds its state for every variable it is given and updates "
+        "them all in one compiled train step, so a sharded one needs an optimizer built "
+        "over this rank's variables plus an allgather inside that step, which hvdlite "
+        "does not have yet"
+    ),
+    "tensorflow": (
+        "a tf.compat.v1 optimizer creates its slots for every variable it applies, inside "
+        "the graph, and hvdlite has no sharded wrapper for it"
+    ),
+    "optax": (
+        "an optax transformation's state is one pytree over all parameters, updated in "
+        "one call, and hvdlite has no sharded wrapper for it yet"
+    ),
+}
+
+
+def refuse_sharding(framework: str, shard_optimizer_state: bool) -> None:
+    """NotImplementedError naming the fix when *shard_optimizer_state* is asked of an
+    optimizer other than torch's (every rank raises it, before any collective)."""
+    if shard_optimizer_state:
+        raise NotImplementedError(
+            f"shard_optimizer_state=True is supported for torch optimizers only: "
+            f"{_NO_SHARDING[framework]}. Drop the argument (every rank then keeps the "
+            "whole optimizer state), or train with PyTorch: "
+            "hvdlite.torch.DistributedOptimizer(opt, shard_optimizer_state=True)."
+        )

@@ -105,3 +105,13 @@ def test_compression_casts_wide_floats_only():
         assert sent is untouched and Compression.fp16.decompress(sent, ctx) is untouched
     sent, ctx = Compression.none.compress(x)
     assert sent is x and Compression.none.decompress(sent, ctx) is x
+
+
+def test_sharding_is_refused_for_optax_naming_why():
+    pytest.importorskip("optax")
+    import optax
+
+    import hvdlite
+
+    with pytest.raises(NotImplementedError, match="optax transformation's state is one pytree"):
+        hvdlite.DistributedOptimizer(optax.adam(0.1), shard_optimizer_state=True)

@@ -341,3 +341,15 @@ def test_one_process_job_runs_plainly():
         [sys.executable, "-c", ONE_PROCESS], capture_output=True, text=True, timeout=180, env=env
     )
     assert out.returncode == 0 and "one-process ok" in out.stdout, out.stderr[-3000:]
+
+
+def test_sharding_is_refused_for_keras_and_tf1_optimizers_naming_why():
+    """shard_optimizer_state is torch's: the Keras and TF1 wrappers refuse it, saying
+    why and what to do, before any collective (so every rank raises it alike)."""
+    with pytest.raises(NotImplementedError, match="builds its state for every variable"):
+        hk.DistributedOptimizer(keras.optimizers.Adam(0.1), shard_optimizer_state=True)
+    with pytest.raises(NotImplementedError, match="Drop the argument"):
+        hvd.DistributedOptimizer(keras.optimizers.Adam(0.1), shard_optimizer_state=True)
+    legacy = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    with pytest.raises(NotImplementedError, match="tf.compat.v1 optimizer creates its slots"):
+        hvd.DistributedOptimizer(legacy, shard_optimizer_state=True)

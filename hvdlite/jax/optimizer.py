@@ -18,6 +18,7 @@ import itertools
 
 import optax
 
+from hvdlite._optimizer_args import refuse_sharding
 from hvdlite.exceptions import ArgumentError
 from hvdlite.ops import Average, ReduceOp, Sum, resolve_op
 from hvdlite.process_sets import ProcessSet, global_process_set
@@ -38,6 +39,7 @@ def DistributedOptimizer(
     gradient_predivide_factor: float = 1.0,
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
+    shard_optimizer_state: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
     """Wrap the optax ``GradientTransformation`` *optimizer* so that its
     ``update`` first reduces the gradient pytree across the ranks.
@@ -56,12 +58,14 @@ def DistributedOptimizer(
         name: the collective's name; by default ``DistributedOptimizer.<k>``, k
             counting the DistributedOptimizers this process has built.
         process_set: the ranks that reduce together.
+        shard_optimizer_state: True is refused, naming why (torch only).
 
     Returns:
         An ``optax.GradientTransformationExtraArgs``: ``init(params)`` is the
         wrapped one's; ``update(grads, state, params=None, **extra)`` reduces
         *grads*, then updates.  Every rank ends with the same updates.
     """
+    refuse_sharding("optax", shard_optimizer_state)
     if not (
         callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))
     ):

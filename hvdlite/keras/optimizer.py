@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import keras
 
-from .._optimizer_args import local_layer_list, normalize_groups
+from .._optimizer_args import local_layer_list, normalize_groups, refuse_sharding
 from .._subclass import with_mixin
 from ..ops import Average, Sum
 from ..process_sets import global_process_set
@@ -222,6 +222,7 @@ def DistributedOptimizer(
     groups=None,
     process_set=global_process_set,
     scale_local_gradients=True,
+    shard_optimizer_state=False,
 ):
     """An optimizer like ``optimizer`` (same class, same config) that reduces
     gradients across ranks before applying them.
@@ -232,8 +233,10 @@ def DistributedOptimizer(
     (Average only), ``op`` (Average or Sum), ``backward_passes_per_step``,
     ``average_aggregated_gradients``, ``groups`` (int or lists of variables;
     ``num_groups`` is its deprecated spelling), ``process_set``,
-    ``scale_local_gradients``.  ``device_*`` are accepted and ignored.
+    ``scale_local_gradients``.  ``device_*`` are accepted and ignored;
+    ``shard_optimizer_state=True`` is refused, naming why (torch only).
     """
+    refuse_sharding("keras", shard_optimizer_state)
     groups = normalize_groups(num_groups, groups)
     return make_distributed(
         optimizer,

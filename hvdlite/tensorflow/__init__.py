@@ -154,6 +154,7 @@ def DistributedOptimizer(
     groups=None,
     process_set=global_process_set,
     scale_local_gradients=True,
+    shard_optimizer_state=False,
 ):
     """Horovod's ``hvd.DistributedOptimizer`` for TensorFlow.
 
@@ -161,11 +162,15 @@ def DistributedOptimizer(
     ``compute_gradients`` / ``apply_gradients``) is wrapped by
     :class:`~hvdlite.tensorflow.legacy.DistributedLegacyOptimizer`; a Keras 3
     optimizer by :func:`hvdlite.tensorflow.keras.DistributedOptimizer` (same
-    arguments).  Anything else raises ValueError.
+    arguments).  Anything else raises ValueError.  ``shard_optimizer_state=True``
+    is refused for both, naming why (torch only).
     """
     import tensorflow as tf
 
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        from .._optimizer_args import refuse_sharding
+
+        refuse_sharding("tensorflow", shard_optimizer_state)
         from .gradient_reduction import normalize_groups
         from .legacy import make_legacy_distributed
 
@@ -202,6 +207,7 @@ def DistributedOptimizer(
             groups=groups,
             process_set=process_set,
             scale_local_gradients=scale_local_gradients,
+            shard_optimizer_state=shard_optimizer_state,
         )
     raise ValueError(
         "Provided optimizer doesn't inherit from either legacy TensorFlow or Keras optimizer: "
