@@ -95,6 +95,7 @@ from hvdlite.torch.reducers import (
     GradientReducer,
     ReductionContext,
 )
+from hvdlite.torch.sharded_amp import ShardedGradScaler
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
 from hvdlite.torch import elastic  # noqa: E402 - hvd.elastic.TorchState, as in Horovod
 
@@ -113,6 +114,7 @@ __all__ = [
     # training helpers
     "Compression",
     "DistributedOptimizer",
+    "ShardedGradScaler",
     "broadcast_parameters",
     "broadcast_optimizer_state",
     "broadcast_object",

@@ -76,6 +76,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
     parameters, or whole ones: ``ownership``).
     """
 
+    #: torch.amp.GradScaler then hands step() its scale instead of unscaling the
+    #: (absent) gradients of ``param_groups`` itself: step() refuses that, naming
+    #: :class:`~hvdlite.torch.sharded_amp.ShardedGradScaler`.
+    _step_supports_amp_scaling = True
+
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
@@ -279,6 +284,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        if hasattr(self, "found_inf"):  # set by a plain torch.amp.GradScaler
+            raise RuntimeError(
+                "a torch.amp.GradScaler cannot see a sharded optimizer's gradients (each "
+                "rank holds its part, on optimizer.local): use hvdlite.torch.ShardedGradScaler "
+                "in its place, with the same arguments."
+            )
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -96,3 +96,43 @@ def test_consolidated_state_loads_into_the_plain_optimizer(torch):
         plain.load_state_dict(opt.state_dict())
         steps = {int(s["step"]) for s in plain.state_dict()["state"].values()}
         assert steps == {STEPS}
+
+
+def _amp_train(torch, sharded):
+    """float16 autocast with a GradScaler whose first scales overflow: the sharded
+    optimizer with hvd.ShardedGradScaler, or the unsharded DistributedOptimizer in
+    Horovod's flow (synchronize, unscale_, step in skip_synchronize) with torch's."""
+    model = _model(torch)
+    opt = hvd.DistributedOptimizer(
+        _adamw(model, torch),
+        named_parameters=model.named_parameters(),
+        shard_optimizer_state=sharded,
+    )
+    kind = hvd.ShardedGradScaler if sharded else torch.amp.GradScaler
+    scaler = kind("cuda", init_scale=2.0**24, growth_interval=3)
+    scales = []
+    for step in range(STEPS):
+        x, y, per_rank = _batch(torch, step)
+        mine = slice(hvd.rank() * per_rank, (hvd.rank() + 1) * per_rank)
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.mse_loss(model(x[mine]), 100 * y[mine])
+        scaler.scale(loss).backward()
+        if sharded:
+            scaler.step(opt)
+        else:
+            opt.synchronize()
+            scaler.unscale_(opt)
+            with opt.skip_synchronize():
+                scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return model, scales
+
+
+def test_sharded_grad_scaler_under_autocast_matches_the_unsharded_flow(torch):
+    ref, ref_scales = _amp_train(torch, sharded=False)
+    got, scales = _amp_train(torch, sharded=True)
+    assert scales == ref_scales and min(scales) < 2.0**24  # skipped the same steps
+    for (name, p), q in zip(got.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-4, msg=name)

@@ -432,3 +432,87 @@ def test_clip_grad_norm_before_synchronize_is_refused_with_the_fix():
     )
     with pytest.raises(RuntimeError, match=r"call optimizer.synchronize\(\) first"):
         opt.clip_grad_norm_(1.0)
+
+
+def _amp_run(sharded: bool, steps: int):
+    """Train with a GradScaler whose first scale overflows float32 gradients: the
+    sharded optimizer with hvd.ShardedGradScaler, or Horovod's documented unsharded
+    flow (synchronize, unscale_, step inside skip_synchronize) with torch's scaler.
+    """
+    model = make_big_model()
+    opt = hvd.DistributedOptimizer(
+        adam(model.parameters()),
+        named_parameters=model.named_parameters(),
+        shard_optimizer_state=sharded,
+    )
+    kind = hvd.ShardedGradScaler if sharded else torch.amp.GradScaler
+    scaler = kind("cpu", init_scale=2.0**127, growth_interval=2)
+    scales = []
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = batch(step)
+        x, y = mine(x), 100 * mine(y)  # gradients near 100: 2**127 times that overflows
+        loss = F.mse_loss(model[3](model[2](model[1](model[0](x)))), y)
+        scaler.scale(loss).backward()
+        if sharded:
+            scaler.step(opt)
+        else:
+            opt.synchronize()
+            scaler.unscale_(opt)
+            with opt.skip_synchronize():
+                scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return model, scales
+
+
+def test_sharded_grad_scaler_steps_and_skips_like_the_unsharded_flow():
+    ref, ref_scales = _amp_run(sharded=False, steps=12)
+    got, scales = _amp_run(sharded=True, steps=12)
+    assert scales == ref_scales  # the same steps skipped (overflow), then grown
+    assert scales[0] < 2.0**127 and max(scales[6:]) > min(scales), scales
+    same_weights(got, ref)
+
+
+def test_an_overflow_in_one_ranks_part_skips_the_step_on_every_rank():
+    """An inf in the last rank's part of the reduced gradients only: every rank skips
+    the step and backs the scale off (one rank stepping alone would split the model)."""
+    model = make_big_model()
+    opt = hvd.DistributedOptimizer(
+        adam(model.parameters()),
+        named_parameters=model.named_parameters(),
+        shard_optimizer_state=True,
+    )
+    scaler = hvd.ShardedGradScaler("cpu", init_scale=1024.0)
+    for step in range(3):
+        opt.zero_grad()
+        x, y = batch(step)
+        loss = F.mse_loss(model[3](model[2](model[1](model[0](mine(x))))), mine(y))
+        scaler.scale(loss).backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.synchronize()
+        if step == 1 and R == N - 1:
+            grads = [p.grad for g in opt.local.param_groups for p in g["params"]]
+            next(g for g in grads if g is not None).view(-1)[0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        assert unchanged == (step == 1), step
+        assert scaler.get_scale() == (512.0 if step >= 1 else 1024.0)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    for other in hvd.allgather_object(flat):
+        assert torch.equal(other, flat)
+
+
+def test_torch_grad_scaler_on_a_sharded_optimizer_names_the_sharded_scaler():
+    model = make_big_model()
+    opt = hvd.DistributedOptimizer(
+        adam(model.parameters()),
+        named_parameters=model.named_parameters(),
+        shard_optimizer_state=True,
+    )
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = batch(0)
+    scaler.scale(F.mse_loss(model[3](model[2](model[1](model[0](mine(x))))), mine(y))).backward()
+    with pytest.raises(RuntimeError, match="use hvdlite.torch.ShardedGradScaler"):
+        scaler.step(opt)
