@@ -434,7 +434,7 @@ def test_clip_grad_norm_before_synchronize_is_refused_with_the_fix():
         opt.clip_grad_norm_(1.0)
 
 
-def _amp_run(sharded: bool, steps: int):
+def _amp_run(sharded: bool, steps: int, clip: float | None = None):
     """Train with a GradScaler whose first scale overflows float32 gradients: the
     sharded optimizer with hvd.ShardedGradScaler, or Horovod's documented unsharded
     flow (synchronize, unscale_, step inside skip_synchronize) with torch's scaler.
@@ -455,10 +455,15 @@ def _amp_run(sharded: bool, steps: int):
         loss = F.mse_loss(model[3](model[2](model[1](model[0](x)))), y)
         scaler.scale(loss).backward()
         if sharded:
+            if clip is not None:  # unscale_ reduces; clip by the whole model's norm
+                scaler.unscale_(opt)
+                opt.clip_grad_norm_(clip)
             scaler.step(opt)
         else:
             opt.synchronize()
             scaler.unscale_(opt)
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             with opt.skip_synchronize():
                 scaler.step(opt)
         scaler.update()
@@ -471,6 +476,14 @@ def test_sharded_grad_scaler_steps_and_skips_like_the_unsharded_flow():
     got, scales = _amp_run(sharded=True, steps=12)
     assert scales == ref_scales  # the same steps skipped (overflow), then grown
     assert scales[0] < 2.0**127 and max(scales[6:]) > min(scales), scales
+    same_weights(got, ref)
+
+
+def test_sharded_grad_scaler_with_clipping_like_the_unsharded_flow():
+    """unscale_(), clip_grad_norm_(), step(): torch's AMP clipping recipe, sharded."""
+    ref, ref_scales = _amp_run(sharded=False, steps=10, clip=1.0)
+    got, scales = _amp_run(sharded=True, steps=10, clip=1.0)
+    assert scales == ref_scales
     same_weights(got, ref)
 
 
