@@ -12,7 +12,6 @@ says so and exits 0.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 
@@ -20,13 +19,7 @@ import bench_gpu as bg
 
 
 def _median_ms(fns, reps: int = 30) -> list[float]:
-    times = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, out in zip(fns, times):
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-    return [statistics.median(t) * 1e3 for t in times]
+    return [t * 1e3 for t in bg._alternating(fns, reps)]
 
 
 def main() -> int:

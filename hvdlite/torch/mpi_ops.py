@@ -148,7 +148,9 @@ def _allreduce(
     returns *returned* (the user's tensor(s) for in-place ops)."""
     if not grouped and not _widened(sources[0]):  # the lean, common case
         src, out = sources[0], outputs[0]
-        arr = _array(src)
+        # In place on a CUDA tensor: its view made once per tensor (the handle holds
+        # *returned*, the caller's tensor, until the collective completes).
+        arr = _device.held_view(returned) if out is src and src.is_cuda else _array(src)
         handle = _collectives.allreduce_async(
             arr,
             average,
@@ -285,20 +287,6 @@ def allreduce_async_(
         reduction (float16 and bfloat16 are copied back by that call, so read
         *tensor* only after it).
     """
-    if tensor.__class__ is torch.Tensor and tensor.is_cuda:
-        views = _cuda_views([tensor])
-        if views is not None:  # its held view: the handle holds *tensor* till it completes
-            handle = _collectives.allreduce_async(
-                views[0],
-                average,
-                _named("allreduce", name),
-                op,
-                prescale_factor,
-                postscale_factor,
-                process_set,
-                output=views[0],
-            )
-            return _attach(handle, lambda _result: tensor)
     dst = _target(tensor, "allreduce_async_")
     return _allreduce(
         [dst],

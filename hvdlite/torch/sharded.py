@@ -255,18 +255,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
         norm_type = float(norm_type)
         grads = [p.grad for group in self.local.param_groups for p in group["params"]]
         grads = [g for g in grads if g is not None]
+        infinite = norm_type == float("inf")
         part = torch.zeros(1, dtype=torch.float64)
-        if norm_type == float("inf"):
-            op = Max
-            if grads:
-                part[0] = torch.stack([g.abs().max().double() for g in grads]).max().cpu()
-        else:
-            op = Sum
-            if grads:
-                powers = [g.double().abs().pow(norm_type).sum() for g in grads]
-                part[0] = torch.stack(powers).sum().cpu()
-        total = _ops.allreduce(part, op=op, name="sharded.grad_norm", process_set=self._process_set)
-        norm = total[0] if norm_type == float("inf") else total[0] ** (1.0 / norm_type)
+        if grads:  # this rank's part of the norm: its max, or its sum of powers
+            norms = torch.stack(
+                [torch.linalg.vector_norm(g, norm_type, dtype=torch.float64) for g in grads]
+            )
+            part[0] = (norms.max() if infinite else norms.pow(norm_type).sum()).cpu()
+        total = _ops.allreduce(
+            part,
+            op=Max if infinite else Sum,
+            name="sharded.grad_norm",
+            process_set=self._process_set,
+        )
+        norm = total[0] if infinite else total[0] ** (1.0 / norm_type)
         scale = float(max_norm) / (float(norm) + 1e-6)
         if scale < 1.0:
             for g in grads:

@@ -82,6 +82,15 @@ def train(make_opt, steps, sharded, model=None, opt=None, start=0, whole=None, *
     return model, opt
 
 
+def same_adam_state(state, ref_state):
+    """A consolidated Adam(W) state_dict against the plain optimizer's."""
+    assert state["param_groups"] == ref_state["param_groups"]
+    assert state["state"].keys() == ref_state["state"].keys()
+    for k, v in ref_state["state"].items():
+        for name in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(state["state"][k][name], v[name], rtol=1e-5, atol=1e-6)
+
+
 def same_weights(a, b, tol=1e-5):
     for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=tol, atol=tol, msg=name)
@@ -153,11 +162,7 @@ def test_consolidated_state_loads_into_the_plain_optimizer():
         state = opt.state_dict()
         ref_model, ref_opt = train(adam, 3, sharded=False)
         ref_state = ref_opt.state_dict()
-        assert state["param_groups"] == ref_state["param_groups"]
-        assert state["state"].keys() == ref_state["state"].keys()
-        for k, v in ref_state["state"].items():
-            for name in ("exp_avg", "exp_avg_sq"):
-                torch.testing.assert_close(state["state"][k][name], v[name], rtol=1e-5, atol=1e-6)
+        same_adam_state(state, ref_state)
         plain = torch.optim.Adam(model.parameters(), lr=0.01)
         plain.load_state_dict(state)
     else:
@@ -347,11 +352,8 @@ def test_checkpoint_round_trip_through_the_plain_optimizer(whole):
     opt.consolidate_state_dict(to=None)
     state = opt.state_dict()
     ref_state = ref_opt.state_dict()
-    assert state["param_groups"] == ref_state["param_groups"]
-    assert state["state"].keys() == ref_state["state"].keys()
-    for k, v in ref_state["state"].items():
-        for name in ("exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(state["state"][k][name], v[name], rtol=1e-5, atol=1e-6)
+    same_adam_state(state, ref_state)
+    for k in ref_state["state"]:
         assert int(state["state"][k]["step"]) == 3
     # into a sharded optimizer with other buckets (other slices), then on together
     again = make_big_model()
