@@ -61,6 +61,12 @@ def test_mpich_with_ucx_and_ofi_runs_jobs_across_hosts_on_ofi():
     assert "MPIR_CVAR_CH4_NETMOD" not in _genv(_plan(["-np", "2", PY]))
     chosen = _plan(["-H", "n1:1,n2:1", PY], MPIR_CVAR_CH4_NETMOD="ucx")
     assert "MPIR_CVAR_CH4_NETMOD" not in _genv(chosen)  # the user's choice stays
+    # libfabric's sockets provider, its first choice on plain Ethernet, now and then
+    # never connects the ranks of different hosts: left out across hosts only.
+    assert _genv(across)["FI_PROVIDER"] == "^sockets"
+    assert "FI_PROVIDER" not in _genv(_plan(["-np", "2", PY]))
+    mine = _plan(["-H", "n1:1,n2:1", PY], FI_PROVIDER="verbs")
+    assert "FI_PROVIDER" not in _genv(mine)
     nics = _genv(_plan(["-H", "n1:1,n2:1", "--network-interface", "eth1,eth2", PY]))
     assert (nics["FI_TCP_IFACE"], nics["FI_SOCKETS_IFACE"], nics["UCX_NET_DEVICES"]) == (
         "eth1",

@@ -218,6 +218,13 @@ def _mpich_environment(
       messages received with ``MPI_ANY_SOURCE`` (seen with MPICH 5.0.2: the
       message stays unmatched, the receive never completes).  A job with other
       hosts therefore runs on OFI (``MPIR_CVAR_CH4_NETMOD=ofi``).
+    - On OFI, libfabric ranks the deprecated ``sockets`` provider first where no
+      fabric is faster (plain Ethernet), and that provider now and then never
+      finishes connecting the ranks of different hosts: every rank spins in
+      ``MPI_Init`` (seen in about one 3-host start in ten with MPICH 5.0.2; MPICH's
+      developers advise its ``tcp`` provider instead).  A job with other hosts
+      therefore leaves it out (``FI_PROVIDER=^sockets``): libfabric then takes
+      ``tcp``, or a real fabric (verbs, EFA, CXI, PSM3) where there is one.
     - Hydra's ``-iface`` moves only its own connections; the network modules
       choose their interfaces themselves: libfabric's tcp and sockets providers
       from ``FI_TCP_IFACE``/``FI_SOCKETS_IFACE``, UCX from ``UCX_NET_DEVICES``
@@ -230,6 +237,8 @@ def _mpich_environment(
     wanted = {}
     if other_hosts and {"ucx", "ofi"} <= set(mpi.netmods):
         wanted["MPIR_CVAR_CH4_NETMOD"] = "ofi"
+    if other_hosts and "ofi" in mpi.netmods:
+        wanted["FI_PROVIDER"] = "^sockets"
     if nics:
         wanted.update(
             FI_TCP_IFACE=nics[0], FI_SOCKETS_IFACE=nics[0], UCX_NET_DEVICES=",".join(nics)
