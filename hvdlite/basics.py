@@ -15,6 +15,7 @@ import sys
 import threading
 
 from . import config as _config
+from . import start_report
 from .engine import runtime
 from .device.selection import agree as agree_device_choice
 from .device.capabilities import cuda_available, nccl_version
@@ -144,6 +145,9 @@ def _import_mpi(cfg):
     did not do it either gets MPI initialized here, as Horovod does, and
     finalized at exit after hvdlite has shut down.
     """
+    loaded = sys.modules.get("mpi4py.MPI")
+    if loaded is None or not loaded.Is_initialized():
+        start_report.begin()  # hvdrun's --start-timeout now watches for ready()
     try:
         prepare_mpi_import(cfg)
         from mpi4py import MPI
@@ -161,6 +165,7 @@ def _import_mpi(cfg):
     if not MPI.Is_initialized():
         MPI.Init_thread(MPI.THREAD_SERIALIZED if cfg.mpi_threads_disable else MPI.THREAD_MULTIPLE)
         atexit.register(_finalize_mpi, MPI)  # runs after the shutdown registered later
+    start_report.ready()
     return MPI
 
 

@@ -28,7 +28,15 @@ from pathlib import Path
 
 import pytest
 from helpers_runner import slurm_cluster
-from helpers_runner.common import HELPERS, ROOT, clean_env, hvdrun_cmd, processes_with, run
+from helpers_runner.common import (
+    HELPERS,
+    ROOT,
+    clean_env,
+    gone_within,
+    hvdrun_cmd,
+    processes_with,
+    run,
+)
 from helpers_runner.netns_hosts import ALT_PORT, DATA_IFACE, DOWN_HOST, MGMT_IFACE, netns_hosts
 from helpers_runner.slurm_two_nodes import TwoNodeCluster
 
@@ -361,6 +369,33 @@ def test_unreachable_host_is_an_error_before_any_rank_starts(netns_hosts, tmp_pa
     assert not re.search(r"^  h2:", result.stderr, re.M), result.output
     assert not started.exists()
     assert result.seconds < 40, result.seconds
+
+
+# Stops itself (SIGSTOP, never continued: a node that hangs) on the host named by
+# STOP_HOST before hvdlite.init(); elsewhere starts MPI through hvdlite.init().
+_FREEZE_ON_ONE_HOST = (
+    "import os, signal, socket\n"
+    "if socket.gethostname() == os.environ['STOP_HOST']:\n"
+    "    os.kill(os.getpid(), signal.SIGSTOP)\n"
+    "import hvdlite as hvd\n"
+    "hvd.init()\n"
+    "print('rank', hvd.rank(), 'up', flush=True)\n"
+)
+
+
+@pytest.mark.timeout(120)
+def test_launch_that_cannot_start_fails_in_the_start_timeout_naming_the_silent_host(netns_hosts):
+    marker = f"MULTIHOST_TEST_MARKER={uuid.uuid4().hex}"
+    name, value = marker.split("=")
+    env = _env("mpich", STOP_HOST="h3", **{name: value})
+    args = ("-np", "6", "-H", "h1:2,h2:2,h3:2", "--start-timeout", "10")
+    result = _hvdrun_on_h1(netns_hosts, *args, sys.executable, "-c", _FREEZE_ON_ONE_HOST, env=env)
+    assert result.returncode == 1, result.output
+    assert "MPI did not start on every rank within 10 s (--start-timeout)" in result.stderr
+    assert "never began to start MPI: ranks 4, 5 on h3\n" in result.stderr, result.output
+    assert "hosts that did not answer: h3; stopped the job" in result.stderr, result.output
+    assert result.seconds < 40, result.seconds  # 10 s, then at most the stop's grace
+    assert gone_within(marker, 20), "ranks outlived the job"
 
 
 # -- SLURM with two compute nodes ---------------------------------------------------------

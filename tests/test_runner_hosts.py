@@ -10,6 +10,7 @@ from hvdlite.runner.hosts import (
     format_hosts,
     parse_hostfile,
     parse_hosts,
+    rank_hosts,
     read_hostfile,
     total_slots,
     used_hosts,
@@ -81,6 +82,12 @@ def test_used_hosts_fills_in_order():
     hosts = [Host("a", 2), Host("b", 2), Host("c", 2)]
     assert used_hosts(hosts, 3) == [Host("a", 2), Host("b", 1)]
     assert used_hosts(hosts, 6) == hosts
+
+
+def test_rank_hosts_places_ranks_as_the_launchers_do():
+    hosts = [Host("a", 1), Host("b", 1), Host("c", 2)]
+    assert rank_hosts(hosts) == {0: "a", 1: "b", 2: "c", 3: "c"}
+    assert rank_hosts(hosts, 3) == {0: "a", 1: "b", 2: "c"}
 
 
 def test_all_local():

@@ -7,6 +7,7 @@ hvdlite engine.  Time limits are generous: other MPI jobs may share the cores.
 import io
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -349,6 +350,45 @@ def test_start_timeout_stops_a_launcher_that_starts_nothing(tmp_path):
     assert "only 0 of 2 ranks started within 2 s" in result.stderr
     assert result.seconds < QUICK
     assert not processes_with(marker)
+
+
+# A rank program that starts MPI through hvdlite.init(), after *delay* seconds; the
+# rank named by STOP_RANK stops itself (SIGSTOP, never continued: a hung node) first.
+_LATE_INIT = (
+    "import os, signal, socket, sys, time\n"
+    "rank = os.environ['PMI_RANK']\n"
+    "if rank == os.environ.get('STOP_RANK'):\n"
+    "    os.kill(os.getpid(), signal.SIGSTOP)\n"
+    "time.sleep(float(sys.argv[1]))\n"
+    "import hvdlite as hvd\n"
+    "hvd.init()\n"
+    "print('rank', hvd.rank(), 'on', socket.gethostname(), 'up', flush=True)\n"
+)
+
+
+@pytest.mark.timeout(120)
+def test_start_timeout_names_the_rank_whose_mpi_start_never_began():
+    marker = f"hvdrun-test-{uuid.uuid4().hex}"
+    env = clean_env(STOP_RANK="1", HVDLITE_TEST_MARKER=marker)
+    result = hvdrun("-np", "3", "--start-timeout", "3", PY, "-c", _LATE_INIT, "0", env=env)
+    host = socket.gethostname()
+    assert result.returncode == 1, result.output
+    assert "MPI did not start on every rank within 3 s (--start-timeout)" in result.stderr
+    assert f"never began to start MPI: rank 1 on {host}\n" in result.stderr, result.output
+    assert f"hosts that did not answer: {host}; stopped the job" in result.stderr
+    assert result.seconds < QUICK, result.seconds
+    assert gone_within(marker, 15), "a rank outlived the job"
+
+
+@pytest.mark.timeout(120)
+def test_start_timeout_counts_from_the_first_init_not_from_the_launch():
+    # Ranks that reach hvdlite.init() later than --start-timeout after the launch, or
+    # programs that never call it, are not a start that hangs.
+    late = hvdrun("-np", "2", "--start-timeout", "1", PY, "-c", _LATE_INIT, "3")
+    assert late.returncode == 0, late.output
+    assert late.stdout.count(" up") == 2, late.output
+    plain = hvdrun("-np", "2", "--start-timeout", "1", PY, "-c", "import time; time.sleep(3)")
+    assert plain.returncode == 0, plain.output
 
 
 @pytest.mark.timeout(180)

@@ -257,6 +257,8 @@ _EXIT = {
         json.dumps({**_EXIT, "time": float("inf")}),
         '{"event": "start", "rank": 0, "host": "h", "pid": 1, "size": 0}',
         '{"event": "start", "rank": 0, "host": "h", "size": 1}',
+        '{"event": "mpi-begin", "rank": 0}',
+        '{"event": "mpi-ready", "rank": 0, "host": 5}',
     ],
 )
 def test_protocol_rejects_bad_messages(payload):
@@ -266,5 +268,49 @@ def test_protocol_rejects_bad_messages(payload):
 
 def test_protocol_accepts_what_the_wrapper_writes():
     start = {"event": "start", "rank": 3, "host": "h", "pid": 7, "size": 4}
-    for message in (start, _EXIT, {**_EXIT, "signal": 9, "signame": "SIGKILL", "code": 137}):
+    mpi_begin = {"event": "mpi-begin", "rank": 2, "host": "h"}
+    mpi_ready = {"event": "mpi-ready", "rank": 2, "host": "h"}
+    for message in (
+        start,
+        mpi_begin,
+        mpi_ready,
+        _EXIT,
+        {**_EXIT, "signal": 9, "signame": "SIGKILL", "code": 137},
+    ):
         assert protocol.decode(protocol.encode(message, "tok").decode(), "tok", 4) == message
+
+
+_INIT_CHILD = (
+    "import os, sys, hvdlite.start_report as r; "
+    "assert r.START_FD_VARIABLE == 'HVDLITE_START_FD'; "
+    "fd = os.environ.get('HVDLITE_START_FD'); "
+    "r.begin(); r.ready(); r.ready(); "
+    "print('fd', fd, 'left', os.environ.get('HVDLITE_START_FD'), flush=True)"
+)
+
+
+@pytest.mark.timeout(60)
+def test_start_report_reaches_hvdrun_as_status_lines():
+    # The child's begin/ready words come out as mpi-begin/mpi-ready status lines in
+    # that order, between start and exit; the variable is gone from the child once
+    # used, so nothing it starts writes to that descriptor number.
+    env = clean_env(PMI_RANK="1", PMI_SIZE="2", HVDLITE_JOB_TOKEN="tok")
+    result = run([PY, str(WRAPPER), "--", PY, "-c", _INIT_CHILD], env=env)
+    assert result.returncode == 0, result.output
+    events = [message["event"] for message in _statuses(result.stderr, "tok")]
+    assert events == ["start", "mpi-begin", "mpi-ready", "exit"], result.output
+    fd, left = result.stdout.split()[1::2]
+    assert fd.split(":")[0].isdigit() and left == "None", result.stdout
+
+
+@pytest.mark.timeout(60)
+def test_start_report_without_hvdrun_does_nothing():
+    # No token (not under hvdrun): no pipe and no variable.  A variable naming a
+    # descriptor that is not the wrapper's pipe (here stdout, a pipe too) is ignored,
+    # never written to.
+    plain = run([PY, str(WRAPPER), "--", PY, "-c", _INIT_CHILD], env=clean_env())
+    assert plain.returncode == 0 and plain.stdout.split()[1] == "None", plain.output
+    other = "import hvdlite.start_report as r, os; r.begin(); r.ready(); print('ok')"
+    for value in ("1", "1:1", "1:x", "x", "999:1"):
+        result = run([PY, "-c", other], env=clean_env(HVDLITE_START_FD=value))
+        assert result.returncode == 0 and result.stdout == "ok\n", (value, result.output)

@@ -37,6 +37,7 @@ from .hosts import (
     format_hosts,
     is_local_host,
     parse_hosts,
+    rank_hosts,
     read_hostfile,
     total_slots,
     used_hosts,
@@ -521,4 +522,7 @@ def _run(argv: list[str]) -> int:
         return HOST_CHECK_EXIT
     from .job import run_job
 
-    return run_job(launch.cmd, launch.env, np=launch.np, start_timeout=launch.start_timeout)
+    placed = rank_hosts(launch.hosts, launch.np) if launch.hosts else None
+    return run_job(
+        launch.cmd, launch.env, np=launch.np, start_timeout=launch.start_timeout, placed=placed
+    )

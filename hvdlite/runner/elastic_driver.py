@@ -74,7 +74,7 @@ from .elastic_hosts import (
 )
 from .elastic_settings import DEFAULT_STATE_DIR, ElasticSettings
 from .errors import USAGE_EXIT
-from .hosts import Host, format_hosts, total_slots
+from .hosts import Host, format_hosts, rank_hosts, total_slots
 from .job import JobOutcome, run_job_outcome
 
 __all__ = ["run_elastic", "GiveUp", "new_job_id", "rank_environment"]
@@ -352,7 +352,7 @@ def _loop(
                 out=streams[0],
                 err=streams[1],
                 quiet_codes=(HOSTS_UPDATED_EXIT, STATE_ERROR_EXIT),
-                host_names=_host_names(placement),
+                host_names=rank_hosts(placement),
             )
         finally:
             if watch.is_alive():
@@ -419,16 +419,6 @@ def _loop(
             count = f"restart {restarts}" + (f" of {budget}" if budget is not None else "")
             say(f"{what}: relaunching ({count})")
         generation += 1
-
-
-def _host_names(placement: list[Host]) -> dict[int, str]:
-    """rank -> the name of its host in *placement* (how every message names it)."""
-    names, rank = {}, 0
-    for host in placement:
-        for _ in range(host.slots):
-            names[rank] = host.name
-            rank += 1
-    return names
 
 
 def _check_reset_limit(settings: ElasticSettings, resets: int, what: str, code: int = 1) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "is_local_host",
     "all_local",
     "used_hosts",
+    "rank_hosts",
 ]
 
 # RFC 1123 host names (letters, digits, '-', '.', and '_' which clusters use),
@@ -167,3 +168,17 @@ def used_hosts(hosts: Iterable[Host], np: int) -> list[Host]:
         out.append(Host(host.name, min(host.slots, left)))
         left -= host.slots
     return out
+
+
+def rank_hosts(hosts: Iterable[Host], np: int | None = None) -> dict[int, str]:
+    """rank -> host name when ranks fill *hosts* in order, each host up to its slots
+    (how MPICH's ``-hosts``, Open MPI's ``-H``, Intel MPI's ``-ppn`` and srun place
+    them by default); *np* None places one rank per slot."""
+    names, rank = {}, 0
+    for host in hosts:
+        for _ in range(host.slots):
+            if np is not None and rank >= np:
+                return names
+            names[rank] = host.name
+            rank += 1
+    return names

@@ -23,8 +23,13 @@ Contract of :func:`run_job`:
   lines) and returns its exit code; the output before it is passed on with
   each rank's traceback in one piece and without MPICH's own notice of the
   failure (see :mod:`.output`);
-- if not every rank has started after ``start_timeout`` seconds, the job is
-  stopped and hvdrun returns 1;
+- the start is bounded by ``start_timeout`` seconds twice over: every rank's
+  process must have started that long after the launch, and, once the first
+  rank's ``hvdlite.init()`` began to start MPI (``mpi-begin``), every rank must
+  report MPI up (``mpi-ready``) within that long.  Otherwise the job is stopped,
+  hvdrun names the ranks still missing and their hosts (as *placed*, rank ->
+  host, where no status line named it) and returns 1.  A program that never
+  calls ``hvdlite.init()`` has only the first bound;
 - the return value is 0 when the launcher and all ranks succeeded, 128+N after
   signal N to hvdrun, otherwise non-zero;
 - *quiet_codes* (elastic jobs): exit codes with which every rank leaves together
@@ -56,7 +61,14 @@ from . import lifeline, protocol
 from .output import OutputOrder
 from .report import Failure, exit_code_of, first_failure, format_failure, format_launcher_failure
 
-__all__ = ["run_job", "run_job_outcome", "JobOutcome", "STOP_GRACE_SECONDS", "MAX_PENDING_BYTES"]
+__all__ = [
+    "run_job",
+    "run_job_outcome",
+    "JobOutcome",
+    "format_start_timeout",
+    "STOP_GRACE_SECONDS",
+    "MAX_PENDING_BYTES",
+]
 
 STOP_GRACE_SECONDS = 8.0
 QUIET_GRACE_SECONDS = 30.0
@@ -189,6 +201,7 @@ class _Job:
         signals: list[int],
         quiet_codes: Sequence[int] = (),
         host_names: Mapping[int, str] | None = None,
+        placed: Mapping[int, str] | None = None,
     ) -> None:
         self.proc, self.np, self.start_timeout, self.launcher = proc, np, start_timeout, launcher
         self.err = err
@@ -203,6 +216,14 @@ class _Job:
         self.quiet_exits: dict[int, int] = {}  # rank -> its quiet exit code
         self.quiet_since: float | None = None
         self.host_names = dict(host_names or {})
+        self.placed = dict(placed or {})
+        self.hosts: dict[int, str] = {}  # rank -> host, as its status lines say
+        self.exited: set[int] = set()
+        self.mpi_begun_at: float | None = None  # when the first rank began to start MPI
+        self.mpi_begun: set[int] = set()
+        self.mpi_ready: set[int] = set()
+        self.start_phase: str | None = None  # "process" or "mpi", for a start-timeout
+        self.start_missing: tuple[list[int], list[int]] = ([], [])  # see silent_and_stuck
 
     def say(self, text: str) -> None:
         try:
@@ -233,8 +254,19 @@ class _Job:
         rank = message.get("rank")
         if rank in self.host_names:
             message = {**message, "host": self.host_names[rank]}
-        if message.get("event") == "start" and isinstance(rank, int):
+        event = message.get("event")
+        if isinstance(rank, int) and message.get("host"):
+            self.hosts[rank] = message["host"]
+        if event == "exit":
+            self.exited.add(rank)
+        if event == "start" and isinstance(rank, int):
             self.started.add(rank)
+        elif event == "mpi-begin":
+            self.mpi_begun.add(rank)
+            if self.mpi_begun_at is None:
+                self.mpi_begun_at = time.monotonic()
+        elif event == "mpi-ready":
+            self.mpi_ready.add(rank)
         elif message.get("event") == "exit" and message.get("code") in self.quiet_codes:
             self.quiet_exits[rank] = message["code"]
             if self.quiet_since is None:
@@ -243,6 +275,23 @@ class _Job:
             self.failures.append(Failure.from_message(message))
             if self.reason is None:
                 self.stop("failure")
+
+    def mpi_waiting(self) -> list[int]:
+        """Ranks whose MPI start is still awaited (not ready, not exited)."""
+        return sorted(set(range(self.np)) - self.mpi_ready - self.exited)
+
+    def silent_and_stuck(self) -> tuple[list[int], list[int]]:
+        """The ranks a timed-out start waited for: those never heard from in that
+        phase (no process; no word from hvdlite.init()), and those that began to
+        start MPI but did not finish (often waiting on the silent ones)."""
+        if self.start_phase == "process":
+            return sorted(set(range(self.np)) - self.started), []
+        waiting = self.mpi_waiting()
+        silent = [rank for rank in waiting if rank not in self.mpi_begun]
+        return silent, [rank for rank in waiting if rank in self.mpi_begun]
+
+    def host_of(self, rank: int) -> str | None:
+        return self.host_names.get(rank) or self.hosts.get(rank) or self.placed.get(rank)
 
     def on_tick(self, started_at: float) -> None:
         while self.pending_signals:
@@ -260,12 +309,18 @@ class _Job:
             else:
                 self.kill()
         now = time.monotonic()
-        if (
-            self.reason is None
-            and len(self.started) < self.np
-            and now - started_at > self.start_timeout
-        ):
-            self.stop("start-timeout")
+        if self.reason is None and self.start_phase is None:
+            if len(self.started) < self.np and now - started_at > self.start_timeout:
+                self.start_phase = "process"
+            elif (
+                self.mpi_begun_at is not None
+                and self.mpi_waiting()
+                and now - self.mpi_begun_at > self.start_timeout
+            ):
+                self.start_phase = "mpi"
+            if self.start_phase is not None:
+                self.start_missing = self.silent_and_stuck()  # before the stop's exits
+                self.stop("start-timeout")
         if (
             self.reason is None
             and self.quiet_since is not None
@@ -322,9 +377,12 @@ def run_job(
     start_timeout: float = 30.0,
     out: BinaryIO | None = None,
     err: BinaryIO | None = None,
+    placed: Mapping[int, str] | None = None,
 ) -> int:
     """Run *cmd* (a launcher command whose ranks run the task wrapper); see the module doc."""
-    return run_job_outcome(cmd, env, np=np, start_timeout=start_timeout, out=out, err=err).code
+    return run_job_outcome(
+        cmd, env, np=np, start_timeout=start_timeout, out=out, err=err, placed=placed
+    ).code
 
 
 def run_job_outcome(
@@ -337,6 +395,7 @@ def run_job_outcome(
     err: BinaryIO | None = None,
     quiet_codes: Sequence[int] = (),
     host_names: Mapping[int, str] | None = None,
+    placed: Mapping[int, str] | None = None,
 ) -> JobOutcome:
     """:func:`run_job`, returning a :class:`JobOutcome` (see the module doc)."""
     signals: list[int] = []
@@ -352,6 +411,7 @@ def run_job_outcome(
             signals,
             quiet_codes,
             host_names,
+            placed,
         )
     finally:
         for signum, handler in previous.items():
@@ -368,6 +428,7 @@ def _run(
     signals: list[int],
     quiet_codes: Sequence[int] = (),
     host_names: Mapping[int, str] | None = None,
+    placed: Mapping[int, str] | None = None,
 ) -> JobOutcome:
     token = env.get(protocol.TOKEN_VARIABLE) or protocol.new_token()
     env = {
@@ -380,7 +441,15 @@ def _run(
     started_at, wall_start = time.monotonic(), time.time()
     proc = _launch(cmd, env)
     job = _Job(
-        proc, np, start_timeout, os.path.basename(cmd[0]), err, signals, quiet_codes, host_names
+        proc,
+        np,
+        start_timeout,
+        os.path.basename(cmd[0]),
+        err,
+        signals,
+        quiet_codes,
+        host_names,
+        placed or host_names,
     )
     readers = [
         _Reader("stdout", proc.stdout, out, events, tail, token, np),
@@ -434,11 +503,7 @@ def _conclude(job: _Job, returncode: int, wall_start: float, tail, notices: int 
         job.say(f"hvdrun: stopped all ranks after {signal.Signals(job.signum).name}\n")
         return 128 + job.signum
     if job.reason == "start-timeout":
-        job.say(
-            f"hvdrun: only {len(job.started)} of {job.np} ranks started within "
-            f"{job.start_timeout:g} s (--start-timeout); stopped the job. Check the host "
-            "names, that they are reachable, and the launcher's messages above.\n"
-        )
+        job.say(format_start_timeout(job))
         return 1
     failure = first_failure(job.failures)
     if failure is None and job.quiet_exits:  # left on purpose: the caller says why
@@ -451,3 +516,49 @@ def _conclude(job: _Job, returncode: int, wall_start: float, tail, notices: int 
         job.say(format_launcher_failure(job.launcher, returncode, list(tail), notices))
         return returncode if 0 < returncode < 256 else 1
     return 0
+
+
+def _ranks_by_host(job: _Job, ranks: Sequence[int]) -> dict[str, list[int]]:
+    by_host: dict[str, list[int]] = {}
+    for rank in ranks:
+        by_host.setdefault(job.host_of(rank) or "an unknown host", []).append(rank)
+    return by_host
+
+
+def _where(by_host: Mapping[str, list[int]]) -> str:
+    return "; ".join(
+        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} on {host}"
+        for host, ranks in by_host.items()
+    )
+
+
+def format_start_timeout(job: _Job) -> str:
+    """hvdrun's report of a start that did not finish within --start-timeout: which
+    ranks it waited for, on which hosts (the silent ones named as the hosts that did
+    not answer), and what to check."""
+    silent, stuck = job.start_missing
+    silent_hosts, stuck_hosts = _ranks_by_host(job, silent), _ranks_by_host(job, stuck)
+    if job.start_phase == "process":
+        lines = [
+            f"only {len(job.started)} of {job.np} ranks started within "
+            f"{job.start_timeout:g} s (--start-timeout); no word from {_where(silent_hosts)}"
+        ]
+        check = "Check the host names, that they are reachable, and the launcher's messages above."
+    else:
+        lines = [
+            f"MPI did not start on every rank within {job.start_timeout:g} s "
+            "(--start-timeout) of the first rank's hvdlite.init()"
+        ]
+        if silent:
+            lines.append(f"never began to start MPI: {_where(silent_hosts)}")
+        if stuck:
+            lines.append(f"began but did not finish: {_where(stuck_hosts)}")
+        check = (
+            "Check that those hosts are up and reach the others over the network MPI "
+            "uses (--network-interface), that no rank is stopped, and the MPI messages above."
+        )
+    answered = [host for host in (silent_hosts or stuck_hosts) if host != "an unknown host"]
+    lines.append(
+        f"hosts that did not answer: {', '.join(answered) or 'unknown'}; stopped the job. {check}"
+    )
+    return "".join(f"hvdrun: {line}\n" for line in lines)

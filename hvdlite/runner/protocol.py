@@ -1,9 +1,12 @@
 """The one-line status messages a task wrapper sends to hvdrun through stderr.
 
 Each rank's wrapper writes a line ``<marker> <json>`` when its command starts
-and when it ends.  The line travels with the rank's ordinary stderr, through
-mpiexec's (or srun's) output forwarding, so it reaches hvdrun from any host
-without a shared file system or an extra network port.  The MPI launcher may
+(``start``), when the command reports that it begins and has finished starting
+MPI (``mpi-begin``, ``mpi-ready``: see ``hvdlite/start_report.py``, which writes
+to the pipe named by ``$HVDLITE_START_FD``), and when it ends (``exit``).
+The line travels with the rank's ordinary stderr, through mpiexec's (or
+srun's) output forwarding, so it reaches hvdrun from any host without a shared
+file system or an extra network port.  The MPI launcher may
 put a rank prefix in front of it (``[1] ``, ``[1,1]<stderr>:``, ``1: ``); the
 decoder looks for the marker anywhere in the line.  hvdrun removes these lines
 from what it prints.
@@ -24,11 +27,21 @@ import json
 import math
 import secrets
 
-__all__ = ["MARKER", "MAX_LINE_CHARS", "TOKEN_VARIABLE", "new_token", "marker", "encode", "decode"]
+__all__ = [
+    "MARKER",
+    "MAX_LINE_CHARS",
+    "TOKEN_VARIABLE",
+    "START_FD_VARIABLE",
+    "new_token",
+    "marker",
+    "encode",
+    "decode",
+]
 
 MARKER = "@@hvdlite-task"  # what every status line starts with, whatever its token
 MAX_LINE_CHARS = 300  # each tail line in an exit message is cut to this length
 TOKEN_VARIABLE = "HVDLITE_JOB_TOKEN"
+START_FD_VARIABLE = "HVDLITE_START_FD"  # hvdlite/start_report.py reads the same name
 
 
 def _is_int(value) -> bool:
@@ -51,6 +64,8 @@ def _is_lines(value) -> bool:
 # other fields are ignored.
 _FIELDS = {
     "start": {"host": _is_str, "pid": _is_int, "size": lambda v: _is_int(v) and v >= 1},
+    "mpi-begin": {"host": _is_str},
+    "mpi-ready": {"host": _is_str},
     "exit": {
         "host": _is_str,
         "code": lambda v: _is_int(v) and 0 <= v < 256,

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from . import cli, slurm, sshcheck
 from .errors import UsageError
+from .hosts import rank_hosts
 from .job import run_job
 from .options import UNAVAILABLE
 from .run_task import FUNCTION_FILE, result_file
@@ -357,6 +358,7 @@ def run(
             start_timeout=launch.start_timeout,
             out=_sink(sys.stdout),
             err=_sink(sys.stderr),
+            placed=rank_hosts(launch.hosts, launch.np) if launch.hosts else None,
         )
         return _collect(directory, launch.np, code, remote=launch.hosts is not None)
     finally:

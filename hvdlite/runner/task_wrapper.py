@@ -19,6 +19,10 @@ Contract, for each rank:
   by ``$HVDLITE_JOB_OWNER`` and running on this machine, see :mod:`lifeline`),
   that counts as SIGTERM, and the child is set to receive SIGKILL should the
   wrapper itself be killed: no rank outlives its job;
+- hands the child a pipe named by ``$HVDLITE_START_FD``, on which ``hvdlite.init()``
+  says when it begins and when it has finished starting MPI
+  (``hvdlite/start_report.py``), and passes each word on to hvdrun as a status
+  line, which is how hvdrun's ``--start-timeout`` sees an MPI start that hangs;
 - writes a status line (see :mod:`protocol`; the job's token comes from
   ``$HVDLITE_JOB_TOKEN``) to stderr when the child starts and when it ends
   (rank, host, exit code or signal, whether it was told to stop, the last
@@ -64,16 +68,21 @@ FORWARD_SIGNALS = STOP_SIGNALS + (signal.SIGUSR1, signal.SIGUSR2)
 _CHUNK = 65536
 
 
+_WRITE_LOCK = threading.Lock()  # a status line never lands inside a block of output
+
+
 def _write_all(fd: int, data: bytes) -> bool:
-    """Write *data* to *fd*; False once the reader is gone."""
+    """Write *data* to *fd* in one piece among this wrapper's threads; False once the
+    reader is gone."""
     view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except InterruptedError:
-            continue
-        except OSError:
-            return False
+    with _WRITE_LOCK:
+        while view:
+            try:
+                view = view[os.write(fd, view) :]
+            except InterruptedError:
+                continue
+            except OSError:
+                return False
     return True
 
 
@@ -266,6 +275,44 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+_START_WORDS = {b"begin": "mpi-begin", b"ready": "mpi-ready"}
+
+
+def _relay_start_report(read_fd: int, token: str, rank: int, host: str) -> None:
+    """Pass the child's start words (see hvdlite/start_report.py) on as status lines,
+    until every holder of the pipe's write end has closed it."""
+    with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+        pending = b""
+        while True:
+            try:
+                chunk = pipe.read(64)
+            except OSError:
+                return
+            if not chunk:
+                return
+            pending += chunk
+            *words, pending = pending.split(b"\n")
+            for word in words:
+                if word in _START_WORDS:
+                    _status(token, _START_WORDS[word], rank, host)
+            pending = pending[-64:]  # never more than one word's worth
+
+
+def _start_report_pipe(env: dict, token: str, rank: int, host: str) -> int | None:
+    """A pipe for the child's start report: its write end's number goes in *env*; a
+    thread relays what arrives.  Returns the write end (close it once the child runs);
+    None when the job has no token (no hvdrun listens)."""
+    if not token:
+        return None
+    read_fd, write_fd = os.pipe()
+    os.set_inheritable(write_fd, True)
+    env[protocol.START_FD_VARIABLE] = f"{write_fd}:{os.fstat(write_fd).st_ino}"
+    threading.Thread(
+        target=_relay_start_report, args=(read_fd, token, rank, host), daemon=True
+    ).start()
+    return write_fd
+
+
 def _log_paths(output_dir: str | None, rank: int, size: int) -> tuple[str | None, str | None]:
     if not output_dir:
         return None, None
@@ -294,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     owner = owner if owner and lifeline.alive(owner) else None  # None: hvdrun on another host
     out_log, err_log = _log_paths(args.output_dir, rank, size)
     _status(token, "start", rank, host, pid=os.getpid(), size=size)
+    env.pop(protocol.START_FD_VARIABLE, None)  # one from a job around this one is not ours
+    report_fd = _start_report_pipe(env, token, rank, host)
     try:
         child = subprocess.Popen(
             args.command,
@@ -319,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
             tail=[line],
         )
         return code
+    finally:
+        if report_fd is not None:
+            os.close(report_fd)  # the child holds it now; EOF once the child is done
     supervisor = _Supervisor(child, owner)
     for signum in FORWARD_SIGNALS:
         signal.signal(signum, supervisor.on_signal)
