@@ -25,8 +25,12 @@ A step:
    MPI's reduce-scatter there): the owner's averager has allreduced whole buckets
    during backward; ``step()`` takes views of this rank's chunk and drops ``.grad``
    (the memory of a parameter split between ranks stays until the next backward);
-2. each slice's ``.grad`` is its part of the chunk (a view); a parameter with a
-   gradient on no rank keeps none on every slice and is not stepped;
+2. each slice's ``.grad`` is its part of the chunk (a view).  A parameter without a
+   gradient on some rank counts as zeros there, and one with a gradient on no rank
+   gets zeros and is stepped: the unsharded optimizer's rule (Horovod's), so that
+   weight decay and momentum move it the same with and without sharding.  Alone in
+   its set (one rank) the unsharded optimizer is plain torch, and so is this: no
+   gradient, no step;
 3. after the local step, each bucket's owned chunk is allgathered into every rank's
    parameters.
 
@@ -42,7 +46,6 @@ import weakref
 import torch
 
 from hvdlite.collectives import waiting_caller
-from hvdlite.ops import Max
 from hvdlite.torch import mpi_ops as _ops
 from hvdlite.torch.buckets import FIRST_BUCKET_BYTES, build_buckets
 from hvdlite.torch.grad_hooks import check_no_graph, on_grad_accumulated
@@ -171,7 +174,7 @@ class ElementShards:
         ]
         self._bucket_of = {i: b for b in self._buckets for i in b.members}
         self._left = [passes] * len(self._params)
-        self._had = [False] * len(self._params)
+        self._had = [False] * len(self._params)  # this rank gave it a gradient
         self._hook_handles: list = []
         self.pieces: list[tuple[int, int, int]] = []
 
@@ -248,7 +251,7 @@ class ElementShards:
 
     def _reset(self) -> None:
         self._left = [self._passes] * len(self._params)
-        self._had = [False] * len(self._params)
+        self._had = [False] * len(self._params)  # this rank gave it a gradient
         for b in self._buckets:
             b.left = len(b.members)
             b.record = None
@@ -287,23 +290,20 @@ class ElementShards:
         """Each slice's ``.grad``: its part of the reduced bucket (see the module
         doc, steps 1 and 2); the parameters' own ``.grad`` are dropped."""
         owner = self._owner()
-        process_set, rank = owner._process_set, owner._rank
+        rank = owner._rank
         try:
             if averager is not None:
-                has = [p.grad is not None for p in self._params]
-                anywhere = _anywhere_async(has, process_set)
-                averager.synchronize()  # waits for what backward started
-                anywhere = _ops.synchronize(anywhere).tolist()
+                averager.synchronize()  # waits for what backward started (zeros for none)
                 # Views of the averaged gradients (no copy: a parameter split between
                 # ranks keeps its whole gradient's memory until the next backward).
                 for b in self._buckets:
                     for i, piece, start in b.slices:
-                        grad = self._params[i].grad
+                        grad = self._params[i].grad  # None only alone in the set
                         first = rank * b.chunk + start - b.offsets[b.members.index(i)]
                         piece.grad = (
-                            grad.reshape(-1)[first : first + piece.numel()]
-                            if anywhere[i] and grad is not None
-                            else None
+                            None
+                            if grad is None
+                            else grad.reshape(-1)[first : first + piece.numel()]
                         )
                 for p in self._params:
                     p.grad = None
@@ -312,15 +312,15 @@ class ElementShards:
                 for b in self._buckets:
                     if b.record is None:
                         self._start(b)
-                anywhere = _anywhere_async(self._had, process_set)
             chunks = []
             for b in self._buckets:
                 handle, _, cctx = b.record
                 chunks.append(owner._compression.decompress(_ops.synchronize(handle), cctx))
-            anywhere = _ops.synchronize(anywhere).tolist()
+            alone = owner._size == 1
             for b, chunk in zip(self._buckets, chunks, strict=True):
                 for i, piece, start in b.slices:
-                    piece.grad = chunk[start : start + piece.numel()] if anywhere[i] else None
+                    keep_none = alone and not self._had[i]
+                    piece.grad = None if keep_none else chunk[start : start + piece.numel()]
         finally:
             self._reset()
 
@@ -384,13 +384,6 @@ def _hook(ref, i: int):
             shards._grad_ready(i)
 
     return grad_ready
-
-
-def _anywhere_async(has: list[bool], process_set):
-    """A handle to which parameters have a gradient on some rank (a parameter with
-    none anywhere keeps none and is not stepped, as unsharded)."""
-    flags = torch.tensor(has, dtype=torch.int32)
-    return _ops.allreduce_async(flags, op=Max, name="sharded.has_grad", process_set=process_set)
 
 
 def _copy_range(values: torch.Tensor, first: int, params) -> None:

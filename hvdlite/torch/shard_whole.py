@@ -22,7 +22,7 @@ import weakref
 import torch
 
 from hvdlite.torch import mpi_ops as _ops
-from hvdlite.torch.shard_elements import GATHER_CHUNK_BYTES, _anywhere_async, _copy_range
+from hvdlite.torch.shard_elements import GATHER_CHUNK_BYTES, _copy_range
 
 __all__ = ["WholeParameterShards", "balanced_shards"]
 
@@ -121,15 +121,13 @@ class WholeParameterShards:
         owner = self._owner()
         params, process_set, rank = self._params, owner._process_set, owner._rank
         if averager is not None:
-            anywhere = _anywhere_async([p.grad is not None for p in params], process_set)
-            averager.synchronize()  # waits for what backward started
-            for p, used in zip(params, _ops.synchronize(anywhere).tolist()):
-                if not used:
-                    p.grad = None  # the averager wrote zeros for it
+            averager.synchronize()  # waits for what backward started (zeros for none)
             self._drop_other_shards()
             return
-        anywhere = _anywhere_async([p.grad is not None for p in params], process_set)
-        anywhere = _ops.synchronize(anywhere).tolist()
+
+        # None on this rank counts as zeros, as unsharded; alone in the set (plain
+        # torch, as unsharded) a parameter without a gradient is not stepped.
+        keep_none = [owner._size == 1 and p.grad is None for p in params]
 
         def grad(i):
             p = params[i]
@@ -154,7 +152,7 @@ class WholeParameterShards:
             for i in by_shard[rank]:
                 p, n = params[i], params[i].numel()
                 # a view of the received shard: this rank's gradients cost P/N, no copy
-                p.grad = shard[offset : offset + n].view_as(p) if anywhere[i] else None
+                p.grad = None if keep_none[i] else shard[offset : offset + n].view_as(p)
                 offset += n
         self._drop_other_shards()
 
