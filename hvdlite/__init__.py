@@ -33,6 +33,7 @@ from .exceptions import (
     MismatchError,
 )
 from .handles import Handle, poll, synchronize
+from .ops import HANDLES as _HANDLES
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .process_sets import ProcessSet, global_process_set
 from .version import __version__
@@ -76,12 +77,7 @@ __all__ = [
     "poll",
     "synchronize",
     "ReduceOp",
-    "Average",
-    "Sum",
-    "Adasum",
-    "Min",
-    "Max",
-    "Product",
+    *_HANDLES,
     "__version__",
     "allreduce",
     "allreduce_async",

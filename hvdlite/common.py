@@ -23,17 +23,13 @@ from .basics import *  # noqa: F403 - the basics, named once in basics.__all__
 from .basics import __all__ as _BASICS
 from .dynamic_sets import add_process_set, remove_process_set
 from .exceptions import HorovodInternalError
-from .ops import Adasum, Average, Max, Min, Product, Sum
+from .ops import HANDLES
+from .ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 - HANDLES names them
 from .process_sets import ProcessSet, global_process_set
 
 __all__ = [
     *_BASICS,
-    "Average",
-    "Sum",
-    "Adasum",
-    "Min",
-    "Max",
-    "Product",
+    *HANDLES,
     "ProcessSet",
     "global_process_set",
     "add_process_set",
