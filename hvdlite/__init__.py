@@ -22,30 +22,8 @@ Importing hvdlite imports neither torch nor tensorflow, and does not initialize
 MPI until :func:`init` is called.
 """
 
-from .basics import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
+from .basics import *  # the basics, listed once in basics.__all__
+from .basics import __all__ as _BASICS
 from .exceptions import (
     ArgumentError,
     CollectiveTimeoutError,
@@ -55,6 +33,7 @@ from .exceptions import (
     MismatchError,
 )
 from .handles import Handle, poll, synchronize
+from .ops import HANDLES as _HANDLES
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .process_sets import ProcessSet, global_process_set
 from .version import __version__
@@ -83,28 +62,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "init",
-    "shutdown",
-    "is_initialized",
-    "size",
-    "rank",
-    "local_size",
-    "local_rank",
-    "cross_size",
-    "cross_rank",
-    "is_homogeneous",
-    "mpi_threads_supported",
-    "mpi_enabled",
-    "mpi_built",
-    "gloo_enabled",
-    "gloo_built",
-    "nccl_built",
-    "cuda_built",
-    "rocm_built",
-    "ddl_built",
-    "ccl_built",
-    "start_timeline",
-    "stop_timeline",
+    *_BASICS,
     "add_process_set",
     "remove_process_set",
     "ProcessSet",
@@ -119,12 +77,7 @@ __all__ = [
     "poll",
     "synchronize",
     "ReduceOp",
-    "Average",
-    "Sum",
-    "Adasum",
-    "Min",
-    "Max",
-    "Product",
+    *_HANDLES,
     "__version__",
     "allreduce",
     "allreduce_async",

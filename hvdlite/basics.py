@@ -28,6 +28,7 @@ from .engine.thread_affinity import core_for
 from .timeline import Timeline
 from .engine.transport import Router, Transport, routes_of
 
+#: Horovod's basics; every framework module re-exports them (through :mod:`hvdlite.common`).
 __all__ = [
     "init",
     "shutdown",
@@ -52,42 +53,6 @@ __all__ = [
     "start_timeline",
     "stop_timeline",
 ]
-
-#: The names every framework module re-exports from the engine (Horovod's "basics").
-COMMON_NAMES = (
-    "init",
-    "shutdown",
-    "is_initialized",
-    "size",
-    "local_size",
-    "cross_size",
-    "rank",
-    "local_rank",
-    "cross_rank",
-    "is_homogeneous",
-    "mpi_threads_supported",
-    "mpi_enabled",
-    "mpi_built",
-    "gloo_enabled",
-    "gloo_built",
-    "nccl_built",
-    "ddl_built",
-    "ccl_built",
-    "cuda_built",
-    "rocm_built",
-    "start_timeline",
-    "stop_timeline",
-    "Average",
-    "Sum",
-    "Adasum",
-    "Min",
-    "Max",
-    "Product",
-    "ProcessSet",
-    "global_process_set",
-    "add_process_set",
-    "remove_process_set",
-)
 
 log = logging.getLogger("hvdlite")
 _LEVELS = {

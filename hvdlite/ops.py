@@ -4,7 +4,10 @@ import enum
 
 from .exceptions import ArgumentError
 
-__all__ = ["ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "resolve_op"]
+#: Horovod's reduce-op handles (``hvd.Average`` ...), as every framework module exports them.
+HANDLES = ("Average", "Sum", "Adasum", "Min", "Max", "Product")
+
+__all__ = ["ReduceOp", *HANDLES, "resolve_op"]
 
 
 class ReduceOp(enum.IntEnum):

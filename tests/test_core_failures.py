@@ -6,7 +6,8 @@ interrupts, exceptions in threads, fork, timeline write errors, and memory over
 Each test runs ``mpiexec -n N python tests/mpi_scripts/core_failures.py MODE``
 and checks the exit code, the time taken and the ranks' lines (see the script
 for what each mode does).  Unit-level checks of the same parts are in
-tests/test_core_hardening_unit.py.
+tests/test_config_unit.py, test_init_agreement_unit.py, test_driver_unit.py,
+test_submissions_unit.py and test_timeline_unit.py.
 """
 
 from __future__ import annotations

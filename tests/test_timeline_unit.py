@@ -7,6 +7,7 @@ tests/parallel/test_core_timeline.py checks a real 2-rank job's trace.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from types import SimpleNamespace
@@ -14,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from hvdlite.engine.messages import Kind, Params, Response
-from hvdlite.timeline import Timeline, Trace, load
+from hvdlite.timeline import MAX_ROWS, Timeline, Trace, load
 from hvdlite.timeline import schema as s
 from hvdlite.timeline.__main__ import main as timeline_main
 from hvdlite.timeline.events import MAX_OPEN, TraceBuilder
@@ -370,3 +371,39 @@ def test_the_plot_is_sized_to_its_tracks_and_cuts_nothing_off(records, tmp_path)
     )
     rows = len(ax.get_yticklabels())
     assert fig.get_size_inches()[1] == pytest.approx(plot._TOP + plot._ROW * rows + plot._BOTTOM)
+
+
+def _batch(name):
+    params = Params(set_id=0, name=name, kind=Kind.ALLREDUCE, shapes=((2,),), dtypes=("<f4",))
+    return [Response(0, params, (0, name))]
+
+
+def _run_batch(timeline, name):
+    """What the engine calls around one batch."""
+    timeline.batch_began()
+    timeline.finishing()
+    timeline.batch_ended(_batch(name))
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_timeline_that_cannot_be_written_turns_itself_off_with_one_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="hvdlite"):
+        timeline = Timeline("/dev/full")
+        for i in range(2000):  # far more than one write buffer
+            _run_batch(timeline, f"t{i}")
+        timeline.close()
+    warnings = [r for r in caplog.records if "timeline could not be written" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_timeline_rows_stay_bounded(tmp_path):
+    timeline = Timeline(str(tmp_path / "t.json"))
+    for i in range(3000):
+        _run_batch(timeline, f"allreduce.noname.{i}")
+    timeline.close()
+    assert timeline.rows == 1
+    timeline = Timeline(str(tmp_path / "t2.json"))
+    for i in range(MAX_ROWS + 50):
+        _run_batch(timeline, f"grad.{i}")
+    timeline.close()
+    assert timeline.rows == MAX_ROWS

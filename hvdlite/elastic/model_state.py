@@ -20,14 +20,20 @@ from collections.abc import Callable
 from .persistence import ElasticStateError
 from .state import ObjectState
 
-__all__ = ["ModelState"]
+__all__ = ["ModelState", "values_of", "assign_values"]
 
 
-def _values(variables) -> list:
+def values_of(variables) -> list:
+    """Copies (numpy arrays) of the values of ``variables``, in order (local)."""
     return [v.numpy() for v in variables]
 
 
-def _assign(variables, values, what: str) -> None:
+def assign_values(variables, values, what: str) -> None:
+    """Put ``values`` (from :func:`values_of`) back into ``variables``, in order (local).
+
+    Raises ElasticStateError, naming ``what`` variables and the fix, when the
+    counts differ (the state was committed for another model or optimizer).
+    """
     variables = list(variables)
     if len(variables) != len(values):
         raise ElasticStateError(
@@ -85,12 +91,14 @@ class ModelState(ObjectState):
             self.optimizer.build(self.model.trainable_variables)
 
     def _save_model(self) -> None:
-        self._saved_model_state = _values(self.model.variables)
-        self._saved_optimizer_state = _values(_optimizer_variables(self.optimizer))
+        self._saved_model_state = values_of(self.model.variables)
+        self._saved_optimizer_state = values_of(_optimizer_variables(self.optimizer))
 
     def _load_model(self) -> None:
-        _assign(self.model.variables, self._saved_model_state, "model")
-        _assign(_optimizer_variables(self.optimizer), self._saved_optimizer_state, "optimizer")
+        assign_values(self.model.variables, self._saved_model_state, "model")
+        assign_values(
+            _optimizer_variables(self.optimizer), self._saved_optimizer_state, "optimizer"
+        )
 
     def save(self) -> None:
         self._save_model()

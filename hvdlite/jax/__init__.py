@@ -19,40 +19,14 @@ engine's own objects, re-exported.  Cross-rank contracts are stated on each
 function.  Importing ``hvdlite`` does not import this package, nor JAX.
 """
 
-from hvdlite.basics import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from hvdlite.dynamic_sets import add_process_set, remove_process_set
+from hvdlite.common import *  # the basics every adapter re-exports, listed once
+from hvdlite.common import __all__ as _common_names
 from hvdlite.exceptions import (
     ArgumentError,
     CollectiveTimeoutError,
-    HorovodInternalError,
     HostsUpdatedInterrupt,
     MismatchError,
 )
-from hvdlite.ops import Adasum, Average, Max, Min, Product, Sum
-from hvdlite.process_sets import ProcessSet, global_process_set
 from hvdlite.jax.compression import Compression
 from hvdlite.jax.functions import allgather_object, broadcast_object, broadcast_parameters
 from hvdlite.jax.mpi_ops import (
@@ -79,12 +53,10 @@ from hvdlite.jax.mpi_ops import (
 )
 from hvdlite.jax.optimizer import DistributedOptimizer
 
-from hvdlite.basics import COMMON_NAMES
 from hvdlite.jax.mpi_ops import __all__ as _mpi_ops_all
 
 __all__ = [
-    *COMMON_NAMES,
-    "HorovodInternalError",
+    *_common_names,
     "HostsUpdatedInterrupt",
     "ArgumentError",
     "CollectiveTimeoutError",

@@ -2,7 +2,8 @@
 ``.fp16`` and (+) ``.bf16``.
 
 A compressor is Horovod's pair of static functions, ``compress(x) -> (x,
-ctx)`` and ``decompress(x, ctx) -> x``; here they are pure JAX functions, so
+ctx)`` and ``decompress(x, ctx) -> x`` (the protocol and its base classes are
+:mod:`hvdlite.compression`'s); here they are pure JAX functions, so
 they work eagerly and inside ``jax.jit`` alike.  The casts touch floating
 arrays wider than the target only; other arrays pass unchanged.  What the
 cast saves is wire bytes: the engine still sums float16 in a float32 buffer,
@@ -16,68 +17,33 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from hvdlite.compression import CastCompressor, Compressor, NoneCompressor
+
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor", "Compression"]
 
 
-class Compressor:
-    """Interface: compress an array before communication, decompress after."""
+class _JaxCast(CastCompressor):
+    """Cast floating arrays wider than 16 bits to ``wire_dtype``; others go unchanged."""
+
+    @classmethod
+    def should_cast(cls, dtype) -> bool:
+        return bool(jnp.issubdtype(dtype, jnp.floating)) and jnp.dtype(dtype).itemsize > 2
 
     @staticmethod
-    def compress(tensor):
-        """Return ``(compressed, ctx)``; ctx is whatever decompress needs."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Undo :meth:`compress` using the ctx it returned."""
-        raise NotImplementedError
+    def cast(tensor, dtype):
+        return tensor.astype(dtype)
 
 
-class NoneCompressor(Compressor):
-    """Send arrays as they are."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-def _cast(tensor, target):
-    dtype = tensor.dtype
-    if jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize > 2:
-        return tensor.astype(target), dtype
-    return tensor, None
-
-
-def _uncast(tensor, ctx):
-    return tensor if ctx is None else tensor.astype(ctx)
-
-
-class FP16Compressor(Compressor):
+class FP16Compressor(_JaxCast):
     """Cast float32/float64 arrays to float16 for the wire, back after."""
 
-    @staticmethod
-    def compress(tensor):
-        return _cast(tensor, jnp.float16)
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return _uncast(tensor, ctx)
+    wire_dtype = jnp.float16
 
 
-class BF16Compressor(Compressor):
+class BF16Compressor(_JaxCast):
     """(+) Cast float32/float64 arrays to bfloat16 for the wire, back after."""
 
-    @staticmethod
-    def compress(tensor):
-        return _cast(tensor, jnp.bfloat16)
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return _uncast(tensor, ctx)
+    wire_dtype = jnp.bfloat16
 
 
 class Compression:

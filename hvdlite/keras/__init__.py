@@ -30,35 +30,8 @@ from __future__ import annotations
 
 import importlib as _importlib
 
-from hvdlite.basics import (  # noqa: F401  (re-exported basics)
-    COMMON_NAMES as _COMMON_NAMES,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from hvdlite.dynamic_sets import add_process_set, remove_process_set  # noqa: F401
-from hvdlite.exceptions import HorovodInternalError  # noqa: F401
-from hvdlite.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
-from hvdlite.process_sets import ProcessSet, global_process_set  # noqa: F401
+from hvdlite.common import *  # the basics every adapter re-exports, listed once
+from hvdlite.common import __all__ as _common_names
 
 from ._select import current as _current_backend
 from .optimizer import Compression, DistributedOptimizer, PartialDistributedOptimizer
@@ -68,8 +41,7 @@ callbacks = _importlib.import_module(__name__ + ".callbacks")
 elastic = _importlib.import_module(__name__ + ".elastic")
 
 __all__ = [
-    *_COMMON_NAMES,
-    "HorovodInternalError",
+    *_common_names,
     "Compression",
     "DistributedOptimizer",
     "PartialDistributedOptimizer",

@@ -17,6 +17,7 @@ import numpy as np
 from hvdlite import collectives as _collectives
 from hvdlite import ops as _ops
 from hvdlite._optimizer_args import identities
+from hvdlite.compression import NoneCompressor
 
 __all__ = ["KerasBackend", "UnsupportedBackend", "IdentityCompression", "LocalSources"]
 
@@ -27,14 +28,7 @@ WORKING = ("tensorflow", "torch", "jax")
 class IdentityCompression:
     """``Compression.none`` for a backend without casts of its own."""
 
-    class none:  # noqa: N801 - Horovod's spelling
-        @staticmethod
-        def compress(tensor):
-            return tensor, None
-
-        @staticmethod
-        def decompress(tensor, ctx):
-            return tensor
+    none = NoneCompressor
 
 
 class LocalSources:

@@ -28,69 +28,39 @@ matching dtypes and shapes.
 
 from __future__ import annotations
 
-from hvdlite.exceptions import HostsUpdatedInterrupt  # noqa: F401
+from hvdlite.common import *  # the basics every adapter re-exports, listed once
+from hvdlite.common import __all__ as _common_names
+from hvdlite.exceptions import HostsUpdatedInterrupt
+from hvdlite.ops import Adasum, Average
+from hvdlite.process_sets import global_process_set
 
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .legacy import BroadcastGlobalVariablesHook, broadcast_global_variables
-from .mpi_ops import (  # noqa: F401  (Horovod exposes the underscored ops too)
-    Adasum,
-    Average,
-    HorovodInternalError,
-    Max,
-    Min,
-    Product,
-    ProcessSet,
-    Sum,
+from .mpi_ops import (  # Horovod exposes the underscored ops too
     _allreduce,
     _grouped_allreduce,
     _grouped_reducescatter,
     _reducescatter,
-    add_process_set,
     allgather,
     alltoall,
     barrier,
     broadcast,
     broadcast_,
-    ccl_built,
     check_num_rank_power_of_2,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    global_process_set,
-    gloo_built,
-    gloo_enabled,
     grouped_allgather,
     handle_average_backwards_compatibility,
-    init,
-    is_homogeneous,
-    is_initialized,
     join,
-    local_rank,
     local_rank_op,
-    local_size,
     local_size_op,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
     process_set_included_op,
-    rank,
     rank_op,
-    remove_process_set,
-    rocm_built,
-    shutdown,
-    size,
     size_op,
-    start_timeline,
-    stop_timeline,
 )
 from .reductions import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
 
 from . import elastic  # noqa: E402 - hvd.elastic.run, TensorFlowKerasState
-from ..basics import COMMON_NAMES
 
 
 def _executing_eagerly() -> bool:
@@ -103,8 +73,7 @@ def _executing_eagerly() -> bool:
 
 
 __all__ = [
-    *COMMON_NAMES,
-    "HorovodInternalError",
+    *_common_names,
     "HostsUpdatedInterrupt",
     # collectives
     "allreduce",

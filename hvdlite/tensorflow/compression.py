@@ -2,67 +2,40 @@
 
 A compressor turns a tensor into what goes on the wire and back:
 ``compressed, ctx = compress(t)`` before the collective,
-``decompress(reduced, ctx)`` after.  Cross-rank contract: every rank must use
-the same compressor for the same tensor, since the wire dtype must match.
+``decompress(reduced, ctx)`` after; the protocol and its base classes are
+:mod:`hvdlite.compression`'s, and the casts here are ``tf.cast``.  Cross-rank
+contract: every rank must use the same compressor for the same tensor, since
+the wire dtype must match.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from hvdlite.compression import CastCompressor, Compressor, NoneCompressor
+
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor", "Compression"]
 
 
-class Compressor:
-    """Interface: compress before the collective, decompress after."""
-
-    @staticmethod
-    def compress(tensor):
-        """Return ``(compressed_tensor, ctx)``."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Undo :meth:`compress` using its ``ctx``."""
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Leave tensors as they are."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class _CastCompressor(Compressor):
-    wire_dtype: tf.DType = tf.float16
+class _TensorFlowCast(CastCompressor):
+    """Send floating-point tensors as ``wire_dtype`` (``tf.cast``); other dtypes go unchanged."""
 
     @classmethod
-    def compress(cls, tensor):
-        dtype = tensor.dtype
-        if dtype.is_floating and dtype != cls.wire_dtype:
-            tensor = tf.cast(tensor, cls.wire_dtype)
-        return tensor, dtype
+    def should_cast(cls, dtype: tf.DType) -> bool:
+        return dtype.is_floating and dtype != cls.wire_dtype
 
     @staticmethod
-    def decompress(tensor, ctx):
-        if ctx is not None and tensor.dtype != ctx:
-            tensor = tf.cast(tensor, ctx)
-        return tensor
+    def cast(tensor, dtype: tf.DType):
+        return tf.cast(tensor, dtype)
 
 
-class FP16Compressor(_CastCompressor):
+class FP16Compressor(_TensorFlowCast):
     """Send floating-point tensors as float16 (half the bytes of float32)."""
 
     wire_dtype = tf.float16
 
 
-class BF16Compressor(_CastCompressor):
+class BF16Compressor(_TensorFlowCast):
     """(+) Round floating-point tensors to bfloat16 before the reduction.
 
     The engine reduces bfloat16 in float32 (numpy has no bfloat16), so this

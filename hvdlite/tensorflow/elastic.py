@@ -15,28 +15,12 @@ import tensorflow as tf
 
 from hvdlite.basics import rank
 from hvdlite.elastic import ObjectState, State, run, run_fn
-from hvdlite.elastic.model_state import ModelState
+from hvdlite.elastic.model_state import ModelState, assign_values, values_of
 from hvdlite.elastic.persistence import ElasticStateError
 
 from .functions import broadcast_object, broadcast_variables
 
 __all__ = ["run", "run_fn", "State", "ObjectState", "TensorFlowState", "TensorFlowKerasState"]
-
-
-def _values(variables) -> list:
-    return [v.numpy() for v in variables]
-
-
-def _assign(variables, values, what: str) -> None:
-    variables = list(variables)
-    if len(variables) != len(values):
-        raise ElasticStateError(
-            f"the committed state holds {len(values)} {what} variables, "
-            f"this process has {len(variables)}: build the same model "
-            "and optimizer before the elastic function runs"
-        )
-    for variable, value in zip(variables, values):
-        variable.assign(value)
 
 
 def _require_eager(what: str, session) -> None:
@@ -82,20 +66,20 @@ class TensorFlowState(ObjectState):
                 "variable collection)"
             )
         self.variables, self.session = list(variables), None
-        self._values = _values(self.variables)
+        self._values = values_of(self.variables)
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
 
     def save(self) -> None:
-        self._values = _values(self.variables)
+        self._values = values_of(self.variables)
         super().save()
 
     def restore(self) -> None:
-        _assign(self.variables, self._values, "tracked")
+        assign_values(self.variables, self._values, "tracked")
         super().restore()
 
     def sync(self) -> None:
         broadcast_variables(self.variables, root_rank=0)
-        self._values = _values(self.variables)
+        self._values = values_of(self.variables)
         super().sync()
 
     def _snapshot(self) -> object:

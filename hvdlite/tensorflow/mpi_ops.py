@@ -61,47 +61,10 @@ import tensorflow as tf
 from hvdlite import basics as _basics  # noqa: F401  (Horovod's mpi_ops._basics, for its tests)
 from hvdlite import collectives as _collectives
 from hvdlite import handles as _handles
-from hvdlite.basics import (  # noqa: F401  (re-exported basics)
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from hvdlite.dynamic_sets import (  # noqa: F401  (re-exported basics)
-    add_process_set,
-    remove_process_set,
-)
-from hvdlite.exceptions import HorovodInternalError  # noqa: F401  (re-exported basics)
-from hvdlite.ops import (  # noqa: F401  (re-exported basics)
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
-)
-from hvdlite.process_sets import (  # noqa: F401  (re-exported basics)
-    ProcessSet,
-    global_process_set,
-)
+from hvdlite.basics import local_rank, local_size, rank
+from hvdlite.common import *  # noqa: F403 - Horovod's mpi_ops re-exports the basics too
+from hvdlite.ops import Average, Max, Min, Product, Sum
+from hvdlite.process_sets import ProcessSet, global_process_set
 
 from . import _bridge
 from ._errors import ArgumentError

@@ -17,40 +17,14 @@ engine's own objects, re-exported so ``hvd.init()`` etc. work unchanged.
 Cross-rank contracts are stated on each function.
 """
 
-from hvdlite.basics import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from hvdlite.dynamic_sets import add_process_set, remove_process_set
+from hvdlite.common import *  # the basics every adapter re-exports, listed once
+from hvdlite.common import __all__ as _common_names
 from hvdlite.exceptions import (
     ArgumentError,
     CollectiveTimeoutError,
-    HorovodInternalError,
     HostsUpdatedInterrupt,
     MismatchError,
 )
-from hvdlite.ops import Adasum, Average, Max, Min, Product, Sum
-from hvdlite.process_sets import ProcessSet, global_process_set
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.functions import (
     allgather_object,
@@ -99,12 +73,10 @@ from hvdlite.torch.sharded_amp import ShardedGradScaler
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
 from hvdlite.torch import elastic  # noqa: E402 - hvd.elastic.TorchState, as in Horovod
 
-from hvdlite.basics import COMMON_NAMES
 from hvdlite.torch.mpi_ops import __all__ as _mpi_ops_all
 
 __all__ = [
-    *COMMON_NAMES,
-    "HorovodInternalError",
+    *_common_names,
     "HostsUpdatedInterrupt",
     "ArgumentError",
     "CollectiveTimeoutError",

@@ -32,7 +32,6 @@ pytestmark = pytest.mark.timeout(60)
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
-ENGINE = state().engine
 
 
 def dev(a):
@@ -40,7 +39,8 @@ def dev(a):
 
 
 def device_batches() -> int:
-    device = ENGINE.executor.device
+    """How many batches the live engine's device path has run (test_shutdown starts a new one)."""
+    device = state().engine.executor.device
     return 0 if device is None else sum(device.used.values())
 
 
@@ -101,13 +101,14 @@ def test_fused_burst_of_mixed_dtypes():
 # ---------------------------------------------------- CPU and device apart
 def test_cpu_and_device_entries_never_share_a_batch():
     seen = []
-    run = ENGINE.executor.run_batch
+    executor = state().engine.executor
+    run = executor.run_batch
 
     def recording(batch):
         seen.append({r.params.device for r in batch})
         return run(batch)
 
-    ENGINE.executor.run_batch = recording
+    executor.run_batch = recording
     try:
         handles = [
             hvd.allreduce_async(np.full(4, RANK, np.float32), op=hvd.Sum, name=f"c.{i}")
@@ -119,7 +120,7 @@ def test_cpu_and_device_entries_never_share_a_batch():
         ]
         results = [hvd.synchronize(h) for h in handles]
     finally:
-        ENGINE.executor.run_batch = run
+        executor.run_batch = run
     assert all(len(devices) == 1 for devices in seen), seen
     assert {"cpu", "host"} <= set().union(*seen)
     for i, r in enumerate(results):
@@ -439,5 +440,24 @@ def test_hierarchical_link(node_size):
     cross.Free()
 
 
-def test_shutdown():
+def test_shutdown_stops_the_engine_and_init_starts_a_working_one():
+    # Every rank: the device path has run; shutdown() stops this rank's engine (its
+    # inbox closed) and hvdlite is no longer initialized, so a device collective fails
+    # saying to call init() again; init() then starts a new engine whose device path
+    # works (and which the tests that may follow this one use).  One rank's shutdown()
+    # ends every rank's engine: the barrier makes each rank finish what came before.
+    x = dev(np.full(3, RANK, np.float32))
+    np.testing.assert_allclose(hvd.allreduce(x, op=hvd.Sum), np.full(3, SIZE * (SIZE - 1) / 2))
+    old = state().engine
+    MPI.COMM_WORLD.Barrier()
     hvd.shutdown()
+    assert old.stopped and not hvd.is_initialized()
+    with pytest.raises(hvd.HorovodInternalError, match=r"shut down; call hvd.init\(\) again"):
+        hvd.allreduce(x, op=hvd.Sum)
+    hvd.init()
+    assert hvd.is_initialized() and state().engine is not old and not state().engine.stopped
+    before = device_batches()
+    total = hvd.allreduce(x, op=hvd.Sum, name="after.init")
+    assert isinstance(total, HostDeviceArray)
+    np.testing.assert_allclose(total, np.full(3, SIZE * (SIZE - 1) / 2))
+    assert device_batches() > before

@@ -217,7 +217,24 @@ def test_lr_scheduler_and_predivide_and_fp16(whole):
 
 def test_broadcast_optimizer_state_and_process_set():
     model, opt = train(adam, 1, sharded=True)
-    hvd.broadcast_optimizer_state(opt, root_rank=0)  # collective, and a no-op in effect
+    # Rank 0 loads a whole state of its own (Horovod's `if rank == 0:
+    # opt.load_state_dict(...)`): moments and learning rate that no other rank has.
+    opt.consolidate_state_dict(to=None)
+    root_state = copy.deepcopy(opt.state_dict())
+    root_state["param_groups"][0]["lr"] = 0.005
+    for entry in root_state["state"].values():
+        entry["exp_avg"] *= 2
+        entry["exp_avg_sq"] += 1
+    if R == 0:
+        opt.load_state_dict(root_state)
+    else:
+        assert opt.param_groups[0]["lr"] == 0.01
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    # Every rank now holds rank 0's state: its hyperparameters and, consolidated
+    # from every rank's part, its moments.
+    assert opt.param_groups[0]["lr"] == 0.005
+    opt.consolidate_state_dict(to=None)
+    same_adam_state(opt.state_dict(), root_state)
     train(adam, 1, sharded=True, model=model, opt=opt, start=1)
     if N >= 3 and R < 2:
         _train_in_pair()

@@ -29,57 +29,22 @@ if keras.backend.backend() != "tensorflow":
 
 import tensorflow as tf  # noqa: E402
 
+from hvdlite.common import *  # noqa: E402 - the basics every adapter re-exports, listed once
+from hvdlite.common import __all__ as _common_names  # noqa: E402
 from hvdlite.keras.saving import load_model  # noqa: E402
+from hvdlite.ops import Average  # noqa: E402
 
 from .. import reductions as _reductions
 from .. import mpi_ops as _ops
 from ..compression import Compression
-from ..mpi_ops import (  # noqa: F401  (re-exported basics)
-    Adasum,
-    Average,
-    HorovodInternalError,
-    Max,
-    Min,
-    Product,
-    ProcessSet,
-    Sum,
-    add_process_set,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    global_process_set,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    remove_process_set,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
 from ..functions import allgather_object, broadcast_object, broadcast_object_fn  # noqa: F401
 from ..sync_batch_norm import SyncBatchNormalization  # noqa: F401
 from . import callbacks  # noqa: F401
 from .optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from . import elastic  # noqa: F401  (hvd.elastic.KerasState and its callbacks)
 
-from ...basics import COMMON_NAMES
-
 __all__ = [
-    *COMMON_NAMES,
-    "HorovodInternalError",
+    *_common_names,
     "Compression",
     "DistributedOptimizer",
     "PartialDistributedOptimizer",
