@@ -37,7 +37,15 @@ def test_keras_fit_on_the_gpu_matches_one_process(backend, ranks):
         pytest.skip("Keras is not installed here (pip install keras)")
     if importlib.util.find_spec(_FRAMEWORK[backend]) is None:
         pytest.skip(f"{backend} is not installed here")
-    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=str(ROOT))
+    # The repository first, then whatever PYTHONPATH the node's Keras comes from (a
+    # module, a container).
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=path)
+    probe = [sys.executable, "-c", "import keras"]
+    found = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=120)
+    if found.returncode:
+        last = (found.stderr.strip().splitlines() or ["no output"])[-1]
+        pytest.skip(f"a subprocess with this PYTHONPATH cannot import Keras: {last}")
     script = [sys.executable, str(HERE / "keras_fit_check.py")]
     if ranks > 1:  # NCCL refuses ranks sharing a GPU: the MPI transports run
         env["HVDLITE_GPU_OPERATIONS"] = "MPI"
