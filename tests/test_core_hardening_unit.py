@@ -17,10 +17,10 @@ from test_core_parts import _ScriptedLoop
 
 from hvdlite import config
 from hvdlite.engine.auto_names import AutoNames
-from hvdlite.engine.backoff import Backoff
+from hvdlite.util.backoff import Backoff
 from hvdlite.engine.driver import Driver, Phase
 from hvdlite.exceptions import CollectiveTimeoutError, HorovodInternalError
-from hvdlite.engine.fusion import BufferPool
+from hvdlite.device.buffers import BufferPool
 from hvdlite.handles import Handle
 from hvdlite.engine.init_agreement import Preparation, check
 from hvdlite.engine.messages import Kind, Params, Response

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdlite.engine.backoff import Backoff
+from hvdlite.util.backoff import Backoff
 from hvdlite.engine.cache_bits import CacheBits
 from hvdlite.engine.coordinator import StallClock
 from hvdlite.engine.driver import Driver, Phase
@@ -23,7 +23,7 @@ from hvdlite.engine.plans import Plan, PlanCache
 from hvdlite.engine.response_cache import ResponseCache
 from hvdlite.engine.status import Codec, Flag, Layout, alone, combine, decode, encode
 from hvdlite.engine.submissions import Entry, Inbox
-from hvdlite.engine.transport import SHM_MIN_BYTES, Router, Transport
+from hvdlite.engine.transports.routes import SHM_MIN_BYTES, Router, Transport
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parent.parent

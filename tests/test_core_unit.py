@@ -20,8 +20,9 @@ import pytest
 
 from hvdlite import config
 from hvdlite.engine.coordinator import Coordinator, check_agreement
-from hvdlite.engine.dtypes import SUPPORTED, check_dtype, reduce_dtype
-from hvdlite.engine.fusion import BufferPool, nbytes_of, plan_batches
+from hvdlite.util.dtypes import SUPPORTED, check_dtype, reduce_dtype
+from hvdlite.device.buffers import BufferPool
+from hvdlite.engine.fusion import nbytes_of, plan_batches
 from hvdlite.engine.rank_ranges import describe_ranks, rank_ranges
 from hvdlite.engine.messages import (
     CACHEABLE,

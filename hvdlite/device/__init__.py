@@ -6,10 +6,10 @@ Layers, from the outside in (imports point inward only):
   (``__cuda_array_interface__`` / DLPack: CuPy arrays, torch CUDA tensors) into
   the engine's array for its backend, and records where its producer's stream
   stood, so the engine's stream can wait for it without blocking the host;
-- :mod:`~hvdlite.device.executor` (the engine thread): runs a batch of agreed
+- :mod:`~hvdlite.engine.transports.device` (the engine thread): runs a batch of agreed
   device responses: pack into a device fusion buffer, one collective, unpack,
   scale; written once against :class:`~hvdlite.device.backend.ArrayBackend`;
-- :mod:`~hvdlite.device.links`, :mod:`~hvdlite.device.nccl_link`: the
+- :mod:`~hvdlite.engine.transports.links`, :mod:`~hvdlite.engine.transports.nccl_link`: the
   collective transports (MPI on device pointers, staging through host memory,
   NCCL, and the two-level composition of them);
 - :mod:`~hvdlite.device.backend` (numpy + MPI, the host backend) and

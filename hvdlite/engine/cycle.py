@@ -17,7 +17,7 @@ communicator:
    cached plan (:mod:`hvdlite.engine.plans`, :mod:`hvdlite.engine.execution`)
    copies that plan's first batch into
    shared memory where the plan allows it (a *staged* allreduce, see
-   :mod:`hvdlite.engine.shm`); when the exchange says every rank did and that every
+   :mod:`hvdlite.engine.transports.shm`); when the exchange says every rank did and that every
    bit any rank waits on is ready, every rank staged the plan now due, and the
    exchange has been its first barrier;
 3. if any rank has requests (or a stall check is due): gather them to rank 0,
@@ -42,7 +42,7 @@ submits its gradients in one burst therefore costs one cycle, and one doorbell
 empty follow-up cycle, which lets a loop of synchronous calls go on without
 doorbells).  No MPI call
 spins for long while a peer is slow: the status allreduce is non-blocking and
-tested with a :class:`~hvdlite.engine.backoff.Backoff`.
+tested with a :class:`~hvdlite.util.backoff.Backoff`.
 
 Another cycle: work submitted but not ready everywhere needs no further cycle,
 since the rank that completes it submits later and rings the doorbell.  Another

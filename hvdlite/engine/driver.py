@@ -28,7 +28,7 @@ import traceback
 from typing import Protocol
 
 from ..exceptions import CollectiveTimeoutError
-from .backoff import Backoff
+from ..util.backoff import Backoff
 
 __all__ = ["Driver", "Loop", "Phase"]
 

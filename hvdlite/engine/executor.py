@@ -5,14 +5,14 @@ same order (the engine guarantees it); ranks outside a batch's process set skip
 it.  Single tensors move without a copy (MPI reads the caller's array and
 writes the output array); fused batches are copied into a persistent buffer,
 moved by one collective and copied out, with the pre/post scale factors applied
-during the copies.  Which path an allreduce takes (:mod:`hvdlite.engine.shm`,
-:mod:`hvdlite.engine.hierarchical` or MPI) is the set's
-:class:`~hvdlite.engine.transport.Routes`.  A joined rank (no local entry)
+during the copies.  Which path an allreduce takes (:mod:`hvdlite.engine.transports.shm`,
+:mod:`hvdlite.engine.transports.hierarchical` or MPI) is the set's
+:class:`~hvdlite.engine.transports.routes.Routes`.  A joined rank (no local entry)
 contributes zeros to allreduces, the only kind that runs while a rank of the
 set has joined (``messages.JOINABLE``); every other kind's batch has this
 rank's entry.  Batches of device
 buffers (``Params.device`` other than ``"cpu"``) go to the device path
-(:class:`hvdlite.device.executor.DeviceExecutor`), made on the first one.
+(:class:`hvdlite.engine.transports.device.DeviceExecutor`), made on the first one.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from .adasum import adasum_allreduce
-from .dtypes import reduce_dtype
-from .fusion import BufferPool, Reduction
+from .transports.adasum import adasum_allreduce
+from ..util.dtypes import reduce_dtype
+from ..device.buffers import BufferPool, Reduction
 from .messages import Kind, Response
-from .packing import (
+from ..device.packing import (
     NUMPY,
     Gathered,
     Scattered,
@@ -44,11 +44,11 @@ from .packing import (
     unpack_shards,
 )
 from ..ops import ReduceOp
-from .shm import SLOT_BYTES, SharedMemoryAllreduce
-from .splits import even_split, offsets
-from .staging import Stager
+from .transports.shm import SLOT_BYTES, SharedMemoryAllreduce
+from ..util.splits import even_split, offsets
+from .transports.staging import Stager
 from ..timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
-from .transport import Transport
+from .transports.routes import Transport
 
 __all__ = ["MPIExecutor"]
 
@@ -191,7 +191,7 @@ class MPIExecutor:
 
     def stager(self, batches: list[list[Response]]) -> Stager | None:
         """For a plan the engine runs again and again: a
-        :class:`~hvdlite.engine.staging.Stager` when the plan's first batch is an
+        :class:`~hvdlite.engine.transports.staging.Stager` when the plan's first batch is an
         allreduce that this rank's set reduces through shared memory in one
         chunk, which can then run staged
         (:meth:`SharedMemoryAllreduce.stage`), else None.  Collective as
@@ -225,7 +225,7 @@ class MPIExecutor:
 
     def _device_executor(self):
         if self.device is None:
-            from ..device.executor import DeviceExecutor
+            from .transports.device import DeviceExecutor
 
             self.device = DeviceExecutor(
                 self._lookup,

@@ -114,9 +114,9 @@ elif mode == "shm-barrier":
     from mpi4py import MPI
 
     from hvdlite.exceptions import CollectiveTimeoutError
-    from hvdlite.engine.fusion import Reduction
+    from hvdlite.device.buffers import Reduction
     from hvdlite.ops import ReduceOp
-    from hvdlite.engine.shm import SharedMemoryAllreduce
+    from hvdlite.engine.transports.shm import SharedMemoryAllreduce
     from hvdlite.engine.wait_limit import WaitLimit
 
     comm = MPI.COMM_WORLD.Dup()

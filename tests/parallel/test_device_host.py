@@ -19,12 +19,12 @@ import hvdlite as hvd
 from hvdlite.engine.runtime import state
 from hvdlite.device import HostDeviceArray, host_device_array
 from hvdlite.device import registry
-from hvdlite.device.executor import DeviceExecutor
+from hvdlite.engine.transports.device import DeviceExecutor
 from hvdlite.device.selection import DeviceRoutes
 from hvdlite.handles import Handle
 from hvdlite.engine.messages import RESPONSE_OK, Kind, Params, Response
 from hvdlite.engine.submissions import Entry
-from hvdlite.engine.transport import Transport, Routes
+from hvdlite.engine.transports.routes import Transport, Routes
 
 MPI_SIZES = (1, 2, 3)
 

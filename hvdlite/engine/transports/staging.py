@@ -13,7 +13,7 @@ timeline being recorded) says so, and every rank takes the unstaged path.
 
 from __future__ import annotations
 
-from ..ops import ReduceOp
+from ...ops import ReduceOp
 
 __all__ = ["Stager"]
 

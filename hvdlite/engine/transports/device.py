@@ -32,10 +32,10 @@ import math
 
 import numpy as np
 
-from ..engine.adasum import adasum_allreduce
-from ..engine.fusion import Reduction
-from ..engine.messages import Kind
-from ..engine.packing import (
+from .adasum import adasum_allreduce
+from ...device.buffers import Reduction
+from ..messages import Kind
+from ...device.packing import (
     Gathered,
     Scattered,
     flat_bytes,
@@ -49,13 +49,13 @@ from ..engine.packing import (
     unpack_rank_major,
     unpack_shards,
 )
-from ..ops import ReduceOp
-from ..engine.splits import even_split
-from ..engine.transport import Transport
-from .arrays import CUDA
+from ...ops import ReduceOp
+from ...util.splits import even_split
+from .routes import Transport
+from ...device.arrays import CUDA
 from .links import HierarchicalLink, MpiLink, StagedLink
-from .registry import backend as backend_of
-from .selection import DeviceRoutes
+from ...device.registry import backend as backend_of
+from ...device.selection import DeviceRoutes
 
 __all__ = ["DeviceExecutor", "STAGED_ROUTES"]
 
@@ -354,7 +354,7 @@ class DeviceExecutor:
 
 
 def _in_place(backend, link, op):
-    """``allreduce(buf, src)`` for :func:`~hvdlite.engine.packing.reduce_alone` over a
+    """``allreduce(buf, src)`` for :func:`~hvdlite.device.packing.reduce_alone` over a
     device link, which reduces in place."""
 
     def allreduce(buf, src) -> None:
