@@ -130,9 +130,9 @@ class MPIExecutor:
             return None
         wire = reduce_dtype(p.dtypes[0])
         nbytes = math.prod(p.shapes[0]) * wire.itemsize
-        if wire.str != p.dtypes[0] or _choose(self._lineup_of(p.set_id), p, comm, nbytes) is not (
-            self._mpi
-        ):
+        if wire.str != p.dtypes[0]:
+            return None
+        if _choose(self._lineup_of(p.set_id), p, comm, nbytes) is not self._mpi:
             return None
         allreduce = mpi_allreduce(comm, MPI_OPS[p.op])
         pre = p.prescale

@@ -235,7 +235,7 @@ elif mode == "memory":
         table = len(engine.coordinator._table) if engine.coordinator else 0
         rows = st.timeline.rows if st.timeline is not None else 0
         return (
-            f"table={table} pending={len(engine._pending)} cache={len(engine.bits.cache)} "
+            f"table={table} pending={len(engine.flight.pending)} cache={len(engine.bits.cache)} "
             f"pool={engine.executor.pool.nbytes()} timeline_rows={rows}"
         )
 
