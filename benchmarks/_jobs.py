@@ -185,7 +185,7 @@ class SharedCopies:
     """Each rank's published copy of its gradients, in one shared-memory window.
 
     A step's copies take the next *slot* of a rank's area: successive steps
-    move through the first ``hvdlite.engine.shm.ROTATION_BYTES`` of it, page-aligned,
+    move through the first ``hvdlite.engine.transports.shm.ROTATION_BYTES`` of it, page-aligned,
     as hvdlite's own shared-memory allreduce places its chunks (writing memory
     the other core has just read is what is slow here, so a floor that reused
     one place would be slower than hvdlite and no floor).  :meth:`barrier`
@@ -199,7 +199,7 @@ class SharedCopies:
         import numpy as np
         from mpi4py import MPI
 
-        from hvdlite.engine.shm import ROTATION_BYTES
+        from hvdlite.engine.transports.shm import ROTATION_BYTES
 
         self._comm = MPI.COMM_WORLD
         node = self._comm.Split_type(MPI.COMM_TYPE_SHARED)

@@ -38,7 +38,7 @@ def run_ranks() -> None:
     engine = basics.state().engine
 
     def checking(on: bool) -> None:
-        engine.check_order = on
+        engine.flight.check_order = on
         if engine.coordinator is not None:
             engine.coordinator.order = OrderCheck(engine.sets.members.get) if on else None
 

@@ -8,7 +8,7 @@ the same float32 buffers:
 
 - flat: ``MPI.Comm.Allreduce`` on a duplicate of COMM_WORLD (the baseline);
 - hierarchical: the engine's two-level algorithm called directly
-  (``hvdlite.engine.hierarchical.Hierarchical.allreduce``);
+  (``hvdlite.engine.transports.hierarchical.Hierarchical.allreduce``);
 - hvdlite.allreduce: the full path (negotiation, engine thread) with
   HVDLITE_HIERARCHICAL_ALLREDUCE=1.
 

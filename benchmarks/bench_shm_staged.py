@@ -3,7 +3,7 @@
 Run as ``python benchmarks/bench_shm_staged.py`` (it starts its own 2-rank job
 with the mpiexec beside this Python) or directly under ``mpiexec -n 2``.
 
-A loop's cached batch is *staged* (``hvdlite/engine/shm.py``): each rank copies its
+A loop's cached batch is *staged* (``hvdlite/engine/transports/shm.py``): each rank copies its
 part in before the engine's status exchange, which then stands in for the
 first barrier.  The baseline is the same process with the engine's staging
 step declining (``Execution.stage`` returning False), so both modes run the same

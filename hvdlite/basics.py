@@ -26,7 +26,8 @@ from .process_sets import ProcessSet, global_process_set
 from .engine.runtime import Runtime, is_running, live, state
 from .engine.thread_affinity import core_for
 from .timeline import Timeline
-from .engine.transport import Router, Transport, routes_of
+from .engine.runtime import routes_of
+from .engine.transports.routes import Router, Transport
 
 #: Horovod's basics; every framework module re-exports them (through :mod:`hvdlite.common`).
 __all__ = [
@@ -312,7 +313,7 @@ def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None)
     )
     # The engine and the two-level helper import mpi4py.MPI: only once MPI is set up.
     from .engine.cycle import Engine
-    from .engine.hierarchical import Hierarchical
+    from .engine.transports.hierarchical import Hierarchical
 
     hierarchical = None
     if cfg.hierarchical_allreduce or cfg.hierarchical_allgather:
@@ -391,8 +392,8 @@ def _build_topology(st: Runtime, MPI, cfg) -> None:
 
 def allreduce_uses_shared_memory(process_set) -> bool:
     """Whether large allreduces over *process_set* are planned to run through the
-    node's shared memory (:mod:`hvdlite.engine.shm`); the set's
-    :class:`~hvdlite.engine.transport.Routes` decide, the same on every member."""
+    node's shared memory (:mod:`hvdlite.engine.transports.shm`); the set's
+    :class:`~hvdlite.engine.transports.routes.Routes` decide, the same on every member."""
     return routes_of(process_set).allreduce is Transport.SHARED_MEMORY
 
 

@@ -43,7 +43,7 @@ import numpy as np
 
 from .device import arrays as _device
 from .engine.runtime import state
-from .engine.dtypes import check_dtype
+from .util.dtypes import check_dtype
 from .handles import Handle, synchronize
 from .engine.messages import JOIN_PARAMS, LEAVE_PARAMS, Kind, Params
 from .ops import Adasum, Average, ReduceOp, resolve_op

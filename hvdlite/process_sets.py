@@ -14,12 +14,34 @@ ProcessSet but cannot submit collectives to it.
 
 from __future__ import annotations
 
-
-from .engine import runtime
-
-__all__ = ["ProcessSet", "global_process_set", "GLOBAL_SET_ID"]
+__all__ = ["ProcessSet", "global_process_set", "GLOBAL_SET_ID", "answer_from"]
 
 GLOBAL_SET_ID = 0
+
+
+class _NoJob:
+    """The running job's answers while none was ever started in this process."""
+
+    @staticmethod
+    def global_ranks() -> list[int] | None:
+        return None
+
+    @staticmethod
+    def my_rank() -> int | None:
+        return None
+
+
+#: Who answers a ProcessSet's questions about the running job (every rank, this
+#: rank).  This module sits below the engine and imports nothing of it: the
+#: engine's :mod:`~hvdlite.engine.runtime` puts its own answers here when loaded.
+_job = _NoJob
+
+
+def answer_from(job) -> None:
+    """Take the job's facts from *job*: ``global_ranks()`` (the ranks of the global
+    set, None before ``init()``) and ``my_rank()`` (None unless running)."""
+    global _job
+    _job = job
 
 
 class ProcessSet:
@@ -44,9 +66,9 @@ class ProcessSet:
         """The global ranks (None while unknown: a set given as a communicator before
         registration, or the global set before ``init()``)."""
         if self._ranks is None and self.process_set_id == GLOBAL_SET_ID:
-            st = runtime.current()
-            if st is not None and st.sets is not None and st.sets.ranks:
-                return st.sets.ranks[GLOBAL_SET_ID]
+            ranks = _job.global_ranks()
+            if ranks is not None:
+                return ranks
         return self._ranks
 
     # -- Horovod's accessors -------------------------------------------------
@@ -56,13 +78,13 @@ class ProcessSet:
 
     def rank(self) -> int | None:
         """This process's rank inside the set (None when not included or not registered)."""
-        ranks, me = self.ranks, _my_rank()
+        ranks, me = self.ranks, _job.my_rank()
         if ranks is None or me is None:
             return None
         return ranks.index(me) if me in ranks else None
 
     def included(self) -> bool | None:
-        ranks, me = self.ranks, _my_rank()
+        ranks, me = self.ranks, _job.my_rank()
         if ranks is None or me is None:
             return None
         return me in ranks
@@ -82,10 +104,6 @@ class ProcessSet:
             f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
             f"mpi_comm={self.mpi_comm})"
         )
-
-
-def _my_rank() -> int | None:
-    return runtime.live().world.Get_rank() if runtime.is_running() else None
 
 
 global_process_set = ProcessSet()

@@ -13,12 +13,13 @@ import pytest
 from hvdlite.engine.coordinator import check_agreement
 from hvdlite.device import HostDeviceArray, device_of, host_device_array
 from hvdlite.device.backend import HostBackend
-from hvdlite.engine.packing import pack, unpack
+from hvdlite.device.packing import pack, unpack
 from hvdlite.device.selection import Capabilities, DeviceChoice, read_request
 from hvdlite.device.capabilities import cuda_aware_mpi
-from hvdlite.engine.fusion import Reduction, plan_batches
+from hvdlite.device.buffers import Reduction
+from hvdlite.engine.fusion import plan_batches
 from hvdlite.engine.messages import RESPONSE_OK, Kind, Params, Response
-from hvdlite.engine.transport import Transport
+from hvdlite.engine.transports.routes import Transport
 
 
 class _FakeCudaArray:

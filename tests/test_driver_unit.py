@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from hvdlite.engine.backoff import Backoff
+from hvdlite.util.backoff import Backoff
 from hvdlite.engine.driver import Driver, Phase
 from hvdlite.engine.wait_limit import WaitLimit
 from hvdlite.exceptions import CollectiveTimeoutError, HorovodInternalError

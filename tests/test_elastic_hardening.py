@@ -223,7 +223,7 @@ def test_a_state_others_could_have_written_is_refused(tmp_path, target, change, 
 
 # -- item 9: files hvdlite streams into are never opened through a link -------------------------
 def test_output_files_refuse_links_and_other_names(tmp_path):
-    from hvdlite.runner.safe_files import open_for_writing
+    from hvdlite.util.safe_files import open_for_writing
 
     victim = tmp_path / "victim"
     victim.write_text("precious\n")

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from engine_requests import F16, F32, F64, I32, B, P, ok
 
-from hvdlite.engine.dtypes import reduce_dtype
-from hvdlite.engine.fusion import BufferPool, nbytes_of, plan_batches
+from hvdlite.util.dtypes import reduce_dtype
+from hvdlite.device.buffers import BufferPool
+from hvdlite.engine.fusion import nbytes_of, plan_batches
 from hvdlite.engine.messages import RESPONSE_ERROR, Kind, Response
 from hvdlite.ops import ReduceOp
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from engine_requests import F32, I32, B, P, ok
 
-from hvdlite.engine.dtypes import SUPPORTED, check_dtype
+from hvdlite.util.dtypes import SUPPORTED, check_dtype
 from hvdlite.engine.messages import (
     CACHEABLE,
     JOINABLE,

@@ -33,11 +33,11 @@ def _waiting_engine(bell: _Bell, work: bool):
 
     from hvdlite.engine.wait_limit import WaitLimit
 
+    stall = StallClock(60, 0, enabled=False)
     return SimpleNamespace(
         limit=WaitLimit(None, 0),
-        _stall=StallClock(60, 0, enabled=False),
-        _pending={},
-        _stall_wanted=False,
+        flight=SimpleNamespace(pending={}),
+        negotiator=SimpleNamespace(want_stall_check=stall.due),
         inbox=[object()] if work else [],
         driver=SimpleNamespace(state=Phase.RUNNING),
         doorbell=bell,

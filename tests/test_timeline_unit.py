@@ -20,7 +20,7 @@ from hvdlite.timeline import schema as s
 from hvdlite.timeline.__main__ import main as timeline_main
 from hvdlite.timeline.events import MAX_OPEN, TraceBuilder
 from hvdlite.timeline.summary import format_summary, summarize
-from hvdlite.engine.transport import Transport
+from hvdlite.engine.transports.routes import Transport
 from hvdlite.ops import ReduceOp
 
 T0 = 1000.0

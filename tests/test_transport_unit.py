@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvdlite.engine.transport import SHM_MIN_BYTES, Router, Transport
+from hvdlite.engine.transports.routes import SHM_MIN_BYTES, Router, Transport
 
 pytestmark = pytest.mark.timeout(60)
 

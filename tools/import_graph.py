@@ -7,20 +7,23 @@ edge goes from the importing module to the hvdlite module it names (for
 package's implicit import by its submodules is not an edge; importing the
 package by name (``import hvdlite``) is.
 
-Besides cycles it checks the layering (:func:`layering_violations`):
+Besides cycles it checks the layering (:func:`layering_violations`).  hvdlite's
+modules sit on the layers of :data:`LAYERS`, top first: the front doors, Keras 3,
+the framework adapters and the launcher, the API, the engine, the transports,
+and at the bottom device memory and the leaves.  A module may import its own
+layer and the layers below it, never one above.  Two rules come on top:
 
-- the framework adapters and the launcher (``hvdlite.torch``,
-  ``hvdlite.tensorflow``, ``hvdlite.keras``, ``hvdlite.jax``, ``hvdlite.runner``) import nothing
-  from ``hvdlite.engine``: they reach it through the public modules and the
-  seams ``hvdlite.basics`` and ``hvdlite.collectives`` name for them;
-- the engine imports only itself and the modules below it: the value modules
-  of the API (exceptions, ops, config, process sets), the device path, the
-  timeline's schema; never the API that drives it (basics, collectives, ...)
-  nor an adapter.
+- the framework adapters and the launcher import nothing from ``hvdlite.engine``:
+  they reach it through the public modules and the seams ``hvdlite.basics`` and
+  ``hvdlite.collectives`` name for them;
+- device memory (``hvdlite.device``) imports nothing from ``hvdlite.engine``.
+
+A module that no layer names is a violation too: a new module is placed on
+purpose.
 
 Run ``python tools/import_graph.py`` to print the cycles and violations (exit 1
-when there are any); ``make lint`` does, and ``tests/test_core_unit.py``
-asserts none.
+when there are any); ``make lint`` does, and
+``tests/test_import_graph_layers_unit.py`` asserts none.
 """
 
 from __future__ import annotations
@@ -115,38 +118,107 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+#: hvdlite's layers, top first: (name, the modules on it).  A name stands for
+#: that module and its submodules, a name ending in ``=`` for that module only; a
+#: module is on the layer of the longest name that matches it.
+LAYERS = (
+    # hvdlite.DistributedOptimizer and hvdlite.run pick the adapter or start the
+    # launcher; hvdlite.tensorflow's DistributedOptimizer takes Keras optimizers too.
+    (
+        "front doors",
+        ("hvdlite=", "hvdlite._dispatch", "hvdlite.tensorflow=", "hvdlite.tensorflow.keras"),
+    ),
+    ("Keras 3", ("hvdlite.keras",)),
+    (
+        "adapters and launcher",
+        ("hvdlite.torch", "hvdlite.tensorflow", "hvdlite.jax", "hvdlite.runner"),
+    ),
+    (
+        "API",
+        (
+            "hvdlite.basics",
+            "hvdlite.common",
+            "hvdlite.collectives",
+            "hvdlite.objects",
+            "hvdlite.handles",
+            "hvdlite.dynamic_sets",
+            "hvdlite._optimizer_args",
+            "hvdlite._subclass",
+            "hvdlite.elastic",
+            "hvdlite.autotune",
+            "hvdlite.timeline",
+        ),
+    ),
+    ("engine", ("hvdlite.engine",)),
+    ("transports", ("hvdlite.engine.transports",)),
+    (
+        "device memory and leaves",
+        (
+            "hvdlite.device",
+            "hvdlite.util",
+            "hvdlite.exceptions",
+            "hvdlite.ops",
+            "hvdlite.config",
+            "hvdlite.version",
+            "hvdlite.process_sets",
+            "hvdlite.compression",
+            "hvdlite.start_report",
+            # values every layer passes around: a batch's requests and responses,
+            # and the names of a timeline's phases
+            "hvdlite.engine.messages",
+            "hvdlite.timeline.schema",
+        ),
+    ),
+)
+
 #: Packages that must not import the engine.
 ADAPTERS = ("hvdlite.torch", "hvdlite.tensorflow", "hvdlite.keras", "hvdlite.jax", "hvdlite.runner")
 ENGINE = "hvdlite.engine"
-#: What the engine may import besides itself (a module or a package's modules).
-ENGINE_MAY_IMPORT = (
-    "hvdlite.exceptions",
-    "hvdlite.ops",
-    "hvdlite.config",
-    "hvdlite.process_sets",
-    "hvdlite.device",
-    "hvdlite.timeline.schema",
-)
+DEVICE = "hvdlite.device"
 
 
 def _within(module: str, prefixes) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-def layering_violations(edges: dict[str, set[str]]) -> list[str]:
-    """One line per import that crosses the layers the wrong way."""
+def layer_of(module: str, layers=LAYERS) -> int | None:
+    """The index in *layers* (0 = top) of *module*'s layer, or None when none names it."""
+    best, best_len = None, -1
+    for index, (_, names) in enumerate(layers):
+        for name in names:
+            exact = name.endswith("=")
+            name = name.rstrip("=")
+            hit = module == name if exact else _within(module, (name,))
+            if hit and len(name) > best_len:
+                best, best_len = index, len(name)
+    return best
+
+
+def layering_violations(edges: dict[str, set[str]], layers=LAYERS) -> list[str]:
+    """One line per import that crosses the layers the wrong way, and per module
+    that no layer names."""
     found = []
     for source in sorted(edges):
+        mine = layer_of(source, layers)
+        if mine is None:
+            found.append(f"{source} is on no layer: add it to LAYERS in tools/import_graph.py")
+            continue
         for target in sorted(edges[source]):
+            theirs = layer_of(target, layers)
             if _within(source, ADAPTERS) and _within(target, (ENGINE,)):
                 found.append(
                     f"{source} imports {target}: adapters reach the engine through "
                     "hvdlite.basics / hvdlite.collectives, not hvdlite.engine"
                 )
-            elif _within(source, (ENGINE,)) and not _within(target, (ENGINE, *ENGINE_MAY_IMPORT)):
+            elif _within(source, (DEVICE,)) and _within(target, (ENGINE,)):
                 found.append(
-                    f"{source} imports {target}: the engine imports only itself and "
-                    f"{', '.join(ENGINE_MAY_IMPORT)}"
+                    f"{source} imports {target}: device memory sits below the engine "
+                    "and imports nothing of it"
+                )
+            elif theirs is not None and theirs < mine:
+                found.append(
+                    f"{source} imports {target}: an import up, from the "
+                    f"{layers[mine][0]} layer to the {layers[theirs][0]} layer"
                 )
     return found
 

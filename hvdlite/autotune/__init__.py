@@ -71,10 +71,10 @@ def tuning_for(
     """The engine's link for this rank (with the tuner on rank 0), starting from
     the knobs *cfg* the job was started with.
 
-    *router*: the job's :class:`~hvdlite.engine.transport.Router`; *hierarchical*:
+    *router*: the job's :class:`~hvdlite.engine.transports.routes.Router`; *hierarchical*:
     the two-level helper or None.  Every rank derives the same start.
     """
-    from ..engine.transport import Transport
+    from ..engine.transports.routes import Transport
 
     start = Setting(
         cfg.fusion_threshold, cfg.cycle_time_ms, router.shared_memory, router.hierarchical_allreduce

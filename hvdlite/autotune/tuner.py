@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from ..runner.safe_files import open_for_writing
+from ..util.safe_files import open_for_writing
 from .setting import Setting
 from .space import SearchSpace
 

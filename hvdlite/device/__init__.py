@@ -1,23 +1,22 @@
-"""The device (GPU) data path: device buffers through NCCL, CUDA-aware MPI or staging.
+"""Device memory: array backends, kernels, packing, fusion buffers, and the registry.
 
-Layers, from the outside in (imports point inward only):
+Below the engine, which it imports nothing of (``tools/import_graph.py`` checks
+it); the engine's transports (:mod:`hvdlite.engine.transports.device`: NCCL,
+CUDA-aware MPI, staging through host memory) move device batches with it.
 
 - :mod:`~hvdlite.device.submission` (caller threads): turns a device array
   (``__cuda_array_interface__`` / DLPack: CuPy arrays, torch CUDA tensors) into
   the engine's array for its backend, and records where its producer's stream
   stood, so the engine's stream can wait for it without blocking the host;
-- :mod:`~hvdlite.device.executor` (the engine thread): runs a batch of agreed
-  device responses: pack into a device fusion buffer, one collective, unpack,
-  scale; written once against :class:`~hvdlite.device.backend.ArrayBackend`;
-- :mod:`~hvdlite.device.links`, :mod:`~hvdlite.device.nccl_link`: the
-  collective transports (MPI on device pointers, staging through host memory,
-  NCCL, and the two-level composition of them);
 - :mod:`~hvdlite.device.backend` (numpy + MPI, the host backend) and
-  :mod:`~hvdlite.device.cuda_backend` (CuPy): allocation, copies, scaling,
-  stream/event ordering;
+  :mod:`~hvdlite.device.cuda_backend` (CuPy, with :mod:`~hvdlite.device.cuda_kernels`):
+  allocation, copies, scaling, stream/event ordering; :mod:`~hvdlite.device.registry`
+  finds the backend of a device;
+- :mod:`~hvdlite.device.packing` and :mod:`~hvdlite.device.buffers`: a batch laid
+  out in one fusion buffer and back, written once for host and device arrays;
 - :mod:`~hvdlite.device.selection` and :mod:`~hvdlite.device.capabilities`:
-  which transport each process set uses, decided at ``init`` from the knobs and
-  from what every rank can do.
+  which transport each process set's device collectives may use, decided at
+  ``init`` from the knobs and from what every rank can do.
 
 Nothing here imports CuPy unless a CUDA array reaches it or CuPy is installed
 and ``init`` asks what this process can do; the CPU path never does.

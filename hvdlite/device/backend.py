@@ -1,6 +1,6 @@
 """The array-backend interface of the device path, and its host implementation.
 
-The device executor (:mod:`hvdlite.device.executor`) packs, scales, moves and
+The device executor (:mod:`hvdlite.engine.transports.device`) packs, scales, moves and
 orders device buffers only through an :class:`ArrayBackend`, so the same code
 runs on CUDA (:class:`~hvdlite.device.cuda_backend.CudaBackend`, CuPy) and on
 the host (:class:`HostBackend`, numpy), which is how CPU CI exercises it.
@@ -49,8 +49,8 @@ import threading
 
 import numpy as np
 
-from ..engine.fusion import BufferPool
-from ..engine.packing import NUMPY, Copy
+from .buffers import BufferPool
+from .packing import NUMPY, Copy
 from .arrays import HOST, HostDeviceArray
 
 __all__ = ["ArrayBackend", "HostBackend", "HostEvent"]
@@ -108,7 +108,7 @@ class ArrayBackend(abc.ABC):
 
     @abc.abstractmethod
     def copy_many(self, copies) -> None:
-        """Every :class:`~hvdlite.engine.packing.Copy` of a batch (the scaling rule
+        """Every :class:`~hvdlite.device.packing.Copy` of a batch (the scaling rule
         above), as a constant number of device operations."""
 
     @abc.abstractmethod

@@ -26,8 +26,8 @@ import numpy as np
 
 from ..exceptions import ArgumentError
 from .arrays import CUDA
-from ..engine.fusion import BufferPool
-from ..engine.packing import Copy
+from .buffers import BufferPool
+from .packing import Copy
 from .backend import ArrayBackend
 from .cuda_kernels import BatchedCopies, Window
 

@@ -1,6 +1,6 @@
 """The device path's batched copy kernels: one launch packs or unpacks a whole batch.
 
-A batch of copies (:class:`~hvdlite.engine.packing.Copy`) becomes a table of
+A batch of copies (:class:`~hvdlite.device.packing.Copy`) becomes a table of
 ``(src, dst, count, factor)`` rows in device memory, uploaded with one
 asynchronous copy from pinned memory, and one kernel launch per kind of copy
 (usually one):

@@ -26,7 +26,7 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from ..engine.transport import Transport
+from ..util.paths import Transport
 
 __all__ = [
     "OPERATIONS",

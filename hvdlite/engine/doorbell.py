@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .backoff import Backoff
+from ..util.backoff import Backoff
 
 __all__ = ["Doorbell"]
 

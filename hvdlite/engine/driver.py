@@ -15,6 +15,27 @@ Nothing leaves the driver unreported: an exception anywhere in the engine
 thread fails the loop (:meth:`Loop.fail`), and a ``KeyboardInterrupt`` or
 ``SystemExit`` that arrives while a caller takes a step stops the loop
 (:meth:`Loop.interrupt`) and goes on to that caller.
+
+Idle cost (the engine's cycle, :mod:`hvdlite.engine.cycle`): after a cycle that
+needs no follow-up anywhere (work that is not ready on every rank needs none: the
+rank that completes it will submit), every rank stops cycling and waits (see
+:class:`Driver` for how often it looks); the first rank with new work rings the
+:class:`~hvdlite.engine.doorbell.Doorbell` and cycling resumes. A training step that
+submits its gradients in one burst therefore costs one cycle, and one doorbell (or,
+where some rank's engine thread overlaps the framework's compute, one empty follow-
+up cycle, which lets a loop of synchronous calls go on without doorbells). No MPI
+call spins for long while a peer is slow: the status allreduce is non-blocking and
+tested with a :class:`~hvdlite.util.backoff.Backoff`.
+
+Another cycle: work submitted but not ready everywhere needs no further cycle, since
+the rank that completes it submits later and rings the doorbell. Another cycle is
+due when this one moved entries back to the coordinator (invalidated cache bits, a
+rank joining or leaving), ran a stall check, or ran work while some rank overlaps:
+what ran is the same on every rank, and where work just ran more usually follows
+(the next synchronous call, the rest of a burst), which then needs no doorbell. A
+burst's end costs one empty cycle before the wait. Where no rank overlaps, that
+empty cycle would fall to the engine threads in the middle of the framework's next
+compute, on cores it needs; there the next work rings the doorbell instead.
 """
 
 from __future__ import annotations
@@ -28,7 +49,7 @@ import traceback
 from typing import Protocol
 
 from ..exceptions import CollectiveTimeoutError
-from .backoff import Backoff
+from ..util.backoff import Backoff
 
 __all__ = ["Driver", "Loop", "Phase"]
 

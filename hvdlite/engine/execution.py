@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .fusion import plan_batches
-from .messages import RESPONSE_ERROR, Kind, Response
+from .messages import CACHEABLE, RESPONSE_ERROR, RESPONSE_OK, Kind, Response
 from .plans import Plan, PlanCache
 
 __all__ = ["Execution"]
@@ -85,6 +85,31 @@ class Execution:
             run()
         if self._tuning is not None:
             self._tuning.observe(plan.batches)
+
+    def run_ready(self, ready: int, responses: list[Response], staged: bool) -> None:
+        """Run what this cycle decided: the cached responses of the *ready* bits
+        (by their plan when nothing was negotiated; *staged*: every rank staged
+        it), then the coordinator's *responses*."""
+        bits = self._bits
+        if ready:
+            ready_bits = bits.take_ready(ready)
+            if responses:
+                self.run([bits.cache.get(bit) for bit in ready_bits] + responses)
+            else:
+                self.run_cached(ready, ready_bits, staged)
+        elif responses:
+            self.run(responses)
+
+    def remember(self, responses: list[Response], members) -> list:
+        """Give each OK cacheable response of the coordinator's a cache bit (every
+        rank alike); the entries of the bits this evicted, for the coordinator."""
+        evicted = []
+        for response in responses:
+            if response.status == RESPONSE_OK and response.params.kind in CACHEABLE:
+                entry = self._bits.put(response, members(response.key[0], ()))
+                if entry is not None:
+                    evicted.append(entry)
+        return evicted
 
     def run(self, responses: list[Response]) -> None:
         """Run *responses* (negotiated this cycle, or some cached ones with them)."""

@@ -31,9 +31,10 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
+from .coordinator import Coordinator
 from .messages import Response
 
-__all__ = ["negotiate", "WaitingStacks"]
+__all__ = ["negotiate", "Negotiator", "WaitingStacks"]
 
 log = logging.getLogger("hvdlite")
 
@@ -140,6 +141,50 @@ def negotiate(
                 log.warning("%s\nRepeated while the stall lasts, next in %.0f s.", report, gap)
             responses += errors
     return comm.bcast(responses, root=0)
+
+
+class Negotiator:
+    """The engine's side of negotiation: rank 0's coordinator, the stall clock,
+    and whether this rank wants a stall check in the next cycle.
+
+    Collective at construction (each rank's host name is gathered to rank 0, which
+    names hosts in its stall reports) and in :meth:`negotiate`."""
+
+    def __init__(self, comm, members, check_order: bool, stall_clock):
+        self.comm = comm
+        rank = comm.Get_rank()
+        hosts = comm.gather(MPI.Get_processor_name(), root=0)
+        self.coordinator = (
+            Coordinator(comm.Get_size(), members, check_order, hosts) if rank == 0 else None
+        )
+        self.stall_clock = stall_clock
+        self._stacks = WaitingStacks(rank)  # where waiting threads are, at a stall
+        self._wanted = False
+
+    def want_stall_check(self, pending: dict) -> bool:
+        """While waiting: note a stall check that is due (True then)."""
+        if self.stall_clock.due(pending):
+            self._wanted = True
+        return self._wanted
+
+    def take_stall_check(self, pending: dict) -> bool:
+        """At a cycle's start: whether this rank asks for a stall check now."""
+        stall = self._wanted or self.stall_clock.due(pending)
+        self._wanted = False
+        return stall
+
+    def negotiate(self, uncached: list, pending: dict, stall: bool, timeline) -> list[Response]:
+        """Collective: :func:`negotiate` with the engine's parts."""
+        return negotiate(
+            self.comm,
+            uncached,
+            pending,
+            self.coordinator,
+            stall,
+            self.stall_clock,
+            timeline,
+            self._stacks,
+        )
 
 
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)

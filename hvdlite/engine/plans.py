@@ -4,7 +4,7 @@ A training loop readies the same cache bits step after step (its gradients,
 perhaps a loss it averages every step), so each set of ready bits gets its
 fusion plan once: the batches, the executor's runners of them and, where the
 plan's first batch is a shared-memory allreduce of one chunk, its stager (see
-:mod:`hvdlite.engine.shm`'s staged allreduce).  A plan is looked up by its
+:mod:`hvdlite.engine.transports.shm`'s staged allreduce).  A plan is looked up by its
 ready bits and the cache's version; any other version drops every plan.
 
 Cross-rank contract: the engine makes and looks up plans only from globally

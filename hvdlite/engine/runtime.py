@@ -5,11 +5,13 @@ the engine) and installs it here; ``shutdown()`` clears it.  Every other
 module reads it through :func:`state` (for collectives: it must be running)
 or :func:`live` (for queries: it must have been initialized), so none of them
 imports :mod:`hvdlite.basics`, and this module imports nothing of hvdlite but
-its exceptions and automatic names.
+its exceptions, automatic names and process sets (whose questions about the
+running job it answers, :class:`_JobFacts`).
 """
 
 from __future__ import annotations
 
+from .. import process_sets
 from .auto_names import AutoNames
 from ..exceptions import HorovodInternalError
 
@@ -23,6 +25,7 @@ __all__ = [
     "forget_after_fork",
     "refuse_in_forked_child",
     "abort_job",
+    "routes_of",
 ]
 
 _NOT_INITIALIZED = "hvdlite has not been initialized; use hvd.init() first."
@@ -44,7 +47,7 @@ class Runtime:
         self.local_comm = None
         self.cross_comm = None
         self.sets = None  # process_set_table.ProcessSetTable
-        self.router = None  # transport.Router
+        self.router = None  # transports.routes.Router
         self.homogeneous = True
         self.node_ranks: frozenset[int] = frozenset()  # ranks sharing this rank's memory
         self.thread_level = 0
@@ -138,3 +141,28 @@ def abort_job(code: int) -> None:
     from mpi4py import MPI
 
     MPI.COMM_WORLD.Abort(code)
+
+
+def routes_of(process_set):
+    """The :class:`~hvdlite.engine.transports.routes.Routes` of a registered
+    *process_set* in the running job (the same on every member)."""
+    st = live()
+    return st.router.routes(st.sets.ranks_of(process_set))
+
+
+class _JobFacts:
+    """What a :class:`~hvdlite.process_sets.ProcessSet` asks of the running job."""
+
+    @staticmethod
+    def global_ranks() -> list[int] | None:
+        st = _state
+        if st is not None and st.sets is not None and st.sets.ranks:
+            return st.sets.ranks[process_sets.GLOBAL_SET_ID]
+        return None
+
+    @staticmethod
+    def my_rank() -> int | None:
+        return live().world.Get_rank() if is_running() else None
+
+
+process_sets.answer_from(_JobFacts)

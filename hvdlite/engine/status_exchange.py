@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from .backoff import Backoff
+from ..util.backoff import Backoff
 from .status import Codec, Layout, Status, alone
 
 __all__ = ["StatusExchange"]

@@ -53,11 +53,14 @@ import time
 
 try:
     from . import lifeline, protocol, rankenv
-    from .safe_files import open_for_writing
-except ImportError:  # run as a plain file: siblings are on sys.path[0]
+    from ..util.safe_files import open_for_writing
+except ImportError:  # run as a plain file: siblings are on sys.path[0], and hvdlite/util
     import lifeline  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
     import rankenv  # type: ignore[no-redef]
+
+    # safe_files sits in hvdlite/util (below the engine's writers too): standard library only
+    sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "util"))
     from safe_files import open_for_writing  # type: ignore[no-redef]
 
 __all__ = ["main", "GRACE_SECONDS"]

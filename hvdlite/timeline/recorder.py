@@ -17,7 +17,7 @@ import collections
 import threading
 import time
 
-from ..runner.safe_files import open_for_writing
+from ..util.safe_files import open_for_writing
 from . import schema
 from .events import MAX_ROWS, TraceBuilder
 from .writer import Writer

@@ -1,7 +1,7 @@
 """The delta-optimizer scheme behind ``DistributedOptimizer(op=hvd.Adasum)``.
 
 Adasum combines vectors so that agreeing contributions are not counted twice
-and orthogonal ones add up (see :mod:`hvdlite.engine.adasum`).  Applied to raw
+and orthogonal ones add up (see :mod:`hvdlite.engine.transports.adasum`).  Applied to raw
 gradients it would ignore what the optimizer makes of them (momentum, Adam's
 scaling), so, as in Horovod, the optimizer combines *updates* instead: every
 rank remembers its parameters, runs the wrapped optimizer's step on its own

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hvdlite.engine.transport import Transport
+from hvdlite.engine.transports.routes import Transport
 
 _LINK_NAMES = {
     Transport.NCCL: "NCCL",

@@ -87,7 +87,7 @@ def test_transport_is_the_planned_one(cp):
     from helpers import expected_link_names
 
     from hvdlite.engine.runtime import state
-    from hvdlite.engine.transport import routes_of
+    from hvdlite.engine.runtime import routes_of
 
     plan = routes_of(hvd.global_process_set).device
     used = set(state().engine.executor.device.used)

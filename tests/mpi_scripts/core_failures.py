@@ -114,9 +114,9 @@ elif mode == "shm-barrier":
     from mpi4py import MPI
 
     from hvdlite.exceptions import CollectiveTimeoutError
-    from hvdlite.engine.fusion import Reduction
+    from hvdlite.device.buffers import Reduction
     from hvdlite.ops import ReduceOp
-    from hvdlite.engine.shm import SharedMemoryAllreduce
+    from hvdlite.engine.transports.shm import SharedMemoryAllreduce
     from hvdlite.engine.wait_limit import WaitLimit
 
     comm = MPI.COMM_WORLD.Dup()
@@ -235,7 +235,7 @@ elif mode == "memory":
         table = len(engine.coordinator._table) if engine.coordinator else 0
         rows = st.timeline.rows if st.timeline is not None else 0
         return (
-            f"table={table} pending={len(engine._pending)} cache={len(engine.bits.cache)} "
+            f"table={table} pending={len(engine.flight.pending)} cache={len(engine.bits.cache)} "
             f"pool={engine.executor.pool.nbytes()} timeline_rows={rows}"
         )
 

@@ -91,7 +91,7 @@ def same_everywhere(value) -> bool:
 def spy_on_shared_memory(monkeypatch) -> list[int]:
     """Record the item count of every batch this rank reduces through shared memory,
     staged or not (the reduction itself still runs)."""
-    from hvdlite.engine.shm import SharedMemoryAllreduce
+    from hvdlite.engine.transports.shm import SharedMemoryAllreduce
 
     calls = []
     real, real_staged = SharedMemoryAllreduce.allreduce, SharedMemoryAllreduce.run_staged

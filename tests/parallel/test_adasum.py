@@ -2,7 +2,7 @@
 
 The reference is computed in the test from every rank's vector (an allgather):
 combine(a, b) = (1 - a.b / (2|a|^2)) a + (1 - a.b / (2|b|^2)) b, applied as a
-binary tree over consecutive ranks, the pairing hvdlite.engine.adasum's recursion uses:
+binary tree over consecutive ranks, the pairing hvdlite.engine.transports.adasum's recursion uses:
 at 2 ranks combine(x0, x1); at 4 ranks combine(combine(x0, x1), combine(x2, x3)).
 """
 
@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import hvdlite
-from hvdlite.engine.adasum import adasum_allreduce
+from hvdlite.engine.transports.adasum import adasum_allreduce
 
 MPI_SIZES = (2, 3, 4)
 

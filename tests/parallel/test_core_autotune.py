@@ -60,15 +60,15 @@ hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
 ENGINE = state().engine
 NEGOTIATED_CYCLES: list[int] = []
-_negotiate = ENGINE._negotiate
+_negotiate = ENGINE.negotiator.negotiate
 
 
-def _recording_negotiate(stall):
+def _recording_negotiate(*args):
     NEGOTIATED_CYCLES.append(ENGINE.cycles)
-    return _negotiate(stall)
+    return _negotiate(*args)
 
 
-ENGINE._negotiate = _recording_negotiate
+ENGINE.negotiator.negotiate = _recording_negotiate
 SHAPES = [(32 * 1024,), (300,), (64, 64), (10,)]  # 128 KB (shared-memory path), small ones
 
 

@@ -19,7 +19,7 @@ os.environ["HVDLITE_CACHE_CAPACITY"] = "2"
 
 import hvdlite as hvd  # noqa: E402
 from hvdlite.engine.runtime import state  # noqa: E402
-from hvdlite.engine.dtypes import reduce_dtype  # noqa: E402
+from hvdlite.util.dtypes import reduce_dtype  # noqa: E402
 from hvdlite.engine.fusion import nbytes_of  # noqa: E402
 
 MPI_SIZES = (1, 2, 3)

@@ -92,7 +92,7 @@ def test_reducescatter_sum(rows):
 @pytest.mark.skipif(N % 2, reason="simulated nodes of two ranks need an even size")
 def test_hierarchical_sum(monkeypatch):
     # Two simulated nodes of two ranks: reduce-scatter in the node, allreduce across.
-    from hvdlite.engine.hierarchical import Hierarchical
+    from hvdlite.engine.transports.hierarchical import Hierarchical
 
     calls = []
     real = Hierarchical.allreduce

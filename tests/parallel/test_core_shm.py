@@ -1,5 +1,5 @@
-"""The shared-memory allreduce and allgather (hvdlite/engine/shm.py): where they apply, and
-what they compute.
+"""The shared-memory allreduce and allgather (hvdlite/engine/transports/shm.py): where
+they apply, and what they compute.
 
 Runs under mpiexec at 1, 2 and 3 ranks, all on this one machine, so every set of
 2-4 ranks reduces through a shared window; at one rank nothing does.  The other
@@ -23,7 +23,12 @@ from core_helpers import assert_same, same_everywhere, spy_on_shared_memory
 
 import hvdlite as hvd
 from hvdlite import basics
-from hvdlite.engine.shm import ROTATION_BYTES, SHM_MIN_BYTES, SLOT_BYTES, SharedMemoryAllreduce
+from hvdlite.engine.transports.shm import (
+    ROTATION_BYTES,
+    SHM_MIN_BYTES,
+    SLOT_BYTES,
+    SharedMemoryAllreduce,
+)
 
 MPI_SIZES = (1, 2, 3)
 
@@ -391,7 +396,7 @@ def test_the_knob_turns_the_path_off():
 
 def test_a_small_dev_shm_falls_back_to_mpi_on_every_rank(monkeypatch):
     # One rank short of room is enough: all ranks must take the MPI path together.
-    import hvdlite.engine.shm as shm
+    import hvdlite.engine.transports.shm as shm
 
     if RANK == SIZE - 1:
         monkeypatch.setattr(shm, "_free_shm_bytes", lambda path="/dev/shm": 0)

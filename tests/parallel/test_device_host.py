@@ -19,12 +19,12 @@ import hvdlite as hvd
 from hvdlite.engine.runtime import state
 from hvdlite.device import HostDeviceArray, host_device_array
 from hvdlite.device import registry
-from hvdlite.device.executor import DeviceExecutor
+from hvdlite.engine.transports.device import DeviceExecutor, device_peers
 from hvdlite.device.selection import DeviceRoutes
 from hvdlite.handles import Handle
 from hvdlite.engine.messages import RESPONSE_OK, Kind, Params, Response
 from hvdlite.engine.submissions import Entry
-from hvdlite.engine.transport import Transport, Routes
+from hvdlite.engine.transports.routes import Transport, Routes
 
 MPI_SIZES = (1, 2, 3)
 
@@ -356,7 +356,8 @@ def test_batch_is_ordered_after_producers_and_published_after():
 
 # ------------------------------------------- every link, through the executor
 class _Run:
-    """One batch through a DeviceExecutor built here, with a chosen plan."""
+    """One batch through a DeviceExecutor built here, with a chosen plan: the first
+    of the plan's device peers that takes it runs it, as in the dispatcher."""
 
     def __init__(self, plan: DeviceRoutes, hierarchical=None):
         self.entries = {}
@@ -385,7 +386,9 @@ class _Run:
             entry.ready = backend.record_ready(inputs)
             self.entries[entry.key] = entry
             batch.append(Response(RESPONSE_OK, params, entry.key))
-        self.executor.run_batch(batch, comm)
+        peers = device_peers(self.plan, lambda: self.executor)
+        peer = next(p for p in peers if p.accepts(batch[0].params, comm, 0))
+        peer.run(batch, comm)
         return [self.entries[r.key].handle.result() for r in batch]
 
 

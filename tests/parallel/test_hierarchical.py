@@ -20,8 +20,8 @@ from mpi4py import MPI  # noqa: E402
 
 import hvdlite  # noqa: E402
 from hvdlite.engine.runtime import state  # noqa: E402
-from hvdlite.engine.hierarchical import Hierarchical  # noqa: E402
-from hvdlite.engine.transport import Router, Transport  # noqa: E402
+from hvdlite.engine.transports.hierarchical import Hierarchical  # noqa: E402
+from hvdlite.engine.transports.routes import Router, Transport  # noqa: E402
 
 MPI_SIZES = (3, 4)
 

@@ -4,7 +4,7 @@ One :class:`Router` per process (made at ``init``) decides the
 :class:`Routes` of each process set from facts that every member of the set
 shares: the knobs, the set's ranks, the job's size and which ranks share this
 node.  So every member decides alike without communicating.  The executor
-follows them; framework adapters ask it (:func:`routes_of`) to shape their
+follows them; framework adapters ask it (:func:`hvdlite.engine.runtime.routes_of`) to shape their
 submissions, instead of deciding again.  Device (GPU) buffers get their own
 paths, decided at ``init`` by :mod:`hvdlite.device.selection` from the knobs and
 from what every rank can do, and kept in :attr:`Routes.device`.
@@ -16,28 +16,17 @@ correctness, and every member falls back together.
 
 from __future__ import annotations
 
-import enum
 from typing import NamedTuple
 
-from . import runtime
+from ...util.paths import Transport
 
-__all__ = ["Transport", "Routes", "Router", "routes_of", "SHM_MIN_BYTES", "SHM_MAX_RANKS"]
+__all__ = ["Transport", "Routes", "Router", "SHM_MIN_BYTES", "SHM_MAX_RANKS"]
 
 #: Smallest batch (in wire bytes) worth the shared-memory path: below it, one MPI
 #: allreduce's latency beats that path's two barriers (``bench_core`` shows both).
 SHM_MIN_BYTES = 64 << 10
 #: The shared-memory paths (allreduce, allgather) serve sets of at most this many ranks.
 SHM_MAX_RANKS = 4
-
-
-class Transport(enum.Enum):
-    MPI = "mpi"
-    SHARED_MEMORY = "shared memory"
-    HIERARCHICAL = "hierarchical"
-    # device buffers (see hvdlite.device.selection)
-    NCCL = "NCCL"
-    CUDA_AWARE_MPI = "CUDA-aware MPI"
-    STAGED = "staged through host memory"
 
 
 class Routes(NamedTuple):
@@ -116,9 +105,3 @@ class Router:
             allgather = Transport.SHARED_MEMORY
         device = self.device.routes(whole_job) if self.device is not None else None
         return Routes(allreduce, allgather, device)
-
-
-def routes_of(process_set) -> Routes:
-    """The routes of a registered *process_set* in the running job."""
-    st = runtime.live()
-    return st.router.routes(st.sets.ranks_of(process_set))

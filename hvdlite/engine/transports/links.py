@@ -12,7 +12,7 @@ what NCCL requires and keeps every transport interchangeable:
   first, because MPI reads and writes from the host thread;
 - :class:`StagedLink`: copy to persistent (pinned) host buffers, run the host
   MPI collective, copy back: any GPU job runs on any MPI;
-- :class:`~hvdlite.device.nccl_link.NcclLink`: NCCL on the engine stream;
+- :class:`~hvdlite.engine.transports.nccl_link.NcclLink`: NCCL on the engine stream;
 - :class:`HierarchicalLink`: allreduce as reduce-scatter inside the node, an
   allreduce of each shard across nodes, allgather inside the node; the other
   collectives run on its flat link.
@@ -26,9 +26,9 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from ..engine.dtypes import reduce_dtype
-from ..ops import ReduceOp
-from ..engine.splits import offsets
+from ...util.dtypes import reduce_dtype
+from ...ops import ReduceOp
+from ...util.splits import offsets
 
 __all__ = ["Link", "MpiLink", "StagedLink", "HierarchicalLink", "MPI_OPS"]
 

@@ -30,8 +30,16 @@ a vector of the same length; every rank gets the same result.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from mpi4py import MPI
+
+from ...ops import ReduceOp
+from ...util.dtypes import reduce_dtype
+from ...util.paths import Transport
+from ..messages import Kind
+from .peer import Context, Peer
 
 __all__ = ["adasum_allreduce"]
 
@@ -108,3 +116,33 @@ def adasum_allreduce(comm, data: np.ndarray) -> np.ndarray:
             _TAG,
         )
     return vec
+
+
+class AdasumPeer(Peer):
+    """Host allreduces with ``op=Adasum``: one tensor at a time, in float64, through
+    :func:`adasum_allreduce`; a joined rank contributes zeros."""
+
+    transport = Transport.ADASUM
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    def accepts(self, p, comm, nbytes: int) -> bool:
+        return p.kind == Kind.ALLREDUCE and p.op == ReduceOp.ADASUM
+
+    def run(self, batch, comm) -> None:
+        for response in batch:
+            p = response.params
+            entry = self.ctx.lookup(response.key)
+            for i, shape in enumerate(p.shapes):
+                if entry is None:
+                    data = np.zeros(math.prod(shape), dtype=reduce_dtype(p.dtypes[i]))
+                else:
+                    data = entry.inputs[i].reshape(-1).astype(np.float64) * p.prescale
+                result = adasum_allreduce(comm, data)
+                if entry is not None:
+                    np.multiply(
+                        result, p.postscale, out=entry.outputs[i].reshape(-1), casting="unsafe"
+                    )
+            if entry is not None:
+                self.ctx.finish(entry, None)

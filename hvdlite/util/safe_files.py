@@ -11,7 +11,8 @@ files hvdlite streams into as it runs (the timeline, the autotune log, the
 task wrapper's per-rank output); files written whole are written to a new file
 beside them and renamed over them instead.
 
-Standard library only: the task wrapper imports it as a plain sibling module.
+Standard library only: the launcher's task wrapper, run as a plain file, imports it as
+a plain module from this folder.
 """
 
 from __future__ import annotations

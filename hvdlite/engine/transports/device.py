@@ -1,8 +1,10 @@
-"""Running agreed device responses: the engine's executor for device buffers.
+"""Device buffers as peers: NCCL, CUDA-aware MPI and staging through host memory.
 
-The host executor (:class:`hvdlite.engine.executor.MPIExecutor`) hands every batch
-whose ``Params.device`` is not ``"cpu"`` to :meth:`DeviceExecutor.run_batch`
-(fusion never mixes devices, so a batch is all one device).  For a batch:
+A set's lineup starts with its device peers (:func:`device_peers`, one per
+transport its :class:`~hvdlite.device.selection.DeviceRoutes` name); the one
+that takes a batch (``Params.device`` other than ``"cpu"``; fusion never mixes
+devices, so a batch is all one device) runs it through
+:meth:`DeviceExecutor.run_batch` over its transport's link.  For a batch:
 
 1. the backend's stream waits for the producers' ready marks (after any
    result arrays are allocated on the producers' streams);
@@ -32,10 +34,10 @@ import math
 
 import numpy as np
 
-from ..engine.adasum import adasum_allreduce
-from ..engine.fusion import Reduction
-from ..engine.messages import Kind
-from ..engine.packing import (
+from .adasum import adasum_allreduce
+from ...device.buffers import Reduction
+from ..messages import Kind
+from ...device.packing import (
     Gathered,
     Scattered,
     flat_bytes,
@@ -49,15 +51,16 @@ from ..engine.packing import (
     unpack_rank_major,
     unpack_shards,
 )
-from ..ops import ReduceOp
-from ..engine.splits import even_split
-from ..engine.transport import Transport
-from .arrays import CUDA
+from ...ops import ReduceOp
+from ...util.splits import even_split
+from .routes import Transport
+from ...device.arrays import CUDA
 from .links import HierarchicalLink, MpiLink, StagedLink
-from .registry import backend as backend_of
-from .selection import DeviceRoutes
+from ...device.registry import backend as backend_of
+from ...device.selection import OPERATIONS, DeviceRoutes
+from .peer import Peer
 
-__all__ = ["DeviceExecutor", "STAGED_ROUTES"]
+__all__ = ["DeviceExecutor", "DevicePeer", "STAGED_ROUTES", "device_peers"]
 
 #: The routes of a set the router made without device knowledge.
 STAGED_ROUTES = DeviceRoutes(*([Transport.STAGED] * 6))
@@ -78,14 +81,16 @@ class DeviceExecutor:
         self.used: collections.Counter = collections.Counter()
 
     # ------------------------------------------------------------------ dispatch
-    def run_batch(self, batch, comm) -> None:
+    def run_batch(self, batch, comm, transport: Transport) -> None:
+        """Run *batch* over *transport*'s link (the set's routes name it for the
+        batch's collective; NCCL may still fall back to the routes' MPI path)."""
         p0 = batch[0].params
         backend = backend_of(p0.device)
         entries = [self._lookup(response.key) for response in batch]
         present = [e for e in entries if e is not None]
         routes = self._routes_of(p0.set_id).device or STAGED_ROUTES
         with backend.activate(next((e.inputs for e in present if e.inputs), ())):
-            results = self._run(p0, batch, entries, comm, backend, routes)
+            results = self._run(p0, batch, entries, comm, backend, routes, transport)
             backend.publish([e.ready for e in present])
         if results is None:
             self._finish_keys([response.key for response in batch])
@@ -93,19 +98,19 @@ class DeviceExecutor:
             for entry, value in results:
                 self._finish(entry, value)
 
-    def _run(self, p0, batch, entries, comm, backend, routes):
+    def _run(self, p0, batch, entries, comm, backend, routes, transport):
         kind = p0.kind
         if kind == Kind.ALLREDUCE:
             if p0.op == ReduceOp.ADASUM:
                 return self._adasum(batch, entries, comm, backend)
-            return self._allreduce(batch, entries, comm, backend, routes)
+            return self._allreduce(batch, entries, comm, backend, routes, transport)
         if kind == Kind.ALLGATHER:
             return self._allgather(
                 batch,
                 entries,
                 comm,
                 backend,
-                self._link(p0.set_id, comm, backend, routes, "allgather"),
+                self._link(p0.set_id, comm, backend, routes, transport, "allgather"),
             )
         if kind == Kind.BROADCAST:
             root = self._sets.ranks[p0.set_id].index(p0.root)
@@ -113,12 +118,15 @@ class DeviceExecutor:
                 entries,
                 comm,
                 backend,
-                self._link(p0.set_id, comm, backend, routes, "broadcast"),
+                self._link(p0.set_id, comm, backend, routes, transport, "broadcast"),
                 root,
             )
         if kind == Kind.ALLTOALL:
             return self._alltoall(
-                entries[0], comm, backend, self._link(p0.set_id, comm, backend, routes, "alltoall")
+                entries[0],
+                comm,
+                backend,
+                self._link(p0.set_id, comm, backend, routes, transport, "alltoall"),
             )
         if kind == Kind.REDUCESCATTER:
             return self._reducescatter(
@@ -126,13 +134,12 @@ class DeviceExecutor:
                 entries,
                 comm,
                 backend,
-                self._link(p0.set_id, comm, backend, routes, "reducescatter"),
+                self._link(p0.set_id, comm, backend, routes, transport, "reducescatter"),
             )
         raise RuntimeError(f"the device executor cannot run {Kind(kind).name}")
 
     # --------------------------------------------------------------------- links
-    def _link(self, set_id: int, comm, backend, routes: DeviceRoutes, op: str):
-        transport = getattr(routes, op)
+    def _link(self, set_id: int, comm, backend, routes: DeviceRoutes, transport, op: str):
         helper = self._hierarchical
         two_level = (
             op == "allreduce"
@@ -186,7 +193,7 @@ class DeviceExecutor:
             del self._links[key]
 
     # ----------------------------------------------------------------- allreduce
-    def _allreduce(self, batch, entries, comm, backend, routes) -> None:
+    def _allreduce(self, batch, entries, comm, backend, routes, transport) -> None:
         p0 = batch[0].params
         size = comm.Get_size()
         tensors, dtypes = Reduction(), []
@@ -201,7 +208,7 @@ class DeviceExecutor:
                         entry, entry.inputs[i], entry.outputs[i], math.prod(shape), p.prescale, post
                     )
                 dtypes.append(p.dtypes[i])
-        link = self._link(p0.set_id, comm, backend, routes, "allreduce")
+        link = self._link(p0.set_id, comm, backend, routes, transport, "allreduce")
         backend.wait_ready([e.ready for e in entries if e is not None])
         wires = [link.wire(d) for d in dtypes]
         for wire in dict.fromkeys(wires):
@@ -354,7 +361,7 @@ class DeviceExecutor:
 
 
 def _in_place(backend, link, op):
-    """``allreduce(buf, src)`` for :func:`~hvdlite.engine.packing.reduce_alone` over a
+    """``allreduce(buf, src)`` for :func:`~hvdlite.device.packing.reduce_alone` over a
     device link, which reduces in place."""
 
     def allreduce(buf, src) -> None:
@@ -372,3 +379,51 @@ def _per_entry(entries, outputs) -> list:
         if entry is not None:
             results.setdefault(id(entry), (entry, []))[1].append(out)
     return list(results.values())
+
+
+#: The name each device collective has in the knobs and in DeviceRoutes.
+_OPERATION_OF = {
+    Kind.ALLREDUCE: "allreduce",
+    Kind.ALLGATHER: "allgather",
+    Kind.BROADCAST: "broadcast",
+    Kind.ALLTOALL: "alltoall",
+    Kind.REDUCESCATTER: "reducescatter",
+}
+
+
+class DevicePeer(Peer):
+    """Device batches of the collectives in *operations* (every device batch when
+    None) over *transport*'s link: NCCL, CUDA-aware MPI or staging through host
+    memory.  *executor* makes (once) and returns the :class:`DeviceExecutor`, so
+    that nothing device-side is made before the first device batch."""
+
+    def __init__(self, transport: Transport, operations: frozenset | None, executor):
+        self.transport = transport
+        self.operations = operations
+        self._executor = executor
+
+    def accepts(self, p, comm, nbytes: int) -> bool:
+        if p.device == "cpu":
+            return False
+        return self.operations is None or _OPERATION_OF.get(p.kind) in self.operations
+
+    def run(self, batch, comm) -> None:
+        self._executor().run_batch(batch, comm, self.transport)
+
+
+def device_peers(routes: DeviceRoutes | None, executor) -> list[DevicePeer]:
+    """A set's device peers, from its device *routes* (None: the router had no device
+    knowledge, every collective staged): one per transport the routes name, for the
+    collectives they send there, then one that takes any other device batch (and
+    raises, as no device collective is left)."""
+    routes = routes or STAGED_ROUTES
+    chosen: dict[Transport, set] = {}
+    for op in OPERATIONS:
+        chosen.setdefault(getattr(routes, op), set()).add(op)
+    peers = [
+        DevicePeer(transport, frozenset(chosen[transport]), executor)
+        for transport in Transport
+        if transport in chosen
+    ]
+    peers.append(DevicePeer(Transport.STAGED, None, executor))
+    return peers

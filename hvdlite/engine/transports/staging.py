@@ -13,7 +13,7 @@ timeline being recorded) says so, and every rank takes the unstaged path.
 
 from __future__ import annotations
 
-from ..ops import ReduceOp
+from ...ops import ReduceOp
 
 __all__ = ["Stager"]
 
@@ -27,7 +27,7 @@ class Stager:
     __slots__ = ("_executor", "_batch", "_set_size", "_wire", "_op", "_shm")
 
     def __init__(self, executor, batch, set_size: int, wire, shm):
-        self._executor = executor
+        self._executor = executor  # the dispatcher's Context: reduction, finish_batch
         self._batch = batch
         self._set_size = set_size
         self._wire = wire

@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .fusion import Reduction
+from .buffers import Reduction
 
 __all__ = [
     "NUMPY",
@@ -70,7 +70,7 @@ class Copy(NamedTuple):
 
 
 class _NumpyOps:
-    """The copies of :mod:`hvdlite.engine.packing` for numpy arrays."""
+    """The copies of :mod:`hvdlite.device.packing` for numpy arrays."""
 
     @staticmethod
     def copy(dst, src) -> None:

@@ -79,10 +79,10 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from .backoff import Backoff
-from ..ops import ReduceOp
-from ..timeline.schema import COLLECTIVE, COPY_OUT
-from .transport import SHM_MAX_RANKS, SHM_MIN_BYTES
+from ...util.backoff import Backoff
+from ...ops import ReduceOp
+from ...timeline.schema import COLLECTIVE, COPY_OUT
+from .routes import SHM_MAX_RANKS, SHM_MIN_BYTES
 
 __all__ = ["SharedMemoryAllreduce", "MAX_RANKS", "SHM_MIN_BYTES", "SLOT_BYTES"]
 
@@ -176,7 +176,7 @@ class SharedMemoryAllreduce:
 
     # ----------------------------------------------------------------- allreduce
     def allreduce(self, tensors, wire: np.dtype, op: ReduceOp, layout_key=None) -> None:
-        """Reduce *tensors* (a :class:`~hvdlite.engine.fusion.Reduction`; inputs and outputs
+        """Reduce *tensors* (a :class:`~hvdlite.device.buffers.Reduction`; inputs and outputs
         are None on a joined rank) element-wise across the set.
 
         *layout_key*: an object standing for the batch's agreed sizes, dtypes and

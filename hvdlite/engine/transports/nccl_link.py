@@ -19,7 +19,7 @@ import numpy as np
 from cupy.cuda import nccl
 from mpi4py import MPI
 
-from ..ops import ReduceOp
+from ...ops import ReduceOp
 from .links import Link
 
 __all__ = ["NcclLink", "nccl_dtype"]

@@ -38,8 +38,8 @@ import logging
 import numpy as np
 from mpi4py import MPI
 
-from .fusion import BufferPool
-from .splits import even_split, offsets
+from ...device.buffers import BufferPool
+from ...util.splits import even_split, offsets
 
 __all__ = ["Hierarchical"]
 

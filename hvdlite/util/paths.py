@@ -1,0 +1,24 @@
+"""The names of the paths a batch can take.
+
+A name, not a behaviour: the peers that run each path are in
+:mod:`hvdlite.engine.transports`; :mod:`hvdlite.device.selection` names the
+device paths each process set's knobs and capabilities allow; timelines and
+``hvdrun --check-build`` print the values.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Transport"]
+
+
+class Transport(enum.Enum):
+    MPI = "mpi"
+    SHARED_MEMORY = "shared memory"
+    HIERARCHICAL = "hierarchical"
+    ADASUM = "adasum"
+    # device buffers (see hvdlite.device.selection)
+    NCCL = "NCCL"
+    CUDA_AWARE_MPI = "CUDA-aware MPI"
+    STAGED = "staged through host memory"
