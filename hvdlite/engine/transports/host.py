@@ -40,6 +40,7 @@ from ...device.packing import (
 )
 from ...ops import ReduceOp
 from ...timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
+from .links import MPI_OPS
 from ...util.dtypes import reduce_dtype
 from ...util.paths import Transport
 from ...util.splits import even_split, offsets
@@ -51,14 +52,6 @@ __all__ = ["MpiPeer", "HierarchicalPeer", "MPI_OPS", "mpi_allreduce"]
 #: Tensors at least this large are reduced in place instead of through the fusion
 #: buffer: for them the two copies cost more than the extra collective call.
 _ZERO_COPY_BYTES = 1 << 20
-
-MPI_OPS = {
-    ReduceOp.AVERAGE: MPI.SUM,
-    ReduceOp.SUM: MPI.SUM,
-    ReduceOp.MIN: MPI.MIN,
-    ReduceOp.MAX: MPI.MAX,
-    ReduceOp.PRODUCT: MPI.PROD,
-}
 
 
 def mpi_allreduce(comm, op) -> Callable:
