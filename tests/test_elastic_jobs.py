@@ -443,6 +443,53 @@ def test_the_restart_budget_ends_the_job_with_the_failures_code(tmp_path, job_en
     assert result.stderr.count("launch 1:") == 1 and "launch 2:" not in result.stderr
 
 
+@pytest.mark.timeout(300)
+def test_a_frozen_rank_is_killed_by_the_default_bound_and_the_job_resumes(tmp_path, job_env):
+    # Rank 1 stops itself with SIGSTOP mid-epoch and is never continued (a frozen
+    # process). No knob is set: an elastic job bounds a stopped rank at 30 s by default,
+    # names it, relaunches from the last commit and ends with the uninterrupted weights.
+    plain, elastic = tmp_path / "plain", tmp_path / "elastic"
+    plain.mkdir()
+    elastic.mkdir()
+    script = str(SCRIPTS / "torch_train.py")
+    train = ("--epochs", "2", "--batches", "4", "--commit-every", "2")
+    uninterrupted = run(
+        hvdrun_cmd("-np", "2", PY, script, *train, "--out", str(plain)), timeout=90, env=job_env
+    )
+    assert uninterrupted.returncode == 0, uninterrupted.output
+    result = _hvdrun(
+        tmp_path,
+        job_env,
+        "-np",
+        "2",
+        "--max-restarts",
+        "1",
+        PY,
+        script,
+        *train,
+        "--kill-rank",
+        "1",
+        "--kill-at",
+        "5",
+        "--freeze",
+        "--out",
+        str(elastic),
+        "--compare-with",
+        str(plain / "final.pt"),
+        timeout=200,
+    )
+    log = result.output
+    assert result.returncode == 0, log
+    assert (
+        "rank 1 on host" in log
+        and "was stopped (SIGSTOP) for 30 s and never continued: its task wrapper killed it "
+        "(--frozen-timeout): relaunching (restart 1 of 1)"
+        in log
+    ), log
+    assert "resuming from commit 3 (epoch=1, batch=0)" in log, log
+    assert f"weights equal those of {plain / 'final.pt'}: True" in log, log
+
+
 @pytest.mark.timeout(200)
 def test_a_crashed_rank_on_a_single_host_relaunches_there(tmp_path, job_env):
     # A new user's first elastic job: one host from the discovery script, rank 1 crashes

@@ -69,6 +69,24 @@ def test_rank_killed_by_sigkill_ends_job_with_report():
     assert "YOU CAN IGNORE THE BELOW CLEANUP MESSAGES" not in result.output
 
 
+@pytest.mark.timeout(120)
+def test_a_rank_stopped_past_the_frozen_timeout_ends_the_job_naming_it():
+    # Rank 1 stops itself (SIGSTOP) while rank 0 waits on it; without the bound the job
+    # would wait forever (outside elastic jobs it is off by default).
+    marker = f"hvdrun-test-{uuid.uuid4().hex}"
+    env = clean_env(HVDLITE_TEST_MARKER=marker)
+    result = hvdrun("-np", "2", "--frozen-timeout", "2", PY, str(RANKS), "freeze", env=env)
+    assert result.returncode == 128 + signal.SIGKILL, result.output
+    assert (
+        "rank 1 on host" in result.stderr
+        and "was stopped (SIGSTOP) for 2 s and never continued: its task wrapper killed it "
+        "(--frozen-timeout)"
+        in result.stderr
+    ), result.stderr
+    assert result.seconds < QUICK, result.seconds
+    assert gone_within(marker, 15), "a rank outlived the job"
+
+
 # Every rank writes a traceback one line at a time, 20 ms apart, all starting together
 # (a barrier of files in argv[1]), so that their lines reach hvdrun interleaved.
 _SLOW_TRACEBACK = """

@@ -335,3 +335,20 @@ def test_plan_carries_the_job_variables():
     env = _plan(["-np", "1", PY]).env
     assert len(env["HVDLITE_JOB_TOKEN"]) >= 16 and env["HVDLITE_JOB_OWNER"]
     assert _plan(["-np", "1", PY]).env["HVDLITE_JOB_TOKEN"] != env["HVDLITE_JOB_TOKEN"]
+
+
+def test_the_frozen_bound_is_on_by_default_in_elastic_launches_only():
+    from hvdlite.runner import cli
+    from hvdlite.runner.hosts import Host
+
+    def bound(argv, placement=None):
+        _args, plan = cli.prepare([*argv, PY], {"PATH": "/usr/bin:/bin"}, placement=placement)
+        after = plan.cmd.index("--frozen-after") if "--frozen-after" in plan.cmd else None
+        return None if after is None else plan.cmd[after + 1]
+
+    elastic = (2, [Host("localhost", 2)])
+    assert bound(["-np", "2"]) is None
+    assert bound(["-np", "2", "--frozen-timeout", "12.5"]) == "12.5"
+    assert bound(["-np", "2"], elastic) == f"{cli.ELASTIC_FROZEN_TIMEOUT:g}" == "30"
+    assert bound(["-np", "2", "--frozen-timeout", "0"], elastic) is None
+    assert bound(["-np", "2", "--frozen-timeout", "5"], elastic) == "5"

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -276,6 +277,7 @@ def test_protocol_accepts_what_the_wrapper_writes():
         mpi_ready,
         _EXIT,
         {**_EXIT, "signal": 9, "signame": "SIGKILL", "code": 137},
+        {**_EXIT, "signal": 9, "signame": "SIGKILL", "code": 137, "frozen": 30.5},
     ):
         assert protocol.decode(protocol.encode(message, "tok").decode(), "tok", 4) == message
 
@@ -314,3 +316,37 @@ def test_start_report_without_hvdrun_does_nothing():
     for value in ("1", "1:1", "1:x", "x", "999:1"):
         result = run([PY, "-c", other], env=clean_env(HVDLITE_START_FD=value))
         assert result.returncode == 0 and result.stdout == "ok\n", (value, result.output)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("through_a_shell", [False, True])
+def test_a_command_stopped_past_the_frozen_bound_is_killed_and_says_so(through_a_shell):
+    # The command stops itself (SIGSTOP, as a frozen rank would be); with
+    # --frozen-after 1 the wrapper kills it about a second later and its exit line
+    # says how long it was stopped.  Through a shell the stopped process is not the
+    # wrapper's child but a process of its group (found by the group scan).
+    child = [PY, "-c", "import os, signal; print('up', flush=True); os.kill(os.getpid(), 19)"]
+    if through_a_shell:
+        child = ["sh", "-c", shlex.join(child) + "; echo after"]
+    began = time.monotonic()
+    result = run([PY, str(WRAPPER), "--frozen-after", "1", "--", *child], timeout=50)
+    took = time.monotonic() - began
+    end = _statuses(result.stderr)[-1]
+    assert end["frozen"] is not None and end["frozen"] >= 1, result.output
+    assert "up" in result.stdout and took < 40, (took, result.output)
+    if not through_a_shell:
+        assert result.returncode == 128 + signal.SIGKILL and end["signame"] == "SIGKILL"
+    assert end["stopped"] is False, end
+
+
+@pytest.mark.timeout(60)
+def test_a_command_stopped_and_continued_in_time_is_left_alone():
+    child = (
+        "import os, signal, subprocess, sys, time; print('up', flush=True); "
+        "subprocess.Popen(['sh', '-c', f'sleep 0.5; kill -CONT {os.getpid()}']); "
+        "os.kill(os.getpid(), signal.SIGSTOP); print('continued', flush=True)"
+    )
+    result = run([PY, str(WRAPPER), "--frozen-after", "3", "--", PY, "-c", child], timeout=50)
+    assert result.returncode == 0, result.output
+    assert "continued" in result.stdout
+    assert _statuses(result.stderr)[-1]["frozen"] is None

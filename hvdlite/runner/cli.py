@@ -52,6 +52,9 @@ WRAPPER = Path(__file__).resolve().with_name("task_wrapper.py")
 DEFAULT_START_TIMEOUT = 30.0
 HOST_CHECK_EXIT = 1  # ssh cannot reach a host: nothing was started (horovodrun's RuntimeError)
 REPORT_TAIL_LINES = 10
+# In an elastic job a rank stopped this long (SIGSTOP: a frozen process) is killed, so
+# that the job relaunches from its last commit instead of waiting on it forever.
+ELASTIC_FROZEN_TIMEOUT = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,6 +340,11 @@ def prepare(
         program.append("--timestamp")
     if values.get("output_filename"):
         program += ["--output-dir", os.path.abspath(str(values["output_filename"]))]
+    frozen = values.get("frozen_timeout")
+    if frozen is None and placement is not None:  # an elastic launch: see ELASTIC_FROZEN_TIMEOUT
+        frozen = ELASTIC_FROZEN_TIMEOUT
+    if frozen:
+        program += ["--frozen-after", f"{frozen:g}"]
     program += ["--", *args.command]
     local = hosts is None or all_local(hosts)
     from_allocation = slurm.in_allocation(environ) and not (

@@ -277,6 +277,15 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "SECONDS",
     ),
     Option(
+        "frozen_timeout",
+        ("--frozen-timeout",),
+        "seconds a rank may stay stopped (SIGSTOP) before its task wrapper kills it, "
+        "which ends the job naming the rank, or relaunches it under an elastic option "
+        "(default 30 in elastic jobs, 0 otherwise; 0: never)",
+        _number(float, 0),
+        "SECONDS",
+    ),
+    Option(
         "output_filename",
         ("--output-filename",),
         "also write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr",

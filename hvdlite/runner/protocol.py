@@ -72,6 +72,7 @@ _FIELDS = {
         "signal": lambda v: v is None or (_is_int(v) and v > 0),
         "signame": lambda v: v is None or _is_str(v),
         "stopped": lambda v: isinstance(v, bool),
+        "frozen": lambda v: v is None or (_is_time(v) and v >= 0),
         "time": _is_time,
         "tail": _is_lines,
     },

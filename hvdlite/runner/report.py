@@ -56,6 +56,7 @@ class Failure:
     stopped: bool  # True when hvdrun (or the launcher) had asked it to stop
     time: float  # wall-clock time the rank's command ended
     tail: tuple[str, ...]
+    frozen: float | None = None  # seconds it was stopped (SIGSTOP) when its wrapper killed it
 
     @classmethod
     def from_message(cls, message: dict) -> Failure:
@@ -68,10 +69,16 @@ class Failure:
             stopped=bool(message.get("stopped")),
             time=float(message.get("time") or 0.0),
             tail=tuple(str(line) for line in message.get("tail") or ()),
+            frozen=message.get("frozen"),
         )
 
     @property
     def how(self) -> str:
+        if self.frozen is not None:
+            return (
+                f"was stopped (SIGSTOP) for {int(self.frozen)} s and never continued: "
+                "its task wrapper killed it (--frozen-timeout)"
+            )
         if self.signal:
             name = f" ({self.signame})" if self.signame else ""
             return f"killed by signal {self.signal}{name}"

@@ -19,6 +19,10 @@ Contract, for each rank:
   by ``$HVDLITE_JOB_OWNER`` and running on this machine, see :mod:`lifeline`),
   that counts as SIGTERM, and the child is set to receive SIGKILL should the
   wrapper itself be killed: no rank outlives its job;
+- with ``--frozen-after S`` (hvdrun's ``--frozen-timeout``), kills the child's
+  process group once one of its processes has been stopped (SIGSTOP) for S
+  seconds (:mod:`process_state`): a frozen rank would hold its peers forever,
+  and its exit line then says how long it was stopped (``frozen``);
 - hands the child a pipe named by ``$HVDLITE_START_FD``, on which ``hvdlite.init()``
   says when it begins and when it has finished starting MPI
   (``hvdlite/start_report.py``), and passes each word on to hvdrun as a status
@@ -52,11 +56,12 @@ import threading
 import time
 
 try:
-    from . import lifeline, protocol, rankenv
+    from . import lifeline, process_state, protocol, rankenv
     from ..util.safe_files import open_for_writing
 except ImportError:  # run as a plain file: siblings are on sys.path[0], and hvdlite/util
     import lifeline  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
+    import process_state  # type: ignore[no-redef]
     import rankenv  # type: ignore[no-redef]
 
     # safe_files sits in hvdlite/util (below the engine's writers too): standard library only
@@ -222,11 +227,14 @@ def _child_setup():
 
 
 class _Supervisor:
-    """Owns the child: forwards signals, escalates to SIGKILL, watches launcher and hvdrun."""
+    """Owns the child: forwards signals, escalates to SIGKILL, watches launcher and
+    hvdrun, and kills a child that stays stopped for *frozen_after* seconds (0: never)."""
 
-    def __init__(self, child: subprocess.Popen, owner: str | None) -> None:
+    def __init__(self, child: subprocess.Popen, owner: str | None, frozen_after: float = 0.0):
         self.child, self._owner = child, owner
         self.stopped = False
+        self.frozen: float | None = None  # seconds the child was stopped when killed for it
+        self._frozen_after = frozen_after
         self._parent = os.getppid()
         self._lock = threading.Lock()
 
@@ -256,11 +264,19 @@ class _Supervisor:
             self.signal_child(signum)
 
     def watch(self) -> None:
-        """Stop the child once the launcher (our parent) or hvdrun (the owner) is gone."""
+        """Stop the child once the launcher (our parent) or hvdrun (the owner) is gone;
+        kill it once it has been stopped (SIGSTOP) for the frozen bound."""
+        frozen = process_state.StoppedWatch(self.child.pid) if self._frozen_after > 0 else None
         while self.child.poll() is None:
             if os.getppid() != self._parent or (self._owner and not lifeline.alive(self._owner)):
                 self.stop(signal.SIGTERM)
                 return
+            if frozen is not None and self.frozen is None:
+                seconds = frozen.look()
+                if seconds >= self._frozen_after:
+                    # A stopped process takes SIGKILL at once; SIGTERM would wait for SIGCONT.
+                    self.frozen = seconds
+                    self.signal_child(signal.SIGKILL)
             time.sleep(0.5)
 
 
@@ -269,6 +285,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tail", type=int, default=10)
     parser.add_argument("--output-dir", default=None)
     parser.add_argument("--timestamp", action="store_true")
+    parser.add_argument("--frozen-after", type=float, default=0.0)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
@@ -374,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if report_fd is not None:
             os.close(report_fd)  # the child holds it now; EOF once the child is done
-    supervisor = _Supervisor(child, owner)
+    supervisor = _Supervisor(child, owner, args.frozen_after)
     for signum in FORWARD_SIGNALS:
         signal.signal(signum, supervisor.on_signal)
     tail = _Tail(args.tail)
@@ -400,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         signal=signum,
         signame=signal.Signals(signum).name if signum else None,
         stopped=supervisor.stopped,
+        frozen=supervisor.frozen,
         time=ended,
         tail=tail.lines(),
     )

@@ -5,7 +5,8 @@ numbers, so an uninterrupted run from a commit (``--start-from``, a file the
 resumed job's reset callback wrote) must end with the same weights as the
 elastic run that resumed from it.  ``--kill-rank R --kill-at S``: in launch 0,
 rank R SIGKILLs itself before global step S (``--exit-code C``: calls ``os._exit(C)``
-instead, a crash).  Rank 0 saves the final weights to
+instead, a crash; ``--freeze``: stops itself with SIGSTOP, never to continue, as a
+frozen process).  Rank 0 saves the final weights to
 ``--out``/final.pt; after a relaunch the reset callback saves what the job
 resumed from (model, optimizer, epoch, batch, size) to ``--out``/resumed.pt.
 ``--compare-with FILE``: rank 0 says at the end whether its weights equal FILE's.
@@ -30,6 +31,7 @@ parser.add_argument("--commit-every", type=int, default=3)
 parser.add_argument("--kill-rank", type=int, default=-1)
 parser.add_argument("--kill-at", type=int, default=-1)
 parser.add_argument("--exit-code", type=int, default=0)
+parser.add_argument("--freeze", action="store_true")
 parser.add_argument("--out", required=True)
 parser.add_argument("--start-from", default=None)
 parser.add_argument("--compare-with", default=None)
@@ -100,7 +102,7 @@ def train(state):
                         hosts.write(args.shrink_to + "\n")
                 if args.exit_code:
                     os._exit(args.exit_code)
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGSTOP if args.freeze else signal.SIGKILL)
             x, y = batch_for(state.epoch, state.batch, hvd.rank())
             optimizer.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()

@@ -81,6 +81,10 @@ elif mode == "kill":
     if rank == 1:
         print(f"rank {rank} is about to be killed", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+elif mode == "freeze":
+    if rank == 1:
+        print(f"rank {rank} is about to stop itself", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
 elif mode == "sleep":
     print(f"rank {rank} ready", flush=True)
 else:
