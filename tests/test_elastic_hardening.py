@@ -6,11 +6,13 @@ hvdrun jobs in test_elastic_jobs.py and test_runner_jobs.py.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
 import stat
 import time
+from pathlib import Path
 
 import pytest
 
@@ -409,4 +411,43 @@ def test_a_commit_written_behind_hvdruns_back_is_refused_at_resume(tmp_path, mon
         kind == "error"
         and "holds commit 4 of launch 1, written after hvdrun saw commit 3" in text
         and "a leftover rank of an earlier launch wrote it" in text
+    )
+
+
+_FULL_DISK_WRITE = """
+import errno, json, os, resource, signal, sys
+from hvdlite.elastic import layout
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (4, 4))
+try:
+    layout.record_launch(sys.argv[1], 12345)
+except OSError as exc:
+    print(json.dumps([exc.errno, exc.filename, sorted(os.listdir(sys.argv[1]))]))
+"""
+
+
+def test_hvdrun_s_own_state_write_that_fails_leaves_no_temporary_and_names_the_file(tmp_path):
+    # Writes past a file-size limit fail as a full disk's do, with the file's name on the
+    # error and no temporary left; hvdrun turns it into a message and exit 74.
+    import subprocess
+    import sys
+
+    from hvdlite.runner.elastic_driver import GiveUp, _own_writes
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_WRITE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    code, filename, left = json.loads(done.stdout)
+    assert code == errno.EFBIG and filename == str(tmp_path / layout.LAUNCH_FILE), done
+    assert left == [], left
+    with pytest.raises(GiveUp) as caught, _own_writes(str(tmp_path), "job-1"):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "launch"))
+    assert caught.value.code == layout.STATE_WRITE_EXIT == 74
+    assert str(caught.value) == (
+        f"hvdrun cannot write {tmp_path / 'launch'}: No space left on device (errno 28, "
+        "ENOSPC). Free space or raise the quota there, then resume with --elastic-resume job-1"
     )

@@ -375,6 +375,24 @@ def test_elastic_resume_continues_a_job_whose_hvdrun_ended(tmp_path, job_env):
         in again.stderr
     ), again.output
     assert "final total=78 steps=12" in again.stdout, again.output
+    # An hvdrun that ended before the job's first commit left only the job's directory:
+    # resuming it starts over, saying so.
+    from hvdlite.elastic import layout
+
+    fresh = tmp_path / "state" / "job-without-commit"
+    fresh.mkdir(mode=0o700)
+    layout.write_marker(str(fresh), fresh.name)
+    over = _objects(
+        tmp_path,
+        job_env,
+        hvdrun_args=("-np", "2", "--max-restarts", "1", "--elastic-resume", fresh.name),
+    )
+    assert over.returncode == 0, over.output
+    assert (
+        "job job-without-commit has no commit yet (hvdrun ended before the first): "
+        "starting over" in over.stderr
+    ), over.output
+    assert "final total=78 steps=12" in over.stdout, over.output
     missing = _objects(
         tmp_path,
         job_env,

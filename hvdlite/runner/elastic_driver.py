@@ -35,6 +35,8 @@ Every decision is one ``hvdrun: elastic: ...`` line on stderr.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import secrets
 import shutil
@@ -54,6 +56,7 @@ from ..elastic.layout import (
     STATE_ERROR_EXIT,
     STATE_FILE,
     STATE_WRITE_EXIT,
+    has_marker,
     last_launch,
     post_notice,
     record_launch,
@@ -91,6 +94,23 @@ class GiveUp(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
+
+
+@contextlib.contextmanager
+def _own_writes(job_dir: str, job_id: str):
+    """hvdrun's own small files in the job's directory (its marker, the launch count):
+    a write that fails (a full disk, a quota) ends the job with ``STATE_WRITE_EXIT``
+    and a message naming the error, as a commit that cannot be written does."""
+    try:
+        yield
+    except OSError as exc:
+        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        where = exc.filename or job_dir
+        raise GiveUp(
+            f"hvdrun cannot write {where}: {exc.strerror or exc} (errno {exc.errno}, {name}). "
+            f"Free space or raise the quota there, then resume with --elastic-resume {job_id}",
+            STATE_WRITE_EXIT,
+        ) from None
 
 
 def new_job_id() -> str:
@@ -275,12 +295,15 @@ def run_elastic(
     job_id = settings.resume or new_job_id()
     job_dir = os.path.join(settings.state_dir, job_id)
     if settings.resume and not os.path.exists(os.path.join(job_dir, STATE_FILE)):
-        sys.stderr.write(
-            f"hvdrun: error: --elastic-resume {job_id}: no commit of that job in "
-            f"{job_dir}; give the job id hvdrun printed at its start, and the "
-            "same --elastic-state-dir\n"
-        )
-        return USAGE_EXIT
+        if has_marker(job_dir, job_id):  # hvdrun ended before the first commit: nothing lost
+            say(f"job {job_id} has no commit yet (hvdrun ended before the first): starting over")
+        else:
+            sys.stderr.write(
+                f"hvdrun: error: --elastic-resume {job_id}: no commit of that job in "
+                f"{job_dir}; give the job id hvdrun printed at its start, and the "
+                "same --elastic-state-dir\n"
+            )
+            return USAGE_EXIT
     if dry_run:
         placement = pool.placement(first)
         if not placement:
@@ -291,9 +314,14 @@ def run_elastic(
         )
         sys.stdout.write(launch.shell_line() + "\n")
         return 0
-    make_private_dir(settings.state_dir)  # 0700 when hvdrun makes it; kept as it is
-    make_private_dir(job_dir)
-    write_marker(job_dir, job_id)  # rank 0 writes commits only where it sees this
+    try:
+        with _own_writes(job_dir, job_id):
+            make_private_dir(settings.state_dir)  # 0700 when hvdrun makes it; kept as it is
+            make_private_dir(job_dir)
+            write_marker(job_dir, job_id)  # rank 0 writes commits only where it sees this
+    except GiveUp as exc:
+        say(f"error: {exc}")
+        return exc.code
     if not settings.resume:
         say(
             f"job {job_id}: commits go to {job_dir} (should hvdrun itself end, resume with "
@@ -332,7 +360,8 @@ def _loop(
         commit = _commit_on_disk(job_dir, job_id)
         start = f"resuming from {commit.describe()}" if commit else "from the start"
         say(f"launch {generation}: {np} rank(s) on {format_hosts(placement)}, {start}")
-        record_launch(job_dir, generation)
+        with _own_writes(job_dir, job_id):
+            record_launch(job_dir, generation)
         launch = make_launch(np, placement, rank_environment(job_dir, job_id, generation, commit))
         if describe is not None:
             sys.stderr.write(describe(launch))
