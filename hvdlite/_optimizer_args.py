@@ -107,8 +107,7 @@ def reduction_scales(op, gradient_predivide_factor: float) -> tuple[float, float
     return 1.0, 1.0
 
 
-#: Why each non-torch optimizer has no ``shard_optimizer_state`` (README: "Sharded
-#: optimizer state").
+#: Why each non-torch optimizer has no ``shard_optimizer_state`` (docs/sharding.md).
 _NO_SHARDING = {
     "keras": (
         "a Keras optimizer builds its state for every variable it is given and updates "

@@ -363,7 +363,7 @@ def allreduce(
     process_set: ProcessSet = global_process_set,
     *,
     output=None,
-):
+) -> np.ndarray:
     """Reduce *tensor* over the ranks of *process_set* (default op: Average).
 
     Returns:
@@ -556,7 +556,10 @@ def broadcast(
 
 # ------------------------------------------------------------------ alltoall
 def alltoall_async(
-    tensor, splits=None, name: str | None = None, process_set: ProcessSet = global_process_set
+    tensor,
+    splits: Sequence[int] | None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Start sending dim-0 slices of *tensor* to the ranks of the set.
 
@@ -601,8 +604,11 @@ def alltoall_async(
 
 
 def alltoall(
-    tensor, splits=None, name: str | None = None, process_set: ProcessSet = global_process_set
-):
+    tensor,
+    splits: Sequence[int] | None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Send dim-0 slices of *tensor* to the ranks (see :func:`alltoall_async`).
 
     Returns:

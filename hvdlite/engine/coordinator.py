@@ -297,7 +297,7 @@ STALL_HINT = (
     "submitted what it waits on ('hvdlite stall: rank N waits on ...'); for ranks on "
     "different code paths run with HVDLITE_CHECK_ORDER=1 (hvdrun --check-order), which "
     "fails at the first collective that differs; for a rank that is alive but stuck, "
-    "HVDLITE_COLLECTIVE_TIMEOUT=SECONDS ends the job instead of waiting. (README: "
+    "HVDLITE_COLLECTIVE_TIMEOUT=SECONDS ends the job instead of waiting. (docs/hangs.md: "
     '"My job hangs")'
 )
 #: The longest gap between two repeats of the same stall warning.

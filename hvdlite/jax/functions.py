@@ -12,10 +12,12 @@ root's values matter and every rank ends with them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 
 from hvdlite import objects as _objects
-from hvdlite.process_sets import global_process_set
+from hvdlite.process_sets import ProcessSet, global_process_set
 
 from . import _arrays
 from .mpi_ops import _broadcast_async, _check_set, _root, refuse_traced, synchronize
@@ -28,7 +30,9 @@ _OUTSIDE_JIT = (
 )
 
 
-def broadcast_parameters(params, root_rank: int, process_set=global_process_set):
+def broadcast_parameters(
+    params: Any, root_rank: int, process_set: ProcessSet = global_process_set
+) -> Any:
     """Return *params* (any pytree of arrays: a dict of parameters, a Flax
     variable dict, an optax state) with the root rank's values on every rank.
 

@@ -49,6 +49,9 @@ Arguments shared by the collectives (each function lists only its own):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -221,7 +224,7 @@ def allreduce(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
-):
+) -> Any:
     """Reduce *tensor* (an array, or a pytree of arrays as one fused group) over
     the ranks of *process_set* (default op: Average).
 
@@ -281,7 +284,7 @@ def grouped_allreduce(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
-):
+) -> Any:
     """Reduce a list (or any pytree) of arrays as one unit; eagerly or inside jit.
 
     Returns:
@@ -383,7 +386,9 @@ def _allgather(tensor, name, process_set, grouped: bool, what: str):
     return _now(_allgather_async, leaves, treedef, grouped, name, process_set)
 
 
-def allgather(tensor, name: str | None = None, process_set: ProcessSet = global_process_set):
+def allgather(
+    tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> jax.Array:
     """Concatenate every rank's *tensor* along dim 0, in rank order.
 
     Inside ``jax.jit`` every rank must pass the same dim 0.
@@ -394,7 +399,9 @@ def allgather(tensor, name: str | None = None, process_set: ProcessSet = global_
     return _allgather(tensor, name, process_set, False, "allgather")
 
 
-def grouped_allgather(tensors, name: str | None = None, process_set=global_process_set):
+def grouped_allgather(
+    tensors, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Any:
     """Allgather a list (or pytree) of arrays as one unit; eagerly or inside jit.
 
     Returns:
@@ -459,12 +466,12 @@ def broadcast_async(
 
 def broadcast(
     tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
-):
+) -> jax.Array:
     """Copy the global rank *root_rank*'s *tensor* to every rank; eagerly or inside jit.
 
     Returns:
-        A new array holding the root's values (for a pytree of parameters use
-        :func:`hvdlite.jax.broadcast_parameters`).
+        A new array holding the root's values (for a pytree of parameters
+            use :func:`hvdlite.jax.broadcast_parameters`).
     """
     leaf = _one(tensor, "broadcast")
     _check_set(process_set, "broadcast")
@@ -489,7 +496,10 @@ def _splits(splits) -> list[int] | None:
 
 
 def alltoall_async(
-    tensor, splits=None, name: str | None = None, process_set: ProcessSet = global_process_set
+    tensor,
+    splits: Sequence[int] | None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Start sending dim-0 slices of *tensor* to the ranks and receiving theirs.
 
@@ -520,8 +530,11 @@ def alltoall_async(
 
 
 def alltoall(
-    tensor, splits=None, name: str | None = None, process_set: ProcessSet = global_process_set
-):
+    tensor,
+    splits: Sequence[int] | None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Send dim-0 slices of *tensor* to the ranks and receive theirs.
 
     Inside ``jax.jit`` only even splits (``splits=None``) with the same dim 0
@@ -529,7 +542,7 @@ def alltoall(
 
     Returns:
         ``output`` where *splits* is None, else ``(output, received_splits)``
-        (see :func:`alltoall_async`).
+            (see :func:`alltoall_async`).
     """
     leaf = _one(tensor, "alltoall")
     if _arrays.is_traced([leaf]):
@@ -632,7 +645,7 @@ def reducescatter(
     process_set: ProcessSet = global_process_set,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
-):
+) -> jax.Array:
     """Reduce *tensor* over the ranks and keep this rank's dim-0 shard (see
     :func:`reducescatter_async`); eagerly or inside jit.
 
@@ -674,7 +687,7 @@ def grouped_reducescatter(
     process_set: ProcessSet = global_process_set,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
-):
+) -> Any:
     """Reducescatter each array of a list (or pytree), as one unit.
 
     Returns:

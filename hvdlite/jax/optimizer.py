@@ -32,7 +32,7 @@ _instances = itertools.count()
 
 
 def DistributedOptimizer(
-    optimizer,
+    optimizer: optax.GradientTransformation,
     compression: type[Compressor] = NoneCompressor,
     backward_passes_per_step: int = 1,
     op: ReduceOp = Average,
