@@ -49,8 +49,8 @@ test-unit: $(STAMP)
 
 # The generated collectives (tests/parallel/test_generated_collectives.py) at length:
 # FUZZ_EXAMPLES sequences at 2 ranks, then at 3, each printing what it ran (`make test`
-# runs 30 of them per size).  A failure prints the shrunk plan that reproduces it.
-FUZZ_EXAMPLES ?= 1500
+# runs 60 of them per size).  A failure prints the shrunk plan that reproduces it.
+FUZZ_EXAMPLES ?= 1000
 fuzz: $(STAMP)
 	for n in 2 3; do \
 	  HVDLITE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) HVDLITE_FUZZ_TIMEOUT=7200 PYTHONPATH=$(CURDIR) \

@@ -38,7 +38,7 @@ how "a rank skipping one" and a name disagreement end instead of hanging, as
 the README's Failure behaviour documents), dynamic process sets on.
 
 ``make test`` runs a bounded number of examples (HVDLITE_FUZZ_EXAMPLES,
-default 30); ``make fuzz`` runs thousands and prints what it ran.  Failing
+default 60); ``make fuzz`` runs thousands and prints what it ran.  Failing
 cases that were shrunk are kept below as plain tests (``test_regression_*``).
 """
 
@@ -72,7 +72,7 @@ import hvdlite.torch as hvd  # noqa: E402
 MPI_SIZES = (2, 3)
 MPI_REQUIRES = ("hypothesis",)
 
-EXAMPLES = int(os.environ.get("HVDLITE_FUZZ_EXAMPLES", "30"))
+EXAMPLES = int(os.environ.get("HVDLITE_FUZZ_EXAMPLES", "60"))
 MAX_STEPS = int(os.environ.get("HVDLITE_FUZZ_STEPS", "8"))
 #: Seconds a call may take to finish or fail: the stall shutdown, its check
 #: interval and a loaded 2-core machine's slack.
