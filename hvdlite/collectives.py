@@ -28,6 +28,9 @@ Arguments shared by the collectives (each function lists only its own):
   its members call, and ranks are global ranks.
 - *output* / *outputs* (keyword only): where the result goes; pass the input
   itself to work in place.
+- *dtype_names* (keyword only, for framework adapters): the framework's dtype
+  of each array where the adapter hands the engine another (torch's bfloat16
+  as int16 bits, say); the ranks must agree on them too.  () for numpy arrays.
 
 Every ``*_async`` function returns a :class:`~hvdlite.handles.Handle`, a
 ``concurrent.futures.Future`` whose result is what the blocking form returns.
@@ -252,6 +255,7 @@ def grouped_allreduce_async(
     process_set: ProcessSet = global_process_set,
     *,
     outputs: Sequence | None = None,
+    dtype_names: tuple = (),
 ) -> Handle:
     """Start reducing a list of arrays as one unit (negotiated and fused together).
 
@@ -283,6 +287,7 @@ def grouped_allreduce_async(
         op=int(rop),
         prescale=pre,
         postscale=post,
+        framework_dtypes=dtype_names,
     )
     return _submit(st, params, arrays, outs, grouped=True, keepalive=(arrays, outs))
 
@@ -297,6 +302,7 @@ def allreduce_async(
     process_set: ProcessSet = global_process_set,
     *,
     output=None,
+    dtype_names: tuple = (),
 ) -> Handle:
     """Start an allreduce of *tensor* (``output=tensor`` reduces in place).
 
@@ -321,6 +327,7 @@ def allreduce_async(
             array.dtype,
             array.shape,
             type(array),
+            dtype_names,
         )
         try:
             params = known.get(key)
@@ -342,6 +349,7 @@ def allreduce_async(
         op=int(rop),
         prescale=pre,
         postscale=post,
+        framework_dtypes=dtype_names,
     )
     if key is not None:
         if len(known) >= _KNOWN_LIMIT:
@@ -413,7 +421,11 @@ def grouped_allreduce(
 
 # ----------------------------------------------------------------- allgather
 def grouped_allgather_async(
-    tensors: Sequence, name: str | None = None, process_set: ProcessSet = global_process_set
+    tensors: Sequence,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+    *,
+    dtype_names: tuple = (),
 ) -> Handle:
     """Start gathering a list of arrays as one unit (see :func:`allgather_async`).
 
@@ -439,12 +451,17 @@ def grouped_allgather_async(
         kind=int(Kind.ALLGATHER),
         dtypes=dtypes,
         shapes=tuple(a.shape[1:] for a in arrays),
+        framework_dtypes=dtype_names,
     )
     return _submit(st, params, arrays, None, grouped=True, keepalive=arrays)
 
 
 def allgather_async(
-    tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+    tensor,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+    *,
+    dtype_names: tuple = (),
 ) -> Handle:
     """Start concatenating *tensor* along dim 0 over the ranks, in rank order.
 
@@ -469,6 +486,7 @@ def allgather_async(
         kind=int(Kind.ALLGATHER),
         dtypes=(dtype,),
         shapes=(array.shape[1:],),
+        framework_dtypes=dtype_names,
     )
     return _submit(st, params, [array], None, keepalive=array)
 
@@ -503,6 +521,7 @@ def broadcast_async(
     process_set: ProcessSet = global_process_set,
     *,
     output=None,
+    dtype_names: tuple = (),
 ) -> Handle:
     """Start copying *tensor* from *root_rank* to every rank of the set.
 
@@ -534,6 +553,7 @@ def broadcast_async(
         dtypes=(dtype,),
         shapes=(array.shape,),
         root=root,
+        framework_dtypes=dtype_names,
     )
     return _submit(st, params, [array], [out], keepalive=(array, out))
 
@@ -560,6 +580,8 @@ def alltoall_async(
     splits: Sequence[int] | None = None,
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
+    *,
+    dtype_names: tuple = (),
 ) -> Handle:
     """Start sending dim-0 slices of *tensor* to the ranks of the set.
 
@@ -599,6 +621,7 @@ def alltoall_async(
         kind=int(Kind.ALLTOALL),
         dtypes=(dtype,),
         shapes=(array.shape[1:],),
+        framework_dtypes=dtype_names,
     )
     return _submit(st, params, [array], None, splits=split_arr, keepalive=array)
 
@@ -626,6 +649,8 @@ def grouped_reducescatter_async(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    *,
+    dtype_names: tuple = (),
 ) -> Handle:
     """Start a reducescatter of each array of *tensors*, as one unit.
 
@@ -634,12 +659,12 @@ def grouped_reducescatter_async(
         :func:`reducescatter_async`).
     """
     return _reducescatter_async(
-        tensors, name, op, prescale_factor, postscale_factor, process_set, grouped=True
+        tensors, name, op, prescale_factor, postscale_factor, process_set, True, dtype_names
     )
 
 
 def _reducescatter_async(
-    tensors, name, op, prescale_factor, postscale_factor, process_set, grouped: bool
+    tensors, name, op, prescale_factor, postscale_factor, process_set, grouped: bool, dtype_names
 ) -> Handle:
     st = state()
     set_id, _ = _members(st, process_set, "reducescatter")
@@ -664,6 +689,7 @@ def _reducescatter_async(
         op=int(rop),
         prescale=pre,
         postscale=post,
+        framework_dtypes=dtype_names,
     )
     return _submit(st, params, arrays, None, grouped=grouped, keepalive=arrays)
 
@@ -675,6 +701,8 @@ def reducescatter_async(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    *,
+    dtype_names: tuple = (),
 ) -> Handle:
     """Start reducing *tensor* over the ranks, each keeping one dim-0 shard (op:
     Average or Sum).
@@ -685,7 +713,7 @@ def reducescatter_async(
         ``rows % size`` members get one row more).
     """
     return _reducescatter_async(
-        [tensor], name, op, prescale_factor, postscale_factor, process_set, grouped=False
+        [tensor], name, op, prescale_factor, postscale_factor, process_set, False, dtype_names
     )
 
 

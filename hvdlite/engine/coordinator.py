@@ -21,6 +21,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 
+import numpy as np
+
 from .messages import (
     CACHEABLE,
     JOIN_KEY,
@@ -45,6 +47,7 @@ _CHECKED_FIELDS = (
     "kind",
     "device",
     "dtypes",
+    "framework_dtypes",
     "shapes",
     "op",
     "root",
@@ -54,12 +57,18 @@ _CHECKED_FIELDS = (
 )
 
 
+def _value(p: Params, field: str):
+    if field == "framework_dtypes" and not p.framework_dtypes:  # the engine's dtypes are its own
+        return tuple(np.dtype(d).name for d in p.dtypes)
+    return getattr(p, field)
+
+
 def check_agreement(name: str, per_rank: Mapping[int, Params]) -> str | None:
     """None if all ranks' requests agree, else a message naming what differed where."""
     ranks = sorted(per_rank)
     first = per_rank[ranks[0]]
     for field in _CHECKED_FIELDS:
-        values = {r: getattr(per_rank[r], field) for r in ranks}
+        values = {r: _value(per_rank[r], field) for r in ranks}
         if len(set(values.values())) == 1:
             continue
         by_value: dict = {}

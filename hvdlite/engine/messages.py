@@ -83,6 +83,10 @@ class Params(NamedTuple):
     postscale: float = 1.0
     extra: tuple = ()  # kind-specific agreed data (e.g. the ranks of a new process set)
     device: str = "cpu"  # "cpu" or "cuda"
+    # The framework's dtype names where the engine is handed another dtype (torch's CPU
+    # float16 and bfloat16 reduced as float32 copies, bfloat16 moved as int16 bits), so
+    # that ranks which disagree there are told so; () where the engine sees the dtypes.
+    framework_dtypes: tuple = ()
 
     @property
     def key(self) -> tuple:
@@ -122,6 +126,7 @@ MISMATCH = "mismatch"
 _FIELD_NAMES = {
     "kind": "collective",
     "dtypes": "dtype",
+    "framework_dtypes": "dtype",
     "shapes": "shape",
     "op": "reduction op",
     "root": "root rank",
@@ -145,6 +150,8 @@ def describe(field: str, value) -> str:
 
         names = [np.dtype(v).name for v in value]
         return names[0] if len(names) == 1 else "(" + ", ".join(names) + ")"
+    if field == "framework_dtypes" and isinstance(value, tuple):
+        return value[0] if len(value) == 1 else "(" + ", ".join(value) + ")"
     if field == "shapes" and isinstance(value, tuple) and len(value) == 1:
         return str(value[0])
     return str(value)

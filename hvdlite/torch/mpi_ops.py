@@ -132,6 +132,16 @@ def _widened(tensor: torch.Tensor) -> bool:
     return dtype == torch.bfloat16 or (dtype == torch.float16 and not tensor.is_cuda)
 
 
+def _framework_dtypes(tensors) -> tuple:
+    """The torch dtype names of *tensors* where the engine is handed another dtype
+    for one of them (float16 and bfloat16 reduced as float32 copies, bfloat16 moved
+    as int16 bits), for the ranks to agree on as Horovod's do; () otherwise, where
+    the engine compares the dtypes it sees."""
+    if any(t.dtype in _WIDENED for t in tensors):
+        return tuple(str(t.dtype).removeprefix("torch.") for t in tensors)
+    return ()
+
+
 def _allreduce(
     sources,
     outputs,
@@ -180,6 +190,7 @@ def _allreduce(
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
         process_set=process_set,
+        dtype_names=_framework_dtypes(sources),
     )
     if grouped:
         handle = _collectives.grouped_allreduce_async(ins, outputs=outs, **kwargs)
@@ -398,7 +409,10 @@ def allgather_async(
     """
     src = _source(tensor, "allgather_async")
     handle = _collectives.allgather_async(
-        _array(src), name=_named("allgather", name), process_set=process_set
+        _array(src),
+        name=_named("allgather", name),
+        process_set=process_set,
+        dtype_names=_framework_dtypes([src]),
     )
     return _attach(handle, lambda result: _tensor(result, src.dtype))
 
@@ -416,7 +430,10 @@ def grouped_allgather_async(
     """
     srcs = [_source(t, "grouped_allgather_async") for t in tensors]
     handle = _collectives.grouped_allgather_async(
-        [_array(s) for s in srcs], name=_named("allgather", name), process_set=process_set
+        [_array(s) for s in srcs],
+        name=_named("allgather", name),
+        process_set=process_set,
+        dtype_names=_framework_dtypes(srcs),
     )
     dtypes = [s.dtype for s in srcs]
     return _attach(
@@ -449,6 +466,7 @@ def broadcast_async(
         name=_named("broadcast", name),
         process_set=process_set,
         output=_array(out),
+        dtype_names=_framework_dtypes([src]),
     )
     return _attach(handle, lambda _result: out)
 
@@ -466,9 +484,15 @@ def broadcast_async_(
         A handle; ``synchronize(handle)`` returns *tensor* itself, now holding
         the root's values.
     """
-    arr = _array(_target(tensor, "broadcast_async_"))
+    dst = _target(tensor, "broadcast_async_")
+    arr = _array(dst)
     handle = _collectives.broadcast_async(
-        arr, root_rank, name=_named("broadcast", name), process_set=process_set, output=arr
+        arr,
+        root_rank,
+        name=_named("broadcast", name),
+        process_set=process_set,
+        output=arr,
+        dtype_names=_framework_dtypes([dst]),
     )
     return _attach(handle, lambda _result: tensor)
 
@@ -526,7 +550,11 @@ def alltoall_async(
     src = _source(tensor, "alltoall_async")
     splits_device = splits.device if isinstance(splits, torch.Tensor) else None
     handle = _collectives.alltoall_async(
-        _array(src), splits=_splits(splits), name=_named("alltoall", name), process_set=process_set
+        _array(src),
+        splits=_splits(splits),
+        name=_named("alltoall", name),
+        process_set=process_set,
+        dtype_names=_framework_dtypes([src]),
     )
 
     def convert(result):
@@ -547,6 +575,7 @@ def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_se
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
         process_set=process_set,
+        dtype_names=_framework_dtypes(srcs),
     )
     if grouped:
         handle = _collectives.grouped_reducescatter_async([_array(w) for w in wide], **kwargs)
