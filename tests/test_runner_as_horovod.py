@@ -74,7 +74,7 @@ assert horovod.__version__ == "0.28.1" and horovod.__hvdlite_version__ == hvdlit
 assert mpi_built() and get_env_rank_and_size() == (0, 1)
 assert importlib.util.find_spec("horovod.no_such_module") is None
 assert importlib.util.find_spec("horovod.torch.no_such_module") is None
-for name, what in [("horovod.spark", "Spark"), ("horovod.ray.runner", "Ray"),
+for name, what in [("horovod.spark", "Spark"), ("horovod.ray", "Ray"),
                    ("horovod.torch.mpi_lib_v2", "compiled library"),
                    ("horovod.runner.gloo_run", "hvdrun")]:
     try:
