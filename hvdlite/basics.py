@@ -68,6 +68,7 @@ _LEVELS = {
 
 _init_lock = threading.Lock()
 _atexit_registered = False
+_said_standing_in = False
 
 
 def _configure_logging(level: str, rank: int, hide_time: bool) -> None:
@@ -221,6 +222,7 @@ def init(comm=None, process_sets=None) -> None:
             os.register_at_fork(after_in_child=runtime.forget_after_fork)
             _atexit_registered = True
         _install_excepthooks()
+        _say_if_standing_in_for_horovod(world.Get_rank())
         for place in initial_sets.duplicates([entry for _, entry in mine], size):
             ps = mine[place][0]
             if new.sets.get(ps.process_set_id) is not ps:  # as Horovod: no id for a repeat
@@ -228,6 +230,23 @@ def init(comm=None, process_sets=None) -> None:
         repeated = initial_sets.duplicates_message(per_rank, size)
         if repeated:
             raise ValueError(repeated)
+
+
+def _say_if_standing_in_for_horovod(rank: int) -> None:
+    """Once per process, on rank 0: a warning when the program's ``horovod`` is
+    hvdlite's stand-in (``hvdrun --as-horovod``, see :mod:`hvdlite.horovod_compat`)."""
+    global _said_standing_in
+    stand_in = sys.modules.get("horovod")
+    if _said_standing_in or not getattr(stand_in, "__hvdlite_stands_in__", False):
+        return
+    _said_standing_in = True
+    if rank == 0:
+        log.warning(
+            "hvdlite %s stands in for Horovod (hvdrun --as-horovod): `import horovod` "
+            "gives hvdlite, which mirrors Horovod %s's API",
+            getattr(stand_in, "__hvdlite_version__", "?"),
+            getattr(stand_in, "__version__", "?"),
+        )
 
 
 def _mpi():

@@ -97,3 +97,13 @@ def test_the_elastic_pages_example_runs_as_printed(tmp_path):
     result = _run_snippet(tmp_path, code + "\nprint('epochs', state.epoch)\n")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().endswith("epochs 5")
+
+
+def test_one_version_source_and_the_changelog_names_it():
+    from hvdlite.version import __version__
+
+    setup = (ROOT / "setup.cfg").read_text()
+    assert "version = attr: hvdlite.version.__version__" in setup
+    assert "version" not in (ROOT / "pyproject.toml").read_text().split("[tool.", 1)[0]
+    releases = re.findall(r"(?m)^## \[(\d[^\]]*)\]", (ROOT / "CHANGELOG.md").read_text())
+    assert releases and releases[0] == __version__, (releases, __version__)

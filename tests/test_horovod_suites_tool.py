@@ -13,7 +13,7 @@ import horovod_suites  # noqa: E402
 sys.path.remove(str(ROOT / "tools"))
 
 
-def test_the_shim_serves_hvdlite_under_horovods_names():
+def test_the_stand_in_serves_hvdlite_under_horovods_names():
     code = (
         "import horovod.torch as hvd, hvdlite.torch\n"
         "assert hvd is hvdlite.torch\n"

@@ -1,6 +1,7 @@
 """Unit tests: flags from the knob table, --config-file precedence, and launch planning."""
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -352,3 +353,28 @@ def test_the_frozen_bound_is_on_by_default_in_elastic_launches_only():
     assert bound(["-np", "2"], elastic) == f"{cli.ELASTIC_FROZEN_TIMEOUT:g}" == "30"
     assert bound(["-np", "2", "--frozen-timeout", "0"], elastic) is None
     assert bound(["-np", "2", "--frozen-timeout", "5"], elastic) == "5"
+
+
+def test_as_horovod_puts_the_stand_in_first_on_the_ranks_path_and_only_then(tmp_path):
+    from hvdlite import horovod_compat
+
+    stand_in = horovod_compat.PATH
+    plan = _plan(["--as-horovod", "-np", "2", PY], PYTHONPATH="/mine")
+    assert _genv(plan)["PYTHONPATH"] == f"{stand_in}:/mine"
+    assert f"PYTHONPATH={stand_in}:/mine " in plan.shell_line()  # shown by --dry-run
+    assert (Path(stand_in) / "horovod" / "__init__.py").is_file()
+    assert _genv(_plan(["--as-horovod", "-np", "2", PY]))["PYTHONPATH"] == stand_in
+    plain = _plan(["-np", "2", PY], PYTHONPATH="/mine")
+    assert "PYTHONPATH" not in _genv(plain) and stand_in not in plain.shell_line()
+    config = tmp_path / "hvd.yaml"
+    config.write_text("as-horovod: true\n")
+    from_file = _plan(["--config-file", str(config), "-np", "2", PY])
+    assert _genv(from_file)["PYTHONPATH"] == stand_in
+
+
+def test_python_m_hvdlite_horovodrun_is_hvdrun_as_horovod(capsys):
+    from hvdlite import horovod_compat, horovodrun
+
+    assert horovodrun.main(["-np", "2", "--dry-run", PY, "train.py"]) == 0
+    line = capsys.readouterr().out
+    assert f"PYTHONPATH={horovod_compat.PATH}" in line and line.rstrip().endswith("train.py")

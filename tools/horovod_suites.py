@@ -3,8 +3,9 @@
 ``make test-horovod HOROVOD_SRC=<a checkout of github.com/horovod/horovod>`` runs
 ``test/parallel/test_torch.py``, ``test_tensorflow.py`` and the smaller suites in
 :data:`SUITES` (process sets, the timeline) under mpiexec at 2, 3 and 4 ranks,
-with ``tools/horovod_shim`` first on the path so that ``import horovod.torch as
-hvd`` gives ``hvdlite.torch``.  Without HOROVOD_SRC
+with ``hvdlite/horovod_compat`` first on the path so that ``import horovod.torch as
+hvd`` gives ``hvdlite.torch`` (the ``horovod`` package ``hvdrun --as-horovod`` gives
+every rank).  Without HOROVOD_SRC
 the script clones the repository (where the network allows) into
 ``.horovod-src/``; the source distribution on the package index has no tests.
 
@@ -35,7 +36,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIM = ROOT / "tools" / "horovod_shim"
+# The directory holding hvdlite's `horovod` package (hvdlite.horovod_compat.PATH).
+SHIM = ROOT / "hvdlite" / "horovod_compat"
 EXPECTED = ROOT / "tools" / "horovod_expected_failures.txt"
 CLONE = ROOT / ".horovod-src"
 REPOSITORY = "https://github.com/horovod/horovod"

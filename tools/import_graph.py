@@ -126,12 +126,25 @@ LAYERS = (
     # launcher; hvdlite.tensorflow's DistributedOptimizer takes Keras optimizers too.
     (
         "front doors",
-        ("hvdlite=", "hvdlite._dispatch", "hvdlite.tensorflow=", "hvdlite.tensorflow.keras"),
+        (
+            "hvdlite=",
+            "hvdlite._dispatch",
+            "hvdlite.tensorflow=",
+            "hvdlite.tensorflow.keras",
+            # the `horovod` package hvdrun --as-horovod puts on the ranks' path
+            "hvdlite.horovod_compat.horovod",
+        ),
     ),
     ("Keras 3", ("hvdlite.keras",)),
     (
         "adapters and launcher",
-        ("hvdlite.torch", "hvdlite.tensorflow", "hvdlite.jax", "hvdlite.runner"),
+        (
+            "hvdlite.torch",
+            "hvdlite.tensorflow",
+            "hvdlite.jax",
+            "hvdlite.runner",
+            "hvdlite.horovodrun",
+        ),
     ),
     (
         "API",
@@ -163,6 +176,7 @@ LAYERS = (
             "hvdlite.process_sets",
             "hvdlite.compression",
             "hvdlite.start_report",
+            "hvdlite.horovod_compat",  # its path and version, for hvdrun
             # values every layer passes around: a batch's requests and responses,
             # and the names of a timeline's phases
             "hvdlite.engine.messages",

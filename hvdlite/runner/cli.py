@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from .. import horovod_compat
 from . import elastic_settings, lifeline, protocol, slurm, sshcheck
 from .command import (
     LaunchSpec,
@@ -108,6 +109,7 @@ _SHOWN_PREFIXES = (
     "MASTER_ADDR",
     "MASTER_PORT",
     "TF_CPP_MIN_LOG_LEVEL",
+    "PYTHONPATH",  # set by --as-horovod
 )
 MASK = "***"
 
@@ -322,6 +324,8 @@ def prepare(
     knob_env = {**(rank_env or {}), **knob_environment(values)}
     if nics:
         knob_env["NCCL_SOCKET_IFNAME"] = ",".join(nics)
+    if values.get("as_horovod"):
+        knob_env.update(horovod_compat.rank_environment({**environ, **knob_env}))
     if values.get("master_port") is not None and not values.get("master_addr"):
         knob_env["MASTER_ADDR"] = hosts[0].name if hosts else "127.0.0.1"
     ssh_args = _ssh_args(values)

@@ -309,6 +309,13 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "accepted for horovodrun scripts: hvdrun "
         "keeps no cache of its start-up checks, it runs them every time",
     ),
+    Option(
+        "as_horovod",
+        ("--as-horovod",),
+        "run a program written for Horovod unchanged: in every rank `import horovod` "
+        "(horovod.torch, horovod.tensorflow, horovod.keras, horovod.run, ...) gives hvdlite "
+        "(puts hvdlite's horovod package first on the ranks' PYTHONPATH)",
+    ),
 )
 
 NETWORK_OPTIONS: tuple[Option, ...] = (
