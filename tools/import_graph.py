@@ -131,7 +131,13 @@ LAYERS = (
     ("Keras 3", ("hvdlite.keras",)),
     (
         "adapters and launcher",
-        ("hvdlite.torch", "hvdlite.tensorflow", "hvdlite.jax", "hvdlite.runner"),
+        (
+            "hvdlite.torch",
+            "hvdlite.tensorflow",
+            "hvdlite.jax",
+            "hvdlite.lightning",
+            "hvdlite.runner",
+        ),
     ),
     (
         "API",
@@ -172,7 +178,14 @@ LAYERS = (
 )
 
 #: Packages that must not import the engine.
-ADAPTERS = ("hvdlite.torch", "hvdlite.tensorflow", "hvdlite.keras", "hvdlite.jax", "hvdlite.runner")
+ADAPTERS = (
+    "hvdlite.torch",
+    "hvdlite.tensorflow",
+    "hvdlite.keras",
+    "hvdlite.jax",
+    "hvdlite.lightning",
+    "hvdlite.runner",
+)
 ENGINE = "hvdlite.engine"
 DEVICE = "hvdlite.device"
 
