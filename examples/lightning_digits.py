@@ -92,15 +92,17 @@ class PrintEpochs(L.Callback):
     """One line per epoch on rank 0 (the progress bar redraws its line, which reads
     badly in a log)."""
 
-    def on_validation_epoch_end(self, trainer, module):
-        if trainer.sanity_checking or not trainer.is_global_zero:
-            return
-        m = trainer.callback_metrics
-        print(
-            f"epoch {trainer.current_epoch + 1:3d}  train loss {m['train_loss']:.4f}"
-            f"  test loss {m['test_loss']:.4f}  test accuracy {m['test_acc']:.2%}",
-            flush=True,
-        )
+    def on_train_epoch_end(self, trainer, module):
+        # Every rank reads the metrics: computing a sync_dist value is a collective.
+        m = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        if trainer.is_global_zero:
+            print(
+                f"epoch {trainer.current_epoch + 1:3d}  "
+                f"train loss {m.get('train_loss', float('nan')):.4f}  "
+                f"test loss {m.get('test_loss', float('nan')):.4f}  "
+                f"test accuracy {m.get('test_acc', float('nan')):.2%}",
+                flush=True,
+            )
 
 
 def main(argv=None) -> float:
