@@ -26,9 +26,13 @@ def _reference():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    for ranks in (2, 3):
+    for epoch, ranks in enumerate((2, 3)):
+        # Lightning's DistributedSampler shuffles with seed 0 + epoch; the k-th global
+        # batch is the k-th block of ranks x B rows of that permutation
+        order = torch.randperm(ROWS, generator=torch.Generator().manual_seed(epoch))
+        xe, ye = x[order], y[order]
         for i in range(0, ROWS, ranks * B):
-            F.mse_loss(net(x[i : i + ranks * B]), y[i : i + ranks * B]).backward()
+            F.mse_loss(net(xe[i : i + ranks * B]), ye[i : i + ranks * B]).backward()
             opt.step()
             opt.zero_grad()
     return {f"net.{k}": v for k, v in net.state_dict().items()}
@@ -55,7 +59,9 @@ def test_checkpoint_saved_at_2_ranks_resumes_at_3(tmp_path):
     for report in resumed:
         assert (report["start_epoch"], report["start_step"]) == (1, ROWS // (2 * B))
         for name, value in saved["state_dict"].items():
-            torch.testing.assert_close(report["start_weights"][name], value, msg=name)
+            torch.testing.assert_close(
+                report["start_weights"][name], value, msg=lambda m, name=name: f"{name}: {m}"
+            )
         for got, want in zip(report["start_momentum"], momentum, strict=True):
             torch.testing.assert_close(got, want)
     assert [r["written"] for r in resumed] == [1, 0, 0]

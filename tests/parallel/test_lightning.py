@@ -2,9 +2,10 @@
 
 Each test runs one real ``Trainer.fit`` on every rank and compares the weights
 with one process that trains the same steps on the global batch (the rows of
-every rank's batch together), computed here on each rank in plain torch.  The
-data loaders do not shuffle, so Lightning's ``DistributedSampler`` gives rank r
-rows r, r+N, r+2N...: the k-th global batch is the contiguous block k.
+every rank's batch together), computed here on each rank in plain torch.
+Lightning's ``DistributedSampler`` shuffles training data (seed 0, ``set_epoch``
+each epoch) and gives rank r the rows r, r+N, r+2N... of that permutation, so the
+k-th global batch is the k-th contiguous block of the epoch's permutation.
 """
 
 import os
@@ -49,8 +50,10 @@ def loader():
     return DataLoader(dataset(), batch_size=B, shuffle=False)
 
 
-def global_batches(ranks=N):
+def global_batches(ranks=N, epoch=0):
     x, y = dataset().tensors
+    order = torch.randperm(ROWS, generator=torch.Generator().manual_seed(epoch))
+    x, y = x[order], y[order]
     return [(x[i : i + ranks * B], y[i : i + ranks * B]) for i in range(0, ROWS, ranks * B)]
 
 
@@ -76,7 +79,9 @@ def same_on_every_rank(module):
     for name, p in module.state_dict().items():
         gathered = hvd.allgather(p.detach().unsqueeze(0))
         for other in gathered:
-            torch.testing.assert_close(other, p, rtol=0, atol=0, msg=name)
+            torch.testing.assert_close(
+                other, p, rtol=0, atol=0, msg=lambda m, name=name: f"{name}: {m}"
+            )
 
 
 class Regression(L.LightningModule):
@@ -120,8 +125,8 @@ def reference(epochs, accumulate=1, clip=None, ranks=N):
     torch.manual_seed(0)  # rank 0's initial weights
     net = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    batches = global_batches(ranks)
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        batches = global_batches(ranks, epoch)
         for k, (x, y) in enumerate(batches):
             (F.mse_loss(net(x), y) / accumulate).backward()
             if (k + 1) % accumulate == 0 or k + 1 == len(batches):
@@ -149,7 +154,9 @@ def test_fit_matches_one_process_with_accumulation_clipping_and_sync_dist():
     # averaged gradients (clipping each rank's own before averaging would differ)
     want = reference(2, accumulate=2, clip=0.05)
     for (name, got), ref in zip(model.net.state_dict().items(), want.state_dict().values()):
-        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(
+            got, ref, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}"
+        )
     unclipped = reference(2, accumulate=2)
     assert not torch.allclose(unclipped[0].weight, want[0].weight, atol=1e-4)
     optimizer = t.optimizers[0]
@@ -176,7 +183,9 @@ def test_fit_matches_one_process_with_accumulation_clipping_and_sync_dist():
     assert hvd.allgather_object(files) == [files] * N
     saved = torch.load(os.path.join(tmp, "last.ckpt"), weights_only=False)
     for name, value in model.state_dict().items():
-        torch.testing.assert_close(saved["state_dict"][name], value, msg=name)
+        torch.testing.assert_close(
+            saved["state_dict"][name], value, msg=lambda m, name=name: f"{name}: {m}"
+        )
     assert saved["optimizer_states"][0]["state"][0]["momentum_buffer"].shape == (8, 5)
 
 
@@ -236,7 +245,9 @@ def test_manual_optimization_with_two_optimizers():
             opt_b.zero_grad()
     for got, want in ((model.a, a), (model.b, b)):
         for (name, p), q in zip(got.named_parameters(), want.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+            torch.testing.assert_close(
+                p, q, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}"
+            )
 
 
 def test_options_bf16_mixed_sharded_state_and_fp16_compression():
@@ -263,7 +274,9 @@ def test_process_set_trains_on_its_ranks_only():
         t.fit(model, loader())
         want = reference(1, ranks=2)
         for (name, got), ref in zip(model.net.state_dict().items(), want.state_dict().values()):
-            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6, msg=name)
+            torch.testing.assert_close(
+                got, ref, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}"
+            )
         assert model.seen["gathered"].tolist() == [[0.0], [1.0]]
     else:
         with pytest.raises(ValueError, match="not in the process set"):
