@@ -142,6 +142,7 @@ LAYERS = (
             "hvdlite.torch",
             "hvdlite.tensorflow",
             "hvdlite.jax",
+            "hvdlite.lightning",
             "hvdlite.runner",
             "hvdlite.horovodrun",
         ),
@@ -186,7 +187,14 @@ LAYERS = (
 )
 
 #: Packages that must not import the engine.
-ADAPTERS = ("hvdlite.torch", "hvdlite.tensorflow", "hvdlite.keras", "hvdlite.jax", "hvdlite.runner")
+ADAPTERS = (
+    "hvdlite.torch",
+    "hvdlite.tensorflow",
+    "hvdlite.keras",
+    "hvdlite.jax",
+    "hvdlite.lightning",
+    "hvdlite.runner",
+)
 ENGINE = "hvdlite.engine"
 DEVICE = "hvdlite.device"
 
