@@ -52,6 +52,21 @@ def _discovery(tmp_path, hosts: str) -> tuple[Path, Path]:
     return hostsfile, script
 
 
+def _two_ranks_uninterrupted(tmp_path, env):
+    """A 2-rank torch_train.py run without faults (its final weights in plain/final.pt):
+    ``(plain, elastic, script, train)``, the elastic run's output folder made too."""
+    plain, elastic = tmp_path / "plain", tmp_path / "elastic"
+    plain.mkdir()
+    elastic.mkdir()
+    script = str(SCRIPTS / "torch_train.py")
+    train = ("--epochs", "2", "--batches", "4", "--commit-every", "2")
+    uninterrupted = run(
+        hvdrun_cmd("-np", "2", PY, script, *train, "--out", str(plain)), timeout=90, env=env
+    )
+    assert uninterrupted.returncode == 0, uninterrupted.output
+    return plain, elastic, script, train
+
+
 @pytest.mark.timeout(300)
 def test_torch_rank_killed_mid_epoch_resumes_from_the_last_commit(tmp_path, job_env):
     out, replay = tmp_path / "elastic", tmp_path / "replay"
@@ -466,15 +481,7 @@ def test_a_frozen_rank_is_killed_by_the_default_bound_and_the_job_resumes(tmp_pa
     # Rank 1 stops itself with SIGSTOP mid-epoch and is never continued (a frozen
     # process). No knob is set: an elastic job bounds a stopped rank at 30 s by default,
     # names it, relaunches from the last commit and ends with the uninterrupted weights.
-    plain, elastic = tmp_path / "plain", tmp_path / "elastic"
-    plain.mkdir()
-    elastic.mkdir()
-    script = str(SCRIPTS / "torch_train.py")
-    train = ("--epochs", "2", "--batches", "4", "--commit-every", "2")
-    uninterrupted = run(
-        hvdrun_cmd("-np", "2", PY, script, *train, "--out", str(plain)), timeout=90, env=job_env
-    )
-    assert uninterrupted.returncode == 0, uninterrupted.output
+    plain, elastic, script, train = _two_ranks_uninterrupted(tmp_path, job_env)
     result = _hvdrun(
         tmp_path,
         job_env,
@@ -514,15 +521,7 @@ def test_a_crashed_rank_on_a_single_host_relaunches_there(tmp_path, job_env):
     # once (os._exit(9)) mid-epoch.  That is a process failure, not the host's: the job
     # resumes on the same host from its last commit and ends as an uninterrupted run does.
     _hostsfile, discover = _discovery(tmp_path, "localhost:2")
-    plain, elastic = tmp_path / "plain", tmp_path / "elastic"
-    plain.mkdir()
-    elastic.mkdir()
-    script = str(SCRIPTS / "torch_train.py")
-    train = ("--epochs", "2", "--batches", "4", "--commit-every", "2")
-    uninterrupted = run(
-        hvdrun_cmd("-np", "2", PY, script, *train, "--out", str(plain)), timeout=90, env=job_env
-    )
-    assert uninterrupted.returncode == 0, uninterrupted.output
+    plain, elastic, script, train = _two_ranks_uninterrupted(tmp_path, job_env)
     result = _hvdrun(
         tmp_path,
         job_env,

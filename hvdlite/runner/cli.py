@@ -21,7 +21,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .. import horovod_compat
+# Not `from .. import horovod_compat`: that asks the hvdlite package for the name, and
+# its lazy __getattr__ would import the basics (numpy) into hvdrun.
+from ..horovod_compat import rank_environment as horovod_environment
 from . import elastic_settings, lifeline, protocol, slurm, sshcheck
 from .command import (
     LaunchSpec,
@@ -325,7 +327,7 @@ def prepare(
     if nics:
         knob_env["NCCL_SOCKET_IFNAME"] = ",".join(nics)
     if values.get("as_horovod"):
-        knob_env.update(horovod_compat.rank_environment({**environ, **knob_env}))
+        knob_env.update(horovod_environment({**environ, **knob_env}))
     if values.get("master_port") is not None and not values.get("master_addr"):
         knob_env["MASTER_ADDR"] = hosts[0].name if hosts else "127.0.0.1"
     ssh_args = _ssh_args(values)
