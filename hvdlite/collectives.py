@@ -792,12 +792,13 @@ def join(device: int = -1) -> int:
         The rank that joined last, the same on every rank.
     """
     st = state()
-    handle = _submit(st, JOIN_PARAMS, [], [])
-    try:
+    handle = None
+    try:  # an exception inside _submit may come after the engine took the join
+        handle = _submit(st, JOIN_PARAMS, [], [])
         return synchronize(handle)
     except BaseException:
-        if not handle.done():
-            _leave_join(st)
+        if handle is None or not handle.done():
+            _leave_join(st)  # harmless where the engine never took the join
         raise
 
 

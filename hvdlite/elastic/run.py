@@ -20,7 +20,11 @@ synced and ``func`` runs again, as in Horovod.
 A commit that cannot be written (a full disk, a quota: a
 :class:`~.persistence.CommitWriteError` raised on rank 0 by ``commit()``) ends
 rank 0 with :data:`~.layout.STATE_WRITE_EXIT` and a message naming the file and
-the error; hvdrun ends the job with that code instead of relaunching it.
+the error; hvdrun ends the job with that code instead of relaunching it.  Rank 0
+leaves at once (``os._exit`` after flushing its output), without the usual
+shutdown: that shutdown would fail the other ranks' pending collectives first, and
+hvdrun, hearing of their failure before rank 0's exit code, would take it for the
+job's cause and relaunch.
 
 A :class:`~hvdlite.exceptions.HorovodInternalError` (a collective failed) is
 not retried in the process: MPI cannot repair its world, so the error ends the
@@ -36,6 +40,8 @@ start at the top of the script.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Callable
 
 from ..exceptions import HostsUpdatedInterrupt
@@ -73,9 +79,20 @@ def run_fn(func: Callable, reset: Callable[[], None] | None = None) -> Callable:
             if not state._context.relaunchable:
                 raise
             say(f"error: {exc}")
-            raise SystemExit(STATE_WRITE_EXIT) from exc
+            _leave_before_the_others(STATE_WRITE_EXIT)
 
     return wrapper
+
+
+def _leave_before_the_others(code: int) -> None:
+    """End this process with *code* now, its output flushed, so that hvdrun hears of
+    this rank's exit before any other rank's (see the module doc)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(code)
 
 
 def _loop(func: Callable, state: State, reset, args, kwargs):
