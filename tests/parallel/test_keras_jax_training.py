@@ -23,7 +23,9 @@ import hvdlite.collectives  # noqa: E402
 import hvdlite.jax  # noqa: E402
 import hvdlite.keras as hvd  # noqa: E402
 
-MPI_SIZES = (2, 3)
+# Two ranks: nothing here depends on the world's size; what this backend's reductions do
+# at 1 and 3 ranks is tested by the hvdlite.jax modules (test_jax_*.py), at lower cost.
+MPI_SIZES = (2,)
 MPI_ENV = {"KERAS_BACKEND": "jax"}
 MPI_REQUIRES = ("jax",)
 
