@@ -23,7 +23,7 @@ the newest commit written before its fault (no committed step lost); no process 
 the job is left.  Each fault's recovery time (fault to the next launch's first step)
 is measured.
 
-    python tools/chaos.py --seeds 1-20 --faults 6        # make chaos
+    python tools/chaos.py --seeds 1-25 --faults 4        # make chaos
     python tools/chaos.py --seeds 7 --faults 3            # one short run
 
 Needs Linux (``/proc``); ``enospc`` needs root to mount a tmpfs and is left out, saying
