@@ -416,6 +416,13 @@ def allreduce_uses_shared_memory(process_set) -> bool:
     return routes_of(process_set).allreduce is Transport.SHARED_MEMORY
 
 
+def reducescatter_uses_shared_memory(process_set) -> bool:
+    """Whether large host reduce-scatters over *process_set* run through the node's
+    shared memory (:mod:`hvdlite.engine.transports.shm_scatter`); decided as
+    :func:`allreduce_uses_shared_memory` is."""
+    return routes_of(process_set).reducescatter is Transport.SHARED_MEMORY
+
+
 def reductions_overlap_compute() -> bool:
     """Whether some rank's engine thread has a core of its own (agreed at
     ``init()``, the same on every rank): then an adapter starts reductions while

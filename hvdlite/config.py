@@ -206,8 +206,8 @@ KNOBS: tuple[Knob, ...] = (
         bool,
         False,
         "reduce and gather through MPI even where a process set's ranks share one node (by "
-        "default sets of 2-4 ranks on one node allreduce and allgather through a "
-        "shared-memory window)",
+        "default sets of 2-4 ranks on one node allreduce, allgather and reduce-scatter "
+        "through a shared-memory window)",
         agree=True,
     ),
     Knob(

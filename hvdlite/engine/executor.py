@@ -74,6 +74,9 @@ class MPIExecutor:
         if comm is None:
             return
         peers = self._lineup_of(p.set_id)
+        if p.kind == Kind.REDUCESCATTER:
+            _choose(peers, p, comm, _reducescatter_bytes(batch)).run(batch, comm)
+            return
         if p.kind != Kind.ALLREDUCE:
             _choose(peers, p, comm, 0).run(batch, comm)
             return
@@ -232,6 +235,15 @@ def _choose(peers: tuple, p, comm, nbytes: int):
         if peer.accepts(p, comm, nbytes):
             return peer
     raise RuntimeError(f"no transport takes {Kind(p.kind).name}")  # MPI takes every host batch
+
+
+def _reducescatter_bytes(batch) -> int:
+    """The agreed size of a reducescatter batch in its wire dtypes."""
+    return sum(
+        count * reduce_dtype(dtype).itemsize
+        for response in batch
+        for count, dtype in zip(counts_of(response.params.shapes), response.params.dtypes)
+    )
 
 
 @functools.lru_cache(maxsize=1024)

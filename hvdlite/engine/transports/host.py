@@ -47,7 +47,7 @@ from ...util.splits import even_split, offsets
 from ..messages import Kind
 from .peer import Context, Peer
 
-__all__ = ["MpiPeer", "HierarchicalPeer", "MPI_OPS", "mpi_allreduce"]
+__all__ = ["MpiPeer", "HierarchicalPeer", "MPI_OPS", "mpi_allreduce", "scattered", "per_wire_dtype"]
 
 #: Tensors at least this large are reduced in place instead of through the fusion
 #: buffer: for them the two copies cost more than the extra collective call.
@@ -206,35 +206,11 @@ class MpiPeer(Peer):
 
     # ------------------------------------------------------------- reducescatter
     def _reducescatter(self, batch, comm) -> None:
-        size = comm.Get_size()
         op = MPI_OPS[ReduceOp(batch[0].params.op)]
-        tensors: list[Scattered] = []
-        for response in batch:
-            p = response.params
-            entry = self.ctx.lookup(response.key)  # here: only allreduce runs past a join
-            post = p.postscale / size if p.op == ReduceOp.AVERAGE else p.postscale
-            for i, (dt, shape) in enumerate(zip(p.dtypes, p.shapes)):
-                tensors.append(
-                    Scattered(
-                        entry,
-                        entry.inputs[i],
-                        shape,
-                        np.dtype(dt),
-                        p.prescale,
-                        post,
-                        even_split(shape[0], size),
-                    )
-                )
-        # One Reduce_scatter per wire dtype (a grouped call may mix dtypes), in order of
-        # first appearance, which is the same on every rank.
-        wires = [reduce_dtype(t.dtype.str) for t in tensors]
-        outputs: list = [None] * len(tensors)
-        for wire in dict.fromkeys(wires):
-            index = [j for j, w in enumerate(wires) if w == wire]
-            part = [tensors[j] for j in index]
-            shards = _reduce_scatter_rows(self.ctx.pool, part, wire, op, comm)
-            for j, out in zip(index, shards, strict=True):
-                outputs[j] = out
+        tensors = scattered(self.ctx, batch, comm.Get_size())
+        outputs = per_wire_dtype(
+            tensors, lambda part, wire: _reduce_scatter_rows(self.ctx.pool, part, wire, op, comm)
+        )
         self.ctx.finish_per_entry([t.entry for t in tensors], outputs)
 
 
@@ -274,6 +250,43 @@ def gathered(ctx: Context, batch) -> list[Gathered]:
         for i, (dt, trailing) in enumerate(zip(p.dtypes, p.shapes)):
             tensors.append(Gathered(entry, entry.inputs[i], trailing, np.dtype(dt)))
     return tensors
+
+
+def scattered(ctx: Context, batch, size: int) -> list[Scattered]:
+    """The tensors of a reducescatter batch over a set of *size*, Average's division
+    folded into each postscale (only allreduce runs past a join: every entry is here)."""
+    tensors = []
+    for response in batch:
+        p = response.params
+        entry = ctx.lookup(response.key)
+        post = p.postscale / size if p.op == ReduceOp.AVERAGE else p.postscale
+        for i, (dt, shape) in enumerate(zip(p.dtypes, p.shapes)):
+            tensors.append(
+                Scattered(
+                    entry,
+                    entry.inputs[i],
+                    shape,
+                    np.dtype(dt),
+                    p.prescale,
+                    post,
+                    even_split(shape[0], size),
+                )
+            )
+    return tensors
+
+
+def per_wire_dtype(tensors: list[Scattered], reduce_part: Callable) -> list:
+    """Each tensor's shard, from ``reduce_part(tensors, wire)`` called once per wire
+    dtype (a grouped call may mix dtypes), in order of first appearance: the same
+    on every rank."""
+    wires = [reduce_dtype(t.dtype.str) for t in tensors]
+    outputs: list = [None] * len(tensors)
+    for wire in dict.fromkeys(wires):
+        index = [j for j, w in enumerate(wires) if w == wire]
+        shards = reduce_part([tensors[j] for j in index], wire)
+        for j, out in zip(index, shards, strict=True):
+            outputs[j] = out
+    return outputs
 
 
 def outputs_for(tensors: list[Gathered], dims) -> list[np.ndarray]:

@@ -106,6 +106,7 @@ def lineup(routes, mpi: Peer, adasum: Peer, hierarchical, shared_memory, device)
             for kind, path in (
                 (Kind.ALLREDUCE, routes.allreduce),
                 (Kind.ALLGATHER, routes.allgather),
+                (Kind.REDUCESCATTER, routes.reducescatter),
             )
             if path is transport
         )

@@ -25,7 +25,8 @@ __all__ = ["Transport", "Routes", "Router", "SHM_MIN_BYTES", "SHM_MAX_RANKS"]
 #: Smallest batch (in wire bytes) worth the shared-memory path: below it, one MPI
 #: allreduce's latency beats that path's two barriers (``bench_core`` shows both).
 SHM_MIN_BYTES = 64 << 10
-#: The shared-memory paths (allreduce, allgather) serve sets of at most this many ranks.
+#: The shared-memory paths (allreduce, allgather, reducescatter) serve sets of at
+#: most this many ranks.
 SHM_MAX_RANKS = 4
 
 
@@ -35,6 +36,7 @@ class Routes(NamedTuple):
     allreduce: Transport
     allgather: Transport
     device: object = None  # a hvdlite.device.selection.DeviceRoutes, or None (staged)
+    reducescatter: Transport = Transport.MPI
 
     def allreduce_path(self, nbytes: int) -> Transport:
         """The path of an allreduce batch of *nbytes* (agreed sizes: every member
@@ -103,5 +105,6 @@ class Router:
             allgather = Transport.HIERARCHICAL
         elif one_node:
             allgather = Transport.SHARED_MEMORY
+        reducescatter = Transport.SHARED_MEMORY if one_node else Transport.MPI
         device = self.device.routes(whole_job) if self.device is not None else None
-        return Routes(allreduce, allgather, device)
+        return Routes(allreduce, allgather, device, reducescatter)

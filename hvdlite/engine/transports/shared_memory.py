@@ -1,12 +1,12 @@
-"""Shared memory as a peer: the allreduces and allgathers of a set on one node.
+"""Shared memory as a peer: the allreduces, allgathers and reduce-scatters of a set on one node.
 
 The set's window (:class:`~hvdlite.engine.transports.shm.SharedMemoryAllreduce`)
 is made the first time the peer is asked about one of its collectives
 (collective: every member asks about the same first batch); where it could not
 be made, the peer declines every batch and every member goes on to the next
-peer alike.  An allreduce smaller than
+peer alike.  An allreduce or reduce-scatter smaller than
 :data:`~hvdlite.engine.transports.routes.SHM_MIN_BYTES` is declined too (one
-MPI allreduce is faster there); an allgather whose rows do not fit a rank's
+MPI call is faster there); an allgather whose rows do not fit a rank's
 area falls back to host MPI inside the same batch, on every member alike.
 """
 
@@ -17,7 +17,7 @@ import math
 from ...timeline.schema import COPY_IN
 from ...util.paths import Transport
 from ..messages import Kind
-from .host import MpiPeer, gathered, outputs_for
+from .host import MpiPeer, gathered, outputs_for, per_wire_dtype, scattered
 from .peer import Context, Peer
 from .routes import SHM_MIN_BYTES
 from .shm import SharedMemoryAllreduce
@@ -26,7 +26,8 @@ __all__ = ["SharedMemoryPeer"]
 
 
 class SharedMemoryPeer(Peer):
-    """The collectives of *kinds* (allreduce, allgather) through the set's window."""
+    """The collectives of *kinds* (allreduce, allgather, reducescatter) through the
+    set's window."""
 
     transport = Transport.SHARED_MEMORY
     reduces = True
@@ -49,7 +50,7 @@ class SharedMemoryPeer(Peer):
     def accepts(self, p, comm, nbytes: int) -> bool:
         if p.kind not in self.kinds or self.window(p.set_id, comm) is None:
             return False
-        return p.kind != Kind.ALLREDUCE or nbytes >= SHM_MIN_BYTES
+        return p.kind == Kind.ALLGATHER or nbytes >= SHM_MIN_BYTES
 
     def reduce(self, p0, tensors, dtypes, wire, comm, layout_key) -> None:
         tl = self.ctx.timeline
@@ -57,7 +58,24 @@ class SharedMemoryPeer(Peer):
             tl.via(self.transport)
         self._windows[p0.set_id].allreduce(tensors, wire, p0.op, layout_key=layout_key)
 
-    def run(self, batch, comm) -> None:  # an allgather
+    def run(self, batch, comm) -> None:
+        if batch[0].params.kind == Kind.REDUCESCATTER:
+            self._reducescatter(batch, comm)
+        else:
+            self._allgather(batch, comm)
+
+    def _reducescatter(self, batch, comm) -> None:
+        p0 = batch[0].params
+        if self.ctx.timeline is not None:
+            self.ctx.timeline.via(self.transport)
+        window = self._windows[p0.set_id]
+        tensors = scattered(self.ctx, batch, comm.Get_size())
+        outputs = per_wire_dtype(
+            tensors, lambda part, wire: window.reducescatter(part, wire, p0.op)
+        )
+        self.ctx.finish_per_entry([t.entry for t in tensors], outputs)
+
+    def _allgather(self, batch, comm) -> None:
         tl = self.ctx.timeline
         tensors = gathered(self.ctx, batch)
         row_bytes = [math.prod(t.trailing) * t.dtype.itemsize for t in tensors]

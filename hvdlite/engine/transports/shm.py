@@ -42,8 +42,9 @@ An allgather uses the contribution areas only: each rank writes a header (its
 row counts) and its rows, a barrier, each rank copies every rank's rows out,
 a second barrier.  One exchange replaces MPI's two (the row counts, then the
 rows); a rank whose rows do not fit its area says so in its header, and every
-rank then gathers through MPI.  Both collectives begin after the other's last
-barrier, so they share the areas safely.
+rank then gathers through MPI.  A reduce-scatter uses both areas of every rank
+(:mod:`~hvdlite.engine.transports.shm_scatter`).  Every collective begins after
+the others' last barrier, so they share the areas safely.
 
 A *staged* allreduce saves the first barrier where the engine can tell ahead
 of its cycle what will run (a training loop's cached plan, see
@@ -83,6 +84,7 @@ from ...util.backoff import Backoff
 from ...ops import ReduceOp
 from ...timeline.schema import COLLECTIVE, COPY_OUT
 from .routes import SHM_MAX_RANKS, SHM_MIN_BYTES
+from .shm_scatter import reduce_scatter
 
 __all__ = ["SharedMemoryAllreduce", "MAX_RANKS", "SHM_MIN_BYTES", "SLOT_BYTES"]
 
@@ -252,6 +254,30 @@ class SharedMemoryAllreduce:
         for p, pieces in enumerate(portions):
             if p != rank:
                 step.copy_out(pieces, self._results[p][start:end].view(wire), bounds[p])
+
+    # ------------------------------------------------------------- reducescatter
+    def reducescatter(self, tensors, wire: np.dtype, op: ReduceOp) -> list[np.ndarray]:
+        """This rank's dim-0 shard of each reduced tensor (a list of
+        :class:`~hvdlite.device.packing.Scattered`, all reduced in *wire*), through
+        the window's areas (:mod:`~hvdlite.engine.transports.shm_scatter`)."""
+        self._staged = None  # its area is about to be overwritten
+        return reduce_scatter(self, tensors, wire, _UFUNCS[op])
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def areas(self) -> list[list[np.ndarray]]:
+        """Every rank's two areas (bytes): ``[contribution areas, result areas]``."""
+        return [self._contributions, self._results]
+
+    def sync(self) -> None:
+        """Collective: the stores before it are visible to every member after it."""
+        self._sync()
 
     # ---------------------------------------------------------- staged allreduce
     def stage(self, tensors, wire: np.dtype, op: ReduceOp, layout_key) -> bool:
