@@ -15,24 +15,24 @@ slice is the update of those elements), so its state covers about P/N elements.
 
 A step:
 
-1. reduce-scatter route (across nodes, GPUs): during backward, when a bucket's last
-   gradient is final (``backward_passes_per_step`` passes of each member), its
-   gradients are copied into the bucket's flat buffer, the parameters' ``.grad``
-   dropped, and ``reducescatter_async`` started: each rank receives its chunk of the
-   reduced bucket while backward computes the rest.  ``step()`` starts the buckets
-   backward left incomplete (zeros for missing gradients) and waits.
-   One-node route (the engine's shared-memory allreduce, several times faster than
-   MPI's reduce-scatter there): the owner's averager has allreduced whole buckets
-   during backward; ``step()`` takes views of this rank's chunk and drops ``.grad``
-   (the memory of a parameter split between ranks stays until the next backward);
+1. during backward, when a bucket's last gradient is final
+   (``backward_passes_per_step`` passes of each member), its gradients are copied
+   into a flat buffer, the parameters' ``.grad`` dropped, and ``reducescatter_async``
+   started (on one node the engine runs it through shared memory): each rank
+   receives its chunk of the reduced bucket while backward computes the rest.
+   ``step()`` starts the buckets backward left incomplete (zeros for missing
+   gradients), waits, and drops the flat buffers, so between steps a rank holds
+   its chunks' gradients only (ZeRO-2).  The averager route (tests force it; the
+   whole-parameter model's on one node) allreduces whole buckets during backward
+   instead; ``step()`` then takes views of this rank's chunk and drops ``.grad``;
 2. each slice's ``.grad`` is its part of the chunk (a view).  A parameter without a
    gradient on some rank counts as zeros there, and one with a gradient on no rank
    gets zeros and is stepped: the unsharded optimizer's rule (Horovod's), so that
    weight decay and momentum move it the same with and without sharding.  Alone in
    its set (one rank) the unsharded optimizer is plain torch, and so is this: no
    gradient, no step;
-3. after the local step, each bucket's owned chunk is allgathered into every rank's
-   parameters.
+3. after the local step, each bucket's owned chunk is copied out of the
+   parameters and allgathered into every rank's; the copy is dropped after.
 
 Cross-rank contract: every member of the process set wraps the same parameters in
 the same order with the same ``requires_grad`` and bucket cap, so the buckets, their
@@ -131,8 +131,6 @@ class _Bucket:
         "dtype",
         "device",
         "chunk",
-        "send",
-        "mine",
         "left",
         "record",
         "slices",
@@ -150,8 +148,6 @@ class _Bucket:
         self.dtype = params[members[0]].dtype
         self.device = params[members[0]].device
         self.chunk = 0
-        self.send = None  # the flat padded gradients (reduce-scatter route), kept
-        self.mine = None  # this rank's chunk of the parameters, for the allgather
         self.left = len(members)
         self.record = None  # (handle, wire, compression context) while in flight
         self.slices: list = []  # (global index, slice parameter, start in the chunk)
@@ -186,7 +182,6 @@ class ElementShards:
         slice_of = {}
         for b in self._buckets:
             b.chunk = -(-b.total // size)
-            b.send = b.mine = None
             b.slices = []
             lo, hi = rank * b.chunk, min((rank + 1) * b.chunk, b.total)
             for i, offset in zip(b.members, b.offsets):
@@ -261,19 +256,19 @@ class ElementShards:
         has none), drop them from the parameters, start the reduce-scatter."""
         owner = self._owner()
         size = owner._size
-        if b.send is None:  # zeros: the padding stays zero
-            b.send = torch.zeros(size * b.chunk, dtype=b.dtype, device=b.device)
+        send = torch.empty(size * b.chunk, dtype=b.dtype, device=b.device)
+        send[b.total :].zero_()  # the padding
         for i, offset in zip(b.members, b.offsets):
             p = self._params[i]
             grad, n = p.grad, p.numel()
             if grad is None:
-                b.send[offset : offset + n].zero_()
+                send[offset : offset + n].zero_()
             else:
-                b.send[offset : offset + n].copy_(grad.reshape(-1))
+                send[offset : offset + n].copy_(grad.reshape(-1))
                 self._had[i] = True
                 p.grad = None  # ZeRO-2: this rank keeps only its chunk of the result
         compression = owner._compression
-        wire, cctx = compression.compress(b.send)
+        wire, cctx = compression.compress(send)  # held while in flight only
         pre, post, op = owner._scales()
         handle = _ops.reducescatter_async(
             wire,
@@ -336,15 +331,14 @@ class ElementShards:
         started = []
         for b in self._buckets:
             members = [self._params[i] for i in b.members]
-            if b.mine is None:
-                b.mine = torch.empty(b.chunk, dtype=b.dtype, device=b.device)
-            _read_range(b.mine, rank * b.chunk, [p.detach() for p in members])
+            mine = torch.empty(b.chunk, dtype=b.dtype, device=b.device)
+            _read_range(mine, rank * b.chunk, [p.detach() for p in members])
             on_cpu = b.device.type == "cpu"
-            step = max(1, GATHER_CHUNK_BYTES // b.mine.element_size()) if on_cpu else b.chunk
+            step = max(1, GATHER_CHUNK_BYTES // mine.element_size()) if on_cpu else b.chunk
             for first in range(0, b.chunk, step):
                 gather = _ops.allgather if on_cpu else _ops.allgather_async
                 rows = gather(
-                    b.mine[first : first + step],
+                    mine[first : first + step],
                     name=f"{b.name}.params.{first}",
                     process_set=process_set,
                 )

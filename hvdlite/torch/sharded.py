@@ -24,10 +24,13 @@ a rank owns is one of two *ownership models*, picked from the optimizer's class:
   bytes; across nodes and on GPUs ``step()`` reduce-scatters one flat buffer per
   dtype after backward.
 
-Where the engine routes the set's allreduces through one node's shared memory (CPU
-tensors, one node), both models average the gradients during backward instead, in
-buckets, with an unsharded ``DistributedOptimizer`` over the same parameters (the
-*averager*): MPI's reduce-scatter is several times slower than that route there.
+On one node with CPU tensors the engine reduce-scatters through the node's shared
+memory (:mod:`hvdlite.engine.transports.shm_scatter`): a rank sums only its chunk,
+and no rank ever holds a full-size reduced gradient, so element ownership saves the
+gradients' memory there too.  The whole-parameter model there averages the
+gradients during backward instead, in buckets, with an unsharded
+``DistributedOptimizer`` over the same parameters (the *averager*), which overlaps
+backward where its one flat reduce-scatter after backward could not.
 
 Checkpoints: ``consolidate_state_dict(to=0)`` (collective) gathers the parts' state
 on one rank (``to=None``: every rank), whose ``state_dict()`` is then the unsharded
@@ -164,7 +167,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             return
         self._size, self._rank = size, rank
         self._set_route(
-            self._make_averager is not None
+            self.ownership == "parameters"
+            and self._make_averager is not None
             and self._device.type == "cpu"
             and _basics.allreduce_uses_shared_memory(self._process_set)
         )
@@ -179,8 +183,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     @property
     def _reduce_whole(self) -> bool:
-        """Whether the gradients are averaged whole during backward (one node)
-        rather than reduce-scattered; the engine's routes decide, tests may set it."""
+        """Whether the gradients are averaged whole during backward (whole-parameter
+        ownership on one node) rather than reduce-scattered; the ownership and the
+        engine's routes decide, tests may set it (either route gives the same
+        weights)."""
         return self._route_whole
 
     @_reduce_whole.setter

@@ -347,6 +347,39 @@ def test_reduce_scatters_start_during_backward():
     assert all(b.record is None for b in buckets)
 
 
+def test_on_one_node_a_rank_keeps_only_its_chunks_between_steps():
+    """The default route on this machine (one node, CPU): element ownership
+    reduce-scatters (through the shared window at 2-3 ranks), whole-parameter
+    ownership averages during backward.  Between steps an element-owning rank holds
+    no full-size gradient or buffer: its gradients are its chunks, its state covers
+    its chunks, nothing else is kept."""
+    model, opt = train(adam, 3, sharded=True, bucket_cap_mb=0.0003)
+    assert opt.ownership == "elements" and opt._reduce_whole is False
+    _, whole_opt = train(my_sgd, 1, sharded=True)
+    assert whole_opt._reduce_whole is (N > 1)
+    params = list(model.parameters())
+    assert all(p.grad is None for p in params)
+    pieces = [q for g in opt.local.param_groups for q in g["params"]]
+    grads = {
+        g.untyped_storage().data_ptr(): g.untyped_storage().nbytes()
+        for g in (q.grad for q in pieces)
+        if g is not None
+    }
+    chunks = sum(b.chunk for b in opt._model._buckets) * 4
+    assert sum(grads.values()) <= chunks  # no view into a full-size gradient
+    total = sum(p.numel() for p in params) * 4
+    held = sum(
+        v.untyped_storage().nbytes()
+        for state in opt.local.state.values()
+        for v in state.values()
+        if torch.is_tensor(v) and v.dim()
+    )
+    assert held <= 2 * chunks  # exp_avg and exp_avg_sq of the chunks
+    if N > 1:
+        assert held + sum(grads.values()) < 3 * total / N + 64 * len(opt._model._buckets)
+    assert not any(torch.is_tensor(v) for b in opt._model._buckets for v in (b.record or ()))
+
+
 def frozen_model(seed=0):
     """make_big_model with a frozen parameter used in the forward pass."""
     model = make_big_model(seed)
