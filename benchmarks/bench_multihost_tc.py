@@ -10,9 +10,10 @@ shaped links (both of each host's networks are shaped: MPI may pick either).  Jo
 alternate between the flat setting and ``HVDLITE_HIERARCHICAL_ALLREDUCE=1`` /
 ``HVDLITE_HIERARCHICAL_ALLGATHER=1``.
 Each job times allreduce of 4 MB and 64 MB, allgather of 16 MB per rank and torch
-training steps (an MLP with 16 MB of gradients, ``DistributedOptimizer`` over SGD, and
-over AdamW unsharded and with ``shard_optimizer_state=True``, whose ratio is printed
-after the table for the flat and the hierarchical jobs): the median
+training steps (an MLP with 16 MB of gradients, ``DistributedOptimizer`` over SGD
+without and with ``Compression.fp16``, and over AdamW unsharded and with
+``shard_optimizer_state=True``; the two ratios are printed after the table for the
+flat and the hierarchical jobs): the median
 over iterations of the slowest rank.  The bytes h2 received on its link during each
 case are counted, so the table shows the measured cross-host bytes beside the times.
 Then one ``hvdrun --autotune`` job trains the same MLP with hierarchical allreduce
@@ -41,15 +42,17 @@ CASES = (
     ("allreduce", 64),
     ("allgather", 16),
     ("torch step", 16),
+    ("torch step fp16", 16),
     ("AdamW step", 16),
     ("AdamW sharded", 16),
 )
 WIDTH, LAYERS, BATCH = 1024, 4, 32  # the MLP: 4 x 1024 x 1024 weights, 16 MB of gradients
 
 
-def _torch_step(adamw: bool = False, sharded: bool = False):
+def _torch_step(adamw: bool = False, sharded: bool = False, fp16: bool = False):
     """A training step of the MLP with DistributedOptimizer (a closure to time):
-    SGD, or AdamW with its state unsharded or sharded over the ranks."""
+    SGD (with ``Compression.fp16`` where *fp16*), or AdamW with its state
+    unsharded or sharded over the ranks."""
     import torch
 
     import hvdlite.torch as hvd_torch
@@ -65,7 +68,10 @@ def _torch_step(adamw: bool = False, sharded: bool = False):
     else:
         inner = torch.optim.SGD(model.parameters(), lr=1e-3)
     opt = hvd_torch.DistributedOptimizer(
-        inner, named_parameters=model.named_parameters(), shard_optimizer_state=sharded
+        inner,
+        named_parameters=model.named_parameters(),
+        shard_optimizer_state=sharded,
+        compression=hvd_torch.Compression.fp16 if fp16 else hvd_torch.Compression.none,
     )
     x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
 
@@ -101,8 +107,8 @@ def worker(iters: int) -> None:
             fn = lambda x=x, mb=mb: hvd.allreduce(x, op=hvd.Sum, name=f"b.ar.{mb}")  # noqa: E731
         elif kind == "allgather":
             fn = lambda x=x, mb=mb: hvd.allgather(x, name=f"b.ag.{mb}")  # noqa: E731
-        elif kind == "torch step":
-            fn = _torch_step()
+        elif kind.startswith("torch step"):
+            fn = _torch_step(fp16=kind.endswith("fp16"))
         else:
             fn = _torch_step(adamw=True, sharded=kind.endswith("sharded"))
         fn()
@@ -284,6 +290,15 @@ def main(argv=None) -> int:
         print(
             f"AdamW step, shard_optimizer_state=True vs unsharded ({label} jobs): "
             f"{sharded * 1e3:.1f} ms vs {plain * 1e3:.1f} ms = {sharded / plain:.2f}x"
+        )
+    for hierarchical, label in ((False, "flat"), (True, "hierarchical")):
+        plain = min(r[0]["torch step 16 MB"] for r in runs[hierarchical])
+        half = min(r[0]["torch step fp16 16 MB"] for r in runs[hierarchical])
+        print(
+            f"torch MLP step, Compression.fp16 vs none ({label} jobs): "
+            f"{half[0] * 1e3:.1f} ms vs {plain[0] * 1e3:.1f} ms = {half[0] / plain[0]:.2f}x; "
+            f"bytes into h2 {half[1] / 2**20:.1f} MB vs {plain[1] / 2**20:.1f} MB "
+            f"= {half[1] / plain[1]:.2f}x"
         )
     flat_step = min(r[0]["torch step 16 MB"][0] for r in runs[False])
     print(

@@ -395,6 +395,8 @@ def _build_topology(st: Runtime, MPI, cfg) -> None:
     st.node_ranks = frozenset(node.allgather(world.Get_rank()))
     if cfg.test_node_size > 0:  # simulated nodes (tests): the real node is only asked above
         node.Free()
+        first = world.Get_rank() // cfg.test_node_size * cfg.test_node_size
+        st.node_ranks = st.node_ranks & frozenset(range(first, first + cfg.test_node_size))
         st.local_comm = world.Split(world.Get_rank() // cfg.test_node_size, world.Get_rank())
     else:
         st.local_comm = node
@@ -421,6 +423,13 @@ def reducescatter_uses_shared_memory(process_set) -> bool:
     shared memory (:mod:`hvdlite.engine.transports.shm_scatter`); decided as
     :func:`allreduce_uses_shared_memory` is."""
     return routes_of(process_set).reducescatter is Transport.SHARED_MEMORY
+
+
+def float16_crosses_as_16_bits(process_set) -> bool:
+    """Whether large float16 allreduces over *process_set* cross nodes with 16-bit
+    values (:mod:`hvdlite.engine.transports.half_wire`): its ranks are on more than
+    one node.  An adapter then hands float16 to the engine as it is."""
+    return routes_of(process_set).half_allreduce is Transport.HALF_WIRE
 
 
 def reductions_overlap_compute() -> bool:

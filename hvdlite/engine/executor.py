@@ -5,9 +5,10 @@ order (the engine guarantees it); ranks outside a batch's process set skip it.
 A set's transports are peers (:mod:`hvdlite.engine.transports.peer`) in one
 ordered list, its lineup, built from the set's
 :class:`~hvdlite.engine.transports.routes.Routes`: the device peers, Adasum, the
-two-level and shared-memory peers where the routes send collectives there, and
-host MPI last.  The knobs decide the routes at ``init``; autotune replaces the
-router (:meth:`MPIExecutor.use_router`); nothing else orders the peers.  An
+16-bit wire for float16 across nodes, the two-level and shared-memory peers where
+the routes send collectives there, and host MPI last.  The knobs decide the
+routes at ``init``; autotune replaces the router (:meth:`MPIExecutor.use_router`);
+nothing else orders the peers.  An
 allreduce group that mixes wire dtypes is reduced one wire dtype at a time, each
 part on the first peer that takes its size.
 """
@@ -24,6 +25,7 @@ from ..util.dtypes import reduce_dtype
 from .messages import Kind, Response
 from .transports.adasum import AdasumPeer
 from .transports.device import device_peers
+from .transports.half_wire import HalfWirePeer
 from .transports.host import MPI_OPS, HierarchicalPeer, MpiPeer, mpi_allreduce
 from .transports.peer import Context, counts_of, lineup
 from .transports.shared_memory import SharedMemoryPeer
@@ -56,6 +58,7 @@ class MPIExecutor:
         self._lineups: dict[int, tuple] = {}  # set id -> its ordered peers
         self._mpi = MpiPeer(self.ctx)
         self._adasum = AdasumPeer(self.ctx)
+        self._half_wire = HalfWirePeer(self.ctx)
         self.device = None  # the DeviceExecutor, made by the first device batch
 
     @property
@@ -197,6 +200,7 @@ class MPIExecutor:
                 lambda kinds: HierarchicalPeer(self.ctx, self.hierarchical, kinds),
                 lambda kinds: SharedMemoryPeer(self.ctx, self._shm, self._limit, kinds, self._mpi),
                 lambda device_routes: device_peers(device_routes, self._device_executor),
+                self._half_wire,
             )
         return peers
 

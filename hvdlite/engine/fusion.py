@@ -1,6 +1,7 @@
 """Tensor fusion: which responses run together.
 
-Responses of the same fusable kind, process set and wire dtype (and op, root)
+Responses of the same fusable kind, process set and wire dtype (float16 apart
+from the float32 it is reduced in; and op, root)
 are packed into one persistent buffer up to the fusion threshold and moved by
 one collective.  The plan depends only on the response list and the threshold,
 so every rank forms the same batches (the threshold is a per-process knob:
@@ -20,6 +21,7 @@ from .messages import RESPONSE_OK, Kind, Response
 
 __all__ = ["plan_batches", "nbytes_of"]
 
+_FLOAT16 = np.dtype(np.float16).str
 _ADASUM = int(ReduceOp.ADASUM)  # Adasum batches run one tensor at a time
 
 _FUSABLE = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.REDUCESCATTER)
@@ -41,7 +43,9 @@ def _fusion_key(response: Response):
         wires = {reduce_dtype(d).str for d in p.dtypes}
         if len(wires) != 1:
             return None
-        return (p.kind, p.set_id, wires.pop(), p.op, p.device)
+        # float16 apart from float32 (one wire dtype): it may cross nodes as 16 bits
+        half = all(d == _FLOAT16 for d in p.dtypes)
+        return (p.kind, p.set_id, wires.pop(), half, p.op, p.device)
     if p.kind == Kind.BROADCAST:
         return (p.kind, p.set_id, p.root, p.device)
     return (p.kind, p.set_id, p.device)

@@ -18,6 +18,7 @@ class Transport(enum.Enum):
     SHARED_MEMORY = "shared memory"
     HIERARCHICAL = "hierarchical"
     ADASUM = "adasum"
+    HALF_WIRE = "MPI, float16 on the wire"
     # device buffers (see hvdlite.device.selection)
     NCCL = "NCCL"
     CUDA_AWARE_MPI = "CUDA-aware MPI"

@@ -89,14 +89,21 @@ class Peer:
         raise NotImplementedError
 
 
-def lineup(routes, mpi: Peer, adasum: Peer, hierarchical, shared_memory, device) -> tuple:
+def lineup(
+    routes, mpi: Peer, adasum: Peer, hierarchical, shared_memory, device, half_wire: Peer
+) -> tuple:
     """The ordered peers of a set with these *routes*: the device peers (their
     own order, :func:`~hvdlite.engine.transports.device.device_peers`), Adasum,
-    the two-level and shared-memory peers for the collectives the routes send
+    the 16-bit wire for float16 allreduces where the routes say so, the
+    two-level and shared-memory peers for the collectives the routes send
     there, and host MPI last, which takes every host batch.  *hierarchical* and
     *shared_memory* make those peers for a set of collective kinds."""
     peers = list(device(routes.device))
     peers.append(adasum)
+    if routes.half_allreduce is Transport.HALF_WIRE:
+        # before the two-level path too: across nodes 16 bits per value on a flat
+        # exchange beat 32 through the two levels (bench_multihost_tc)
+        peers.append(half_wire)
     for transport, make in (
         (Transport.HIERARCHICAL, hierarchical),
         (Transport.SHARED_MEMORY, shared_memory),

@@ -37,6 +37,9 @@ class Routes(NamedTuple):
     allgather: Transport
     device: object = None  # a hvdlite.device.selection.DeviceRoutes, or None (staged)
     reducescatter: Transport = Transport.MPI
+    #: float16 Sum/Average allreduces of host arrays: 16-bit on the wire across
+    #: nodes (ahead of the two-level path)
+    half_allreduce: Transport = Transport.MPI
 
     def allreduce_path(self, nbytes: int) -> Transport:
         """The path of an allreduce batch of *nbytes* (agreed sizes: every member
@@ -106,5 +109,7 @@ class Router:
         elif one_node:
             allgather = Transport.SHARED_MEMORY
         reducescatter = Transport.SHARED_MEMORY if one_node else Transport.MPI
+        across_nodes = not self.node_ranks.issuperset(ranks)
+        half = Transport.HALF_WIRE if across_nodes else Transport.MPI
         device = self.device.routes(whole_job) if self.device is not None else None
-        return Routes(allreduce, allgather, device, reducescatter)
+        return Routes(allreduce, allgather, device, reducescatter, half)

@@ -1,0 +1,144 @@
+"""float16 allreduces across nodes with 16-bit values on the wire, summed in float32.
+
+MPI has no float16 sum, so host MPI reduces float16 in a float32 copy, and every
+value crosses the links as 4 bytes.  Where the ranks of a set are on more than one
+node, links are what a step waits for, and this peer moves 2 bytes per value:
+
+1. each rank packs its float16 inputs (zeros where it has joined) and sends rank
+   p the p-th part of them (one ``Alltoallv``; parts as :func:`even_split` cuts);
+2. each rank widens the N contributions to its part to float32, multiplies each by
+   its tensor's prescale, sums them in rank order, multiplies the sum by the
+   postscale and narrows it to float16: rounded once;
+3. one ``Allgatherv`` of the float16 parts gives every rank the whole result.
+
+A rank sends (N-1)/N of the values twice, 2 bytes each: half what a float32
+reduce-scatter and allgather (what MPI's large allreduces do) send.  The rule is
+the float32 path's: each value scaled and summed in float32, the total rounded
+to float16 once, so the two agree bit for bit wherever the float32 sum does not
+depend on the order of its terms.
+
+The path takes float16 batches of at least :data:`HALF_WIRE_MIN_BYTES` on every
+set whose ranks are on more than one node, ahead of the two-level path: with 16
+bits per value a flat exchange moved a step's gradients faster than the two
+levels did with 32 (``bench_multihost_tc``).
+
+Cross-rank contract: every member of the set reduces the same batches (agreed
+counts, scale factors) in the same order; the engine's response list ensures it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...device.buffers import Reduction
+from ...ops import ReduceOp
+from ...timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
+from ...util import half_casts
+from ...util.paths import Transport
+from ...util.splits import even_split, offsets
+from ..messages import Kind
+from .peer import Context, Peer
+
+__all__ = ["HalfWirePeer", "HALF_WIRE_MIN_BYTES", "FLOAT16"]
+
+FLOAT16 = np.dtype(np.float16).str
+#: Smallest batch (float32 bytes) worth two collectives: below it one float32
+#: allreduce's latency costs less than the bytes saved.
+HALF_WIRE_MIN_BYTES = 64 << 10
+_SUMS = (ReduceOp.SUM, ReduceOp.AVERAGE)
+
+
+class HalfWirePeer(Peer):
+    """float16 Sum and Average allreduces of host arrays, 16 bits on the wire."""
+
+    transport = Transport.HALF_WIRE
+    reduces = True
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    def accepts(self, p, comm, nbytes: int) -> bool:
+        return (
+            p.kind == Kind.ALLREDUCE
+            and p.device == "cpu"
+            and p.op in _SUMS
+            and nbytes >= HALF_WIRE_MIN_BYTES
+            and all(d == FLOAT16 for d in p.dtypes)
+        )
+
+    def reduce(self, p0, tensors: Reduction, dtypes, wire, comm, layout_key) -> None:
+        tl, pool = self.ctx.timeline, self.ctx.pool
+        if tl is not None:
+            tl.via(self.transport)
+            tl.phase(COPY_IN)
+        size, rank = comm.Get_size(), comm.Get_rank()
+        total = tensors.total()
+        counts = even_split(total, size)
+        starts = offsets(counts)
+        mine, lo = counts[rank], starts[rank]
+        alone = len(tensors) == 1 and tensors.inputs[0] is not None
+        if alone:
+            send = tensors.inputs[0].reshape(-1)
+        else:
+            send = pool.get(np.float16, total, slot=0)
+            _pack(tensors, send)
+        received = pool.get(np.float16, mine * size, slot=1)
+        if tl is not None:
+            tl.phase(COLLECTIVE)
+        comm.Alltoallv(
+            [send.view(np.uint16), (counts, starts)],
+            [received.view(np.uint16), ([mine] * size, [mine * q for q in range(size)])],
+        )
+        total32 = pool.get(np.float32, mine, slot=2)
+        term = pool.get(np.float32, mine, slot=3)
+        for q in range(size):
+            half_casts.widen(received[q * mine : (q + 1) * mine], total32 if q == 0 else term)
+            if q:
+                _scale(term, tensors.counts, tensors.prescales, lo)
+                np.add(total32, term, out=total32)
+            else:
+                _scale(total32, tensors.counts, tensors.prescales, lo)
+        _scale(total32, tensors.counts, tensors.postscales, lo)
+        part = pool.get(np.float16, mine, slot=4)
+        half_casts.narrow(total32, part)
+        out = tensors.outputs[0]
+        direct = alone and out is not None and out.flags.c_contiguous
+        result = out.reshape(-1) if direct else pool.get(np.float16, total, slot=5)
+        comm.Allgatherv(part.view(np.uint16), [result.view(np.uint16), (counts, starts)])
+        if tl is not None:
+            tl.phase(COPY_OUT)
+        if not direct:
+            _unpack(tensors, result)
+
+
+def _pack(tensors: Reduction, send: np.ndarray) -> None:
+    at = 0
+    for inp, count in zip(tensors.inputs, tensors.counts):
+        if inp is None:  # a joined rank contributes zeros
+            send[at : at + count] = 0
+        else:
+            send[at : at + count] = inp.reshape(-1)
+        at += count
+
+
+def _unpack(tensors: Reduction, result: np.ndarray) -> None:
+    at = 0
+    for out, count in zip(tensors.outputs, tensors.counts):
+        if out is not None:
+            out[...] = result[at : at + count].reshape(out.shape)
+        at += count
+
+
+def _scale(values: np.ndarray, counts, factors, lo: int) -> None:
+    """Multiply the elements of *values* (elements lo.. of the batch) by their
+    tensor's factor, in float32."""
+    if all(f == 1.0 for f in factors):
+        return
+    at, hi = 0, lo + values.size
+    for count, factor in zip(counts, factors):
+        a, b = max(at, lo), min(at + count, hi)
+        if a < b and factor != 1.0:
+            np.multiply(values[a - lo : b - lo], np.float32(factor), out=values[a - lo : b - lo])
+        at += count
+        if at >= hi:
+            break

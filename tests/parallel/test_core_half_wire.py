@@ -1,0 +1,157 @@
+"""float16 allreduces across nodes move 16-bit values and still round once
+(hvdlite/engine/transports/half_wire.py).
+
+Runs as simulated nodes of one rank each (HVDLITE_TEST_NODE_SIZE=1), so every set of
+two or more ranks spans nodes, as across hosts.  Every rank rebuilds every rank's
+input from a seeded generator, scales and sums them in float32 in rank order and
+rounds the total once; the 16-bit path must return exactly those bits, at 2, 3 and
+4 ranks: alone, fused, grouped, scaled, averaged, with a rank that has joined, and
+from the torch adapter (CPU float16, and a DistributedOptimizer with
+Compression.fp16).
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ["HVDLITE_TEST_NODE_SIZE"] = "1"  # a knob read by init(), hence at import
+
+import hvdlite as hvd  # noqa: E402
+from hvdlite import basics  # noqa: E402
+from hvdlite.engine.transports.half_wire import HALF_WIRE_MIN_BYTES, HalfWirePeer  # noqa: E402
+
+MPI_SIZES = (2, 3, 4)
+MPI_ENV = {"HVDLITE_TEST_NODE_SIZE": "1"}
+
+pytestmark = pytest.mark.timeout(120)
+
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+LARGE = HALF_WIRE_MIN_BYTES // 4 + 1001  # float32 bytes over the path's threshold
+
+
+@pytest.fixture
+def via_16_bits(monkeypatch):
+    """The element counts of the batches this rank reduced on the 16-bit path."""
+    calls = []
+    real = HalfWirePeer.reduce
+
+    def spy(self, p0, tensors, *args):
+        calls.append(tensors.total())
+        return real(self, p0, tensors, *args)
+
+    monkeypatch.setattr(HalfWirePeer, "reduce", spy)
+    return calls
+
+
+def values(rank: int, count: int, seed: int) -> np.ndarray:
+    """Rank *rank*'s float16 input: values whose float16 sums need rounding."""
+    rs = np.random.RandomState(1000 * seed + rank)
+    return (rs.standard_normal(count) * 40).astype(np.float16)
+
+
+def rounded_once(count, seed, pre=1.0, post=1.0, ranks=None) -> np.ndarray:
+    """The inputs of *ranks* (default: all), each scaled by *pre* and summed in
+    float32 in rank order, the sum scaled by *post* and rounded to float16 once."""
+    total = np.zeros(count, np.float32)
+    for r in range(N) if ranks is None else ranks:
+        total += values(r, count, seed).astype(np.float32) * np.float32(pre)
+    return (total * np.float32(post)).astype(np.float16)
+
+
+def assert_bits(actual: np.ndarray, expected: np.ndarray) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    differ = np.flatnonzero(actual.view(np.uint16) != expected.view(np.uint16))
+    assert differ.size == 0, (
+        f"{differ.size} of {actual.size} elements rounded differently, "
+        f"e.g. {actual[differ[:3]]} instead of {expected[differ[:3]]}"
+    )
+
+
+def test_every_rank_takes_the_16_bit_path_for_large_float16_only(via_16_bits):
+    assert basics.float16_crosses_as_16_bits(hvd.global_process_set)
+    assert (
+        hvd.allgather_object(basics.float16_crosses_as_16_bits(hvd.global_process_set))
+        == [True] * N
+    )
+    hvd.allreduce(values(R, 1000, 1), op=hvd.Sum, name="hw.small")
+    hvd.allreduce(np.ones(LARGE, np.float32), op=hvd.Sum, name="hw.float32")
+    assert via_16_bits == []
+    out = hvd.allreduce(values(R, LARGE, 1), op=hvd.Sum, name="hw.large")
+    assert via_16_bits == [LARGE]
+    assert_bits(out, rounded_once(LARGE, 1))
+
+
+@pytest.mark.parametrize("count", [LARGE, 600_001], ids=["one-part-each", "large"])
+def test_sum_and_average_round_once(count, via_16_bits):
+    assert_bits(
+        hvd.allreduce(values(R, count, 2), op=hvd.Sum, name=f"hw.sum.{count}"),
+        rounded_once(count, 2),
+    )
+    assert_bits(
+        hvd.allreduce(values(R, count, 3), op=hvd.Average, name=f"hw.avg.{count}"),
+        rounded_once(count, 3, post=1.0 / N),
+    )
+    assert via_16_bits == [count, count]
+
+
+def test_scale_factors_apply_in_float32(via_16_bits):
+    out = hvd.allreduce(
+        values(R, LARGE, 4), op=hvd.Sum, prescale_factor=0.3, postscale_factor=1.7, name="hw.scaled"
+    )
+    assert_bits(out, rounded_once(LARGE, 4, pre=0.3, post=1.7))
+    assert via_16_bits == [LARGE]
+
+
+def test_a_fused_batch_and_a_grouped_call(via_16_bits):
+    # Together over the path's threshold, alone under it: whichever batches the
+    # cycles form, each rounds once.
+    counts = [9_000 + k for k in range(4)]
+    handles = [
+        hvd.allreduce_async(values(R, n, 10 + k), op=hvd.Sum, name=f"hw.fused.{k}")
+        for k, n in enumerate(counts)
+    ]
+    for k, (n, h) in enumerate(zip(counts, handles, strict=True)):
+        assert_bits(hvd.synchronize(h), rounded_once(n, 10 + k))
+    outs = hvd.grouped_allreduce(
+        [values(R, 30_000, 20), values(R, 7, 21), values(R, 2, 22)], op=hvd.Sum, name="hw.group"
+    )
+    for out, (n, seed) in zip(outs, [(30_000, 20), (7, 21), (2, 22)], strict=True):
+        assert_bits(out, rounded_once(n, seed))
+    assert via_16_bits[-1] == 30_009
+
+
+def test_in_place_output():
+    x = values(R, LARGE, 30)
+    out = hvd.allreduce(x, op=hvd.Sum, name="hw.inplace", output=x)
+    assert out is x
+    assert_bits(x, rounded_once(LARGE, 30))
+
+
+def test_a_joined_rank_contributes_zeros():
+    if R == N - 1:
+        hvd.join()
+        return
+    out = hvd.allreduce(values(R, LARGE, 40), op=hvd.Sum, name="hw.join")
+    assert_bits(out, rounded_once(LARGE, 40, ranks=range(N - 1)))
+    hvd.join()
+
+
+def test_torch_float16_and_fp16_compression_cross_as_16_bits(via_16_bits):
+    torch = pytest.importorskip("torch")
+    import hvdlite.torch as hvd_torch
+
+    t = torch.from_numpy(values(R, LARGE, 50))
+    out = hvd_torch.allreduce(t, op=hvd_torch.Sum, name="hw.torch")
+    assert out.dtype == torch.float16
+    assert_bits(out.numpy(), rounded_once(LARGE, 50))
+    assert via_16_bits == [LARGE]
+    # Compression.fp16 on float32 gradients: cast, 16 bits on the wire, cast back.
+    grad = torch.from_numpy(values(R, LARGE, 51)).float()
+    out = hvd_torch.allreduce(
+        grad, op=hvd_torch.Sum, compression=hvd_torch.Compression.fp16, name="hw.fp16"
+    )
+    assert out.dtype == torch.float32
+    assert_bits(out.half().numpy(), rounded_once(LARGE, 51))
+    assert via_16_bits == [LARGE, LARGE]
