@@ -45,9 +45,11 @@ def test_plan_never_fuses_across_kind_set_op_dtype_or_root():
     assert names == [["a", "h"], ["b"], ["c"], ["d"], ["e"], ["f", "i"], ["g"]]
 
 
-def test_plan_float16_fuses_with_float32_on_the_wire():
-    batches = plan_batches([ok(P("a", dtypes=(F16,))), ok(P("b", dtypes=(F32,)))], 1 << 20)
-    assert [len(b) for b in batches] == [2]
+def test_plan_float16_fuses_apart_from_the_float32_it_is_reduced_in():
+    # One wire dtype (float32), but float16 batches may cross nodes as 16 bits.
+    responses = [ok(P(name, dtypes=(dt,))) for name, dt in zip("abcd", (F16, F32, F16, F32))]
+    names = [[r.key[1] for r in b] for b in plan_batches(responses, 1 << 20)]
+    assert names == [["a", "c"], ["b", "d"]]
     assert reduce_dtype(F16) == np.float32 and reduce_dtype(B) == np.uint8
     assert reduce_dtype(I32) == np.int32
 

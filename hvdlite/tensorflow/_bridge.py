@@ -176,12 +176,14 @@ def op_name(
 _GRAPH_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def to_wire(tensor: tf.Tensor, *, reduce: bool) -> tf.Tensor:
+def to_wire(tensor: tf.Tensor, *, reduce: bool, float16_as_is: bool = False) -> tf.Tensor:
     """bfloat16 and float16 are reduced as float32 (cast by TensorFlow: numpy has no
     bfloat16, and its float16 casts are far slower for small values); bfloat16
-    moves bit-exactly as int16 otherwise."""
+    moves bit-exactly as int16 otherwise.  float16 goes as it is where
+    *float16_as_is*: its allreduces cross nodes as 16 bits
+    (:func:`hvdlite.basics.float16_crosses_as_16_bits`)."""
     if tensor.dtype == tf.float16:
-        return tf.cast(tensor, tf.float32) if reduce else tensor
+        return tf.cast(tensor, tf.float32) if reduce and not float16_as_is else tensor
     if tensor.dtype != tf.bfloat16:
         return tensor
     return tf.cast(tensor, tf.float32) if reduce else tf.bitcast(tensor, tf.int16)
@@ -233,7 +235,11 @@ class Scaling:
 
     def before(self, wire: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
         """One wire tensor (of a tensor of ``dtype``), prescaled where the adapter scales."""
-        return _scale_wire(wire, dtype, self._pre) if self.here else wire
+        if not self.here:
+            return wire
+        scaled = _scale_wire(wire, dtype, self._pre)
+        # a float16 wire stays float16 (the scaled value is rounded to float16 already)
+        return tf.cast(scaled, tf.float16) if wire.dtype == tf.float16 else scaled
 
     def after(self, wire: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
         """One reduced wire tensor, postscaled where the adapter scales."""

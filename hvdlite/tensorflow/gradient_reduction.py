@@ -136,9 +136,12 @@ class GradientReducer:
             for i in dense:
                 compressed[i], ctxs[i] = self.compression.compress(tf.convert_to_tensor(grads[i]))
             wire, dtypes = [], []
+            as_is = any(
+                compressed[i].dtype == tf.float16 for i in dense
+            ) and _basics.float16_crosses_as_16_bits(ps)
             for i in dense:
                 dtypes.append(compressed[i].dtype)
-                wire.append(_bridge.to_wire(compressed[i], reduce=True))
+                wire.append(_bridge.to_wire(compressed[i], reduce=True, float16_as_is=as_is))
             for i in sparse:
                 wire.append(_bridge.to_wire(grads[i].values, reduce=False))
                 wire.append(grads[i].indices)

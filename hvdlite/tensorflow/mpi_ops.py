@@ -147,7 +147,11 @@ def _zeros_if_none(grads, outputs):
 def _grouped_allreduce_nograd(tensors, name, op, prescale_factor, postscale_factor, process_set):
     dtypes = [t.dtype for t in tensors]
     scaling = _bridge.Scaling(dtypes, op, prescale_factor, postscale_factor, process_set.size())
-    wire = [scaling.before(_bridge.to_wire(t, reduce=True), t.dtype) for t in tensors]
+    as_is = tf.float16 in dtypes and _basics.float16_crosses_as_16_bits(process_set)
+    wire = [
+        scaling.before(_bridge.to_wire(t, reduce=True, float16_as_is=as_is), t.dtype)
+        for t in tensors
+    ]
     if name is None:
         name = _bridge.op_name("GroupedAllreduce", tensors, None)
 

@@ -155,3 +155,20 @@ def test_torch_float16_and_fp16_compression_cross_as_16_bits(via_16_bits):
     assert out.dtype == torch.float32
     assert_bits(out.half().numpy(), rounded_once(LARGE, 51))
     assert via_16_bits == [LARGE, LARGE]
+
+
+@pytest.mark.skipif(N != 2, reason="TensorFlow's import is slow: one size shows its path")
+def test_tensorflow_float16_crosses_as_16_bits(via_16_bits):
+    tf = pytest.importorskip("tensorflow")
+    import hvdlite.tensorflow as hvd_tf
+
+    out = hvd_tf.allreduce(tf.constant(values(R, LARGE, 60)), op=hvd_tf.Sum, name="hw.tf")
+    assert out.dtype == tf.float16
+    assert_bits(out.numpy(), rounded_once(LARGE, 60))
+    # the gradient path (DistributedGradientTape; the Keras optimizer shares it)
+    v = tf.Variable(tf.zeros(LARGE, tf.float16))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(v * tf.constant(values(R, LARGE, 61)))
+    (grad,) = hvd_tf.DistributedGradientTape(tape).gradient(loss, [v])
+    assert_bits(grad.numpy(), rounded_once(LARGE, 61, post=1.0 / N))
+    assert via_16_bits == [LARGE, LARGE]
