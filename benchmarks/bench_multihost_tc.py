@@ -16,6 +16,10 @@ without and with ``Compression.fp16``, and over AdamW unsharded and with
 flat and the hierarchical jobs): the median
 over iterations of the slowest rank.  The bytes h2 received on its link during each
 case are counted, so the table shows the measured cross-host bytes beside the times.
+Each job then trains the MLP under torch DDP over gloo on the same ranks and links
+(``hvdrun --master-port`` gives them ``MASTER_ADDR``/``MASTER_PORT``), one DDP step
+after each hvdlite step, without and with fp16 (DDP's fp16 compress hook against
+``Compression.fp16``), and the pairs are printed as ratios with the bytes into h2.
 Then one ``hvdrun --autotune`` job trains the same MLP with hierarchical allreduce
 offered to the tuner, and the setting it kept is printed beside the step time it gets.
 Where the hosts cannot be built (not root, no ``ip``/``tc``/sshd) it says why and
@@ -47,6 +51,78 @@ CASES = (
     ("AdamW sharded", 16),
 )
 WIDTH, LAYERS, BATCH = 1024, 4, 32  # the MLP: 4 x 1024 x 1024 weights, 16 MB of gradients
+DDP_PORT = 29517  # torch.distributed's rendezvous on h1 (hvdrun --master-port)
+
+
+def _mlp():
+    """The benchmark's MLP, the same weights on every rank and in every job."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(LAYERS):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def _ddp_step(fp16: bool):
+    """The MLP's SGD step under torch DDP (gloo), with DDP's fp16 compress hook
+    where *fp16* (a closure to time; the process group is up)."""
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    model = torch.nn.parallel.DistributedDataParallel(_mlp())
+    if fp16:
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def _against_ddp(iters: int, comm, received) -> dict:
+    """hvdlite's MLP step beside DDP (gloo)'s on the same ranks, links and model,
+    without and with fp16 (hvdlite: ``Compression.fp16``; DDP: its fp16 compress
+    hook): each iteration times one step of each, in turn, and counts the bytes
+    into this host around each.  Keys ``DDP pair <fp32|fp16> <side>``."""
+    import os
+
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    from helpers_runner.netns_hosts import DATA_IFACE
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", DATA_IFACE)  # the host's own network
+    dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size())
+    out = {}
+    for fp16 in (False, True):
+        sides = {"hvdlite": _torch_step(fp16=fp16), "DDP": _ddp_step(fp16)}
+        times = {side: [] for side in sides}
+        into = dict.fromkeys(sides, 0)
+        for fn in sides.values():
+            fn()
+        for _ in range(iters):
+            for side, fn in sides.items():
+                comm.Barrier()
+                before = received()
+                start = time.perf_counter()
+                fn()
+                elapsed = time.perf_counter() - start
+                comm.Barrier()  # the other rank of this host has its bytes too
+                into[side] += received() - before
+                times[side].append(comm.allreduce(elapsed, op=MPI.MAX))
+        for side in sides:
+            per_call = into[side] / iters if comm.Get_rank() == 2 else 0.0
+            key = f"DDP pair {'fp16' if fp16 else 'fp32'} {side}"
+            out[key] = (statistics.median(times[side]), comm.allreduce(per_call))
+    dist.destroy_process_group()
+    return out
 
 
 def _torch_step(adamw: bool = False, sharded: bool = False, fp16: bool = False):
@@ -57,12 +133,7 @@ def _torch_step(adamw: bool = False, sharded: bool = False, fp16: bool = False):
 
     import hvdlite.torch as hvd_torch
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(LAYERS):
-        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers[:-1])
+    model = _mlp()
     if adamw:
         inner = torch.optim.AdamW(model.parameters(), lr=1e-4)
     else:
@@ -123,6 +194,7 @@ def worker(iters: int) -> None:
         # rank 2 is on h2 (2 ranks per host): what its host received, per call
         per_call = (received() - before) / iters if hvd.rank() == 2 else 0.0
         out[f"{kind} {mb} MB"] = (statistics.median(times), comm.allreduce(per_call))
+    out.update(_against_ddp(iters, comm, received))
     if hvd.rank() == 0:
         print(RESULT + json.dumps(out), flush=True)
     hvd.shutdown()
@@ -182,7 +254,14 @@ def run_job(hosts, hierarchical: bool, iters: int) -> tuple[dict, int]:
     env = clean_env(HVDLITE_HIERARCHICAL_ALLREDUCE=flag, HVDLITE_HIERARCHICAL_ALLGATHER=flag)
     before = sum(hosts.rx_bytes("h2", i) for i in (MGMT_IFACE, DATA_IFACE))
     cmd = hvdrun_cmd(
-        *_placement(hosts), sys.executable, __file__, "--worker", "--iters", str(iters)
+        "--master-port",
+        str(DDP_PORT),
+        *_placement(hosts),
+        sys.executable,
+        __file__,
+        "--worker",
+        "--iters",
+        str(iters),
     )
     result = run(hosts.wrap("h1", cmd), env=env, timeout=900)
     received = sum(hosts.rx_bytes("h2", i) for i in (MGMT_IFACE, DATA_IFACE)) - before
@@ -269,7 +348,7 @@ def main(argv=None) -> int:
         f"{'':18s}{'hierarchical':>14s}{'flat':>10s}{'ratio':>7s}"
         f"{'into h2, hier.':>16s}{'flat':>9s}{'ratio':>7s}"
     )
-    for case in runs[False][0][0]:
+    for case in [c for c in runs[False][0][0] if not c.startswith("DDP pair")]:
         flat = min(r[0][case][0] for r in runs[False])
         hier = min(r[0][case][0] for r in runs[True])
         flat_in = min(r[0][case][1] for r in runs[False])
@@ -300,6 +379,22 @@ def main(argv=None) -> int:
             f"bytes into h2 {half[1] / 2**20:.1f} MB vs {plain[1] / 2**20:.1f} MB "
             f"= {half[1] / plain[1]:.2f}x"
         )
+    for precision, hook in (("fp32", "none"), ("fp16", "fp16")):
+        ddp = min(
+            (r[0][f"DDP pair {precision} DDP"] for r in runs[False] + runs[True]),
+            key=lambda pair: pair[0],
+        )
+        for hierarchical, label in ((False, "flat"), (True, "hierarchical")):
+            ours = min(
+                (r[0][f"DDP pair {precision} hvdlite"] for r in runs[hierarchical]),
+                key=lambda pair: pair[0],
+            )
+            print(
+                f"torch MLP step, {precision} (hvdlite {label} jobs, DDP hook {hook}): "
+                f"hvdlite {ours[0] * 1e3:.1f} ms vs DDP (gloo) {ddp[0] * 1e3:.1f} ms "
+                f"= {ours[0] / ddp[0]:.2f}x; bytes into h2 {ours[1] / 2**20:.1f} MB vs "
+                f"{ddp[1] / 2**20:.1f} MB = {ours[1] / ddp[1]:.2f}x"
+            )
     flat_step = min(r[0]["torch step 16 MB"][0] for r in runs[False])
     print(
         f"hvdrun --autotune, {args.autotune_steps} torch steps: kept "
