@@ -66,6 +66,20 @@ def _mlp():
     return torch.nn.Sequential(*layers[:-1])
 
 
+def _training_step(model, opt):
+    """One SGD step of *model* on a fixed random batch (a closure to time)."""
+    import torch
+
+    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
 def _ddp_step(fp16: bool):
     """The MLP's SGD step under torch DDP (gloo), with DDP's fp16 compress hook
     where *fp16* (a closure to time; the process group is up)."""
@@ -76,14 +90,7 @@ def _ddp_step(fp16: bool):
     if fp16:
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
-
-    def step():
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-
-    return step
+    return _training_step(model, opt)
 
 
 def _against_ddp(iters: int, comm, received) -> dict:
@@ -144,14 +151,7 @@ def _torch_step(adamw: bool = False, sharded: bool = False, fp16: bool = False):
         shard_optimizer_state=sharded,
         compression=hvd_torch.Compression.fp16 if fp16 else hvd_torch.Compression.none,
     )
-    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
-
-    def step():
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-
-    return step
+    return _training_step(model, opt)
 
 
 # ------------------------------------------------------------------ worker side

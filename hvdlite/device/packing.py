@@ -40,6 +40,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..ops import ReduceOp
+from ..util.splits import even_split
 from .buffers import Reduction
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "Copy",
     "Gathered",
     "Scattered",
+    "scattered_of",
     "flat_bytes",
     "pack",
     "unpack",
@@ -142,6 +145,29 @@ class Scattered(NamedTuple):
     @property
     def row_elements(self) -> int:
         return math.prod(self.shape[1:])
+
+
+def scattered_of(batch, entries, size: int) -> list[Scattered]:
+    """The tensors of a reducescatter *batch* (responses) over a set of *size*, with
+    each response's local entry from *entries*; Average's division folded into each
+    postscale."""
+    tensors = []
+    for response, entry in zip(batch, entries, strict=True):
+        p = response.params
+        post = p.postscale / size if p.op == ReduceOp.AVERAGE else p.postscale
+        for i, (dt, shape) in enumerate(zip(p.dtypes, p.shapes)):
+            tensors.append(
+                Scattered(
+                    entry,
+                    entry.inputs[i],
+                    tuple(shape),
+                    np.dtype(dt),
+                    p.prescale,
+                    post,
+                    even_split(shape[0], size),
+                )
+            )
+    return tensors
 
 
 def flat_bytes(array):

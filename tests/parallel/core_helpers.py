@@ -107,3 +107,20 @@ def spy_on_shared_memory(monkeypatch) -> list[int]:
     monkeypatch.setattr(SharedMemoryAllreduce, "allreduce", spy)
     monkeypatch.setattr(SharedMemoryAllreduce, "run_staged", spy_staged)
     return calls
+
+
+def half_values(rank: int, count: int, seed: int) -> np.ndarray:
+    """Rank *rank*'s float16 input for the rounding tests: values whose float16 sums
+    need rounding (float32 holds the sum of 4 of them exactly)."""
+    rs = np.random.RandomState(1000 * seed + rank)
+    return (rs.standard_normal(count) * 40).astype(np.float16)
+
+
+def assert_bits(actual: np.ndarray, expected: np.ndarray) -> None:
+    """The same dtype, shape and bits; the message shows a few that differ."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    differ = np.flatnonzero(actual.view(np.uint16) != expected.view(np.uint16))
+    assert differ.size == 0, (
+        f"{differ.size} of {actual.size} elements rounded differently, "
+        f"e.g. {actual[differ[:3]]} instead of {expected[differ[:3]]}"
+    )

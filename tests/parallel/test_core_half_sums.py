@@ -18,6 +18,9 @@ import os
 import numpy as np
 import pytest
 
+from core_helpers import assert_bits
+from core_helpers import half_values as values
+
 import hvdlite as hvd
 
 MPI_SIZES = (3, 4)
@@ -28,27 +31,12 @@ hvd.init()
 R, N = hvd.rank(), hvd.size()
 
 
-def values(rank: int, count: int, seed: int) -> np.ndarray:
-    """Rank *rank*'s float16 input: values whose float16 sums need rounding."""
-    rs = np.random.RandomState(1000 * seed + rank)
-    return (rs.standard_normal(count) * 40).astype(np.float16)
-
-
 def summed_once(count: int, seed: int) -> np.ndarray:
     """Every rank's input summed in float32, in rank order (the caller rounds it)."""
     total = np.zeros(count, np.float32)
     for r in range(N):
         total += values(r, count, seed).astype(np.float32)
     return total
-
-
-def assert_bits(actual: np.ndarray, expected: np.ndarray) -> None:
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    differ = np.flatnonzero(actual.view(np.uint16) != expected.view(np.uint16))
-    assert differ.size == 0, (
-        f"{differ.size} of {actual.size} elements rounded differently, "
-        f"e.g. {actual[differ[:3]]} instead of {expected[differ[:3]]}"
-    )
 
 
 def test_rounding_is_needed_here():

@@ -17,6 +17,9 @@ import pytest
 
 os.environ["HVDLITE_TEST_NODE_SIZE"] = "1"  # a knob read by init(), hence at import
 
+from core_helpers import assert_bits
+from core_helpers import half_values as values
+
 import hvdlite as hvd  # noqa: E402
 from hvdlite import basics  # noqa: E402
 from hvdlite.engine.transports.half_wire import HALF_WIRE_MIN_BYTES, HalfWirePeer  # noqa: E402
@@ -45,12 +48,6 @@ def via_16_bits(monkeypatch):
     return calls
 
 
-def values(rank: int, count: int, seed: int) -> np.ndarray:
-    """Rank *rank*'s float16 input: values whose float16 sums need rounding."""
-    rs = np.random.RandomState(1000 * seed + rank)
-    return (rs.standard_normal(count) * 40).astype(np.float16)
-
-
 def rounded_once(count, seed, pre=1.0, post=1.0, ranks=None) -> np.ndarray:
     """The inputs of *ranks* (default: all), each scaled by *pre* and summed in
     float32 in rank order, the sum scaled by *post* and rounded to float16 once."""
@@ -58,15 +55,6 @@ def rounded_once(count, seed, pre=1.0, post=1.0, ranks=None) -> np.ndarray:
     for r in range(N) if ranks is None else ranks:
         total += values(r, count, seed).astype(np.float32) * np.float32(pre)
     return (total * np.float32(post)).astype(np.float16)
-
-
-def assert_bits(actual: np.ndarray, expected: np.ndarray) -> None:
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    differ = np.flatnonzero(actual.view(np.uint16) != expected.view(np.uint16))
-    assert differ.size == 0, (
-        f"{differ.size} of {actual.size} elements rounded differently, "
-        f"e.g. {actual[differ[:3]]} instead of {expected[differ[:3]]}"
-    )
 
 
 def test_every_rank_takes_the_16_bit_path_for_large_float16_only(via_16_bits):

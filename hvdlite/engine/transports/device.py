@@ -38,8 +38,8 @@ from .adasum import adasum_allreduce
 from ...device.buffers import Reduction
 from ..messages import Kind
 from ...device.packing import (
+    scattered_of,
     Gathered,
-    Scattered,
     flat_bytes,
     pack,
     pack_bytes,
@@ -52,7 +52,6 @@ from ...device.packing import (
     unpack_shards,
 )
 from ...ops import ReduceOp
-from ...util.splits import even_split
 from .routes import Transport
 from ...device.arrays import CUDA
 from .links import HierarchicalLink, MpiLink, StagedLink
@@ -327,22 +326,7 @@ class DeviceExecutor:
     def _reducescatter(self, batch, entries, comm, backend, link):
         size, me = comm.Get_size(), comm.Get_rank()
         op = batch[0].params.op
-        tensors: list[Scattered] = []
-        for response, entry in zip(batch, entries):
-            p = response.params
-            post = p.postscale / size if p.op == ReduceOp.AVERAGE else p.postscale
-            for i, (dt, shape) in enumerate(zip(p.dtypes, p.shapes)):
-                tensors.append(
-                    Scattered(
-                        entry,
-                        entry.inputs[i],
-                        tuple(shape),
-                        np.dtype(dt),
-                        p.prescale,
-                        post,
-                        even_split(shape[0], size),
-                    )
-                )
+        tensors = scattered_of(batch, entries, size)
         outputs = [
             backend.empty((t.rows[me],) + t.shape[1:], t.dtype, t.entry.ready) for t in tensors
         ]

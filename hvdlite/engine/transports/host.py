@@ -33,6 +33,7 @@ from ...device.packing import (
     pack_rank_major,
     rank_counts,
     reduce_alone,
+    scattered_of,
     unpack,
     unpack_bytes,
     unpack_rank_major,
@@ -43,7 +44,7 @@ from ...timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
 from .links import MPI_OPS
 from ...util.dtypes import reduce_dtype
 from ...util.paths import Transport
-from ...util.splits import even_split, offsets
+from ...util.splits import offsets
 from ..messages import Kind
 from .peer import Context, Peer
 
@@ -253,26 +254,9 @@ def gathered(ctx: Context, batch) -> list[Gathered]:
 
 
 def scattered(ctx: Context, batch, size: int) -> list[Scattered]:
-    """The tensors of a reducescatter batch over a set of *size*, Average's division
-    folded into each postscale (only allreduce runs past a join: every entry is here)."""
-    tensors = []
-    for response in batch:
-        p = response.params
-        entry = ctx.lookup(response.key)
-        post = p.postscale / size if p.op == ReduceOp.AVERAGE else p.postscale
-        for i, (dt, shape) in enumerate(zip(p.dtypes, p.shapes)):
-            tensors.append(
-                Scattered(
-                    entry,
-                    entry.inputs[i],
-                    shape,
-                    np.dtype(dt),
-                    p.prescale,
-                    post,
-                    even_split(shape[0], size),
-                )
-            )
-    return tensors
+    """The tensors of a reducescatter batch over a set of *size* (only allreduce runs
+    past a join: every entry is here)."""
+    return scattered_of(batch, [ctx.lookup(response.key) for response in batch], size)
 
 
 def per_wire_dtype(tensors: list[Scattered], reduce_part: Callable) -> list:
