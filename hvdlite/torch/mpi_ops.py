@@ -125,23 +125,18 @@ __all__ = [
 _WIDENED = (torch.bfloat16, torch.float16)
 
 
-def _widened(tensor: torch.Tensor, float16_as_is: bool = False) -> bool:
+def _widened(tensor: torch.Tensor, process_set=None) -> bool:
     """Whether *tensor* travels as a float32 copy.  A CUDA float16 tensor does not:
     the device path casts it inside its fused copies and scales it in float16, as
     Horovod does on CUDA (its suite checks that bit for bit).  Nor does a CPU one
-    where *float16_as_is*: its allreduce crosses nodes as 16 bits."""
+    whose allreduce over *process_set* crosses nodes as 16 bits."""
     dtype = tensor.dtype
     if dtype == torch.float16:
-        return not (tensor.is_cuda or float16_as_is)
+        return not (
+            tensor.is_cuda
+            or (process_set is not None and _basics.float16_crosses_as_16_bits(process_set))
+        )
     return dtype == torch.bfloat16
-
-
-def _float16_as_is(tensors, process_set) -> bool:
-    """Whether these tensors' CPU float16 goes to the engine as it is: the set's
-    float16 allreduces cross nodes with 16-bit values."""
-    return any(t.dtype == torch.float16 for t in tensors) and _basics.float16_crosses_as_16_bits(
-        process_set
-    )
 
 
 def _cast(src: np.ndarray, out: np.ndarray) -> None:
@@ -176,8 +171,7 @@ def _allreduce(
 ):
     """Submit one (grouped) allreduce of *sources* into *outputs*; synchronize
     returns *returned* (the user's tensor(s) for in-place ops)."""
-    as_is = _float16_as_is(sources, process_set)
-    if not grouped and not _widened(sources[0], as_is):  # the lean, common case
+    if not grouped and not _widened(sources[0], process_set):  # the lean, common case
         src, out = sources[0], outputs[0]
         # In place on a CUDA tensor: its view made once per tensor (the handle holds
         # *returned*, the caller's tensor, until the collective completes).
@@ -195,7 +189,7 @@ def _allreduce(
         return _attach(handle, lambda _result: returned)
     ins, outs, casts = [], [], []
     for src, out in zip(sources, outputs, strict=True):
-        if _widened(src, as_is):  # reduce a float32 copy in place, cast back later
+        if _widened(src, process_set):  # reduce a float32 copy in place, cast back later
             wide = src.float()
             arr = _array(wide)
             ins.append(arr)

@@ -84,7 +84,7 @@ from ...util.backoff import Backoff
 from ...ops import ReduceOp
 from ...timeline.schema import COLLECTIVE, COPY_OUT
 from .routes import SHM_MAX_RANKS, SHM_MIN_BYTES
-from .shm_scatter import reduce_scatter
+from .shm_scatter import reduce_in_rank_order, reduce_scatter
 
 __all__ = ["SharedMemoryAllreduce", "MAX_RANKS", "SHM_MIN_BYTES", "SLOT_BYTES"]
 
@@ -499,7 +499,7 @@ class _Step:
                 if self.direct[i]:
                     parts[rank] = ins[i][o : o + m]
                 dst = result[a - lo : a - lo + m]
-                _reduce(ufunc, parts, dst)
+                reduce_in_rank_order(ufunc, parts, dst)
                 self._deliver(dst, i, o, m)
         if group:
             np.concatenate(group, out=result[group_at - lo : group_at - lo + group_n])
@@ -551,10 +551,3 @@ def _cut(chunk, bounds: list[int]) -> list[list]:
             offset += stop - at
             at = stop
     return portions
-
-
-def _reduce(ufunc, parts: list[np.ndarray], out: np.ndarray) -> None:
-    """out = parts[0] (op) parts[1] (op) ... in rank order."""
-    ufunc(parts[0], parts[1], out=out)
-    for part in parts[2:]:
-        ufunc(out, part, out=out)

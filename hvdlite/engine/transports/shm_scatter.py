@@ -33,7 +33,7 @@ import numpy as np
 
 from ...util.splits import offsets
 
-__all__ = ["ScatterPlan", "reduce_scatter"]
+__all__ = ["ScatterPlan", "reduce_scatter", "reduce_in_rank_order"]
 
 #: A piece that needs a cast or a postscale is reduced a block at a time and
 #: handed on while the block is still in cache.
@@ -100,14 +100,14 @@ def reduce_scatter(window, tensors, wire: np.dtype, ufunc) -> list[np.ndarray]:
                 parts[rank] = ins[i][lo : lo + n]
             post = tensors[i].postscale
             if direct[i] and post == 1.0:
-                _reduce(ufunc, parts, out)
+                reduce_in_rank_order(ufunc, parts, out)
                 continue
             if scratch is None:
                 scratch = np.empty(BLOCK_BYTES // wire.itemsize, dtype=wire)
             for start in range(0, n, scratch.size):
                 m = min(scratch.size, n - start)
                 block = scratch[:m]
-                _reduce(ufunc, [part[start : start + m] for part in parts], block)
+                reduce_in_rank_order(ufunc, [part[start : start + m] for part in parts], block)
                 if post != 1.0:
                     np.multiply(block, post, out=out[start : start + m], casting="unsafe")
                 else:
@@ -136,7 +136,7 @@ def _copy_in(tensors, plan, ins, direct, pieces, area, capacity: int, size: int,
                 np.copyto(dst, ins[i][lo : lo + m], casting="unsafe")
 
 
-def _reduce(ufunc, parts: list[np.ndarray], out: np.ndarray) -> None:
+def reduce_in_rank_order(ufunc, parts: list[np.ndarray], out: np.ndarray) -> None:
     """out = parts[0] (op) parts[1] (op) ... in rank order."""
     ufunc(parts[0], parts[1], out=out)
     for part in parts[2:]:
