@@ -329,6 +329,8 @@ def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None)
         hierarchical_allreduce=cfg.hierarchical_allreduce,
         hierarchical_allgather=cfg.hierarchical_allgather,
         device=agree_device_choice(world, cfg.hierarchical_allreduce, new.homogeneous),
+        node_of=new.node_of,
+        ring=not cfg.ring_allreduce_disable,
     )
     # The engine and the two-level helper import mpi4py.MPI: only once MPI is set up.
     from .engine.cycle import Engine
@@ -401,8 +403,9 @@ def _build_topology(st: Runtime, MPI, cfg) -> None:
     else:
         st.local_comm = node
     st.cross_comm = world.Split(st.local_comm.Get_rank(), world.Get_rank())
-    sizes = world.allgather(st.local_comm.Get_size())
-    st.homogeneous = len(set(sizes)) == 1
+    layout = world.allgather((st.local_comm.Get_size(), min(st.node_ranks)))
+    st.homogeneous = len({size for size, _ in layout}) == 1
+    st.node_of = tuple(node for _, node in layout)
 
 
 # --- the running job, as the framework adapters see it ------------------------

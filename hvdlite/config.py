@@ -211,6 +211,17 @@ KNOBS: tuple[Knob, ...] = (
         agree=True,
     ),
     Knob(
+        "ring_allreduce_disable",
+        "HVDLITE_RING_ALLREDUCE_DISABLE",
+        bool,
+        False,
+        "leave large allreduces across nodes to MPI's own algorithm (by default a "
+        "process set whose ranks are on more than one node sums host allreduces of 1 MB "
+        "or more around a ring that keeps each node's ranks together, and the "
+        "hierarchical path's cross-node stage does the same)",
+        agree=True,
+    ),
+    Knob(
         "dynamic_process_sets",
         "HVDLITE_DYNAMIC_PROCESS_SETS",
         bool,
@@ -356,6 +367,7 @@ class Config:
     mpi_threads_disable: bool = False
     malloc_tuning_disable: bool = False
     shm_allreduce_disable: bool = False
+    ring_allreduce_disable: bool = False
     dynamic_process_sets: bool = False
     test_node_size: int = 0
     check_order: bool = False

@@ -174,6 +174,7 @@ def test_knobs_that_must_agree_are_the_ones_that_change_collective_behaviour():
         "hierarchical_allreduce",
         "hierarchical_allgather",
         "shm_allreduce_disable",
+        "ring_allreduce_disable",
         "dynamic_process_sets",
         "test_node_size",
         "bucket_cap_mb",

@@ -64,3 +64,33 @@ def test_the_16_bit_wire_stands_before_the_two_level_path():
     )
     assert peers[:3] == ("adasum", "half", peers[2]) and peers[2][0] == "hierarchical"
     assert peers[-1] == "mpi"
+
+
+def test_sets_across_nodes_get_a_ring_that_keeps_each_nodes_ranks_together():
+    from hvdlite.engine.transports.peer import lineup
+    from hvdlite.engine.transports.routes import ring_order
+
+    # hosts of two ranks placed round-robin: ranks 0 and 2 on one node, 1 and 3 on another
+    round_robin = (0, 1, 0, 1)
+    assert ring_order(round_robin, range(4)) == (0, 2, 1, 3)
+    assert ring_order((0, 0, 2, 2, 4, 4), range(6)) == tuple(range(6))
+    # in communicator ranks: ranks 1, 2, 3 are 0, 1, 2; rank 2 (node 0) comes first
+    assert ring_order(round_robin, [3, 1, 2]) == (1, 0, 2)
+    router = Router(4, [0, 2], True, False, False, node_of=round_robin)
+    assert router.routes([0, 2]).ring is None  # one node: shared memory, no ring
+    assert router.routes(range(4)).ring == (0, 2, 1, 3)
+    assert router.variant(True, True).routes(range(4)).ring == (0, 2, 1, 3)
+    off = Router(4, [0, 2], True, False, False, node_of=round_robin, ring=False)
+    assert off.routes(range(4)).ring is None
+    assert Router(4, [0, 2], True, False, False).routes(range(4)).ring is None  # no layout
+    peers = lineup(
+        router.routes(range(4)),
+        "mpi",
+        "adasum",
+        lambda kinds: ("hierarchical", kinds),
+        lambda kinds: ("shm", kinds),
+        lambda device: [],
+        "half",
+        lambda order: ("ring", order),
+    )
+    assert peers[-2:] == (("ring", (0, 2, 1, 3)), "mpi")

@@ -6,7 +6,8 @@ A set's transports are peers (:mod:`hvdlite.engine.transports.peer`) in one
 ordered list, its lineup, built from the set's
 :class:`~hvdlite.engine.transports.routes.Routes`: the device peers, Adasum, the
 16-bit wire for float16 across nodes, the two-level and shared-memory peers where
-the routes send collectives there, and host MPI last.  The knobs decide the
+the routes send collectives there, the ring for large allreduces across nodes,
+and host MPI last.  The knobs decide the
 routes at ``init``; autotune replaces the router (:meth:`MPIExecutor.use_router`);
 nothing else orders the peers.  An
 allreduce group that mixes wire dtypes is reduced one wire dtype at a time, each
@@ -28,6 +29,7 @@ from .transports.device import device_peers
 from .transports.half_wire import HalfWirePeer
 from .transports.host import MPI_OPS, HierarchicalPeer, MpiPeer, mpi_allreduce
 from .transports.peer import Context, counts_of, lineup
+from .transports.ring import RingPeer
 from .transports.shared_memory import SharedMemoryPeer
 from .transports.shm import SLOT_BYTES
 from .transports.staging import Stager
@@ -201,6 +203,7 @@ class MPIExecutor:
                 lambda kinds: SharedMemoryPeer(self.ctx, self._shm, self._limit, kinds, self._mpi),
                 lambda device_routes: device_peers(device_routes, self._device_executor),
                 self._half_wire,
+                lambda order: RingPeer(self.ctx, order),
             )
         return peers
 

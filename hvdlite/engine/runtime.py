@@ -50,6 +50,7 @@ class Runtime:
         self.router = None  # transports.routes.Router
         self.homogeneous = True
         self.node_ranks: frozenset[int] = frozenset()  # ranks sharing this rank's memory
+        self.node_of: tuple[int, ...] = ()  # every world rank's node (its lowest rank)
         self.thread_level = 0
         self.timeline = None
         self.dynamic = False

@@ -19,6 +19,7 @@ class Transport(enum.Enum):
     HIERARCHICAL = "hierarchical"
     ADASUM = "adasum"
     HALF_WIRE = "MPI, float16 on the wire"
+    RING = "ring over MPI point-to-point"
     # device buffers (see hvdlite.device.selection)
     NCCL = "NCCL"
     CUDA_AWARE_MPI = "CUDA-aware MPI"

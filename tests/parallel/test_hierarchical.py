@@ -148,6 +148,30 @@ def test_allreduce_sum_uneven_lengths(private, dtype):
         np.testing.assert_array_equal(x, _data(dtype, n))
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.float64])
+def test_large_sums_cross_nodes_around_the_ring(private, dtype, monkeypatch):
+    from hvdlite.engine.transports.ring import RING_MIN_BYTES, Ring
+
+    rings = []
+    real = Ring.allreduce
+    monkeypatch.setattr(
+        Ring, "allreduce", lambda self, buf: (rings.append(buf.size), real(self, buf))
+    )
+    n = 2 * RING_MIN_BYTES // np.dtype(dtype).itemsize + 3  # a shard of 1 MB or more
+    x = _data(dtype, n, salt=5)
+    want = _flat(x)
+    got = np.zeros_like(x)
+    private.allreduce(got, MPI.SUM, src=x)
+    _same(got, want)
+    # with more than one node, the ranks that take part in the cross stage (every
+    # rank, or the node leaders where node sizes differ) sum it around the ring
+    crosses = len(private.nodes) > 1 and (private.homogeneous or private.is_leader)
+    assert bool(rings) == crosses
+    rings.clear()
+    private.allreduce(x.copy(), MPI.MAX)  # other ops: MPI
+    assert rings == []
+
+
 @pytest.mark.parametrize("op", [MPI.MIN, MPI.MAX, MPI.PROD])
 def test_allreduce_other_ops_exact(private, op):
     x = _data(np.int64, 37) % 5 + 1

@@ -14,7 +14,9 @@ owner's local rank, then allgather the shards inside the node.  Every node cuts
 the buffer at the same offsets, so shard j means the same elements everywhere.
 When node sizes differ (say 2 + 1 ranks), the cross communicators no longer line
 up with shards, so the buffer is reduced to local rank 0, allreduced among the
-node leaders and broadcast inside the node.
+node leaders and broadcast inside the node.  The cross-node stage sums shards of
+1 MB or more around a ring of the nodes (:mod:`~hvdlite.engine.transports.ring`;
+``HVDLITE_RING_ALLREDUCE_DISABLE=1`` leaves it to MPI).
 
 Allgather (any node sizes): gather every rank's bytes to its node leader,
 directly at their final offsets (through a node-major staging buffer when the
@@ -40,6 +42,7 @@ from mpi4py import MPI
 
 from ...device.buffers import BufferPool
 from ...util.splits import even_split, offsets
+from .ring import RING_KINDS, RING_MIN_BYTES, Ring
 
 __all__ = ["Hierarchical"]
 
@@ -64,6 +67,7 @@ class Hierarchical:
         *,
         allreduce: bool = True,
         allgather: bool = False,
+        ring: bool = False,
     ):
         self.world = world
         self.local = local
@@ -80,6 +84,8 @@ class Hierarchical:
         self._pool = BufferPool()
         me = world.Get_rank()
         self.node = next(n for n in nodes if me in n)
+        # the cross-node stage of large sums: around a ring of the nodes
+        self._cross_ring = Ring(cross) if ring and len(nodes) > 1 else None
 
     # ---------------------------------------------------------------- creation
     @classmethod
@@ -97,6 +103,7 @@ class Hierarchical:
             nodes,
             allreduce=bool(getattr(cfg, "hierarchical_allreduce", True)),
             allgather=bool(getattr(cfg, "hierarchical_allgather", False)),
+            ring=not getattr(cfg, "ring_allreduce_disable", False),
         )
         if world.Get_rank() == 0:
             helper._describe()
@@ -142,7 +149,9 @@ class Hierarchical:
         if len(self.nodes) == 1:
             self.local.Allreduce(send, flat, op)
         elif self.local_size == 1 and self.homogeneous:
-            self.cross.Allreduce(send, flat, op)
+            if send is not MPI.IN_PLACE:
+                np.copyto(flat, send)
+            self._cross_allreduce(flat, op)
         elif self.homogeneous:
             self._reduce_scatter_scheme(flat if send is MPI.IN_PLACE else send, flat, op)
         else:
@@ -157,7 +166,7 @@ class Hierarchical:
             self.local.Reduce_scatter_block(send, shard, op)
         else:
             self.local.Reduce_scatter(send, shard, counts, op)
-        self.cross.Allreduce(MPI.IN_PLACE, shard, op)
+        self._cross_allreduce(shard, op)
         if even:
             self.local.Allgather(shard, flat)
         else:
@@ -169,11 +178,25 @@ class Hierarchical:
                 self.local.Reduce(send, flat, op, root=0)
             elif send is not MPI.IN_PLACE:
                 np.copyto(flat, send)
-            self.cross.Allreduce(MPI.IN_PLACE, flat, op)
+            self._cross_allreduce(flat, op)
         else:
             self.local.Reduce(flat if send is MPI.IN_PLACE else send, None, op, root=0)
         if self.local_size > 1:
             self.local.Bcast(flat, root=0)
+
+    def _cross_allreduce(self, flat: np.ndarray, op) -> None:
+        """*flat* reduced in place over the cross communicator: large sums around
+        the ring of nodes, the rest by MPI."""
+        ring = self._cross_ring
+        if (
+            ring is not None
+            and op == MPI.SUM
+            and flat.nbytes >= RING_MIN_BYTES
+            and flat.dtype.kind in RING_KINDS
+        ):
+            ring.allreduce(flat)
+        else:
+            self.cross.Allreduce(MPI.IN_PLACE, flat, op)
 
     # --------------------------------------------------------------- allgather
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts, displs) -> None:

@@ -90,14 +90,16 @@ class Peer:
 
 
 def lineup(
-    routes, mpi: Peer, adasum: Peer, hierarchical, shared_memory, device, half_wire: Peer
+    routes, mpi: Peer, adasum: Peer, hierarchical, shared_memory, device, half_wire: Peer, ring=None
 ) -> tuple:
     """The ordered peers of a set with these *routes*: the device peers (their
     own order, :func:`~hvdlite.engine.transports.device.device_peers`), Adasum,
     the 16-bit wire for float16 allreduces where the routes say so, the
     two-level and shared-memory peers for the collectives the routes send
-    there, and host MPI last, which takes every host batch.  *hierarchical* and
-    *shared_memory* make those peers for a set of collective kinds."""
+    there, the ring for large allreduces where the routes give one, and host
+    MPI last, which takes every host batch.  *hierarchical* and *shared_memory*
+    make those peers for a set of collective kinds, *ring* a ring peer for a
+    ring order."""
     peers = list(device(routes.device))
     peers.append(adasum)
     if routes.half_allreduce is Transport.HALF_WIRE:
@@ -119,6 +121,8 @@ def lineup(
         )
         if kinds:
             peers.append(make(kinds))
+    if routes.ring is not None and ring is not None:
+        peers.append(ring(routes.ring))
     peers.append(mpi)
     return tuple(peers)
 

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from ...util.paths import Transport
 
-__all__ = ["Transport", "Routes", "Router", "SHM_MIN_BYTES", "SHM_MAX_RANKS"]
+__all__ = ["Transport", "Routes", "Router", "SHM_MIN_BYTES", "SHM_MAX_RANKS", "ring_order"]
 
 #: Smallest batch (in wire bytes) worth the shared-memory path: below it, one MPI
 #: allreduce's latency beats that path's two barriers (``bench_core`` shows both).
@@ -40,6 +40,10 @@ class Routes(NamedTuple):
     #: float16 Sum/Average allreduces of host arrays: 16-bit on the wire across
     #: nodes (ahead of the two-level path)
     half_allreduce: Transport = Transport.MPI
+    #: where the set spans nodes and the ring is on: its ranks (communicator ranks)
+    #: in ring order, each node's together; large flat Sum/Average allreduces of
+    #: host arrays go around it (:mod:`hvdlite.engine.transports.ring`)
+    ring: tuple | None = None
 
     def allreduce_path(self, nbytes: int) -> Transport:
         """The path of an allreduce batch of *nbytes* (agreed sizes: every member
@@ -60,9 +64,14 @@ class Router:
         hierarchical_allreduce: bool,
         hierarchical_allgather: bool,
         device=None,
+        node_of=None,
+        ring: bool = True,
     ):
         self.world_size = world_size
         self.node_ranks = frozenset(node_ranks)
+        #: the node key of every world rank (its node's lowest rank), where known
+        self.node_of = tuple(node_of) if node_of is not None else None
+        self.ring = ring
         self.shared_memory = shared_memory
         self.hierarchical_allreduce = hierarchical_allreduce
         self.hierarchical_allgather = hierarchical_allgather
@@ -87,6 +96,8 @@ class Router:
             hierarchical_allreduce,
             self.hierarchical_allgather,
             self.device,
+            self.node_of,
+            self.ring,
         )
 
     def _decide(self, ranks: tuple) -> Routes:
@@ -112,4 +123,16 @@ class Router:
         across_nodes = not self.node_ranks.issuperset(ranks)
         half = Transport.HALF_WIRE if across_nodes else Transport.MPI
         device = self.device.routes(whole_job) if self.device is not None else None
-        return Routes(allreduce, allgather, device, reducescatter, half)
+        ring = None
+        if across_nodes and self.ring and self.node_of is not None:
+            ring = ring_order(self.node_of, ranks)
+        return Routes(allreduce, allgather, device, reducescatter, half, ring)
+
+
+def ring_order(node_of, ranks) -> tuple[int, ...]:
+    """The set of global *ranks* on a ring, as communicator ranks (a rank's position
+    among *ranks* sorted): each node's ranks together, so a node's ring edges cross
+    its link once each way; nodes by *node_of* (a key per world rank, its node's
+    lowest rank), ranks ascending within a node."""
+    ranks = sorted(ranks)
+    return tuple(sorted(range(len(ranks)), key=lambda i: (node_of[ranks[i]], ranks[i])))
