@@ -16,10 +16,12 @@ without and with ``Compression.fp16``, and over AdamW unsharded and with
 flat and the hierarchical jobs): the median
 over iterations of the slowest rank.  The bytes h2 received on its link during each
 case are counted, so the table shows the measured cross-host bytes beside the times.
-Each job then trains the MLP under torch DDP over gloo on the same ranks and links
-(``hvdrun --master-port`` gives them ``MASTER_ADDR``/``MASTER_PORT``), one DDP step
-after each hvdlite step, without and with fp16 (DDP's fp16 compress hook against
-``Compression.fp16``), and the pairs are printed as ratios with the bytes into h2.
+Each job then trains three models, the MLP, ResNet-18 on 64x64 images and a small
+transformer language model, under hvdlite and under torch DDP over gloo on the same
+ranks and links (``hvdrun --master-port`` gives them ``MASTER_ADDR``/``MASTER_PORT``),
+one DDP step after each hvdlite step, without and with fp16 (DDP's fp16 compress
+hook against ``Compression.fp16``), and the pairs are printed as ratios with the
+bytes into h2.
 Then one ``hvdrun --autotune`` job trains the same MLP with hierarchical allreduce
 offered to the tuner, and the setting it kept is printed beside the step time it gets.
 Where the hosts cannot be built (not root, no ``ip``/``tc``/sshd) it says why and
@@ -51,6 +53,10 @@ CASES = (
     ("AdamW sharded", 16),
 )
 WIDTH, LAYERS, BATCH = 1024, 4, 32  # the MLP: 4 x 1024 x 1024 weights, 16 MB of gradients
+IMAGE, IMAGES = 64, 8  # ResNet-18 on 64x64 images, 8 per rank: 45 MB of gradients
+VOCAB, SEQ, SEQS = 4096, 32, 4  # the transformer: 4 layers of 256, 22 MB of gradients
+#: the models trained under hvdlite and under DDP side by side
+MODELS = ("MLP", "ResNet-18", "transformer")
 DDP_PORT = 29517  # torch.distributed's rendezvous on h1 (hvdrun --master-port)
 
 
@@ -66,38 +72,123 @@ def _mlp():
     return torch.nn.Sequential(*layers[:-1])
 
 
-def _training_step(model, opt):
-    """One SGD step of *model* on a fixed random batch (a closure to time)."""
+def _resnet18():
+    """ResNet-18 (ImageNet's layout: a 7x7 stem, four stages of two basic blocks)
+    for 100 classes, the same weights on every rank."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int):
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(cout),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
+                nn.BatchNorm2d(cout),
+            )
+            self.skip = nn.Identity()
+            if stride != 1 or cin != cout:
+                self.skip = nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+                )
+
+        def forward(self, x):
+            return torch.relu(self.body(x) + self.skip(x))
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    layers = [
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, 2, 1),
+    ]
+    cin = 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 100)]
+    return nn.Sequential(*layers)
+
+
+def _transformer():
+    """A small language model: token embedding, 4 encoder layers (width 256, 4
+    heads), a linear head over the vocabulary; the same weights on every rank."""
+    import torch
+    from torch import nn
+
+    class LanguageModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, 256)
+            layer = nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+            self.head = nn.Linear(256, VOCAB)
+
+        def forward(self, tokens):
+            return self.head(self.encoder(self.embed(tokens)))
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    return LanguageModel()
+
+
+def _model(name: str):
+    return {"MLP": _mlp, "ResNet-18": _resnet18, "transformer": _transformer}[name]()
+
+
+def _batch(name: str):
+    """A fixed random batch for model *name* and its loss function."""
     import torch
 
-    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
+    f = torch.nn.functional
+    torch.manual_seed(1)
+    if name == "ResNet-18":
+        x, y = torch.randn(IMAGES, 3, IMAGE, IMAGE), torch.randint(0, 100, (IMAGES,))
+        return x, y, f.cross_entropy
+    if name == "transformer":
+        tokens = torch.randint(0, VOCAB, (SEQS, SEQ + 1))
+        return (
+            tokens[:, :-1],
+            tokens[:, 1:],
+            lambda out, y: f.cross_entropy(out.reshape(-1, VOCAB), y.reshape(-1)),
+        )
+    return torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH), f.mse_loss
+
+
+def _training_step(model, opt, name: str = "MLP"):
+    """One SGD step of *model* (model *name*) on a fixed random batch (a closure to time)."""
+    x, y, loss = _batch(name)
 
     def step():
         opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        loss(model(x), y).backward()
         opt.step()
 
     return step
 
 
-def _ddp_step(fp16: bool):
-    """The MLP's SGD step under torch DDP (gloo), with DDP's fp16 compress hook
+def _ddp_step(fp16: bool, name: str = "MLP"):
+    """Model *name*'s SGD step under torch DDP (gloo), with DDP's fp16 compress hook
     where *fp16* (a closure to time; the process group is up)."""
     import torch
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    model = torch.nn.parallel.DistributedDataParallel(_mlp())
+    model = torch.nn.parallel.DistributedDataParallel(_model(name))
     if fp16:
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    return _training_step(model, opt)
+    return _training_step(model, opt, name)
 
 
 def _against_ddp(iters: int, comm, received) -> dict:
-    """hvdlite's MLP step beside DDP (gloo)'s on the same ranks, links and model,
-    without and with fp16 (hvdlite: ``Compression.fp16``; DDP: its fp16 compress
-    hook): each iteration times one step of each, in turn, and counts the bytes
-    into this host around each.  Keys ``DDP pair <fp32|fp16> <side>``."""
+    """hvdlite's step of each model beside DDP (gloo)'s on the same ranks, links
+    and model, without and with fp16 (hvdlite: ``Compression.fp16``; DDP: its fp16
+    compress hook): each iteration times one step of each, in turn, and counts
+    the bytes into this host around each.  Keys ``DDP pair <model> <fp32|fp16>
+    <side>``."""
     import os
 
     import torch.distributed as dist
@@ -108,8 +199,8 @@ def _against_ddp(iters: int, comm, received) -> dict:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", DATA_IFACE)  # the host's own network
     dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size())
     out = {}
-    for fp16 in (False, True):
-        sides = {"hvdlite": _torch_step(fp16=fp16), "DDP": _ddp_step(fp16)}
+    for name, fp16 in [(name, fp16) for name in MODELS for fp16 in (False, True)]:
+        sides = {"hvdlite": _torch_step(fp16=fp16, name=name), "DDP": _ddp_step(fp16, name)}
         times = {side: [] for side in sides}
         into = dict.fromkeys(sides, 0)
         for fn in sides.values():
@@ -126,21 +217,21 @@ def _against_ddp(iters: int, comm, received) -> dict:
                 times[side].append(comm.allreduce(elapsed, op=MPI.MAX))
         for side in sides:
             per_call = into[side] / iters if comm.Get_rank() == 2 else 0.0
-            key = f"DDP pair {'fp16' if fp16 else 'fp32'} {side}"
+            key = f"DDP pair {name} {'fp16' if fp16 else 'fp32'} {side}"
             out[key] = (statistics.median(times[side]), comm.allreduce(per_call))
     dist.destroy_process_group()
     return out
 
 
-def _torch_step(adamw: bool = False, sharded: bool = False, fp16: bool = False):
-    """A training step of the MLP with DistributedOptimizer (a closure to time):
-    SGD (with ``Compression.fp16`` where *fp16*), or AdamW with its state
+def _torch_step(adamw: bool = False, sharded: bool = False, fp16: bool = False, name="MLP"):
+    """A training step of model *name* with DistributedOptimizer (a closure to
+    time): SGD (with ``Compression.fp16`` where *fp16*), or AdamW with its state
     unsharded or sharded over the ranks."""
     import torch
 
     import hvdlite.torch as hvd_torch
 
-    model = _mlp()
+    model = _model(name)
     if adamw:
         inner = torch.optim.AdamW(model.parameters(), lr=1e-4)
     else:
@@ -151,7 +242,7 @@ def _torch_step(adamw: bool = False, sharded: bool = False, fp16: bool = False):
         shard_optimizer_state=sharded,
         compression=hvd_torch.Compression.fp16 if fp16 else hvd_torch.Compression.none,
     )
-    return _training_step(model, opt)
+    return _training_step(model, opt, name)
 
 
 # ------------------------------------------------------------------ worker side
@@ -379,22 +470,23 @@ def main(argv=None) -> int:
             f"bytes into h2 {half[1] / 2**20:.1f} MB vs {plain[1] / 2**20:.1f} MB "
             f"= {half[1] / plain[1]:.2f}x"
         )
-    for precision, hook in (("fp32", "none"), ("fp16", "fp16")):
-        ddp = min(
-            (r[0][f"DDP pair {precision} DDP"] for r in runs[False] + runs[True]),
-            key=lambda pair: pair[0],
-        )
-        for hierarchical, label in ((False, "flat"), (True, "hierarchical")):
-            ours = min(
-                (r[0][f"DDP pair {precision} hvdlite"] for r in runs[hierarchical]),
+    for name in MODELS:
+        for precision, hook in (("fp32", "none"), ("fp16", "fp16")):
+            ddp = min(
+                (r[0][f"DDP pair {name} {precision} DDP"] for r in runs[False] + runs[True]),
                 key=lambda pair: pair[0],
             )
-            print(
-                f"torch MLP step, {precision} (hvdlite {label} jobs, DDP hook {hook}): "
-                f"hvdlite {ours[0] * 1e3:.1f} ms vs DDP (gloo) {ddp[0] * 1e3:.1f} ms "
-                f"= {ours[0] / ddp[0]:.2f}x; bytes into h2 {ours[1] / 2**20:.1f} MB vs "
-                f"{ddp[1] / 2**20:.1f} MB = {ours[1] / ddp[1]:.2f}x"
-            )
+            for hierarchical, label in ((False, "flat"), (True, "hierarchical")):
+                ours = min(
+                    (r[0][f"DDP pair {name} {precision} hvdlite"] for r in runs[hierarchical]),
+                    key=lambda pair: pair[0],
+                )
+                print(
+                    f"torch {name} step, {precision} (hvdlite {label} jobs, DDP hook {hook}): "
+                    f"hvdlite {ours[0] * 1e3:.1f} ms vs DDP (gloo) {ddp[0] * 1e3:.1f} ms "
+                    f"= {ours[0] / ddp[0]:.2f}x; bytes into h2 {ours[1] / 2**20:.1f} MB vs "
+                    f"{ddp[1] / 2**20:.1f} MB = {ours[1] / ddp[1]:.2f}x"
+                )
     flat_step = min(r[0]["torch step 16 MB"][0] for r in runs[False])
     print(
         f"hvdrun --autotune, {args.autotune_steps} torch steps: kept "

@@ -60,9 +60,9 @@ def test_the_16_bit_wire_stands_before_the_two_level_path():
         lambda kinds: ("hierarchical", kinds),
         lambda kinds: ("shm", kinds),
         lambda device: [],
-        "half",
+        lambda order: ("half", order),
     )
-    assert peers[:3] == ("adasum", "half", peers[2]) and peers[2][0] == "hierarchical"
+    assert peers[:3] == ("adasum", ("half", None), peers[2]) and peers[2][0] == "hierarchical"
     assert peers[-1] == "mpi"
 
 
@@ -90,7 +90,7 @@ def test_sets_across_nodes_get_a_ring_that_keeps_each_nodes_ranks_together():
         lambda kinds: ("hierarchical", kinds),
         lambda kinds: ("shm", kinds),
         lambda device: [],
-        "half",
+        lambda order: ("half", order),
         lambda order: ("ring", order),
     )
     assert peers[-2:] == (("ring", (0, 2, 1, 3)), "mpi")

@@ -60,7 +60,6 @@ class MPIExecutor:
         self._lineups: dict[int, tuple] = {}  # set id -> its ordered peers
         self._mpi = MpiPeer(self.ctx)
         self._adasum = AdasumPeer(self.ctx)
-        self._half_wire = HalfWirePeer(self.ctx)
         self.device = None  # the DeviceExecutor, made by the first device batch
 
     @property
@@ -202,7 +201,7 @@ class MPIExecutor:
                 lambda kinds: HierarchicalPeer(self.ctx, self.hierarchical, kinds),
                 lambda kinds: SharedMemoryPeer(self.ctx, self._shm, self._limit, kinds, self._mpi),
                 lambda device_routes: device_peers(device_routes, self._device_executor),
-                self._half_wire,
+                lambda order: HalfWirePeer(self.ctx, order),
                 lambda order: RingPeer(self.ctx, order),
             )
         return peers

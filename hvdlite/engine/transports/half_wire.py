@@ -9,7 +9,9 @@ node, links are what a step waits for, and this peer moves 2 bytes per value:
 2. each rank widens the N contributions to its part to float32, multiplies each by
    its tensor's prescale, sums them in rank order, multiplies the sum by the
    postscale and narrows it to float16: rounded once;
-3. one ``Allgatherv`` of the float16 parts gives every rank the whole result.
+3. one allgather of the float16 parts gives every rank the whole result: around
+   the set's ring (:mod:`~hvdlite.engine.transports.ring`, at the link's rate),
+   or MPI's ``Allgatherv`` where the ring is off.
 
 A rank sends (N-1)/N of the values twice, 2 bytes each: half what a float32
 reduce-scatter and allgather (what MPI's large allreduces do) send.  The rule is
@@ -38,6 +40,7 @@ from ...util.paths import Transport
 from ...util.splits import even_split, offsets
 from ..messages import Kind
 from .peer import Context, Peer
+from .ring import Ring
 
 __all__ = ["HalfWirePeer", "HALF_WIRE_MIN_BYTES", "FLOAT16"]
 
@@ -54,8 +57,10 @@ class HalfWirePeer(Peer):
     transport = Transport.HALF_WIRE
     reduces = True
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: Context, order=None):
         self.ctx = ctx
+        self.order = order  # the set's ring (Routes.ring), or None: MPI's allgather
+        self._ring = None
 
     def accepts(self, p, comm, nbytes: int) -> bool:
         return (
@@ -104,11 +109,23 @@ class HalfWirePeer(Peer):
         out = tensors.outputs[0]
         direct = alone and out is not None and out.flags.c_contiguous
         result = out.reshape(-1) if direct else pool.get(np.float16, total, slot=5)
-        comm.Allgatherv(part.view(np.uint16), [result.view(np.uint16), (counts, starts)])
+        self._allgather(comm, part.view(np.uint16), result.view(np.uint16), counts, starts)
         if tl is not None:
             tl.phase(COPY_OUT)
         if not direct:
             _unpack(tensors, result)
+
+    def _allgather(self, comm, part, result, counts, starts) -> None:
+        """Every rank's *part* into *result* at its start: around the set's ring
+        where it has one (at the link's rate), else MPI's ``Allgatherv``."""
+        if self.order is None:
+            comm.Allgatherv(part, [result, (counts, starts)])
+            return
+        if self._ring is None or self._ring.comm is not comm:
+            self._ring = Ring(comm, self.order)
+        rank = comm.Get_rank()
+        result[starts[rank] : starts[rank] + counts[rank]] = part
+        self._ring.allgather(result, counts)
 
 
 def _pack(tensors: Reduction, send: np.ndarray) -> None:

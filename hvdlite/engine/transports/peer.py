@@ -90,7 +90,7 @@ class Peer:
 
 
 def lineup(
-    routes, mpi: Peer, adasum: Peer, hierarchical, shared_memory, device, half_wire: Peer, ring=None
+    routes, mpi: Peer, adasum: Peer, hierarchical, shared_memory, device, half_wire, ring=None
 ) -> tuple:
     """The ordered peers of a set with these *routes*: the device peers (their
     own order, :func:`~hvdlite.engine.transports.device.device_peers`), Adasum,
@@ -98,14 +98,14 @@ def lineup(
     two-level and shared-memory peers for the collectives the routes send
     there, the ring for large allreduces where the routes give one, and host
     MPI last, which takes every host batch.  *hierarchical* and *shared_memory*
-    make those peers for a set of collective kinds, *ring* a ring peer for a
-    ring order."""
+    make those peers for a set of collective kinds; *half_wire* and *ring* make
+    theirs for the set's ring order (``routes.ring``, None where it has none)."""
     peers = list(device(routes.device))
     peers.append(adasum)
     if routes.half_allreduce is Transport.HALF_WIRE:
         # before the two-level path too: across nodes 16 bits per value on a flat
         # exchange beat 32 through the two levels (bench_multihost_tc)
-        peers.append(half_wire)
+        peers.append(half_wire(routes.ring))
     for transport, make in (
         (Transport.HIERARCHICAL, hierarchical),
         (Transport.SHARED_MEMORY, shared_memory),
