@@ -216,9 +216,9 @@ KNOBS: tuple[Knob, ...] = (
         bool,
         False,
         "leave large allreduces across nodes to MPI's own algorithm (by default a "
-        "process set whose ranks are on more than one node sums host allreduces of 1 MB "
-        "or more around a ring that keeps each node's ranks together, and the "
-        "hierarchical path's cross-node stage does the same)",
+        "process set whose ranks are on more than one node sums host allreduces and "
+        "reduce-scatters of 1 MB or more around a ring that keeps each node's ranks "
+        "together, and the hierarchical path's cross-node stage does the same)",
         agree=True,
     ),
     Knob(

@@ -5,8 +5,8 @@ two or more ranks spans nodes, as across hosts, and its ring is its ranks in ord
 Every rank rebuilds every rank's input from a seeded generator and sums each block
 in the order the ring does (starting after the block's owner); the results must
 be exactly those bits on every rank, at 2, 3 and 4 ranks: alone, fused, grouped,
-in place, with a rank that has joined, integers, on a process set, and with a ring
-in another order called directly.
+in place, with a rank that has joined, integers, on a process set, reduce-scatters
+alone and grouped, and with a ring in another order called directly.
 """
 
 import os
@@ -46,6 +46,20 @@ def via_ring(monkeypatch):
         return real(self, p0, tensors, *args)
 
     monkeypatch.setattr(RingPeer, "reduce", spy)
+    return calls
+
+
+@pytest.fixture
+def via_ring_scatter(monkeypatch):
+    """The response count of each reduce-scatter batch this rank ran around the ring."""
+    calls = []
+    real = RingPeer._reducescatter
+
+    def spy(self, batch, comm):
+        calls.append(len(batch))
+        return real(self, batch, comm)
+
+    monkeypatch.setattr(RingPeer, "_reducescatter", spy)
     return calls
 
 
@@ -138,6 +152,34 @@ def test_a_joined_rank_contributes_zeros():
     inputs = [values(r, LARGE, 4) if r < N - 1 else np.zeros(LARGE, np.float32) for r in range(N)]
     assert_exact(out, ring_sum(inputs))
     hvd.join()
+
+
+def rows_per_rank(rows: int) -> list[int]:
+    return even_split(rows, N)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_a_reducescatter_is_the_rings_first_half(dtype, via_ring_scatter):
+    rows, width = 2 * N + 1, RING_MIN_BYTES // (2 * N * np.dtype(dtype).itemsize) + 1
+    inputs = [values(r, rows * width, 8, dtype) for r in range(N)]
+    out = hvd.reducescatter(inputs[R].reshape(rows, width), op=hvd.Sum, name=f"ring.rs.{dtype}")
+    counts = [n * width for n in rows_per_rank(rows)]
+    at = offsets(counts)[R]
+    expected = ring_sum(inputs, counts=counts)[at : at + counts[R]]
+    assert_exact(out.reshape(-1), expected)
+    assert out.shape == (rows_per_rank(rows)[R], width)
+    assert via_ring_scatter == [1]
+
+
+def test_a_grouped_reducescatter_averages_every_tensor(via_ring_scatter):
+    shapes = [(3 * N, 70_000), (N + 1, 3), (2 * N - 1, 40_000)]
+    tensors = [np.full(shape, float(R + 1 + i), np.float32) for i, shape in enumerate(shapes)]
+    outs = hvd.grouped_reducescatter(tensors, op=hvd.Average, name="ring.rs.group")
+    for i, (shape, out) in enumerate(zip(shapes, outs)):
+        mean = sum(r + 1 + i for r in range(N)) / N
+        assert out.shape == (rows_per_rank(shape[0])[R], shape[1])
+        np.testing.assert_allclose(out, mean, rtol=1e-6)
+    assert via_ring_scatter == [1]
 
 
 def test_a_process_set_of_the_first_ranks_has_its_own_ring(via_ring):

@@ -14,7 +14,8 @@ out.  The buffer is cut into one block per rank (*counts*, by communicator
 rank).  Reduce-scatter: in ``N-1`` steps each position passes on a partial sum,
 adding what it receives into its copy of the next block, until the block of
 the rank at each position is complete there.  Allgather: ``N-1`` more steps pass
-the complete blocks on around the ring.
+the complete blocks on around the ring.  A reduce-scatter is the first half alone,
+on a buffer packed rank-major.
 
 Cross-rank contract: every member of the communicator calls the same function
 with the same *order*, counts and dtype, in the same order of calls (the engine's
@@ -35,7 +36,8 @@ from ...util.dtypes import reduce_dtype
 from ...util.paths import Transport
 from ...util.splits import even_split, offsets
 from ..messages import Kind
-from .host import MpiPeer
+from ...device.packing import NUMPY, pack_rank_major, rank_counts, unpack_shards
+from .host import MpiPeer, per_wire_dtype, scattered
 from .peer import Context
 
 __all__ = ["Ring", "RingPeer", "RING_MIN_BYTES", "RING_KINDS"]
@@ -47,6 +49,7 @@ RING_MIN_BYTES = 1 << 20
 RING_KINDS = frozenset("fiu")
 _TAG = 0x5249  # "RI": apart from the engine's other point-to-point tags
 _SUMS = (ReduceOp.SUM, ReduceOp.AVERAGE)
+_KINDS = (Kind.ALLREDUCE, Kind.REDUCESCATTER)
 
 
 class Ring:
@@ -108,9 +111,9 @@ def _blocks(buf: np.ndarray, counts) -> list[np.ndarray]:
 
 
 class RingPeer(MpiPeer):
-    """Large Sum and Average allreduces of host arrays around the ring of a set
-    whose ranks are on more than one node (its order: ``Routes.ring``), fused
-    and copied as on plain MPI."""
+    """Large Sum and Average allreduces and reduce-scatters of host arrays around
+    the ring of a set whose ranks are on more than one node (its order:
+    ``Routes.ring``), fused and copied as on plain MPI."""
 
     transport = Transport.RING
 
@@ -121,17 +124,20 @@ class RingPeer(MpiPeer):
 
     def accepts(self, p, comm, nbytes: int) -> bool:
         return (
-            p.kind == Kind.ALLREDUCE
+            p.kind in _KINDS
             and p.device == "cpu"
             and p.op in _SUMS
             and nbytes >= RING_MIN_BYTES
             and all(reduce_dtype(d).kind in RING_KINDS for d in p.dtypes)
         )
 
-    def allreduce_of(self, comm, op) -> Callable:
+    def _ring_of(self, comm) -> Ring:
         if self._ring is None or self._ring.comm is not comm:
             self._ring = Ring(comm, self.order)
-        ring = self._ring
+        return self._ring
+
+    def allreduce_of(self, comm, op) -> Callable:
+        ring = self._ring_of(comm)
 
         def allreduce(buf: np.ndarray, src: np.ndarray | None = None) -> None:
             if src is not None and src is not buf:
@@ -139,3 +145,23 @@ class RingPeer(MpiPeer):
             ring.allreduce(buf.reshape(-1))
 
         return allreduce
+
+    def _reducescatter(self, batch, comm) -> None:
+        ring, pool = self._ring_of(comm), self.ctx.pool
+        size, me = comm.Get_size(), comm.Get_rank()
+
+        def scatter(tensors, wire) -> list:
+            # each rank's rows of every tensor packed rank-major, summed around the ring
+            # in place; this rank's region of the buffer then holds its shards
+            counts = rank_counts(tensors, size)
+            starts = offsets(counts)
+            buf = pool.get(wire, sum(counts), slot=0)
+            pack_rank_major(NUMPY, tensors, buf, starts)
+            ring.reduce_scatter(buf, counts)
+            outputs = [np.empty((t.rows[me],) + tuple(t.shape[1:]), t.dtype) for t in tensors]
+            unpack_shards(NUMPY, tensors, buf[starts[me] : starts[me] + counts[me]], me, outputs)
+            return outputs
+
+        tensors = scattered(self.ctx, batch, size)
+        outputs = per_wire_dtype(tensors, scatter)
+        self.ctx.finish_per_entry([t.entry for t in tensors], outputs)

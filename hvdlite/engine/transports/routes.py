@@ -41,8 +41,8 @@ class Routes(NamedTuple):
     #: nodes (ahead of the two-level path)
     half_allreduce: Transport = Transport.MPI
     #: where the set spans nodes and the ring is on: its ranks (communicator ranks)
-    #: in ring order, each node's together; large flat Sum/Average allreduces of
-    #: host arrays go around it (:mod:`hvdlite.engine.transports.ring`)
+    #: in ring order, each node's together; large flat Sum/Average allreduces and
+    #: reduce-scatters of host arrays go around it (:mod:`hvdlite.engine.transports.ring`)
     ring: tuple | None = None
 
     def allreduce_path(self, nbytes: int) -> Transport:
