@@ -7,8 +7,9 @@ Run as root: ``python benchmarks/bench_multihost_tc.py``.  It builds pretend mac
 where the kernel has no netem), and runs ``hvdrun -H h1:2,h2:2,...`` jobs (2 ranks per
 host) from h1: ranks on one host share memory, ranks on different hosts talk over the
 shaped links (both of each host's networks are shaped: MPI may pick either).  Jobs
-alternate between the flat setting and ``HVDLITE_HIERARCHICAL_ALLREDUCE=1`` /
-``HVDLITE_HIERARCHICAL_ALLGATHER=1``.
+alternate between the flat setting, ``HVDLITE_HIERARCHICAL_ALLREDUCE=1`` /
+``HVDLITE_HIERARCHICAL_ALLGATHER=1`` and ``HVDLITE_HALF_SUMS_PER_HOP=1`` (float16
+partial sums rounded at every hop of the ring; ``--settings`` picks some).
 Each job times allreduce of 4 MB and 64 MB, allgather of 16 MB per rank and torch
 training steps (an MLP with 16 MB of gradients, ``DistributedOptimizer`` over SGD
 without and with ``Compression.fp16``, and over AdamW unsharded and with
@@ -337,12 +338,20 @@ def _placement(hosts) -> list[str]:
     return ["-np", str(2 * len(names)), "-H", ",".join(f"{name}:2" for name in names)]
 
 
-def run_job(hosts, hierarchical: bool, iters: int) -> tuple[dict, int]:
+#: the jobs' settings: their knobs
+SETTINGS = {
+    "flat": {},
+    "hierarchical": {"HVDLITE_HIERARCHICAL_ALLREDUCE": "1", "HVDLITE_HIERARCHICAL_ALLGATHER": "1"},
+    # flat, float16 partial sums rounded at every hop of the ring (as DDP's fp16 hook)
+    "per-hop": {"HVDLITE_HALF_SUMS_PER_HOP": "1"},
+}
+
+
+def run_job(hosts, setting: str, iters: int) -> tuple[dict, int]:
     from helpers_runner.common import clean_env, hvdrun_cmd, run
     from helpers_runner.netns_hosts import DATA_IFACE, MGMT_IFACE
 
-    flag = "1" if hierarchical else "0"
-    env = clean_env(HVDLITE_HIERARCHICAL_ALLREDUCE=flag, HVDLITE_HIERARCHICAL_ALLGATHER=flag)
+    env = clean_env(**SETTINGS[setting])
     before = sum(hosts.rx_bytes("h2", i) for i in (MGMT_IFACE, DATA_IFACE))
     cmd = hvdrun_cmd(
         "--master-port",
@@ -405,6 +414,12 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rate", default="1gbit")
     parser.add_argument("--delay", default="0.2ms")
+    parser.add_argument(
+        "--settings",
+        default=",".join(SETTINGS),
+        help="the jobs' settings, comma-separated, from: " + ", ".join(SETTINGS),
+    )
+    parser.add_argument("--no-autotune", action="store_true", help="skip the autotune job")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.iters)
@@ -412,6 +427,10 @@ def main(argv=None) -> int:
     if args.autotune_worker:
         autotune_worker(args.iters)
         return 0
+    settings = [name for name in args.settings.split(",") if name]
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        parser.error(f"unknown settings {unknown}; choose from {', '.join(SETTINGS)}")
     from helpers_runner.netns_hosts import NetnsHosts, reason_unavailable, remove_stale
 
     reason = reason_unavailable()
@@ -422,81 +441,94 @@ def main(argv=None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="hvd-tc-"))
     names = tuple(f"h{i + 1}" for i in range(args.hosts))
     hosts = NetnsHosts(workdir, names).start()
+    tuned = None
     try:
         shaped = _shape(hosts, args.rate, args.delay)
-        runs = {False: [], True: []}
+        runs = {name: [] for name in settings}
         for _ in range(args.rounds):
-            for hierarchical in (False, True):
-                runs[hierarchical].append(run_job(hosts, hierarchical, args.iters))
-        tuned_step, kept = run_autotune(hosts, args.autotune_steps, workdir / "autotune.csv")
+            for name in settings:
+                runs[name].append(run_job(hosts, name, args.iters))
+        if not args.no_autotune:
+            tuned = run_autotune(hosts, args.autotune_steps, workdir / "autotune.csv")
     finally:
         hosts.stop()
     print(
         f"{args.hosts} hosts x 2 ranks, each host's link {shaped}; "
         f"median of {args.iters} iterations, best of {args.rounds} jobs per setting"
     )
-    print(
-        f"{'':18s}{'hierarchical':>14s}{'flat':>10s}{'ratio':>7s}"
-        f"{'into h2, hier.':>16s}{'flat':>9s}{'ratio':>7s}"
-    )
-    for case in [c for c in runs[False][0][0] if not c.startswith("DDP pair")]:
-        flat = min(r[0][case][0] for r in runs[False])
-        hier = min(r[0][case][0] for r in runs[True])
-        flat_in = min(r[0][case][1] for r in runs[False])
-        hier_in = min(r[0][case][1] for r in runs[True])
+    if "flat" in runs and "hierarchical" in runs:
+        _print_hierarchical_vs_flat(runs)
+    for name in settings:
+        plain = min(r[0]["AdamW step 16 MB"][0] for r in runs[name])
+        sharded = min(r[0]["AdamW sharded 16 MB"][0] for r in runs[name])
         print(
-            f"{case:18s}{hier * 1e3:12.1f}ms{flat * 1e3:8.1f}ms{hier / flat:7.2f}"
-            f"{hier_in / 2**20:14.1f}MB{flat_in / 2**20:7.1f}MB{hier_in / flat_in:7.2f}"
-        )
-    flat_bytes = min(r[1] for r in runs[False])
-    hier_bytes = min(r[1] for r in runs[True])
-    print(
-        f"{'bytes into h2, a job':22s}{hier_bytes / 2**20:12.0f}MB{flat_bytes / 2**20:10.0f}MB"
-        f"{hier_bytes / flat_bytes:8.2f}  (the cross-host bytes the hierarchical path saves)"
-    )
-    for hierarchical, label in ((False, "flat"), (True, "hierarchical")):
-        plain = min(r[0]["AdamW step 16 MB"][0] for r in runs[hierarchical])
-        sharded = min(r[0]["AdamW sharded 16 MB"][0] for r in runs[hierarchical])
-        print(
-            f"AdamW step, shard_optimizer_state=True vs unsharded ({label} jobs): "
+            f"AdamW step, shard_optimizer_state=True vs unsharded ({name} jobs): "
             f"{sharded * 1e3:.1f} ms vs {plain * 1e3:.1f} ms = {sharded / plain:.2f}x"
         )
-    for hierarchical, label in ((False, "flat"), (True, "hierarchical")):
-        plain = min(r[0]["torch step 16 MB"] for r in runs[hierarchical])
-        half = min(r[0]["torch step fp16 16 MB"] for r in runs[hierarchical])
+    for name in settings:
+        plain = min(r[0]["torch step 16 MB"] for r in runs[name])
+        half = min(r[0]["torch step fp16 16 MB"] for r in runs[name])
         print(
-            f"torch MLP step, Compression.fp16 vs none ({label} jobs): "
+            f"torch MLP step, Compression.fp16 vs none ({name} jobs): "
             f"{half[0] * 1e3:.1f} ms vs {plain[0] * 1e3:.1f} ms = {half[0] / plain[0]:.2f}x; "
             f"bytes into h2 {half[1] / 2**20:.1f} MB vs {plain[1] / 2**20:.1f} MB "
             f"= {half[1] / plain[1]:.2f}x"
         )
-    for name in MODELS:
+    for model in MODELS:
         for precision, hook in (("fp32", "none"), ("fp16", "fp16")):
             ddp = min(
-                (r[0][f"DDP pair {name} {precision} DDP"] for r in runs[False] + runs[True]),
+                (r[0][f"DDP pair {model} {precision} DDP"] for job in runs.values() for r in job),
                 key=lambda pair: pair[0],
             )
-            for hierarchical, label in ((False, "flat"), (True, "hierarchical")):
+            for name in settings:
                 ours = min(
-                    (r[0][f"DDP pair {name} {precision} hvdlite"] for r in runs[hierarchical]),
+                    (r[0][f"DDP pair {model} {precision} hvdlite"] for r in runs[name]),
                     key=lambda pair: pair[0],
                 )
                 print(
-                    f"torch {name} step, {precision} (hvdlite {label} jobs, DDP hook {hook}): "
+                    f"torch {model} step, {precision} (hvdlite {name} jobs, DDP hook {hook}): "
                     f"hvdlite {ours[0] * 1e3:.1f} ms vs DDP (gloo) {ddp[0] * 1e3:.1f} ms "
                     f"= {ours[0] / ddp[0]:.2f}x; bytes into h2 {ours[1] / 2**20:.1f} MB vs "
                     f"{ddp[1] / 2**20:.1f} MB = {ours[1] / ddp[1]:.2f}x"
                 )
-    flat_step = min(r[0]["torch step 16 MB"][0] for r in runs[False])
+    if tuned is not None and "flat" in runs:
+        _print_autotune(args.autotune_steps, tuned, runs["flat"])
+    return 0
+
+
+def _print_hierarchical_vs_flat(runs) -> None:
     print(
-        f"hvdrun --autotune, {args.autotune_steps} torch steps: kept "
+        f"{'':18s}{'hierarchical':>14s}{'flat':>10s}{'ratio':>7s}"
+        f"{'into h2, hier.':>16s}{'flat':>9s}{'ratio':>7s}"
+    )
+    for case in [c for c in runs["flat"][0][0] if not c.startswith("DDP pair")]:
+        flat = min(r[0][case][0] for r in runs["flat"])
+        hier = min(r[0][case][0] for r in runs["hierarchical"])
+        flat_in = min(r[0][case][1] for r in runs["flat"])
+        hier_in = min(r[0][case][1] for r in runs["hierarchical"])
+        print(
+            f"{case:18s}{hier * 1e3:12.1f}ms{flat * 1e3:8.1f}ms{hier / flat:7.2f}"
+            f"{hier_in / 2**20:14.1f}MB{flat_in / 2**20:7.1f}MB{hier_in / flat_in:7.2f}"
+        )
+    flat_bytes = min(r[1] for r in runs["flat"])
+    hier_bytes = min(r[1] for r in runs["hierarchical"])
+    print(
+        f"{'bytes into h2, a job':22s}{hier_bytes / 2**20:12.0f}MB{flat_bytes / 2**20:10.0f}MB"
+        f"{hier_bytes / flat_bytes:8.2f}  (the cross-host bytes the hierarchical path saves)"
+    )
+
+
+def _print_autotune(steps: int, tuned, flat_runs) -> None:
+    tuned_step, kept = tuned
+    flat_step = min(r[0]["torch step 16 MB"][0] for r in flat_runs)
+    print(
+        f"hvdrun --autotune, {steps} torch steps: kept "
         + ", ".join(f"{k}={v}" for k, v in kept.items() if k not in ("sample", "phase"))
     )
     print(
         f"{'torch step, tuned':18s}{tuned_step * 1e3:12.1f}ms{flat_step * 1e3:8.1f}ms"
         f"{tuned_step / flat_step:7.2f}  (last 10 steps of the autotune job vs the flat jobs)"
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -331,6 +331,7 @@ def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None)
         device=agree_device_choice(world, cfg.hierarchical_allreduce, new.homogeneous),
         node_of=new.node_of,
         ring=not cfg.ring_allreduce_disable,
+        half_per_hop=cfg.half_sums_per_hop,
     )
     # The engine and the two-level helper import mpi4py.MPI: only once MPI is set up.
     from .engine.cycle import Engine

@@ -222,6 +222,18 @@ KNOBS: tuple[Knob, ...] = (
         agree=True,
     ),
     Knob(
+        "half_sums_per_hop",
+        "HVDLITE_HALF_SUMS_PER_HOP",
+        bool,
+        False,
+        "carry float16 partial sums around the ring across nodes, rounded to float16 at "
+        "every hop as NCCL, gloo and DDP's fp16 hook do: the reduce stage moves 2 bytes "
+        "per value on each host's one ring edge, so a float16 allreduce sends about half "
+        "what float32 does; results may then differ from the float32 sum rounded once (the "
+        "default rule) by up to one rounding per rank",
+        agree=True,
+    ),
+    Knob(
         "dynamic_process_sets",
         "HVDLITE_DYNAMIC_PROCESS_SETS",
         bool,
@@ -368,6 +380,7 @@ class Config:
     malloc_tuning_disable: bool = False
     shm_allreduce_disable: bool = False
     ring_allreduce_disable: bool = False
+    half_sums_per_hop: bool = False
     dynamic_process_sets: bool = False
     test_node_size: int = 0
     check_order: bool = False

@@ -175,6 +175,7 @@ def test_knobs_that_must_agree_are_the_ones_that_change_collective_behaviour():
         "hierarchical_allgather",
         "shm_allreduce_disable",
         "ring_allreduce_disable",
+        "half_sums_per_hop",
         "dynamic_process_sets",
         "test_node_size",
         "bucket_cap_mb",

@@ -60,7 +60,7 @@ def test_the_16_bit_wire_stands_before_the_two_level_path():
         lambda kinds: ("hierarchical", kinds),
         lambda kinds: ("shm", kinds),
         lambda device: [],
-        lambda order: ("half", order),
+        lambda order, per_hop: ("half", order),
     )
     assert peers[:3] == ("adasum", ("half", None), peers[2]) and peers[2][0] == "hierarchical"
     assert peers[-1] == "mpi"
@@ -90,7 +90,25 @@ def test_sets_across_nodes_get_a_ring_that_keeps_each_nodes_ranks_together():
         lambda kinds: ("hierarchical", kinds),
         lambda kinds: ("shm", kinds),
         lambda device: [],
-        lambda order: ("half", order),
+        lambda order, per_hop: ("half", order),
         lambda order: ("ring", order),
     )
     assert peers[-2:] == (("ring", (0, 2, 1, 3)), "mpi")
+
+
+def test_float16_partial_sums_go_per_hop_only_around_a_ring_and_when_asked():
+    from hvdlite.engine.transports.half_wire import HalfWirePeer
+
+    round_robin = (0, 1, 0, 1)
+    asked = Router(4, [0, 2], True, False, False, node_of=round_robin, half_per_hop=True)
+    assert asked.routes(range(4)).half_per_hop
+    assert asked.variant(False, True).routes(range(4)).half_per_hop  # autotune keeps it
+    assert not asked.routes([0, 2]).half_per_hop  # one node: no ring
+    no_ring = Router(
+        4, [0, 2], True, False, False, node_of=round_robin, ring=False, half_per_hop=True
+    )
+    assert not no_ring.routes(range(4)).half_per_hop
+    assert (
+        not Router(4, [0, 2], True, False, False, node_of=round_robin).routes(range(4)).half_per_hop
+    )
+    assert not HalfWirePeer(None, None, per_hop=True).per_hop  # no ring to go around

@@ -201,7 +201,7 @@ class MPIExecutor:
                 lambda kinds: HierarchicalPeer(self.ctx, self.hierarchical, kinds),
                 lambda kinds: SharedMemoryPeer(self.ctx, self._shm, self._limit, kinds, self._mpi),
                 lambda device_routes: device_peers(device_routes, self._device_executor),
-                lambda order: HalfWirePeer(self.ctx, order),
+                lambda order, per_hop: HalfWirePeer(self.ctx, order, per_hop),
                 lambda order: RingPeer(self.ctx, order),
             )
         return peers

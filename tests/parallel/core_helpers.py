@@ -109,6 +109,20 @@ def spy_on_shared_memory(monkeypatch) -> list[int]:
     return calls
 
 
+def spy_on(monkeypatch, cls, method: str, measure) -> list:
+    """Record ``measure(*args)`` for every call of *cls*.*method* on this rank (the
+    call itself still runs)."""
+    calls = []
+    real = getattr(cls, method)
+
+    def spy(self, *args):
+        calls.append(measure(*args))
+        return real(self, *args)
+
+    monkeypatch.setattr(cls, method, spy)
+    return calls
+
+
 def half_values(rank: int, count: int, seed: int) -> np.ndarray:
     """Rank *rank*'s float16 input for the rounding tests: values whose float16 sums
     need rounding (float32 holds the sum of 4 of them exactly)."""

@@ -19,6 +19,7 @@ os.environ["HVDLITE_TEST_NODE_SIZE"] = "1"  # a knob read by init(), hence at im
 
 from core_helpers import assert_bits
 from core_helpers import half_values as values
+from core_helpers import spy_on
 
 import hvdlite as hvd  # noqa: E402
 from hvdlite import basics  # noqa: E402
@@ -37,15 +38,7 @@ LARGE = HALF_WIRE_MIN_BYTES // 4 + 1001  # float32 bytes over the path's thresho
 @pytest.fixture
 def via_16_bits(monkeypatch):
     """The element counts of the batches this rank reduced on the 16-bit path."""
-    calls = []
-    real = HalfWirePeer.reduce
-
-    def spy(self, p0, tensors, *args):
-        calls.append(tensors.total())
-        return real(self, p0, tensors, *args)
-
-    monkeypatch.setattr(HalfWirePeer, "reduce", spy)
-    return calls
+    return spy_on(monkeypatch, HalfWirePeer, "reduce", lambda p0, tensors, *rest: tensors.total())
 
 
 def rounded_once(count, seed, pre=1.0, post=1.0, ranks=None) -> np.ndarray:

@@ -16,6 +16,8 @@ import pytest
 
 os.environ["HVDLITE_TEST_NODE_SIZE"] = "1"  # a knob read by init(), hence at import
 
+from core_helpers import spy_on
+
 import hvdlite as hvd  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
@@ -38,29 +40,13 @@ LARGE = RING_MIN_BYTES // 4 + 1001  # float32 elements over the ring's threshold
 @pytest.fixture
 def via_ring(monkeypatch):
     """The element counts of the batches this rank summed around the ring."""
-    calls = []
-    real = RingPeer.reduce
-
-    def spy(self, p0, tensors, *args):
-        calls.append(tensors.total())
-        return real(self, p0, tensors, *args)
-
-    monkeypatch.setattr(RingPeer, "reduce", spy)
-    return calls
+    return spy_on(monkeypatch, RingPeer, "reduce", lambda p0, tensors, *rest: tensors.total())
 
 
 @pytest.fixture
 def via_ring_scatter(monkeypatch):
     """The response count of each reduce-scatter batch this rank ran around the ring."""
-    calls = []
-    real = RingPeer._reducescatter
-
-    def spy(self, batch, comm):
-        calls.append(len(batch))
-        return real(self, batch, comm)
-
-    monkeypatch.setattr(RingPeer, "_reducescatter", spy)
-    return calls
+    return spy_on(monkeypatch, RingPeer, "_reducescatter", lambda batch, comm: len(batch))
 
 
 def values(rank: int, count: int, seed: int, dtype=np.float32) -> np.ndarray:

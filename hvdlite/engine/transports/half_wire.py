@@ -19,6 +19,16 @@ the float32 path's: each value scaled and summed in float32, the total rounded
 to float16 once, so the two agree bit for bit wherever the float32 sum does not
 depend on the order of its terms.
 
+With ``HVDLITE_HALF_SUMS_PER_HOP=1`` (:attr:`Routes.half_per_hop`) steps 1 and 2
+become a reduce-scatter around the ring whose partial sums are float16: each hop
+widens the partial sum it receives, adds its own scaled value in float32 and
+rounds to float16 before passing it on (the owner of a block applies the
+postscale before its rounding).  Each host's one ring edge then carries 2 bytes
+per value in both stages, where the ``Alltoallv`` brings a part from every rank
+of every other host; the price is one rounding per hop, as with NCCL, gloo and
+DDP's fp16 hook.  The sums are still the same on every rank and every run with
+the same ring, and at 2 ranks they are the rounded-once sums.
+
 The path takes float16 batches of at least :data:`HALF_WIRE_MIN_BYTES` on every
 set whose ranks are on more than one node, ahead of the two-level path: with 16
 bits per value a flat exchange moved a step's gradients faster than the two
@@ -57,9 +67,11 @@ class HalfWirePeer(Peer):
     transport = Transport.HALF_WIRE
     reduces = True
 
-    def __init__(self, ctx: Context, order=None):
+    def __init__(self, ctx: Context, order=None, per_hop: bool = False):
         self.ctx = ctx
         self.order = order  # the set's ring (Routes.ring), or None: MPI's allgather
+        #: float16 partial sums around the ring (Routes.half_per_hop; needs *order*)
+        self.per_hop = per_hop and order is not None
         self._ring = None
 
     def accepts(self, p, comm, nbytes: int) -> bool:
@@ -76,16 +88,34 @@ class HalfWirePeer(Peer):
         if tl is not None:
             tl.via(self.transport)
             tl.phase(COPY_IN)
-        size, rank = comm.Get_size(), comm.Get_rank()
+        size = comm.Get_size()
         total = tensors.total()
         counts = even_split(total, size)
         starts = offsets(counts)
-        mine, lo = counts[rank], starts[rank]
         alone = len(tensors) == 1 and tensors.inputs[0] is not None
+        if self.per_hop:
+            part = self._part_per_hop(comm, tensors, counts, starts)
+        else:
+            part = self._part_rounded_once(comm, tensors, counts, starts, alone)
+        out = tensors.outputs[0]
+        direct = alone and out is not None and out.flags.c_contiguous
+        result = out.reshape(-1) if direct else pool.get(np.float16, total, slot=5)
+        self._allgather(comm, part.view(np.uint16), result.view(np.uint16), counts, starts)
+        if tl is not None:
+            tl.phase(COPY_OUT)
+        if not direct:
+            _unpack(tensors, result)
+
+    def _part_rounded_once(self, comm, tensors: Reduction, counts, starts, alone) -> np.ndarray:
+        """This rank's part of the sum: every rank's float16 values for it, gathered
+        in one ``Alltoallv``, scaled and summed in float32, rounded once."""
+        pool, tl = self.ctx.pool, self.ctx.timeline
+        size, rank = comm.Get_size(), comm.Get_rank()
+        mine, lo = counts[rank], starts[rank]
         if alone:
             send = tensors.inputs[0].reshape(-1)
         else:
-            send = pool.get(np.float16, total, slot=0)
+            send = pool.get(np.float16, tensors.total(), slot=0)
             _pack(tensors, send)
         received = pool.get(np.float16, mine * size, slot=1)
         if tl is not None:
@@ -106,14 +136,40 @@ class HalfWirePeer(Peer):
         _scale(total32, tensors.counts, tensors.postscales, lo)
         part = pool.get(np.float16, mine, slot=4)
         half_casts.narrow(total32, part)
-        out = tensors.outputs[0]
-        direct = alone and out is not None and out.flags.c_contiguous
-        result = out.reshape(-1) if direct else pool.get(np.float16, total, slot=5)
-        self._allgather(comm, part.view(np.uint16), result.view(np.uint16), counts, starts)
+        return part
+
+    def _part_per_hop(self, comm, tensors: Reduction, counts, starts) -> np.ndarray:
+        """This rank's part of the sum, reduced around the ring with float16 partial
+        sums: each hop widens the partial sum it receives, adds its own scaled
+        value in float32 and rounds the result to float16 before passing it on."""
+        pool, tl = self.ctx.pool, self.ctx.timeline
+        ring = self._ring_of(comm)
+        buf = pool.get(np.float16, tensors.total(), slot=0)
+        _pack(tensors, buf)  # always a copy: the ring overwrites it with partial sums
+        widest = max(counts)
+        acc, term = pool.get(np.float32, widest, slot=2), pool.get(np.float32, widest, slot=3)
+        if any(f != 1.0 for f in tensors.prescales):
+            first = ring.first_sent  # the block whose partial sum starts here
+            block = buf[starts[first] : starts[first] + counts[first]]
+            half_casts.widen(block, term[: block.size])
+            _scale(term[: block.size], tensors.counts, tensors.prescales, starts[first])
+            half_casts.narrow(term[: block.size], block)
+
+        def combine(owner, into, received, last) -> None:
+            a, t = acc[: into.size], term[: into.size]
+            half_casts.widen(received, a)
+            half_casts.widen(into, t)
+            _scale(t, tensors.counts, tensors.prescales, starts[owner])
+            np.add(a, t, out=a)
+            if last:
+                _scale(a, tensors.counts, tensors.postscales, starts[owner])
+            half_casts.narrow(a, into)
+
         if tl is not None:
-            tl.phase(COPY_OUT)
-        if not direct:
-            _unpack(tensors, result)
+            tl.phase(COLLECTIVE)
+        ring.reduce_scatter(buf, counts, combine)
+        rank = comm.Get_rank()
+        return buf[starts[rank] : starts[rank] + counts[rank]]
 
     def _allgather(self, comm, part, result, counts, starts) -> None:
         """Every rank's *part* into *result* at its start: around the set's ring
@@ -121,11 +177,14 @@ class HalfWirePeer(Peer):
         if self.order is None:
             comm.Allgatherv(part, [result, (counts, starts)])
             return
-        if self._ring is None or self._ring.comm is not comm:
-            self._ring = Ring(comm, self.order)
         rank = comm.Get_rank()
         result[starts[rank] : starts[rank] + counts[rank]] = part
-        self._ring.allgather(result, counts)
+        self._ring_of(comm).allgather(result, counts)
+
+    def _ring_of(self, comm) -> Ring:
+        if self._ring is None or self._ring.comm is not comm:
+            self._ring = Ring(comm, self.order)
+        return self._ring
 
 
 def _pack(tensors: Reduction, send: np.ndarray) -> None:

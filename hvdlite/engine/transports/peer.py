@@ -98,14 +98,15 @@ def lineup(
     two-level and shared-memory peers for the collectives the routes send
     there, the ring for large allreduces where the routes give one, and host
     MPI last, which takes every host batch.  *hierarchical* and *shared_memory*
-    make those peers for a set of collective kinds; *half_wire* and *ring* make
-    theirs for the set's ring order (``routes.ring``, None where it has none)."""
+    make those peers for a set of collective kinds; *ring* makes its peer for the
+    set's ring order (``routes.ring``, None where it has none), and *half_wire*
+    for that order and ``routes.half_per_hop``."""
     peers = list(device(routes.device))
     peers.append(adasum)
     if routes.half_allreduce is Transport.HALF_WIRE:
         # before the two-level path too: across nodes 16 bits per value on a flat
         # exchange beat 32 through the two levels (bench_multihost_tc)
-        peers.append(half_wire(routes.ring))
+        peers.append(half_wire(routes.ring, routes.half_per_hop))
     for transport, make in (
         (Transport.HIERARCHICAL, hierarchical),
         (Transport.SHARED_MEMORY, shared_memory),

@@ -67,16 +67,27 @@ class Ring:
         self.left = self.order[(self.position - 1) % size]
         self._scratch = np.empty(0, np.uint8)
 
+    @property
+    def first_sent(self) -> int:
+        """The rank whose block this position sends, unchanged, at the reduce-scatter's
+        first step (its own contribution to that block starts the partial sum)."""
+        return self.order[(self.position - 1) % self.size]
+
     def allreduce(self, buf: np.ndarray) -> None:
         """Sum the flat contiguous *buf* over the ring, in place."""
         counts = even_split(buf.size, self.size)
         self.reduce_scatter(buf, counts)
         self.allgather(buf, counts)
 
-    def reduce_scatter(self, buf: np.ndarray, counts) -> None:
+    def reduce_scatter(self, buf: np.ndarray, counts, combine: Callable | None = None) -> None:
         """Sum *buf* (rank r's block: *counts*[r] elements from their offset) so
         that this rank's block of *buf* holds the total; the rest of *buf* is left
-        with partial sums."""
+        with partial sums.
+
+        *combine*, where given, replaces the addition: ``combine(owner, into,
+        received, last)`` folds the partial sum *received* for rank *owner*'s
+        block into *into* (this rank's copy of that block, sent on at the next
+        step), *last* at the final step, where *owner* is this rank."""
         n = self.size
         if n == 1:
             return
@@ -88,10 +99,14 @@ class Ring:
             # this position sends the block of position p-1-step and adds into p-2-step;
             # after n-1 steps the block of position p itself is complete here
             send = blocks[self.order[(self.position - 1 - step) % n]]
-            into = blocks[self.order[(self.position - 2 - step) % n]]
+            owner = self.order[(self.position - 2 - step) % n]
+            into = blocks[owner]
             received = self._scratch[: into.nbytes].view(buf.dtype)
             self.comm.Sendrecv(send, self.right, _TAG, received, self.left, _TAG)
-            np.add(into, received, out=into)
+            if combine is None:
+                np.add(into, received, out=into)
+            else:
+                combine(owner, into, received, step == n - 2)
 
     def allgather(self, buf: np.ndarray, counts) -> None:
         """Every rank's block of *buf* (its *counts* share) into every rank's *buf*."""

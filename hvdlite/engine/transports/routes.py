@@ -44,6 +44,9 @@ class Routes(NamedTuple):
     #: in ring order, each node's together; large flat Sum/Average allreduces and
     #: reduce-scatters of host arrays go around it (:mod:`hvdlite.engine.transports.ring`)
     ring: tuple | None = None
+    #: float16 partial sums travel the ring rounded at every hop
+    #: (``HVDLITE_HALF_SUMS_PER_HOP``; only where the set has a ring)
+    half_per_hop: bool = False
 
     def allreduce_path(self, nbytes: int) -> Transport:
         """The path of an allreduce batch of *nbytes* (agreed sizes: every member
@@ -66,12 +69,14 @@ class Router:
         device=None,
         node_of=None,
         ring: bool = True,
+        half_per_hop: bool = False,
     ):
         self.world_size = world_size
         self.node_ranks = frozenset(node_ranks)
         #: the node key of every world rank (its node's lowest rank), where known
         self.node_of = tuple(node_of) if node_of is not None else None
         self.ring = ring
+        self.half_per_hop = half_per_hop
         self.shared_memory = shared_memory
         self.hierarchical_allreduce = hierarchical_allreduce
         self.hierarchical_allgather = hierarchical_allgather
@@ -98,6 +103,7 @@ class Router:
             self.device,
             self.node_of,
             self.ring,
+            self.half_per_hop,
         )
 
     def _decide(self, ranks: tuple) -> Routes:
@@ -126,7 +132,8 @@ class Router:
         ring = None
         if across_nodes and self.ring and self.node_of is not None:
             ring = ring_order(self.node_of, ranks)
-        return Routes(allreduce, allgather, device, reducescatter, half, ring)
+        per_hop = ring is not None and self.half_per_hop
+        return Routes(allreduce, allgather, device, reducescatter, half, ring, per_hop)
 
 
 def ring_order(node_of, ranks) -> tuple[int, ...]:
