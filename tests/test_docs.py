@@ -45,7 +45,13 @@ def test_hvdrun_help_and_the_knob_page_describe_each_knob_alike():
 def test_the_readme_is_a_front_page_that_links_every_page_of_the_site():
     assert len(README.splitlines()) < 250
     headings = re.findall(r"(?m)^## (.+)$", README)
-    assert headings == ["Install", "Quick start", "Example", "Documentation"]
+    assert headings == [
+        "Install",
+        "Quick start",
+        "Example",
+        "Across hosts: which knob when",
+        "Documentation",
+    ]
     linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", README))
     for path in linked:
         assert (ROOT / path).is_file(), f"README links {path}, which does not exist"
