@@ -109,6 +109,18 @@ def spy_on_shared_memory(monkeypatch) -> list[int]:
     return calls
 
 
+def init_with_a_set_of_the_first_ranks():
+    """``hvd.init()`` with, at 3 ranks or more, a process set of every rank but the
+    last (on simulated nodes of one rank each, a set with a ring of its own); returns
+    that set (registered or not)."""
+    from mpi4py import MPI
+
+    size = MPI.COMM_WORLD.Get_size()
+    first = hvd.ProcessSet(list(range(size - 1)))
+    hvd.init(process_sets=[first] if size > 2 else [])
+    return first
+
+
 def spy_on(monkeypatch, cls, method: str, measure) -> list:
     """Record ``measure(*args)`` for every call of *cls*.*method* on this rank (the
     call itself still runs)."""

@@ -20,7 +20,7 @@ import pytest
 os.environ["HVDLITE_TEST_NODE_SIZE"] = "1"  # knobs read by init(), hence at import
 os.environ["HVDLITE_HALF_SUMS_PER_HOP"] = "1"
 
-from core_helpers import assert_bits, spy_on
+from core_helpers import assert_bits, init_with_a_set_of_the_first_ranks, spy_on
 from core_helpers import half_values as values
 
 import hvdlite as hvd  # noqa: E402
@@ -36,9 +36,7 @@ MPI_ENV = {"HVDLITE_TEST_NODE_SIZE": "1", "HVDLITE_HALF_SUMS_PER_HOP": "1"}
 
 pytestmark = pytest.mark.timeout(120)
 
-#: all ranks but the last: a set with a ring of its own (at 3 and 4 ranks)
-FIRST = hvd.ProcessSet(list(range(MPI.COMM_WORLD.Get_size() - 1)))
-hvd.init(process_sets=[FIRST] if MPI.COMM_WORLD.Get_size() > 2 else [])
+FIRST = init_with_a_set_of_the_first_ranks()  # all ranks but the last
 R, N = hvd.rank(), hvd.size()
 LARGE = HALF_WIRE_MIN_BYTES // 4 + 1001  # float32 bytes over the path's threshold
 

@@ -16,7 +16,7 @@ import pytest
 
 os.environ["HVDLITE_TEST_NODE_SIZE"] = "1"  # a knob read by init(), hence at import
 
-from core_helpers import spy_on
+from core_helpers import init_with_a_set_of_the_first_ranks, spy_on
 
 import hvdlite as hvd  # noqa: E402
 from mpi4py import MPI  # noqa: E402
@@ -30,9 +30,7 @@ MPI_ENV = {"HVDLITE_TEST_NODE_SIZE": "1"}
 
 pytestmark = pytest.mark.timeout(120)
 
-#: all ranks but the last: a set with a ring of its own (at 3 and 4 ranks)
-FIRST = hvd.ProcessSet(list(range(MPI.COMM_WORLD.Get_size() - 1)))
-hvd.init(process_sets=[FIRST] if MPI.COMM_WORLD.Get_size() > 2 else [])
+FIRST = init_with_a_set_of_the_first_ranks()  # all ranks but the last
 R, N = hvd.rank(), hvd.size()
 LARGE = RING_MIN_BYTES // 4 + 1001  # float32 elements over the ring's threshold
 
