@@ -38,6 +38,9 @@ BATCH_SCRIPTS = {
     "single_node_tensorflow": "HVDLITE_SLURM_TF_SCRIPT",
     "multi_node_tensorflow": "HVDLITE_SLURM_TF_SCRIPT",
 }
+#: the Lightning example, through the torch batch script (hvdrun inside the job)
+LIGHTNING = "examples/lightning_digits.py"
+LIGHTNING_JOB = "single_node_lightning"
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +99,29 @@ def batch_jobs(cluster, job_env, tmp_path_factory):
             env=env,
         )
         jobs[name] = (job_id, out)
+    if _has_lightning():
+        env = dict(job_env, TRAIN_SCRIPT=LIGHTNING)
+        env["TRAIN_ARGS"] = f"--epochs 2 --checkpoint-dir {outdir / 'lightning'}"
+        out = outdir / f"{LIGHTNING_JOB}.out"
+        job_id = cluster.sbatch(
+            [
+                "--nodes=1",
+                "--ntasks-per-node=2",
+                "--cpus-per-task=1",
+                f"--chdir={ROOT}",
+                f"--output={out}",
+                str(SCRIPTS / "single_node_torch.sbatch"),
+            ],
+            env=env,
+        )
+        jobs[LIGHTNING_JOB] = (job_id, out)
     return jobs
+
+
+def _has_lightning() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("lightning") is not None
 
 
 def _finished(cluster, job_id: str, out: Path) -> str:
@@ -124,6 +149,35 @@ def test_sbatch_script(cluster, batch_jobs, name):
         if choice == "default":  # the digits examples: hvd.size() is 2, training ran to the end
             assert re.search(r"^\[0\] training on 2 rank\(s\)", text, re.M), text
         assert re.search(EXPECT, text), text
+
+
+@pytest.mark.timeout(600)
+def test_a_lightning_job_trains_with_the_hvdlite_strategy(cluster, batch_jobs):
+    if LIGHTNING_JOB not in batch_jobs:
+        pytest.skip("lightning is not installed (pip install hvdlite[lightning])")
+    job_id, out = batch_jobs[LIGHTNING_JOB]
+    text = _finished(cluster, job_id, out)
+    assert "hvdrun: 2 rank(s) on this machine" in text, text
+    # Lightning's world is hvdlite's: 2 ranks, and only global rank 0 prints
+    assert re.search(r"^\[0\] training on 2 rank\(s\)", text, re.M), text
+    assert not re.search(r"^\[1\] (training on|final test accuracy)", text, re.M), text
+    assert re.search(r"^\[0\] final test accuracy \d+\.\d+% after 2 epochs", text, re.M), text
+
+
+@pytest.mark.timeout(300)
+def test_lightning_under_srun_without_hvdrun(cluster, job_env, tmp_path):
+    if not _has_lightning():
+        pytest.skip("lightning is not installed (pip install hvdlite[lightning])")
+    result = run(
+        ["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "-n", "2", sys.executable]
+        + [str(ROOT / LIGHTNING), "--epochs", "1", "--checkpoint-dir", str(tmp_path)],
+        env=job_env,
+        timeout=JOB_TIMEOUT,
+    )
+    assert result.returncode == 0, result.output
+    assert "training on 2 rank(s)" in result.stdout, result.output
+    assert result.stdout.count("final test accuracy") == 1, result.output  # rank 0 alone
+    assert (tmp_path / "last.ckpt").is_file(), result.output
 
 
 @pytest.mark.timeout(300)
