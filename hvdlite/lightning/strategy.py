@@ -34,7 +34,6 @@ import os
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.distributed import ReduceOp
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
@@ -44,6 +43,7 @@ from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero
 
 import hvdlite.torch as hvd
 from hvdlite import basics
+from hvdlite.lightning.collectives import HvdliteCollectives
 from hvdlite.lightning.environment import HvdliteEnvironment
 from hvdlite.torch.compressors import StatefulCompressor
 from hvdlite.torch.grad_hooks import on_grad_accumulated
@@ -55,11 +55,8 @@ __all__ = ["HvdliteStrategy"]
 #: reduction and post_backward() starts them all (see _passes_per_step).
 _UNCOUNTED = 2**31 - 1
 
-_TORCH_OPS = (("SUM", hvd.Sum), ("MAX", hvd.Max), ("MIN", hvd.Min), ("AVG", hvd.Average))
-_OPS = {"mean": hvd.Average, "avg": hvd.Average, "sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min}
 
-
-class HvdliteStrategy(ParallelStrategy):
+class HvdliteStrategy(HvdliteCollectives, ParallelStrategy):
     """Data-parallel training on the ranks hvdlite's launcher started.
 
     ``Trainer(strategy="hvdlite")`` after ``import hvdlite.lightning``, or
@@ -99,17 +96,7 @@ class HvdliteStrategy(ParallelStrategy):
         sparse_as_dense: bool = False,
     ) -> None:
         _start_hvdlite(hierarchical_allreduce)
-        if process_set.included() is None:
-            raise ValueError(
-                f"HvdliteStrategy(process_set={process_set!r}): the set is not registered; "
-                "register it first: hvd.init(process_sets=[...]) or hvd.add_process_set(...)."
-            )
-        if not process_set.included():
-            raise ValueError(
-                f"this rank ({hvd.rank()}) is not in the process set {process_set.ranks} "
-                "given to HvdliteStrategy: build the Trainer on the set's ranks only "
-                "(`if process_set.included(): ...`)."
-            )
+        check_process_set(process_set, type(self).__name__)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -231,32 +218,14 @@ class HvdliteStrategy(ParallelStrategy):
         named = list(self.lightning_module.named_parameters())
         wrapped = []
         for optimizer in optimizers:
-            if hasattr(optimizer, "skip_synchronize"):
-                raise ValueError(
-                    "configure_optimizers() returned an optimizer that is already an hvdlite "
-                    "DistributedOptimizer; with HvdliteStrategy return the plain torch "
-                    "optimizer and the strategy wraps it."
-                )
-            params = {p for group in optimizer.param_groups for p in group["params"]}
-            compression = self._compression
-            if callable(compression) and not isinstance(compression, type):
-                compression = compression()
-            distributed = hvd.DistributedOptimizer(
+            distributed = wrap_optimizer(
                 optimizer,
-                named_parameters=[(n, p) for n, p in named if p in params],
-                compression=compression,
-                backward_passes_per_step=passes,
-                process_set=self.process_set,
-                **self._optimizer_options,
+                named,
+                self._compression,
+                passes,
+                self.process_set,
+                self._optimizer_options,
             )
-            # A fresh optimizer has no state yet (broadcasting it would take a step);
-            # one that has (restored by the user's code) takes rank 0's.
-            if hvd.broadcast_object(
-                bool(optimizer.state), self._root(), process_set=self.process_set
-            ):
-                hvd.broadcast_optimizer_state(
-                    distributed, root_rank=self._root(), process_set=self.process_set
-                )
             _retarget_schedulers(self.lr_scheduler_configs, optimizer, distributed)
             wrapped.append(distributed)
         return wrapped
@@ -324,51 +293,6 @@ class HvdliteStrategy(ParallelStrategy):
                     )
                 optimizer.set_backward_passes_per_step(passes)
 
-    # ------------------------------------------------------------ collectives
-
-    def _root(self, src: int = 0) -> int:
-        """The global rank of the set's rank *src*."""
-        return self.process_set.ranks[src]
-
-    def _set(self, group):
-        # None is also what Lightning passes as torch.distributed.group.WORLD, which
-        # is None while torch.distributed is not initialized (hvdlite never does).
-        if group is None or group is self.process_set:
-            return self.process_set
-        if isinstance(group, hvd.ProcessSet):
-            return group
-        raise ValueError(
-            f"group={group!r}: HvdliteStrategy's collectives take an hvdlite ProcessSet "
-            "(registered at hvd.init(process_sets=[...]) or with hvd.add_process_set), "
-            "or None for the strategy's own set."
-        )
-
-    def reduce(self, tensor, group=None, reduce_op: ReduceOp | str | None = "mean"):
-        """Reduce *tensor* over the ranks (``"mean"``, ``"sum"``, ``"max"``, ``"min"`` or
-        a ``torch.distributed.ReduceOp``); anything but a tensor comes back as it is."""
-        if not isinstance(tensor, torch.Tensor):
-            return tensor
-        op = _reduce_op(reduce_op)
-        if op is hvd.Average and not (tensor.is_floating_point() or tensor.is_complex()):
-            tensor = tensor.to(torch.get_default_dtype())
-        return hvd.allreduce(tensor.detach(), op=op, process_set=self._set(group))
-
-    def all_gather(self, tensor: torch.Tensor, group=None, sync_grads: bool = False):
-        """Every rank's *tensor* (same shape on each), stacked: ``[world_size, *shape]``.
-        With ``sync_grads`` the gradient flows back to each rank's input."""
-        stacked = tensor.unsqueeze(0)
-        process_set = self._set(group)
-        if sync_grads:
-            return hvd.allgather(stacked, process_set=process_set)
-        with torch.no_grad():
-            return hvd.allgather(stacked.detach(), process_set=process_set)
-
-    def broadcast(self, obj, src: int = 0):
-        return hvd.broadcast_object(obj, root_rank=self._root(src), process_set=self.process_set)
-
-    def barrier(self, name: str | None = None) -> None:
-        hvd.barrier(process_set=self.process_set)
-
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
         if cls.strategy_name not in strategy_registry:
@@ -399,6 +323,21 @@ def _start_hvdlite(hierarchical: bool | None) -> None:
     hvd.init()
 
 
+def check_process_set(process_set, strategy: str) -> None:
+    """Refuse a set that is not registered, or that this rank is not in."""
+    if process_set.included() is None:
+        raise ValueError(
+            f"{strategy}(process_set={process_set!r}): the set is not registered; "
+            "register it first: hvd.init(process_sets=[...]) or hvd.add_process_set(...)."
+        )
+    if not process_set.included():
+        raise ValueError(
+            f"this rank ({hvd.rank()}) is not in the process set {process_set.ranks} "
+            f"given to {strategy}: build the Trainer or Fabric on the set's ranks only "
+            "(`if process_set.included(): ...`)."
+        )
+
+
 def _check_started_by_launcher() -> None:
     """A torchrun-style start (WORLD_SIZE set, each process its own MPI job) gives
     every process a world of one: refuse it rather than train N separate models."""
@@ -412,21 +351,32 @@ def _check_started_by_launcher() -> None:
         )
 
 
-def _reduce_op(reduce_op):
-    if reduce_op is None:
-        return hvd.Average
-    if isinstance(reduce_op, str):
-        op = _OPS.get(reduce_op.lower())
-        if op is not None:
-            return op
-    else:
-        for name, op in _TORCH_OPS:
-            if reduce_op == getattr(ReduceOp, name, None):
-                return op
-    raise ValueError(
-        f"reduce_op={reduce_op!r}: HvdliteStrategy.reduce takes 'mean', 'sum', 'max', 'min' "
-        "or torch.distributed.ReduceOp.SUM/MAX/MIN/AVG."
+def wrap_optimizer(optimizer, named, compression, passes: int, process_set, options: dict):
+    """*optimizer* in a ``DistributedOptimizer`` over its parameters among *named*
+    (the module's ``named_parameters()``), rank 0's optimizer state on every rank
+    where it has any.  Collective over *process_set*."""
+    if hasattr(optimizer, "skip_synchronize"):
+        raise ValueError(
+            "the optimizer given to the strategy is already an hvdlite DistributedOptimizer; "
+            "give the strategy the plain torch optimizer and it wraps it."
+        )
+    params = {p for group in optimizer.param_groups for p in group["params"]}
+    if callable(compression) and not isinstance(compression, type):
+        compression = compression()
+    distributed = hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=[(n, p) for n, p in named if p in params],
+        compression=compression,
+        backward_passes_per_step=passes,
+        process_set=process_set,
+        **options,
     )
+    # A fresh optimizer has no state yet (broadcasting it would take a step); one
+    # that has (restored by the user's code) takes rank 0's.
+    root = process_set.ranks[0]
+    if hvd.broadcast_object(bool(optimizer.state), root, process_set=process_set):
+        hvd.broadcast_optimizer_state(distributed, root_rank=root, process_set=process_set)
+    return distributed
 
 
 def _unwrap(optimizer):
