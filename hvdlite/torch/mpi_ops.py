@@ -60,6 +60,7 @@ import torch
 
 from hvdlite import basics as _basics
 from hvdlite import collectives as _collectives
+from hvdlite.device.arrays import CPU, CUDA
 from hvdlite.ops import Average, ReduceOp, Sum
 from hvdlite.process_sets import ProcessSet, global_process_set
 from hvdlite.torch import _device
@@ -68,6 +69,9 @@ from hvdlite.torch._handles import (
     _all_of,
     _array,
     _attach,
+    _check,
+    _contiguous,
+    _in_place,
     _named,
     _source,
     _target,
@@ -125,16 +129,15 @@ __all__ = [
 _WIDENED = (torch.bfloat16, torch.float16)
 
 
-def _widened(tensor: torch.Tensor, process_set=None) -> bool:
-    """Whether *tensor* travels as a float32 copy.  A CUDA float16 tensor does not:
-    the device path casts it inside its fused copies and scales it in float16, as
-    Horovod does on CUDA (its suite checks that bit for bit).  Nor does a CPU one
-    whose allreduce over *process_set* crosses nodes as 16 bits."""
-    dtype = tensor.dtype
+def _widened(dtype: torch.dtype, cuda: bool, process_set=None) -> bool:
+    """Whether a tensor of *dtype* (on a CUDA device where *cuda*) travels as a
+    float32 copy.  A CUDA float16 tensor does not: the device path casts it inside
+    its fused copies and scales it in float16, as Horovod does on CUDA (its suite
+    checks that bit for bit).  Nor does a CPU one whose allreduce over
+    *process_set* crosses nodes as 16 bits."""
     if dtype == torch.float16:
         return not (
-            tensor.is_cuda
-            or (process_set is not None and _basics.float16_crosses_as_16_bits(process_set))
+            cuda or (process_set is not None and _basics.float16_crosses_as_16_bits(process_set))
         )
     return dtype == torch.bfloat16
 
@@ -158,38 +161,66 @@ def _framework_dtypes(tensors) -> tuple:
 
 
 def _allreduce(
-    sources,
-    outputs,
+    src,
+    out,
+    cuda: bool,
     average,
     name,
     op,
     prescale_factor,
     postscale_factor,
     process_set,
-    grouped: bool,
     returned,
 ):
-    """Submit one (grouped) allreduce of *sources* into *outputs*; synchronize
-    returns *returned* (the user's tensor(s) for in-place ops)."""
-    if not grouped and not _widened(sources[0], process_set):  # the lean, common case
-        src, out = sources[0], outputs[0]
-        # In place on a CUDA tensor: its view made once per tensor (the handle holds
-        # *returned*, the caller's tensor, until the collective completes).
-        arr = _device.held_view(returned) if out is src and src.is_cuda else _array(src)
-        handle = _collectives.allreduce_async(
+    """Submit the allreduce of one tensor that :func:`_check` passed (*cuda*: what
+    it found) into *out* (*src* itself in place), validated no further; synchronize
+    returns *returned* (the user's tensor for in-place ops)."""
+    device = CUDA if cuda else CPU
+    name = _named("allreduce", name)
+    if _widened(src.dtype, cuda, process_set):  # reduce a float32 copy in place, cast back
+        wide = src.float()
+        arr = _device.engine_view(wide) if cuda else wide.numpy()
+        handle = _collectives.submit_allreduce(
             arr,
+            arr,
+            device,
             average,
-            _named("allreduce", name),
+            name,
             op,
             prescale_factor,
             postscale_factor,
             process_set,
-            output=arr if out is src else _array(out),
+            _framework_dtypes([src]),
         )
-        return _attach(handle, lambda _result: returned)
+
+        def convert(_result):
+            out.copy_(wide)
+            return returned
+
+        return _attach(handle, convert)
+    if not cuda:  # the lean, common case
+        arr = src.numpy()
+        output = arr if out is src else out.numpy()
+    elif out is src:
+        # In place on a CUDA tensor: its view made once per tensor (the handle holds
+        # *returned*, the caller's tensor, until the collective completes).
+        arr = output = _device.held_view(returned)
+    else:
+        arr, output = _device.engine_view(src), _device.engine_view(out)
+    handle = _collectives.submit_allreduce(
+        arr, output, device, average, name, op, prescale_factor, postscale_factor, process_set
+    )
+    return _attach(handle, lambda _result: returned)
+
+
+def _grouped_allreduce(
+    sources, outputs, average, name, op, prescale_factor, postscale_factor, process_set, returned
+):
+    """Submit one grouped allreduce of *sources* into *outputs*, the general way
+    (float16 and bfloat16 as float32 copies); synchronize returns *returned*."""
     ins, outs, casts = [], [], []
     for src, out in zip(sources, outputs, strict=True):
-        if _widened(src, process_set):  # reduce a float32 copy in place, cast back later
+        if _widened(src.dtype, src.is_cuda, process_set):  # a float32 copy, cast back later
             wide = src.float()
             arr = _array(wide)
             ins.append(arr)
@@ -198,19 +229,17 @@ def _allreduce(
         else:
             ins.append(_array(src))
             outs.append(ins[-1] if out is src else _array(out))
-    kwargs = dict(
-        average=average,
-        name=_named("allreduce", name),
-        op=op,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
+    handle = _collectives.grouped_allreduce_async(
+        ins,
+        average,
+        _named("allreduce", name),
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        outputs=outs,
         dtype_names=_framework_dtypes(sources),
     )
-    if grouped:
-        handle = _collectives.grouped_allreduce_async(ins, outputs=outs, **kwargs)
-    else:
-        handle = _collectives.allreduce_async(ins[0], output=outs[0], **kwargs)
 
     def convert(_result):
         for out, wide in casts:
@@ -281,19 +310,11 @@ def allreduce_async(
         A handle; ``synchronize(handle)`` returns a new tensor of *tensor*'s
         shape, dtype and device holding the reduction, the same on every rank.
     """
-    src = _source(tensor, "allreduce_async")
+    cuda = _check(tensor, "allreduce_async")
+    src = _contiguous(tensor)
     out = torch.empty_like(src)
     return _allreduce(
-        [src],
-        [out],
-        average,
-        name,
-        op,
-        prescale_factor,
-        postscale_factor,
-        process_set,
-        grouped=False,
-        returned=out,
+        src, out, cuda, average, name, op, prescale_factor, postscale_factor, process_set, out
     )
 
 
@@ -313,18 +334,10 @@ def allreduce_async_(
         reduction (float16 and bfloat16 are copied back by that call, so read
         *tensor* only after it).
     """
-    dst = _target(tensor, "allreduce_async_")
+    cuda = _check(tensor, "allreduce_async_")
+    dst = _in_place(tensor, "allreduce_async_")
     return _allreduce(
-        [dst],
-        [dst],
-        average,
-        name,
-        op,
-        prescale_factor,
-        postscale_factor,
-        process_set,
-        grouped=False,
-        returned=tensor,
+        dst, dst, cuda, average, name, op, prescale_factor, postscale_factor, process_set, tensor
     )
 
 
@@ -345,17 +358,8 @@ def grouped_allreduce_async(
     """
     srcs = [_source(t, "grouped_allreduce_async") for t in tensors]
     outs = [torch.empty_like(s) for s in srcs]
-    return _allreduce(
-        srcs,
-        outs,
-        average,
-        name,
-        op,
-        prescale_factor,
-        postscale_factor,
-        process_set,
-        grouped=True,
-        returned=outs,
+    return _grouped_allreduce(
+        srcs, outs, average, name, op, prescale_factor, postscale_factor, process_set, outs
     )
 
 
@@ -377,33 +381,25 @@ def grouped_allreduce_async_(
         back by that call).
     """
     tensors = list(tensors)
-    arrays = _plain_views(tensors)
+    arrays, device = _plain_views(tensors), CPU
     if arrays is None and tensors and tensors[0].__class__ is torch.Tensor and tensors[0].is_cuda:
-        arrays = _cuda_views(tensors)
-    if arrays is not None:  # the common case (a gradient bucket): no per-tensor conversions
-        handle = _collectives.grouped_allreduce_async(
+        arrays, device = _cuda_views(tensors), CUDA
+    if arrays:  # the common case (a gradient bucket): validated here, converted no further
+        handle = _collectives.submit_grouped_allreduce(
             arrays,
+            arrays,
+            device,
             average,
             _named("allreduce", name),
             op,
             prescale_factor,
             postscale_factor,
             process_set,
-            outputs=arrays,
         )
         return _attach(handle, lambda _result: tensors)
     dsts = [_target(t, "grouped_allreduce_async_") for t in tensors]
-    return _allreduce(
-        dsts,
-        dsts,
-        average,
-        name,
-        op,
-        prescale_factor,
-        postscale_factor,
-        process_set,
-        grouped=True,
-        returned=tensors,
+    return _grouped_allreduce(
+        dsts, dsts, average, name, op, prescale_factor, postscale_factor, process_set, tensors
     )
 
 
@@ -583,7 +579,7 @@ def alltoall_async(
 
 
 def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_set, grouped):
-    wide = [s.float() if _widened(s) else s for s in srcs]
+    wide = [s.float() if _widened(s.dtype, s.is_cuda) else s for s in srcs]
     kwargs = dict(
         name=_named("reducescatter", name),
         op=op,
@@ -599,7 +595,7 @@ def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_se
 
     def back(result, src):
         out = _tensor(result, None)
-        return out.to(src.dtype) if _widened(src) else out
+        return out.to(src.dtype) if _widened(src.dtype, src.is_cuda) else out
 
     if grouped:
         return _attach(
