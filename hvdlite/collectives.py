@@ -214,6 +214,7 @@ def submit_grouped_allreduce(
     prescale_factor: float,
     postscale_factor: float,
     process_set: ProcessSet,
+    dtype_names: tuple = (),
 ) -> Handle:
     """:func:`grouped_allreduce_async` for a framework adapter that has validated its
     tensors itself (the call's one validation of each): *arrays*, a non-empty
@@ -221,11 +222,12 @@ def submit_grouped_allreduce(
     for each one itself (in place) or a writeable C-contiguous array of its shape
     and dtype on *device*.  Every other argument is checked as there."""
     st = state()
-    set_id, ranks = members(st, process_set, "grouped_allreduce")
-    rop = reduction_op(op, average, "grouped_allreduce", len(ranks))
+    what = "grouped_allreduce"
+    set_id, ranks = members(st, process_set, what)
+    rop = reduction_op(op, average, what, len(ranks))
     pre, post = scales(prescale_factor, postscale_factor)
     return _grouped_allreduce(
-        st, "grouped_allreduce", set_id, rop, pre, post, arrays, outputs, device, name, (), None
+        st, what, set_id, rop, pre, post, arrays, outputs, device, name, dtype_names, None
     )
 
 

@@ -129,6 +129,19 @@ def test_a_torch_allreduce_validates_its_tensor_once_and_asks_no_device(
     assert entry.inputs[0].__array_interface__["data"][0] == tensor.data_ptr()
 
 
+@pytest.mark.parametrize("spelling", ["grouped_allreduce_async", "grouped_allreduce_async_"])
+def test_every_torch_allreduce_spelling_validates_each_tensor_once(engine, calls, spelling):
+    # bfloat16 travels as a float32 copy, the general path of both spellings
+    tensors = [torch.ones(3, dtype=torch.bfloat16), torch.ones(2, 2)]
+    getattr(mpi_ops, spelling)(tensors, op=Sum)
+    mpi_ops.allreduce_async(tensors[0], op=Sum)
+    assert calls == {"torch check": 3, "fast path decision": 2}
+    group, alone = (entry.params for entry in engine.entries)
+    assert group.framework_dtypes == ("bfloat16", "float32")
+    assert alone.dtypes == ("<f4",) and alone.framework_dtypes == ("bfloat16",)
+    assert alone.single_host  # the engine reduces the float32 copy as it is
+
+
 def test_a_torch_gradient_bucket_is_validated_once_by_the_adapter(engine, calls):
     tensors = [torch.ones(3), torch.ones(5)]
     mpi_ops.grouped_allreduce_async_(tensors, name="bucket", op=Sum)

@@ -179,7 +179,7 @@ def _allreduce(
     name = _named("allreduce", name)
     if _widened(src.dtype, cuda, process_set):  # reduce a float32 copy in place, cast back
         wide = src.float()
-        arr = _device.engine_view(wide) if cuda else wide.numpy()
+        arr = _view(wide, cuda)
         handle = _collectives.submit_allreduce(
             arr,
             arr,
@@ -206,40 +206,55 @@ def _allreduce(
         # *returned*, the caller's tensor, until the collective completes).
         arr = output = _device.held_view(returned)
     else:
-        arr, output = _device.engine_view(src), _device.engine_view(out)
+        arr, output = _view(src, cuda), _view(out, cuda)
     handle = _collectives.submit_allreduce(
         arr, output, device, average, name, op, prescale_factor, postscale_factor, process_set
     )
     return _attach(handle, lambda _result: returned)
 
 
+def _view(tensor: torch.Tensor, cuda: bool):
+    """The engine's view of a contiguous tensor of a numpy dtype (a CUDA one where
+    *cuda*, as :func:`_check` found)."""
+    return _device.engine_view(tensor) if cuda else tensor.numpy()
+
+
 def _grouped_allreduce(
-    sources, outputs, average, name, op, prescale_factor, postscale_factor, process_set, returned
+    sources,
+    cudas,
+    outputs,
+    average,
+    name,
+    op,
+    prescale_factor,
+    postscale_factor,
+    process_set,
+    returned,
 ):
-    """Submit one grouped allreduce of *sources* into *outputs*, the general way
-    (float16 and bfloat16 as float32 copies); synchronize returns *returned*."""
+    """Submit one grouped allreduce of *sources* (checked by :func:`_check`, whose
+    answers *cudas* are) into *outputs*, the general way (float16 and bfloat16 as
+    float32 copies); synchronize returns *returned*."""
     ins, outs, casts = [], [], []
-    for src, out in zip(sources, outputs, strict=True):
-        if _widened(src.dtype, src.is_cuda, process_set):  # a float32 copy, cast back later
+    for src, cuda, out in zip(sources, cudas, outputs, strict=True):
+        if _widened(src.dtype, cuda, process_set):  # a float32 copy, cast back later
             wide = src.float()
-            arr = _array(wide)
+            arr = _view(wide, cuda)
             ins.append(arr)
             outs.append(arr)
             casts.append((out, wide))
         else:
-            ins.append(_array(src))
-            outs.append(ins[-1] if out is src else _array(out))
-    handle = _collectives.grouped_allreduce_async(
-        ins,
-        average,
-        _named("allreduce", name),
-        op,
-        prescale_factor,
-        postscale_factor,
-        process_set,
-        outputs=outs,
-        dtype_names=_framework_dtypes(sources),
-    )
+            ins.append(_view(src, cuda))
+            outs.append(ins[-1] if out is src else _view(out, cuda))
+    args = (average, _named("allreduce", name), op, prescale_factor, postscale_factor, process_set)
+    dtype_names = _framework_dtypes(sources)
+    devices = set(cudas)
+    if len(devices) == 1:  # validated here: the engine takes the views as they are
+        device = CUDA if devices.pop() else CPU
+        handle = _collectives.submit_grouped_allreduce(ins, outs, device, *args, dtype_names)
+    else:  # none, or on several devices: refused there, saying which
+        handle = _collectives.grouped_allreduce_async(
+            ins, *args, outputs=outs, dtype_names=dtype_names
+        )
 
     def convert(_result):
         for out, wide in casts:
@@ -356,10 +371,13 @@ def grouped_allreduce_async(
         A handle; ``synchronize(handle)`` returns a list of new tensors, one per
         input in order, each like :func:`allreduce_async`'s result.
     """
-    srcs = [_source(t, "grouped_allreduce_async") for t in tensors]
+    srcs, cudas = [], []
+    for t in tensors:
+        cudas.append(_check(t, "grouped_allreduce_async"))
+        srcs.append(_contiguous(t))
     outs = [torch.empty_like(s) for s in srcs]
     return _grouped_allreduce(
-        srcs, outs, average, name, op, prescale_factor, postscale_factor, process_set, outs
+        srcs, cudas, outs, average, name, op, prescale_factor, postscale_factor, process_set, outs
     )
 
 
@@ -397,9 +415,21 @@ def grouped_allreduce_async_(
             process_set,
         )
         return _attach(handle, lambda _result: tensors)
-    dsts = [_target(t, "grouped_allreduce_async_") for t in tensors]
+    dsts, cudas = [], []
+    for t in tensors:
+        cudas.append(_check(t, "grouped_allreduce_async_"))
+        dsts.append(_in_place(t, "grouped_allreduce_async_"))
     return _grouped_allreduce(
-        dsts, dsts, average, name, op, prescale_factor, postscale_factor, process_set, tensors
+        dsts,
+        cudas,
+        dsts,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        tensors,
     )
 
 
