@@ -1,10 +1,13 @@
 """Collectives on numpy arrays: Horovod's names and arguments, over the engine.
 
-Every ``*_async`` function validates its arguments on the calling thread
-(ValueError naming the fix), submits one engine entry and returns a
-:class:`~hvdlite.handles.Handle`; the plain spelling waits for it.  Framework
-adapters call the same functions with zero-copy views of their tensors and,
-for in-place ops, ``output=`` set to the input itself.
+Every ``*_async`` function validates its arguments on the calling thread, once
+each (:mod:`hvdlite._checks`; ValueError naming the fix), submits one engine
+entry and returns a :class:`~hvdlite.handles.Handle`; the plain spelling waits
+for it.  Framework adapters call the same functions with zero-copy views of
+their tensors and, for in-place ops, ``output=`` set to the input itself; an
+adapter that validates a tensor itself hands its view to
+:func:`submit_allreduce` or :func:`submit_grouped_allreduce`, which check only
+the other arguments, so that a tensor is validated once per call either way.
 
 Cross-rank contract: every rank of ``process_set`` must submit the same
 collectives under the same names (automatic names count calls per op, so ranks
@@ -44,7 +47,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .device import arrays as _device
+from ._checks import (
+    checked_input,
+    checked_output,
+    device_submission,
+    devices_apart,
+    members,
+    next_name,
+    reduction_op,
+    scales,
+    single_host,
+)
+from .device.arrays import CPU
 from .engine.runtime import state
 from .util.dtypes import check_dtype
 from .handles import Handle, synchronize
@@ -82,83 +96,6 @@ _ALLREDUCE = int(Kind.ALLREDUCE)
 _KNOWN_LIMIT = 1024
 
 
-def _members(st, process_set: ProcessSet, what: str) -> tuple[int, list[int]]:
-    if process_set is global_process_set:  # the common case: every rank is a member
-        return GLOBAL_SET_ID, st.sets.ranks[GLOBAL_SET_ID]
-    if not isinstance(process_set, ProcessSet):
-        raise ArgumentError(
-            f"{what}: process_set must be a hvd.ProcessSet, got {type(process_set).__name__}."
-        )
-    set_id = process_set.process_set_id
-    ps = st.sets.get(set_id) if set_id is not None else None
-    if ps is None:
-        raise ArgumentError(
-            f"{what}: {process_set} is not registered; pass it to "
-            "hvd.init(process_sets=[...]) or hvd.add_process_set() first."
-        )
-    if st.world.Get_rank() not in st.sets.members[set_id]:
-        raise ArgumentError(
-            f"{what}: rank {st.world.Get_rank()} is not a member of {ps} "
-            f"(ranks {ps.ranks}); only its members may call collectives on it."
-        )
-    return set_id, st.sets.ranks[set_id]
-
-
-def _name(st, op: str, name: str | None, set_id: int = 0) -> str:
-    """*name*, or the next automatic name of *op* in process set *set_id*.
-
-    Counting per process set (per registration of its id) keeps automatic names in
-    step across the members of a set even when some of them also call unnamed
-    collectives on other sets;
-    counting per thread (:mod:`hvdlite.engine.auto_names`) keeps threads apart.
-    """
-    if name is not None:
-        if not isinstance(name, str) or not name:
-            raise ArgumentError(f"{op}: name must be a non-empty string, got {name!r}.")
-        return name
-    if set_id == GLOBAL_SET_ID:
-        return f"{op}.noname.{st.names.suffix(op)}"
-    # A removed set's id comes back for a later set: count per registration, so that
-    # the new set's members start from the same number.
-    return f"{op}.noname.{st.names.suffix((op, set_id, st.sets.registration_of(set_id)))}"
-
-
-def _array(x, what: str) -> np.ndarray:
-    if not isinstance(x, np.ndarray):
-        if _device.device_of(x) != "cpu":  # CuPy arrays, torch CUDA tensors, DLPack
-            return _device_submission().engine_array(x, what)
-        x = np.asarray(x)
-    if not x.flags.c_contiguous:
-        raise ArgumentError(
-            f"{what}: the array is not C-contiguous; pass "
-            "np.ascontiguousarray(x) (hvdlite never copies silently)."
-        )
-    return x
-
-
-def _output(out, like: np.ndarray, what: str) -> np.ndarray:
-    if out is like and type(like) is np.ndarray and like.flags.writeable:
-        return out  # in place: _array has checked the rest
-    if not isinstance(like, np.ndarray):
-        if out is like:  # in place on a device: _array made and checked it
-            return out
-        return _device_submission().engine_output(out, like, what)
-    if out is None:
-        return np.empty_like(like)
-    if (
-        not isinstance(out, np.ndarray)
-        or out.shape != like.shape
-        or out.dtype != like.dtype
-        or not out.flags.c_contiguous
-        or not out.flags.writeable
-    ):
-        raise ArgumentError(
-            f"{what}: output must be a writeable C-contiguous array with the "
-            f"input's shape {like.shape} and dtype {like.dtype}."
-        )
-    return out
-
-
 class _Calling(threading.local):
     """Per thread: is the current submission made by a caller that waits on it at once?"""
 
@@ -193,30 +130,31 @@ def call_and_wait(async_fn, *args, **kwargs):
 
 
 def _submit(
-    st, params: Params, inputs, outputs, grouped=False, splits=None, payload=None, keepalive=None
+    st,
+    params: Params,
+    inputs,
+    outputs,
+    grouped=False,
+    splits=None,
+    payload=None,
+    keepalive=None,
+    apart=None,
 ) -> Handle:
+    """Queue one entry of *params* (whose ``device`` its arrays are on) and return
+    its handle; *apart*: the devices of a call whose arrays are not on one
+    (:func:`devices_apart`), refused here, where its name is known."""
+    if apart is not None:
+        raise ArgumentError(
+            f"{params.name}: the arrays of one collective must all be on one device, got "
+            f"{', '.join(sorted(apart))}; move them first (e.g. tensor.cuda() or .cpu())."
+        )
     ready = None
-    for array in inputs:
-        if type(array) is not np.ndarray:  # a device array (or a numpy subclass)
-            params, ready = _device_submission().prepare(params, inputs, outputs)
-            break
+    if params.device != CPU:  # the producers' streams, for the engine's to wait on
+        ready = device_submission().record_ready(params.device, inputs)
     handle = Handle(params.name, keepalive)
     entry = Entry(params, inputs, outputs, handle, grouped, splits, payload)
     entry.ready = ready
     return st.engine.submit(entry, not _calling.sync)
-
-
-_submission_module = None
-
-
-def _device_submission():
-    """The device path's submission side (imported on the first device array)."""
-    global _submission_module
-    if _submission_module is None:
-        from .device import submission
-
-        _submission_module = submission
-    return _submission_module
 
 
 def submit_control(kind: Kind, name: str, extra: tuple, payload=None) -> Handle:
@@ -224,24 +162,6 @@ def submit_control(kind: Kind, name: str, extra: tuple, payload=None) -> Handle:
     st = state()
     params = Params(set_id=GLOBAL_SET_ID, name=name, kind=int(kind), extra=extra)
     return _submit(st, params, [], [], payload=payload)
-
-
-def _reduction_op(op, average, what: str, set_size: int) -> ReduceOp:
-    rop = resolve_op(op, average)
-    if rop == Adasum and set_size & (set_size - 1):
-        raise ArgumentError(
-            f"{what}: op=Adasum needs a power-of-two number of ranks, the "
-            f"process set has {set_size}; use op=Average or run on 2, 4, 8... "
-            "ranks."
-        )
-    return rop
-
-
-def _scales(prescale_factor, postscale_factor) -> tuple[float, float]:
-    try:
-        return float(prescale_factor), float(postscale_factor)
-    except (TypeError, ValueError):
-        raise ArgumentError("prescale_factor and postscale_factor must be numbers.") from None
 
 
 # ----------------------------------------------------------------- allreduce
@@ -265,19 +185,57 @@ def grouped_allreduce_async(
     """
     st = state()
     what = "grouped_allreduce" if isinstance(tensors, (list, tuple)) else "allreduce"
-    set_id, ranks = _members(st, process_set, what)
-    rop = _reduction_op(op, average, what, len(ranks))
-    pre, post = _scales(prescale_factor, postscale_factor)
-    arrays = [_array(t, what) for t in tensors]
-    if not arrays:
+    set_id, ranks = members(st, process_set, what)
+    rop = reduction_op(op, average, what, len(ranks))
+    pre, post = scales(prescale_factor, postscale_factor)
+    checked = [checked_input(t, what) for t in tensors]
+    if not checked:
         raise ArgumentError(f"{what}: needs at least one array.")
     if outputs is None:
-        outputs = [None] * len(arrays)
-    if len(outputs) != len(arrays):
-        raise ArgumentError(f"{what}: got {len(arrays)} arrays but {len(outputs)} outputs.")
-    outs = [_output(o, a, what) for o, a in zip(outputs, arrays)]
+        outputs = [None] * len(checked)
+    if len(outputs) != len(checked):
+        raise ArgumentError(f"{what}: got {len(checked)} arrays but {len(outputs)} outputs.")
+    arrays = [a for a, _ in checked]
+    outs = [checked_output(o, a, d, what) for o, (a, d) in zip(outputs, checked)]
+    devices = [d for _, d in checked]
+    apart = devices_apart(devices, arrays, outs)
+    return _grouped_allreduce(
+        st, what, set_id, rop, pre, post, arrays, outs, devices[0], name, dtype_names, apart
+    )
+
+
+def submit_grouped_allreduce(
+    arrays: list,
+    outputs: list,
+    device: str,
+    average: bool | None,
+    name: str | None,
+    op: ReduceOp | None,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    dtype_names: tuple = (),
+) -> Handle:
+    """:func:`grouped_allreduce_async` for a framework adapter that has validated its
+    tensors itself (the call's one validation of each): *arrays*, a non-empty
+    list of the engine's C-contiguous views of them, all on *device*; *outputs*,
+    for each one itself (in place) or a writeable C-contiguous array of its shape
+    and dtype on *device*.  Every other argument is checked as there."""
+    st = state()
+    what = "grouped_allreduce"
+    set_id, ranks = members(st, process_set, what)
+    rop = reduction_op(op, average, what, len(ranks))
+    pre, post = scales(prescale_factor, postscale_factor)
+    return _grouped_allreduce(
+        st, what, set_id, rop, pre, post, arrays, outputs, device, name, dtype_names, None
+    )
+
+
+def _grouped_allreduce(
+    st, what, set_id, rop, pre, post, arrays, outs, device, name, dtype_names, apart
+) -> Handle:
     dtypes = tuple(check_dtype(a, what, rop) for a in arrays)
-    name = _name(st, "allreduce", name, set_id)
+    name = next_name(st, "allreduce", name, set_id)
     params = Params(
         set_id=set_id,
         name=name,
@@ -287,9 +245,11 @@ def grouped_allreduce_async(
         op=int(rop),
         prescale=pre,
         postscale=post,
+        device=device,
         framework_dtypes=dtype_names,
+        single_host=single_host(device, dtypes),
     )
-    return _submit(st, params, arrays, outs, grouped=True, keepalive=(arrays, outs))
+    return _submit(st, params, arrays, outs, grouped=True, keepalive=(arrays, outs), apart=apart)
 
 
 def allreduce_async(
@@ -311,8 +271,73 @@ def allreduce_async(
         over the ranks of *process_set*.
     """
     st = state()
-    array = _array(tensor, "allreduce")
-    out = _output(output, array, "allreduce")
+    array, device = checked_input(tensor, "allreduce")
+    out = checked_output(output, array, device, "allreduce")
+    apart = None if device == CPU else devices_apart((device,), (array,), (out,))
+    return _allreduce(
+        st,
+        array,
+        out,
+        device,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        dtype_names,
+        apart,
+    )
+
+
+def submit_allreduce(
+    array,
+    output,
+    device: str,
+    average: bool | None,
+    name: str | None,
+    op: ReduceOp | None,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    dtype_names: tuple = (),
+) -> Handle:
+    """:func:`allreduce_async` for a framework adapter that has validated its tensor
+    itself (the call's one validation of it): *array* is the engine's
+    C-contiguous view of it (a numpy array, or a device array) on *device*;
+    *output* is *array* itself (in place) or a writeable C-contiguous array of
+    its shape and dtype on *device*.  Every other argument is checked as there."""
+    return _allreduce(
+        state(),
+        array,
+        output,
+        device,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        dtype_names,
+        None,
+    )
+
+
+def _allreduce(
+    st,
+    array,
+    out,
+    device: str,
+    average,
+    name,
+    op,
+    prescale_factor,
+    postscale_factor,
+    process_set,
+    dtype_names: tuple,
+    apart,
+) -> Handle:
+    """Submit one checked array's allreduce: the request is made (or remembered) here."""
     # A named allreduce of the global set is usually called again with the same
     # arguments (a metric, each step): its checked Params are remembered.
     known = st.allreduce_params
@@ -326,7 +351,7 @@ def allreduce_async(
             postscale_factor,
             array.dtype,
             array.shape,
-            type(array),
+            device,
             dtype_names,
         )
         try:
@@ -334,31 +359,31 @@ def allreduce_async(
         except TypeError:  # an unhashable argument: checked below, every time
             params = key = None
         if params is not None:
-            return _submit(st, params, (array,), (out,))
-    set_id, ranks = _members(st, process_set, "allreduce")
-    rop = _reduction_op(op, average, "allreduce", len(ranks))
-    pre, post = _scales(prescale_factor, postscale_factor)
-    dtype = check_dtype(array, "allreduce", rop)
-    name = _name(st, "allreduce", name, set_id)
+            return _submit(st, params, (array,), (out,), apart=apart)
+    set_id, ranks = members(st, process_set, "allreduce")
+    rop = reduction_op(op, average, "allreduce", len(ranks))
+    pre, post = scales(prescale_factor, postscale_factor)
+    dtypes = (check_dtype(array, "allreduce", rop),)
+    name = next_name(st, "allreduce", name, set_id)
     params = Params(
         set_id=set_id,
         name=name,
         kind=_ALLREDUCE,
-        dtypes=(dtype,),
+        dtypes=dtypes,
         shapes=(array.shape,),
         op=int(rop),
         prescale=pre,
         postscale=post,
+        device=device,
         framework_dtypes=dtype_names,
+        single_host=single_host(device, dtypes),
     )
     if key is not None:
         if len(known) >= _KNOWN_LIMIT:
             known.clear()
-        if type(array) is not np.ndarray:  # remembered with its device: no _replace per call
-            params = params._replace(device=_device.device_of(array))
         known[key] = params
     # Tuples of arrays: the garbage collector stops tracking them (lists it would not).
-    return _submit(st, params, (array,), (out,))
+    return _submit(st, params, (array,), (out,), apart=apart)
 
 
 def allreduce(
@@ -433,10 +458,12 @@ def grouped_allgather_async(
         A handle whose result is the list of gathered arrays.
     """
     st = state()
-    set_id, _ = _members(st, process_set, "allgather")
-    arrays = [_array(t, "allgather") for t in tensors]
-    if not arrays:
+    set_id, _ = members(st, process_set, "allgather")
+    checked = [checked_input(t, "allgather") for t in tensors]
+    if not checked:
         raise ArgumentError("grouped_allgather: needs at least one array.")
+    arrays = [a for a, _ in checked]
+    devices = [d for _, d in checked]
     for a in arrays:
         if a.ndim == 0:
             raise ArgumentError(
@@ -444,16 +471,19 @@ def grouped_allgather_async(
                 "concatenated along dim 0); use x.reshape(1)."
             )
     dtypes = tuple(check_dtype(a, "allgather") for a in arrays)
-    name = _name(st, "allgather", name, set_id)
+    name = next_name(st, "allgather", name, set_id)
     params = Params(
         set_id=set_id,
         name=name,
         kind=int(Kind.ALLGATHER),
         dtypes=dtypes,
         shapes=tuple(a.shape[1:] for a in arrays),
+        device=devices[0],
         framework_dtypes=dtype_names,
     )
-    return _submit(st, params, arrays, None, grouped=True, keepalive=arrays)
+    return _submit(
+        st, params, arrays, None, grouped=True, keepalive=arrays, apart=devices_apart(devices)
+    )
 
 
 def allgather_async(
@@ -471,21 +501,22 @@ def allgather_async(
         A handle whose result is the concatenated array, the same on every rank.
     """
     st = state()
-    set_id, _ = _members(st, process_set, "allgather")
-    array = _array(tensor, "allgather")
+    set_id, _ = members(st, process_set, "allgather")
+    array, device = checked_input(tensor, "allgather")
     if array.ndim == 0:
         raise ArgumentError(
             "allgather: the array needs at least one dimension (it is "
             "concatenated along dim 0); use x.reshape(1)."
         )
     dtype = check_dtype(array, "allgather")
-    name = _name(st, "allgather", name, set_id)
+    name = next_name(st, "allgather", name, set_id)
     params = Params(
         set_id=set_id,
         name=name,
         kind=int(Kind.ALLGATHER),
         dtypes=(dtype,),
         shapes=(array.shape[1:],),
+        device=device,
         framework_dtypes=dtype_names,
     )
     return _submit(st, params, [array], None, keepalive=array)
@@ -532,7 +563,7 @@ def broadcast_async(
         A handle whose result is the root's array (in *output* where given).
     """
     st = state()
-    set_id, ranks = _members(st, process_set, "broadcast")
+    set_id, ranks = members(st, process_set, "broadcast")
     try:
         root = int(root_rank)
     except (TypeError, ValueError):
@@ -542,10 +573,10 @@ def broadcast_async(
             f"broadcast: root_rank {root} is not a rank of the process set "
             f"(ranks {ranks}); pass the global rank of a member."
         )
-    array = _array(tensor, "broadcast")
-    out = _output(output, array, "broadcast")
+    array, device = checked_input(tensor, "broadcast")
+    out = checked_output(output, array, device, "broadcast")
     dtype = check_dtype(array, "broadcast")
-    name = _name(st, "broadcast", name, set_id)
+    name = next_name(st, "broadcast", name, set_id)
     params = Params(
         set_id=set_id,
         name=name,
@@ -553,9 +584,11 @@ def broadcast_async(
         dtypes=(dtype,),
         shapes=(array.shape,),
         root=root,
+        device=device,
         framework_dtypes=dtype_names,
     )
-    return _submit(st, params, [array], [out], keepalive=(array, out))
+    apart = None if device == CPU else devices_apart((device,), (array,), (out,))
+    return _submit(st, params, [array], [out], keepalive=(array, out), apart=apart)
 
 
 def broadcast(
@@ -594,8 +627,8 @@ def alltoall_async(
         rank sent here, in rank order, and how many came from each.
     """
     st = state()
-    set_id, ranks = _members(st, process_set, "alltoall")
-    array = _array(tensor, "alltoall")
+    set_id, ranks = members(st, process_set, "alltoall")
+    array, device = checked_input(tensor, "alltoall")
     if array.ndim == 0:
         raise ArgumentError("alltoall: the array needs at least one dimension.")
     n = len(ranks)
@@ -614,13 +647,14 @@ def alltoall_async(
                 f"({array.shape[0]}), got {list(split_arr)}."
             )
     dtype = check_dtype(array, "alltoall")
-    name = _name(st, "alltoall", name, set_id)
+    name = next_name(st, "alltoall", name, set_id)
     params = Params(
         set_id=set_id,
         name=name,
         kind=int(Kind.ALLTOALL),
         dtypes=(dtype,),
         shapes=(array.shape[1:],),
+        device=device,
         framework_dtypes=dtype_names,
     )
     return _submit(st, params, [array], None, splits=split_arr, keepalive=array)
@@ -667,19 +701,21 @@ def _reducescatter_async(
     tensors, name, op, prescale_factor, postscale_factor, process_set, grouped: bool, dtype_names
 ) -> Handle:
     st = state()
-    set_id, _ = _members(st, process_set, "reducescatter")
+    set_id, _ = members(st, process_set, "reducescatter")
     rop = resolve_op(op, None)
     if rop == Adasum:
         raise ArgumentError("reducescatter: op=Adasum is not supported; use Average or Sum.")
-    pre, post = _scales(prescale_factor, postscale_factor)
-    arrays = [_array(t, "reducescatter") for t in tensors]
-    if not arrays:
+    pre, post = scales(prescale_factor, postscale_factor)
+    checked = [checked_input(t, "reducescatter") for t in tensors]
+    if not checked:
         raise ArgumentError("grouped_reducescatter: needs at least one array.")
+    arrays = [a for a, _ in checked]
+    devices = [d for _, d in checked]
     for a in arrays:
         if a.ndim == 0:
             raise ArgumentError("reducescatter: the array needs at least one dimension.")
     dtypes = tuple(check_dtype(a, "reducescatter", rop) for a in arrays)
-    name = _name(st, "reducescatter", name, set_id)
+    name = next_name(st, "reducescatter", name, set_id)
     params = Params(
         set_id=set_id,
         name=name,
@@ -689,9 +725,12 @@ def _reducescatter_async(
         op=int(rop),
         prescale=pre,
         postscale=post,
+        device=devices[0],
         framework_dtypes=dtype_names,
     )
-    return _submit(st, params, arrays, None, grouped=grouped, keepalive=arrays)
+    return _submit(
+        st, params, arrays, None, grouped=grouped, keepalive=arrays, apart=devices_apart(devices)
+    )
 
 
 def reducescatter_async(
@@ -767,8 +806,8 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
         None.
     """
     st = state()
-    set_id, _ = _members(st, process_set, "barrier")
-    name = _name(st, "barrier", None, set_id)
+    set_id, _ = members(st, process_set, "barrier")
+    name = next_name(st, "barrier", None, set_id)
     params = Params(set_id=set_id, name=name, kind=int(Kind.BARRIER))
     synchronize(_submit(st, params, [], []))
 

@@ -14,7 +14,8 @@ import pickle
 import numpy as np
 
 from .engine.runtime import state
-from .collectives import _name, allgather, broadcast
+from ._checks import next_name
+from .collectives import allgather, broadcast
 from .process_sets import global_process_set
 
 __all__ = ["broadcast_object", "allgather_object"]
@@ -44,7 +45,7 @@ def broadcast_object(
     must trust each other, as in any MPI job.
     """
     st = state()
-    name = _name(st, "broadcast_object", name, _set_id(process_set))
+    name = next_name(st, "broadcast_object", name, _set_id(process_set))
     is_root = st.world.Get_rank() == int(root_rank)
     head = np.zeros(_LENGTH + _INLINE, dtype=np.uint8)
     if is_root:
@@ -76,7 +77,7 @@ def allgather_object(obj, name: str | None = None, process_set=global_process_se
     Unpickles what other ranks send: the ranks must trust each other, as in any MPI job.
     """
     st = state()
-    name = _name(st, "allgather_object", name, _set_id(process_set))
+    name = next_name(st, "allgather_object", name, _set_id(process_set))
     payload = _dumps(obj)
     sizes = allgather(
         np.array([payload.size], dtype=np.int64), name=f"{name}.sizes", process_set=process_set

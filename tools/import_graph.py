@@ -153,6 +153,7 @@ LAYERS = (
             "hvdlite.basics",
             "hvdlite.common",
             "hvdlite.collectives",
+            "hvdlite._checks",
             "hvdlite.objects",
             "hvdlite.handles",
             "hvdlite.dynamic_sets",

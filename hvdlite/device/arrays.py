@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["HostDeviceArray", "host_device_array", "device_of", "devices_of", "CPU", "CUDA", "HOST"]
+__all__ = ["HostDeviceArray", "host_device_array", "device_of", "CPU", "CUDA", "HOST"]
 
 CPU, CUDA, HOST = "cpu", "cuda", "host"
 
@@ -66,12 +66,3 @@ def device_of(x) -> str:
         if kind in _DLPACK_CUDA:
             return CUDA
     return CPU
-
-
-def devices_of(arrays) -> set[str]:
-    """The device names of *arrays* (by their types alone where those are known)."""
-    kinds = {a.__class__ for a in arrays}
-    known = {_DEVICE_OF_TYPE.get(kind) for kind in kinds}
-    if None not in known:
-        return known
-    return {device_of(a) for a in arrays}

@@ -113,13 +113,15 @@ class MPIExecutor:
         """One function per batch that runs it as :meth:`run_batch` would, for a plan
         the engine runs again and again (its cached responses).
 
-        A batch of one CPU tensor that host MPI allreduces in its own dtype (a
-        synchronous call's, typically) gets a function with every decision taken
-        here, once; any other batch gets :meth:`run_batch` itself.  Collective:
-        every rank builds the same plan's runners in the same cycle, because
-        choosing the peer may make the set's shared-memory window (as the set's
-        first allreduce does in :meth:`run_batch`), and a rank that runs the plan
-        through :meth:`run_batch` (a timeline is on) must have made it too.
+        A batch of one request that takes the single-tensor fast path (its
+        ``Params.single_host``, decided where the request was made: read here, not
+        decided again) and that host MPI reduces (a synchronous call's, typically)
+        gets a function with every decision taken here, once; any other batch gets
+        :meth:`run_batch` itself.  Collective: every rank builds the same plan's
+        runners in the same cycle, because choosing the peer may make the set's
+        shared-memory window (as the set's first allreduce does in
+        :meth:`run_batch`), and a rank that runs the plan through :meth:`run_batch`
+        (a timeline is on) must have made it too.
         """
         return [
             self._single_allreduce(batch) or functools.partial(self.run_batch, batch)
@@ -127,18 +129,13 @@ class MPIExecutor:
         ]
 
     def _single_allreduce(self, batch) -> Callable[[], None] | None:
-        if len(batch) != 1:
+        if len(batch) != 1 or not batch[0].params.single_host:
             return None
         p = batch[0].params
-        if p.kind != Kind.ALLREDUCE or p.device != "cpu" or len(p.dtypes) != 1:
-            return None
         comm = self._sets.comm_of(p.set_id)
         if comm is None:  # not a member: run_batch skips it
             return None
-        wire = reduce_dtype(p.dtypes[0])
-        nbytes = math.prod(p.shapes[0]) * wire.itemsize
-        if wire.str != p.dtypes[0]:
-            return None
+        nbytes = math.prod(p.shapes[0]) * reduce_dtype(p.dtypes[0]).itemsize
         if _choose(self._lineup_of(p.set_id), p, comm, nbytes) is not self._mpi:
             return None
         allreduce = mpi_allreduce(comm, MPI_OPS[p.op])

@@ -87,6 +87,12 @@ class Params(NamedTuple):
     # float16 and bfloat16 reduced as float32 copies, bfloat16 moved as int16 bits), so
     # that ranks which disagree there are told so; () where the engine sees the dtypes.
     framework_dtypes: tuple = ()
+    # The single-tensor fast path, decided once where the request is made
+    # (hvdlite._checks.single_host): an allreduce of one host array that reduces in
+    # its own dtype, which the executor runs as one bound MPI call when negotiation
+    # leaves it alone in its batch.  It follows from the fields above, so ranks that
+    # agree on them agree on it (the coordinator need not compare it).
+    single_host: bool = False
 
     @property
     def key(self) -> tuple:

@@ -47,19 +47,24 @@ _SUPPORTED = "uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float
 # --------------------------------------------------------------------------- checks
 
 
-def _check(tensor, what: str) -> None:
+def _check(tensor, what: str) -> bool:
+    """The one validation of a tensor (TypeError, or ArgumentError naming the fix):
+    a strided torch.Tensor of a dtype the engine moves, on the CPU or a CUDA
+    device.  Returns whether it is on a CUDA device, which the allreduces carry
+    on (to the engine too) instead of asking again."""
     if (
         tensor.__class__ is torch.Tensor
         and tensor.is_cpu
         and tensor.layout is torch.strided
         and tensor.dtype in _ACCEPTED
     ):
-        return  # the common case, in a few attribute reads
+        return False  # the common case, in a few attribute reads
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(
             f"hvdlite.torch.{what}: expected a torch.Tensor, got {type(tensor).__name__}"
         )
-    if tensor.device.type != "cpu":
+    cuda = tensor.device.type != "cpu"
+    if cuda:
         _device.check(tensor, what)
     if tensor.layout != torch.strided:
         raise ArgumentError(
@@ -71,6 +76,7 @@ def _check(tensor, what: str) -> None:
             f"hvdlite.torch.{what}: unsupported dtype {tensor.dtype}; supported: {_SUPPORTED} "
             f"({_cast_hint(tensor.dtype)})"
         )
+    return cuda
 
 
 def _cast_hint(dtype: torch.dtype) -> str:
@@ -92,6 +98,11 @@ def _cast_hint(dtype: torch.dtype) -> str:
 def _source(tensor, what: str) -> torch.Tensor:
     """A detached, contiguous tensor sharing *tensor*'s memory when it can."""
     _check(tensor, what)
+    return _contiguous(tensor)
+
+
+def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    """:func:`_source` of a tensor :func:`_check` has passed."""
     if tensor.requires_grad:
         tensor = tensor.detach()
     return tensor if tensor.is_contiguous() else tensor.contiguous()
@@ -100,6 +111,11 @@ def _source(tensor, what: str) -> torch.Tensor:
 def _target(tensor, what: str) -> torch.Tensor:
     """A detached view of *tensor* for in-place ops, which need it contiguous."""
     _check(tensor, what)
+    return _in_place(tensor, what)
+
+
+def _in_place(tensor: torch.Tensor, what: str) -> torch.Tensor:
+    """:func:`_target` of a tensor :func:`_check` has passed."""
     if not tensor.is_contiguous():
         raise ArgumentError(
             f"hvdlite.torch.{what}: in-place ops need a contiguous tensor "

@@ -60,6 +60,7 @@ import torch
 
 from hvdlite import basics as _basics
 from hvdlite import collectives as _collectives
+from hvdlite.device.arrays import CPU, CUDA
 from hvdlite.ops import Average, ReduceOp, Sum
 from hvdlite.process_sets import ProcessSet, global_process_set
 from hvdlite.torch import _device
@@ -68,6 +69,9 @@ from hvdlite.torch._handles import (
     _all_of,
     _array,
     _attach,
+    _check,
+    _contiguous,
+    _in_place,
     _named,
     _source,
     _target,
@@ -125,16 +129,15 @@ __all__ = [
 _WIDENED = (torch.bfloat16, torch.float16)
 
 
-def _widened(tensor: torch.Tensor, process_set=None) -> bool:
-    """Whether *tensor* travels as a float32 copy.  A CUDA float16 tensor does not:
-    the device path casts it inside its fused copies and scales it in float16, as
-    Horovod does on CUDA (its suite checks that bit for bit).  Nor does a CPU one
-    whose allreduce over *process_set* crosses nodes as 16 bits."""
-    dtype = tensor.dtype
+def _widened(dtype: torch.dtype, cuda: bool, process_set=None) -> bool:
+    """Whether a tensor of *dtype* (on a CUDA device where *cuda*) travels as a
+    float32 copy.  A CUDA float16 tensor does not: the device path casts it inside
+    its fused copies and scales it in float16, as Horovod does on CUDA (its suite
+    checks that bit for bit).  Nor does a CPU one whose allreduce over
+    *process_set* crosses nodes as 16 bits."""
     if dtype == torch.float16:
         return not (
-            tensor.is_cuda
-            or (process_set is not None and _basics.float16_crosses_as_16_bits(process_set))
+            cuda or (process_set is not None and _basics.float16_crosses_as_16_bits(process_set))
         )
     return dtype == torch.bfloat16
 
@@ -158,7 +161,67 @@ def _framework_dtypes(tensors) -> tuple:
 
 
 def _allreduce(
+    src,
+    out,
+    cuda: bool,
+    average,
+    name,
+    op,
+    prescale_factor,
+    postscale_factor,
+    process_set,
+    returned,
+):
+    """Submit the allreduce of one tensor that :func:`_check` passed (*cuda*: what
+    it found) into *out* (*src* itself in place), validated no further; synchronize
+    returns *returned* (the user's tensor for in-place ops)."""
+    device = CUDA if cuda else CPU
+    name = _named("allreduce", name)
+    if _widened(src.dtype, cuda, process_set):  # reduce a float32 copy in place, cast back
+        wide = src.float()
+        arr = _view(wide, cuda)
+        handle = _collectives.submit_allreduce(
+            arr,
+            arr,
+            device,
+            average,
+            name,
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+            _framework_dtypes([src]),
+        )
+
+        def convert(_result):
+            out.copy_(wide)
+            return returned
+
+        return _attach(handle, convert)
+    if not cuda:  # the lean, common case
+        arr = src.numpy()
+        output = arr if out is src else out.numpy()
+    elif out is src:
+        # In place on a CUDA tensor: its view made once per tensor (the handle holds
+        # *returned*, the caller's tensor, until the collective completes).
+        arr = output = _device.held_view(returned)
+    else:
+        arr, output = _view(src, cuda), _view(out, cuda)
+    handle = _collectives.submit_allreduce(
+        arr, output, device, average, name, op, prescale_factor, postscale_factor, process_set
+    )
+    return _attach(handle, lambda _result: returned)
+
+
+def _view(tensor: torch.Tensor, cuda: bool):
+    """The engine's view of a contiguous tensor of a numpy dtype (a CUDA one where
+    *cuda*, as :func:`_check` found)."""
+    return _device.engine_view(tensor) if cuda else tensor.numpy()
+
+
+def _grouped_allreduce(
     sources,
+    cudas,
     outputs,
     average,
     name,
@@ -166,51 +229,32 @@ def _allreduce(
     prescale_factor,
     postscale_factor,
     process_set,
-    grouped: bool,
     returned,
 ):
-    """Submit one (grouped) allreduce of *sources* into *outputs*; synchronize
-    returns *returned* (the user's tensor(s) for in-place ops)."""
-    if not grouped and not _widened(sources[0], process_set):  # the lean, common case
-        src, out = sources[0], outputs[0]
-        # In place on a CUDA tensor: its view made once per tensor (the handle holds
-        # *returned*, the caller's tensor, until the collective completes).
-        arr = _device.held_view(returned) if out is src and src.is_cuda else _array(src)
-        handle = _collectives.allreduce_async(
-            arr,
-            average,
-            _named("allreduce", name),
-            op,
-            prescale_factor,
-            postscale_factor,
-            process_set,
-            output=arr if out is src else _array(out),
-        )
-        return _attach(handle, lambda _result: returned)
+    """Submit one grouped allreduce of *sources* (checked by :func:`_check`, whose
+    answers *cudas* are) into *outputs*, the general way (float16 and bfloat16 as
+    float32 copies); synchronize returns *returned*."""
     ins, outs, casts = [], [], []
-    for src, out in zip(sources, outputs, strict=True):
-        if _widened(src, process_set):  # reduce a float32 copy in place, cast back later
+    for src, cuda, out in zip(sources, cudas, outputs, strict=True):
+        if _widened(src.dtype, cuda, process_set):  # a float32 copy, cast back later
             wide = src.float()
-            arr = _array(wide)
+            arr = _view(wide, cuda)
             ins.append(arr)
             outs.append(arr)
             casts.append((out, wide))
         else:
-            ins.append(_array(src))
-            outs.append(ins[-1] if out is src else _array(out))
-    kwargs = dict(
-        average=average,
-        name=_named("allreduce", name),
-        op=op,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-        dtype_names=_framework_dtypes(sources),
-    )
-    if grouped:
-        handle = _collectives.grouped_allreduce_async(ins, outputs=outs, **kwargs)
-    else:
-        handle = _collectives.allreduce_async(ins[0], output=outs[0], **kwargs)
+            ins.append(_view(src, cuda))
+            outs.append(ins[-1] if out is src else _view(out, cuda))
+    args = (average, _named("allreduce", name), op, prescale_factor, postscale_factor, process_set)
+    dtype_names = _framework_dtypes(sources)
+    devices = set(cudas)
+    if len(devices) == 1:  # validated here: the engine takes the views as they are
+        device = CUDA if devices.pop() else CPU
+        handle = _collectives.submit_grouped_allreduce(ins, outs, device, *args, dtype_names)
+    else:  # none, or on several devices: refused there, saying which
+        handle = _collectives.grouped_allreduce_async(
+            ins, *args, outputs=outs, dtype_names=dtype_names
+        )
 
     def convert(_result):
         for out, wide in casts:
@@ -281,19 +325,11 @@ def allreduce_async(
         A handle; ``synchronize(handle)`` returns a new tensor of *tensor*'s
         shape, dtype and device holding the reduction, the same on every rank.
     """
-    src = _source(tensor, "allreduce_async")
+    cuda = _check(tensor, "allreduce_async")
+    src = _contiguous(tensor)
     out = torch.empty_like(src)
     return _allreduce(
-        [src],
-        [out],
-        average,
-        name,
-        op,
-        prescale_factor,
-        postscale_factor,
-        process_set,
-        grouped=False,
-        returned=out,
+        src, out, cuda, average, name, op, prescale_factor, postscale_factor, process_set, out
     )
 
 
@@ -313,18 +349,10 @@ def allreduce_async_(
         reduction (float16 and bfloat16 are copied back by that call, so read
         *tensor* only after it).
     """
-    dst = _target(tensor, "allreduce_async_")
+    cuda = _check(tensor, "allreduce_async_")
+    dst = _in_place(tensor, "allreduce_async_")
     return _allreduce(
-        [dst],
-        [dst],
-        average,
-        name,
-        op,
-        prescale_factor,
-        postscale_factor,
-        process_set,
-        grouped=False,
-        returned=tensor,
+        dst, dst, cuda, average, name, op, prescale_factor, postscale_factor, process_set, tensor
     )
 
 
@@ -343,19 +371,13 @@ def grouped_allreduce_async(
         A handle; ``synchronize(handle)`` returns a list of new tensors, one per
         input in order, each like :func:`allreduce_async`'s result.
     """
-    srcs = [_source(t, "grouped_allreduce_async") for t in tensors]
+    srcs, cudas = [], []
+    for t in tensors:
+        cudas.append(_check(t, "grouped_allreduce_async"))
+        srcs.append(_contiguous(t))
     outs = [torch.empty_like(s) for s in srcs]
-    return _allreduce(
-        srcs,
-        outs,
-        average,
-        name,
-        op,
-        prescale_factor,
-        postscale_factor,
-        process_set,
-        grouped=True,
-        returned=outs,
+    return _grouped_allreduce(
+        srcs, cudas, outs, average, name, op, prescale_factor, postscale_factor, process_set, outs
     )
 
 
@@ -377,24 +399,29 @@ def grouped_allreduce_async_(
         back by that call).
     """
     tensors = list(tensors)
-    arrays = _plain_views(tensors)
+    arrays, device = _plain_views(tensors), CPU
     if arrays is None and tensors and tensors[0].__class__ is torch.Tensor and tensors[0].is_cuda:
-        arrays = _cuda_views(tensors)
-    if arrays is not None:  # the common case (a gradient bucket): no per-tensor conversions
-        handle = _collectives.grouped_allreduce_async(
+        arrays, device = _cuda_views(tensors), CUDA
+    if arrays:  # the common case (a gradient bucket): validated here, converted no further
+        handle = _collectives.submit_grouped_allreduce(
             arrays,
+            arrays,
+            device,
             average,
             _named("allreduce", name),
             op,
             prescale_factor,
             postscale_factor,
             process_set,
-            outputs=arrays,
         )
         return _attach(handle, lambda _result: tensors)
-    dsts = [_target(t, "grouped_allreduce_async_") for t in tensors]
-    return _allreduce(
+    dsts, cudas = [], []
+    for t in tensors:
+        cudas.append(_check(t, "grouped_allreduce_async_"))
+        dsts.append(_in_place(t, "grouped_allreduce_async_"))
+    return _grouped_allreduce(
         dsts,
+        cudas,
         dsts,
         average,
         name,
@@ -402,8 +429,7 @@ def grouped_allreduce_async_(
         prescale_factor,
         postscale_factor,
         process_set,
-        grouped=True,
-        returned=tensors,
+        tensors,
     )
 
 
@@ -583,7 +609,7 @@ def alltoall_async(
 
 
 def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_set, grouped):
-    wide = [s.float() if _widened(s) else s for s in srcs]
+    wide = [s.float() if _widened(s.dtype, s.is_cuda) else s for s in srcs]
     kwargs = dict(
         name=_named("reducescatter", name),
         op=op,
@@ -599,7 +625,7 @@ def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_se
 
     def back(result, src):
         out = _tensor(result, None)
-        return out.to(src.dtype) if _widened(src) else out
+        return out.to(src.dtype) if _widened(src.dtype, src.is_cuda) else out
 
     if grouped:
         return _attach(

@@ -14,7 +14,7 @@ import numpy as np
 from ..ops import ReduceOp
 from ..exceptions import ArgumentError
 
-__all__ = ["SUPPORTED", "check_dtype", "reduce_dtype"]
+__all__ = ["SUPPORTED", "OWN_WIRE", "check_dtype", "reduce_dtype"]
 
 SUPPORTED = frozenset(
     np.dtype(t).str
@@ -78,3 +78,7 @@ def _reduce_dtype(dtype_str: str) -> np.dtype:
     if dt == np.bool_:
         return np.dtype(np.uint8)
     return dt
+
+
+#: The dtype strings a reduction moves as they are (not float16 or bool).
+OWN_WIRE = frozenset(s for s in SUPPORTED if _reduce_dtype(s).str == s)

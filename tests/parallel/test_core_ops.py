@@ -236,6 +236,29 @@ def test_a_repeated_named_allreduce_stays_right_as_its_arguments_change():
             assert len(plan.runners) == 1 and not isinstance(plan.runners[0], functools.partial)
 
 
+def test_the_executor_takes_the_fast_path_the_request_carries(monkeypatch):
+    # Whether a single allreduce gets its own runner is decided where its request is
+    # made (Params.single_host) and only read by the executor: a request made
+    # without it runs through run_batch, with the same results.
+    import functools
+
+    from hvdlite import collectives
+    from hvdlite.engine.runtime import state
+
+    def last_plan():
+        return list(state().engine._execution._plans._plans.values())[-1]
+
+    x = np.full(5, RANK + 1, np.float32)
+    expected = np.full(5, sum(r + 1 for r in RANKS), np.float32)
+    for _ in range(3):
+        assert_same(hvd.allreduce(x, op=hvd.Sum, name="ar.carried"), expected)
+    assert not isinstance(last_plan().runners[0], functools.partial)
+    monkeypatch.setattr(collectives, "single_host", lambda device, dtypes: False)
+    for _ in range(3):
+        assert_same(hvd.allreduce(x, op=hvd.Sum, name="ar.not.carried"), expected)
+    assert isinstance(last_plan().runners[0], functools.partial)
+
+
 def test_more_cached_names_than_one_status_word():
     # 150 names: the cache bit vectors span three 64-bit words; the second and third
     # rounds are answered from the cache, in a rank-dependent submission order.
