@@ -425,6 +425,7 @@ def grouped_allreduce(
     process_set: ProcessSet = global_process_set,
     *,
     outputs: Sequence | None = None,
+    dtype_names: tuple = (),
 ) -> list:
     """Reduce a list of arrays as one unit.
 
@@ -441,6 +442,7 @@ def grouped_allreduce(
         postscale_factor,
         process_set,
         outputs=outputs,
+        dtype_names=dtype_names,
     )
 
 
@@ -534,14 +536,20 @@ def allgather(
 
 
 def grouped_allgather(
-    tensors: Sequence, name: str | None = None, process_set: ProcessSet = global_process_set
+    tensors: Sequence,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+    *,
+    dtype_names: tuple = (),
 ) -> list:
     """Gather a list of arrays as one unit.
 
     Returns:
         The list of concatenated arrays, in the order of *tensors*.
     """
-    return call_and_wait(grouped_allgather_async, list(tensors), name, process_set)
+    return call_and_wait(
+        grouped_allgather_async, list(tensors), name, process_set, dtype_names=dtype_names
+    )
 
 
 # ----------------------------------------------------------------- broadcast
@@ -781,6 +789,8 @@ def grouped_reducescatter(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    *,
+    dtype_names: tuple = (),
 ) -> list:
     """Reducescatter each array of *tensors*, as one unit.
 
@@ -795,6 +805,7 @@ def grouped_reducescatter(
         prescale_factor,
         postscale_factor,
         process_set,
+        dtype_names=dtype_names,
     )
 
 

@@ -99,6 +99,17 @@ def aligned_empty(shape, dtype) -> np.ndarray:
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
+def framework_dtypes(arrays) -> tuple:
+    """The dtype names of a call's arrays where the engine is handed another dtype
+    for one of them (bfloat16 reduced as float32, moved as int16 bits), for the
+    ranks to agree on: a rank with bfloat16 and one with float32 are told so, not
+    summed together; () otherwise, where the engine compares the dtypes it sees."""
+    dtypes = [np.dtype(x.dtype) for x in arrays]
+    if BFLOAT16 in dtypes:
+        return tuple(d.name for d in dtypes)
+    return ()
+
+
 class HostInput(NamedTuple):
     """A host array as the engine takes it, and how to read a result back in its dtype."""
 

@@ -170,6 +170,7 @@ def _allreduce_async(leaves, treedef, grouped, name, rop, pre, post, compression
         prescale_factor=pre,
         postscale_factor=post,
         process_set=process_set,
+        dtype_names=_arrays.framework_dtypes(sent),
     )
     if grouped:
         handle = _collectives.grouped_allreduce_async(
@@ -315,13 +316,14 @@ def _check_rows(leaves, what: str) -> None:
 def _allgather_async(leaves, treedef, grouped, name, process_set) -> Handle:
     staged = [_arrays.stage(x, "allgather", reduce=False, with_output=False) for x in leaves]
     arrays = [s.array for s in staged]
+    names = _arrays.framework_dtypes(leaves)
     if grouped:
         handle = _collectives.grouped_allgather_async(
-            arrays, name=_named("allgather", name), process_set=process_set
+            arrays, name=_named("allgather", name), process_set=process_set, dtype_names=names
         )
     else:
         handle = _collectives.allgather_async(
-            arrays[0], name=_named("allgather", name), process_set=process_set
+            arrays[0], name=_named("allgather", name), process_set=process_set, dtype_names=names
         )
 
     def convert(result):
@@ -435,6 +437,7 @@ def _broadcast_async(leaf, root, name, process_set) -> Handle:
         name=_named("broadcast", name),
         process_set=process_set,
         output=staged.output,
+        dtype_names=_arrays.framework_dtypes([leaf]),
     )
     return handle.add_conversion(staged.back)
 
@@ -519,7 +522,11 @@ def alltoall_async(
         raise ArgumentError("hvdlite.jax.alltoall_async: the array needs at least one dimension.")
     staged = _arrays.stage(leaf, "alltoall", reduce=False, with_output=False)
     handle = _collectives.alltoall_async(
-        staged.array, _splits(splits), name=_named("alltoall", name), process_set=process_set
+        staged.array,
+        _splits(splits),
+        name=_named("alltoall", name),
+        process_set=process_set,
+        dtype_names=_arrays.framework_dtypes([leaf]),
     )
 
     def convert(result):
@@ -580,6 +587,7 @@ def _reducescatter_async(leaves, treedef, grouped, name, rop, pre, post, compres
         prescale_factor=pre,
         postscale_factor=post,
         process_set=process_set,
+        dtype_names=_arrays.framework_dtypes(sent),
     )
     arrays = [s.array for s in staged]
     if grouped:

@@ -176,6 +176,17 @@ def op_name(
 _GRAPH_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def framework_dtypes(dtypes) -> tuple:
+    """The TensorFlow dtype names of a call's tensors where the engine is handed
+    another dtype for one of them (float16 and bfloat16 reduced as float32, bfloat16
+    moved as int16 bits), for the ranks to agree on as Horovod's do: a rank with
+    bfloat16 and one with float32 are told so, not summed together; () otherwise,
+    where the engine compares the dtypes it sees."""
+    if any(d in (tf.float16, tf.bfloat16) for d in dtypes):
+        return tuple(d.name for d in dtypes)
+    return ()
+
+
 def to_wire(tensor: tf.Tensor, *, reduce: bool, float16_as_is: bool = False) -> tf.Tensor:
     """bfloat16 and float16 are reduced as float32 (cast by TensorFlow: numpy has no
     bfloat16, and its float16 casts are far slower for small values); bfloat16

@@ -164,6 +164,7 @@ def _grouped_allreduce_nograd(tensors, name, op, prescale_factor, postscale_fact
             postscale_factor=scaling.post,
             process_set=process_set,
             outputs=outputs,
+            dtype_names=_bridge.framework_dtypes(dtypes),
         )
 
     outs = _bridge.run(
@@ -265,7 +266,12 @@ def _grouped_allgather_nograd(tensors, name, process_set):
         name = _bridge.op_name("GroupedAllgather", tensors, None)
 
     def fn(*arrays, outputs=None):
-        return _collectives.grouped_allgather(list(arrays), name=name, process_set=process_set)
+        return _collectives.grouped_allgather(
+            list(arrays),
+            name=name,
+            process_set=process_set,
+            dtype_names=_bridge.framework_dtypes(dtypes),
+        )
 
     shapes = [w.shape if single else tf.TensorShape([None]).concatenate(w.shape[1:]) for w in wire]
     outs = _bridge.run(fn, wire, [w.dtype for w in wire], shapes, name)
@@ -378,6 +384,7 @@ def _broadcast_group_nograd(tensors, root_rank, name, process_set, ordered=True)
                 name=None if name is None else (name if len(arrays) == 1 else f"{name}.{i}"),
                 process_set=process_set,
                 output=None if outputs is None else outputs[i],
+                dtype_names=_bridge.framework_dtypes([dtypes[i]]),
             )
             for i, a in enumerate(arrays)
         ]
@@ -528,7 +535,11 @@ def alltoall(
 
         def fn(array, *rest, outputs=None):
             out, received = _collectives.alltoall_async(
-                array, splits=rest[0] if rest else None, name=name, process_set=process_set
+                array,
+                splits=rest[0] if rest else None,
+                name=name,
+                process_set=process_set,
+                dtype_names=_bridge.framework_dtypes([x.dtype]),
             ).result()
             return [out, np.asarray(received, dtype=np.int32)]
 
@@ -580,6 +591,7 @@ def _grouped_reducescatter_nograd(
             prescale_factor=scaling.pre,
             postscale_factor=scaling.post,
             process_set=process_set,
+            dtype_names=_bridge.framework_dtypes(dtypes),
         )
 
     shapes = [tf.TensorShape([None]).concatenate(w.shape[1:]) for w in wire]

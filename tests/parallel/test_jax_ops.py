@@ -235,6 +235,20 @@ def test_mismatched_shapes_fail_on_every_rank_and_the_engine_goes_on():
     check(hvd.allreduce(put(jnp.ones(2)), op=hvd.Sum), np.full(2, N), np.float32)
 
 
+def test_bfloat16_on_one_rank_and_float32_on_another_fail_on_every_rank():
+    if N == 1:
+        pytest.skip("needs two ranks to disagree")
+    # the engine is handed float32 (reductions) or int16 bits (the rest) on both sides
+    wide = jnp.bfloat16 if R == 0 else jnp.float32
+    with pytest.raises(hvd.HorovodInternalError, match="dtype"):
+        hvd.allreduce(jnp.ones(3, dtype=wide), name="mismatch.bf16")
+    bits = jnp.bfloat16 if R == 0 else jnp.int16
+    with pytest.raises(hvd.HorovodInternalError, match="dtype"):
+        hvd.allgather(jnp.ones((1, 2), dtype=bits), name="mismatch.bf16.bits")
+    same = hvd.allreduce(jnp.ones(3, dtype=jnp.bfloat16), op=hvd.Sum, name="bf16.agreed")
+    assert same.dtype == jnp.bfloat16 and float(same[0]) == N
+
+
 def test_bad_arguments_raise_on_the_calling_rank():
     with pytest.raises(TypeError, match="expected JAX arrays"):
         hvd.allreduce(["not an array"])

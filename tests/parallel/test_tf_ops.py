@@ -495,5 +495,20 @@ def test_mismatched_shapes_raise_on_every_rank():
     close(hvd.allreduce(tensor(R), op=hvd.Sum), np.sum(everyone(), 0))
 
 
+def test_bfloat16_on_one_rank_and_float32_on_another_fail_on_every_rank():
+    # the engine is handed float32 (reductions) or int16 bits (the rest) on both
+    # sides; the TensorFlow dtype names are what tells the ranks apart
+    wide = tf.bfloat16 if R == 0 else tf.float32
+    with pytest.raises(tf.errors.FailedPreconditionError, match="dtype"):
+        hvd.allreduce(tf.ones(3, wide), name="tf_mismatch_bf16")
+    bits = tf.bfloat16 if R == 0 else tf.int16
+    with pytest.raises(tf.errors.FailedPreconditionError, match="dtype"):
+        hvd.allgather(tf.ones((1, 2), bits), name="tf_mismatch_bf16_bits")
+    with pytest.raises(tf.errors.FailedPreconditionError, match="dtype"):
+        hvd.broadcast(tf.ones(2, bits), 0, name="tf_mismatch_bf16_broadcast")
+    same = hvd.allreduce(tf.ones(3, tf.bfloat16), op=hvd.Sum, name="tf_bf16_agreed")
+    assert same.dtype == tf.bfloat16 and float(same[0]) == N
+
+
 def test_mpi_world_matches():
     assert (R, N) == (MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size)
