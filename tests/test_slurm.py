@@ -86,36 +86,20 @@ def batch_jobs(cluster, job_env, tmp_path_factory):
             env["TRAIN_ARGS"] = os.environ.get(
                 "HVDLITE_SLURM_TRAIN_ARGS", "--epochs 2 --checkpoint="
             )
-        out = outdir / f"{name}.out"
-        job_id = cluster.sbatch(
-            [
-                "--nodes=1",
-                "--ntasks-per-node=2",
-                "--cpus-per-task=1",
-                f"--chdir={ROOT}",
-                f"--output={out}",
-                str(SCRIPTS / f"{name}.sbatch"),
-            ],
-            env=env,
-        )
-        jobs[name] = (job_id, out)
+        jobs[name] = _sbatch(cluster, f"{name}.sbatch", env, outdir / f"{name}.out")
     if _has_lightning():
         env = dict(job_env, TRAIN_SCRIPT=LIGHTNING)
         env["TRAIN_ARGS"] = f"--epochs 2 --checkpoint-dir {outdir / 'lightning'}"
         out = outdir / f"{LIGHTNING_JOB}.out"
-        job_id = cluster.sbatch(
-            [
-                "--nodes=1",
-                "--ntasks-per-node=2",
-                "--cpus-per-task=1",
-                f"--chdir={ROOT}",
-                f"--output={out}",
-                str(SCRIPTS / "single_node_torch.sbatch"),
-            ],
-            env=env,
-        )
-        jobs[LIGHTNING_JOB] = (job_id, out)
+        jobs[LIGHTNING_JOB] = _sbatch(cluster, "single_node_torch.sbatch", env, out)
     return jobs
+
+
+def _sbatch(cluster, script: str, env: dict, out: Path) -> tuple[str, Path]:
+    """Submit launcher/slurm/*script* for 2 tasks on the one node: (job id, output file)."""
+    options = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", f"--chdir={ROOT}"]
+    job_id = cluster.sbatch([*options, f"--output={out}", str(SCRIPTS / script)], env=env)
+    return job_id, out
 
 
 def _has_lightning() -> bool:
