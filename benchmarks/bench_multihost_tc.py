@@ -12,7 +12,7 @@ alternate between the flat setting, ``HVDLITE_HIERARCHICAL_ALLREDUCE=1`` /
 partial sums rounded at every hop of the ring; ``--settings`` picks some).
 Each job times allreduce of 4 MB and 64 MB, allgather of 16 MB per rank and torch
 training steps (an MLP with 16 MB of gradients, ``DistributedOptimizer`` over SGD
-without and with ``Compression.fp16``, and over AdamW unsharded and with
+without and with ``Compression.fp16`` and ``.bf16``, and over AdamW unsharded and with
 ``shard_optimizer_state=True``; the two ratios are printed after the table for the
 flat and the hierarchical jobs): the median
 over iterations of the slowest rank.  The bytes h2 received on its link during each
@@ -21,8 +21,8 @@ Each job then trains three models, the MLP, ResNet-18 on 64x64 images and a smal
 transformer language model, under hvdlite and under torch DDP over gloo on the same
 ranks and links (``hvdrun --master-port`` gives them ``MASTER_ADDR``/``MASTER_PORT``),
 one DDP step after each hvdlite step, without and with fp16 (DDP's fp16 compress
-hook against ``Compression.fp16``), and the pairs are printed as ratios with the
-bytes into h2.
+hook against ``Compression.fp16``; for the MLP bf16 as well), and the pairs are
+printed as ratios with the bytes into h2.
 Then one ``hvdrun --autotune`` job trains the same MLP with hierarchical allreduce
 offered to the tuner, and the setting it kept is printed beside the step time it gets.
 Where the hosts cannot be built (not root, no ``ip``/``tc``/sshd) it says why and
@@ -50,6 +50,7 @@ CASES = (
     ("allgather", 16),
     ("torch step", 16),
     ("torch step fp16", 16),
+    ("torch step bf16", 16),
     ("AdamW step", 16),
     ("AdamW sharded", 16),
 )
@@ -58,6 +59,9 @@ IMAGE, IMAGES = 64, 8  # ResNet-18 on 64x64 images, 8 per rank: 45 MB of gradien
 VOCAB, SEQ, SEQS = 4096, 32, 4  # the transformer: 4 layers of 256, 22 MB of gradients
 #: the models trained under hvdlite and under DDP side by side
 MODELS = ("MLP", "ResNet-18", "transformer")
+#: (model, wire) pairs timed against DDP: every model without and with float16
+#: compression, the MLP with bfloat16 too
+DDP_PAIRS = tuple((m, w) for m in MODELS for w in ("fp32", "fp16")) + (("MLP", "bf16"),)
 DDP_PORT = 29517  # torch.distributed's rendezvous on h1 (hvdrun --master-port)
 
 
@@ -171,25 +175,27 @@ def _training_step(model, opt, name: str = "MLP"):
     return step
 
 
-def _ddp_step(fp16: bool, name: str = "MLP"):
-    """Model *name*'s SGD step under torch DDP (gloo), with DDP's fp16 compress hook
-    where *fp16* (a closure to time; the process group is up)."""
+def _ddp_step(wire: str, name: str = "MLP"):
+    """Model *name*'s SGD step under torch DDP (gloo), with DDP's fp16 or bf16
+    compress hook where *wire* says (a closure to time; the process group is up)."""
     import torch
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     model = torch.nn.parallel.DistributedDataParallel(_model(name))
-    if fp16:
+    if wire == "fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif wire == "bf16":
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     return _training_step(model, opt, name)
 
 
 def _against_ddp(iters: int, comm, received) -> dict:
     """hvdlite's step of each model beside DDP (gloo)'s on the same ranks, links
-    and model, without and with fp16 (hvdlite: ``Compression.fp16``; DDP: its fp16
-    compress hook): each iteration times one step of each, in turn, and counts
-    the bytes into this host around each.  Keys ``DDP pair <model> <fp32|fp16>
-    <side>``."""
+    and model, without and with compression (hvdlite: ``Compression.fp16`` or
+    ``.bf16``; DDP: its compress hook of the same dtype), the pairs of
+    :data:`DDP_PAIRS`: each iteration times one step of each, in turn, and counts
+    the bytes into this host around each.  Keys ``DDP pair <model> <wire> <side>``."""
     import os
 
     import torch.distributed as dist
@@ -200,8 +206,8 @@ def _against_ddp(iters: int, comm, received) -> dict:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", DATA_IFACE)  # the host's own network
     dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size())
     out = {}
-    for name, fp16 in [(name, fp16) for name in MODELS for fp16 in (False, True)]:
-        sides = {"hvdlite": _torch_step(fp16=fp16, name=name), "DDP": _ddp_step(fp16, name)}
+    for name, wire in DDP_PAIRS:
+        sides = {"hvdlite": _torch_step(wire=wire, name=name), "DDP": _ddp_step(wire, name)}
         times = {side: [] for side in sides}
         into = dict.fromkeys(sides, 0)
         for fn in sides.values():
@@ -218,16 +224,16 @@ def _against_ddp(iters: int, comm, received) -> dict:
                 times[side].append(comm.allreduce(elapsed, op=MPI.MAX))
         for side in sides:
             per_call = into[side] / iters if comm.Get_rank() == 2 else 0.0
-            key = f"DDP pair {name} {'fp16' if fp16 else 'fp32'} {side}"
+            key = f"DDP pair {name} {wire} {side}"
             out[key] = (statistics.median(times[side]), comm.allreduce(per_call))
     dist.destroy_process_group()
     return out
 
 
-def _torch_step(adamw: bool = False, sharded: bool = False, fp16: bool = False, name="MLP"):
+def _torch_step(adamw: bool = False, sharded: bool = False, wire: str = "fp32", name="MLP"):
     """A training step of model *name* with DistributedOptimizer (a closure to
-    time): SGD (with ``Compression.fp16`` where *fp16*), or AdamW with its state
-    unsharded or sharded over the ranks."""
+    time): SGD (with ``Compression.fp16`` or ``.bf16`` where *wire* says so), or
+    AdamW with its state unsharded or sharded over the ranks."""
     import torch
 
     import hvdlite.torch as hvd_torch
@@ -241,7 +247,11 @@ def _torch_step(adamw: bool = False, sharded: bool = False, fp16: bool = False, 
         inner,
         named_parameters=model.named_parameters(),
         shard_optimizer_state=sharded,
-        compression=hvd_torch.Compression.fp16 if fp16 else hvd_torch.Compression.none,
+        compression={
+            "fp32": hvd_torch.Compression.none,
+            "fp16": hvd_torch.Compression.fp16,
+            "bf16": hvd_torch.Compression.bf16,
+        }[wire],
     )
     return _training_step(model, opt, name)
 
@@ -271,7 +281,7 @@ def worker(iters: int) -> None:
         elif kind == "allgather":
             fn = lambda x=x, mb=mb: hvd.allgather(x, name=f"b.ag.{mb}")  # noqa: E731
         elif kind.startswith("torch step"):
-            fn = _torch_step(fp16=kind.endswith("fp16"))
+            fn = _torch_step(wire=kind.split()[-1] if kind != "torch step" else "fp32")
         else:
             fn = _torch_step(adamw=True, sharded=kind.endswith("sharded"))
         fn()
@@ -465,32 +475,33 @@ def main(argv=None) -> int:
             f"AdamW step, shard_optimizer_state=True vs unsharded ({name} jobs): "
             f"{sharded * 1e3:.1f} ms vs {plain * 1e3:.1f} ms = {sharded / plain:.2f}x"
         )
-    for name in settings:
-        plain = min(r[0]["torch step 16 MB"] for r in runs[name])
-        half = min(r[0]["torch step fp16 16 MB"] for r in runs[name])
-        print(
-            f"torch MLP step, Compression.fp16 vs none ({name} jobs): "
-            f"{half[0] * 1e3:.1f} ms vs {plain[0] * 1e3:.1f} ms = {half[0] / plain[0]:.2f}x; "
-            f"bytes into h2 {half[1] / 2**20:.1f} MB vs {plain[1] / 2**20:.1f} MB "
-            f"= {half[1] / plain[1]:.2f}x"
+    for wire in ("fp16", "bf16"):
+        for name in settings:
+            plain = min(r[0]["torch step 16 MB"] for r in runs[name])
+            half = min(r[0][f"torch step {wire} 16 MB"] for r in runs[name])
+            print(
+                f"torch MLP step, Compression.{wire} vs none ({name} jobs): "
+                f"{half[0] * 1e3:.1f} ms vs {plain[0] * 1e3:.1f} ms = "
+                f"{half[0] / plain[0]:.2f}x; bytes into h2 {half[1] / 2**20:.1f} MB vs "
+                f"{plain[1] / 2**20:.1f} MB = {half[1] / plain[1]:.2f}x"
+            )
+    for model, precision in DDP_PAIRS:
+        hook = "none" if precision == "fp32" else precision
+        ddp = min(
+            (r[0][f"DDP pair {model} {precision} DDP"] for job in runs.values() for r in job),
+            key=lambda pair: pair[0],
         )
-    for model in MODELS:
-        for precision, hook in (("fp32", "none"), ("fp16", "fp16")):
-            ddp = min(
-                (r[0][f"DDP pair {model} {precision} DDP"] for job in runs.values() for r in job),
+        for name in settings:
+            ours = min(
+                (r[0][f"DDP pair {model} {precision} hvdlite"] for r in runs[name]),
                 key=lambda pair: pair[0],
             )
-            for name in settings:
-                ours = min(
-                    (r[0][f"DDP pair {model} {precision} hvdlite"] for r in runs[name]),
-                    key=lambda pair: pair[0],
-                )
-                print(
-                    f"torch {model} step, {precision} (hvdlite {name} jobs, DDP hook {hook}): "
-                    f"hvdlite {ours[0] * 1e3:.1f} ms vs DDP (gloo) {ddp[0] * 1e3:.1f} ms "
-                    f"= {ours[0] / ddp[0]:.2f}x; bytes into h2 {ours[1] / 2**20:.1f} MB vs "
-                    f"{ddp[1] / 2**20:.1f} MB = {ours[1] / ddp[1]:.2f}x"
-                )
+            print(
+                f"torch {model} step, {precision} (hvdlite {name} jobs, DDP hook {hook}): "
+                f"hvdlite {ours[0] * 1e3:.1f} ms vs DDP (gloo) {ddp[0] * 1e3:.1f} ms "
+                f"= {ours[0] / ddp[0]:.2f}x; bytes into h2 {ours[1] / 2**20:.1f} MB vs "
+                f"{ddp[1] / 2**20:.1f} MB = {ours[1] / ddp[1]:.2f}x"
+            )
     if tuned is not None and "flat" in runs:
         _print_autotune(args.autotune_steps, tuned, runs["flat"])
     return 0

@@ -429,10 +429,12 @@ def reducescatter_uses_shared_memory(process_set) -> bool:
     return routes_of(process_set).reducescatter is Transport.SHARED_MEMORY
 
 
-def float16_crosses_as_16_bits(process_set) -> bool:
-    """Whether large float16 allreduces over *process_set* cross nodes with 16-bit
-    values (:mod:`hvdlite.engine.transports.half_wire`): its ranks are on more than
-    one node.  An adapter then hands float16 to the engine as it is."""
+def halves_cross_as_16_bits(process_set) -> bool:
+    """Whether large float16 and bfloat16 allreduces over *process_set* cross nodes
+    with 16-bit values (:mod:`hvdlite.engine.transports.half_wire`): its ranks are
+    on more than one node.  An adapter then hands them to the engine as they are
+    (bfloat16 as numpy's, :data:`hvdlite.util.dtypes.BFLOAT16`) rather than as
+    float32 copies."""
     return routes_of(process_set).half_allreduce is Transport.HALF_WIRE
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from engine_requests import F32, I32, B, P, ok
 
-from hvdlite.util.dtypes import SUPPORTED, check_dtype
+from hvdlite.util.dtypes import BFLOAT16, OWN_WIRE, SUPPORTED, check_dtype, key_of, reduce_dtype
 from hvdlite.engine.messages import (
     CACHEABLE,
     JOINABLE,
@@ -99,7 +99,12 @@ def test_supported_dtypes():
         np.bool_,
     ):
         assert check_dtype(np.zeros(1, t), "allreduce") == np.dtype(t).str
-    assert len(SUPPORTED) == 10  # Horovod's dtypes, bfloat16 aside (adapters cast it)
+    # bfloat16 (numpy's, from ml_dtypes) is keyed by its name, which np.dtype() reads back:
+    # its dtype.str ('<V2') does not name it
+    assert check_dtype(np.zeros(1, BFLOAT16), "allreduce") == "bfloat16" == key_of(BFLOAT16)
+    assert np.dtype("bfloat16") == BFLOAT16 and reduce_dtype("bfloat16") == np.float32
+    assert "bfloat16" not in OWN_WIRE  # reduced in a float32 copy, never in place
+    assert len(SUPPORTED) == 11  # Horovod's dtypes and bfloat16
 
 
 @pytest.mark.parametrize(

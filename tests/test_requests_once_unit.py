@@ -25,6 +25,8 @@ from hvdlite.device.arrays import host_device_array
 from hvdlite.engine import runtime
 from hvdlite.exceptions import ArgumentError
 from hvdlite.ops import Max, Sum
+from hvdlite.util.dtypes import BFLOAT16
+from hvdlite.util.paths import Transport
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,11 +44,22 @@ class _Engine:
         return entry.handle
 
 
+class _Router:
+    """The routes of a one-rank set: on one node, or (*across*) as if it spanned nodes."""
+
+    def __init__(self):
+        self.across = False
+
+    def routes(self, ranks):
+        return types.SimpleNamespace(half_allreduce=Transport.HALF_WIRE if self.across else None)
+
+
 @pytest.fixture
 def engine(monkeypatch):
     st = runtime.Runtime()
     st.engine = _Engine()
-    st.sets = types.SimpleNamespace(ranks={0: [0]})
+    st.sets = types.SimpleNamespace(ranks={0: [0]}, ranks_of=lambda process_set: [0])
+    st.router = _Router()
     monkeypatch.setattr(runtime, "_state", st)
     return st.engine
 
@@ -131,7 +144,7 @@ def test_a_torch_allreduce_validates_its_tensor_once_and_asks_no_device(
 
 @pytest.mark.parametrize("spelling", ["grouped_allreduce_async", "grouped_allreduce_async_"])
 def test_every_torch_allreduce_spelling_validates_each_tensor_once(engine, calls, spelling):
-    # bfloat16 travels as a float32 copy, the general path of both spellings
+    # bfloat16 travels as a float32 copy within a node, the general path of both spellings
     tensors = [torch.ones(3, dtype=torch.bfloat16), torch.ones(2, 2)]
     getattr(mpi_ops, spelling)(tensors, op=Sum)
     mpi_ops.allreduce_async(tensors[0], op=Sum)
@@ -140,6 +153,20 @@ def test_every_torch_allreduce_spelling_validates_each_tensor_once(engine, calls
     assert group.framework_dtypes == ("bfloat16", "float32")
     assert alone.dtypes == ("<f4",) and alone.framework_dtypes == ("bfloat16",)
     assert alone.single_host  # the engine reduces the float32 copy as it is
+
+
+def test_torch_bfloat16_goes_as_itself_where_it_crosses_nodes(engine, calls):
+    # across nodes the engine takes bfloat16 (numpy's) and moves 16 bits: no copy
+    runtime._state.router.across = True
+    tensor = torch.ones(3, dtype=torch.bfloat16)
+    mpi_ops.grouped_allreduce_async([tensor, torch.ones(2)], op=Sum)
+    mpi_ops.allreduce_async_(tensor, op=Sum)
+    assert calls == {"torch check": 3, "fast path decision": 2}
+    group, alone = engine.entries
+    assert group.params.dtypes == ("bfloat16", "<f4")
+    assert alone.params.dtypes == ("bfloat16",) and not alone.params.single_host
+    assert alone.inputs[0].dtype == BFLOAT16
+    assert alone.inputs[0].__array_interface__["data"][0] == tensor.data_ptr()
 
 
 def test_a_torch_gradient_bucket_is_validated_once_by_the_adapter(engine, calls):

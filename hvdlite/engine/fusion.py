@@ -1,7 +1,7 @@
 """Tensor fusion: which responses run together.
 
-Responses of the same fusable kind, process set and wire dtype (float16 apart
-from the float32 it is reduced in; and op, root)
+Responses of the same fusable kind, process set and wire dtype (float16 and
+bfloat16 each apart from the float32 they are reduced in; and op, root)
 are packed into one persistent buffer up to the fusion threshold and moved by
 one collective.  The plan depends only on the response list and the threshold,
 so every rank forms the same batches (the threshold is a per-process knob:
@@ -16,12 +16,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..ops import ReduceOp
-from ..util.dtypes import reduce_dtype
+from ..util.dtypes import HALF_FLOATS, reduce_dtype
 from .messages import RESPONSE_OK, Kind, Response
 
 __all__ = ["plan_batches", "nbytes_of"]
 
-_FLOAT16 = np.dtype(np.float16).str
 _ADASUM = int(ReduceOp.ADASUM)  # Adasum batches run one tensor at a time
 
 _FUSABLE = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.REDUCESCATTER)
@@ -43,8 +42,10 @@ def _fusion_key(response: Response):
         wires = {reduce_dtype(d).str for d in p.dtypes}
         if len(wires) != 1:
             return None
-        # float16 apart from float32 (one wire dtype): it may cross nodes as 16 bits
-        half = all(d == _FLOAT16 for d in p.dtypes)
+        # float16 and bfloat16 apart from float32 (one wire dtype) and from each
+        # other: they may cross nodes as 16 bits
+        first = p.dtypes[0]
+        half = first if first in HALF_FLOATS and all(d == first for d in p.dtypes) else None
         return (p.kind, p.set_id, wires.pop(), half, p.op, p.device)
     if p.kind == Kind.BROADCAST:
         return (p.kind, p.set_id, p.root, p.device)

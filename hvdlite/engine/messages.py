@@ -84,8 +84,9 @@ class Params(NamedTuple):
     extra: tuple = ()  # kind-specific agreed data (e.g. the ranks of a new process set)
     device: str = "cpu"  # "cpu" or "cuda"
     # The framework's dtype names where the engine is handed another dtype (torch's CPU
-    # float16 and bfloat16 reduced as float32 copies, bfloat16 moved as int16 bits), so
-    # that ranks which disagree there are told so; () where the engine sees the dtypes.
+    # float16 and bfloat16 reduced as float32 copies within a node, bfloat16 moved as
+    # int16 bits), so that ranks which disagree there are told so; () where the
+    # engine sees the dtypes.
     framework_dtypes: tuple = ()
     # The single-tensor fast path, decided once where the request is made
     # (hvdlite._checks.single_host): an allreduce of one host array that reduces in

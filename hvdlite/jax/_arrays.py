@@ -100,8 +100,8 @@ def aligned_empty(shape, dtype) -> np.ndarray:
 
 
 def framework_dtypes(arrays) -> tuple:
-    """The dtype names of a call's arrays where the engine is handed another dtype
-    for one of them (bfloat16 reduced as float32, moved as int16 bits), for the
+    """The dtype names of a call's arrays where the engine may be handed another
+    dtype for one of them (bfloat16 moved as int16 bits), for the
     ranks to agree on: a rank with bfloat16 and one with float32 are told so, not
     summed together; () otherwise, where the engine compares the dtypes it sees."""
     dtypes = [np.dtype(x.dtype) for x in arrays]
@@ -121,21 +121,16 @@ def _same(result: np.ndarray) -> np.ndarray:
     return result
 
 
-def _from_float32(result: np.ndarray) -> np.ndarray:
-    return result.astype(BFLOAT16)
-
-
 def _from_bits(result: np.ndarray) -> np.ndarray:
     return result.view(BFLOAT16)
 
 
 def host_input(host: np.ndarray, reduce: bool) -> HostInput:
-    """The engine's form of host array *host*: itself, or for bfloat16 a float32
-    copy (*reduce*) or its int16 bits (a view)."""
-    if host.dtype != BFLOAT16:
+    """The engine's form of host array *host*: itself (a reduction of bfloat16
+    too: the engine reduces it in float32 and rounds once, and across nodes moves
+    it as 16 bits), or for a bfloat16 move its int16 bits (a view)."""
+    if host.dtype != BFLOAT16 or reduce:
         return HostInput(host if host.flags.c_contiguous else np.ascontiguousarray(host), _same)
-    if reduce:
-        return HostInput(host.astype(np.float32), _from_float32)
     return HostInput(np.ascontiguousarray(host).view(np.int16), _from_bits)
 
 

@@ -6,8 +6,8 @@ ctx)`` and ``decompress(x, ctx) -> x`` (the protocol and its base classes are
 :mod:`hvdlite.compression`'s); here they are pure JAX functions, so
 they work eagerly and inside ``jax.jit`` alike.  The casts touch floating
 arrays wider than the target only; other arrays pass unchanged.  What the
-cast saves is wire bytes: the engine still sums float16 in a float32 buffer,
-and bfloat16 is summed in float32.
+cast saves is wire bytes across nodes, where float16 and bfloat16 allreduces
+cross as 16 bits; the engine sums both in float32 and rounds once.
 
 Cross-rank contract: every rank must use the same compressor for a given
 array (the engine checks that dtypes agree and fails the collective if not).

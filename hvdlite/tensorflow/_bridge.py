@@ -74,7 +74,8 @@ __all__ = [
 ]
 
 #: TensorFlow dtypes the collectives accept.  bfloat16 is an hvdlite extension:
-#: numpy has no bfloat16, so it is reduced in float32 and moved bit-exactly as int16.
+#: reduced in float32 (as it is where it crosses nodes as 16 bits, see
+#: :func:`to_wire`) and moved bit-exactly as int16.
 SUPPORTED_DTYPES = frozenset(
     {
         tf.uint8,
@@ -187,17 +188,20 @@ def framework_dtypes(dtypes) -> tuple:
     return ()
 
 
-def to_wire(tensor: tf.Tensor, *, reduce: bool, float16_as_is: bool = False) -> tf.Tensor:
-    """bfloat16 and float16 are reduced as float32 (cast by TensorFlow: numpy has no
-    bfloat16, and its float16 casts are far slower for small values); bfloat16
-    moves bit-exactly as int16 otherwise.  float16 goes as it is where
-    *float16_as_is*: its allreduces cross nodes as 16 bits
-    (:func:`hvdlite.basics.float16_crosses_as_16_bits`)."""
+def to_wire(tensor: tf.Tensor, *, reduce: bool, halves_as_is: bool = False) -> tf.Tensor:
+    """bfloat16 and float16 are reduced as float32 (cast by TensorFlow: numpy's
+    float16 casts are far slower for small values); bfloat16 moves bit-exactly as
+    int16 otherwise.  Both go to a reduction as they are where *halves_as_is*:
+    its allreduces cross nodes as 16 bits
+    (:func:`hvdlite.basics.halves_cross_as_16_bits`; bfloat16 as numpy's, which
+    is what ``Tensor.numpy()`` gives)."""
     if tensor.dtype == tf.float16:
-        return tf.cast(tensor, tf.float32) if reduce and not float16_as_is else tensor
+        return tf.cast(tensor, tf.float32) if reduce and not halves_as_is else tensor
     if tensor.dtype != tf.bfloat16:
         return tensor
-    return tf.cast(tensor, tf.float32) if reduce else tf.bitcast(tensor, tf.int16)
+    if reduce:
+        return tensor if halves_as_is else tf.cast(tensor, tf.float32)
+    return tf.bitcast(tensor, tf.int16)
 
 
 def from_wire(tensor: tf.Tensor, dtype: tf.DType, *, reduce: bool) -> tf.Tensor:

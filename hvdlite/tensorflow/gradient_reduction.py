@@ -137,11 +137,11 @@ class GradientReducer:
                 compressed[i], ctxs[i] = self.compression.compress(tf.convert_to_tensor(grads[i]))
             wire, dtypes = [], []
             as_is = any(
-                compressed[i].dtype == tf.float16 for i in dense
-            ) and _basics.float16_crosses_as_16_bits(ps)
+                compressed[i].dtype in (tf.float16, tf.bfloat16) for i in dense
+            ) and _basics.halves_cross_as_16_bits(ps)
             for i in dense:
                 dtypes.append(compressed[i].dtype)
-                wire.append(_bridge.to_wire(compressed[i], reduce=True, float16_as_is=as_is))
+                wire.append(_bridge.to_wire(compressed[i], reduce=True, halves_as_is=as_is))
             for i in sparse:
                 wire.append(_bridge.to_wire(grads[i].values, reduce=False))
                 wire.append(grads[i].indices)
@@ -198,6 +198,8 @@ class GradientReducer:
         the set reduces through MPI: packing spares the engine its fusion-buffer
         copies.  The shared-memory path reads each gradient where it is and writes
         each output directly, so there the pack would be one more pass over the data.
+        Nor float16 or bfloat16 (on their 16-bit wire across nodes): the engine
+        scales them in float32, where the flat pack would scale in 16 bits.
         """
         if _basics.allreduce_uses_shared_memory(self.process_set):
             return [("each", members) for members in dense_groups]
@@ -207,6 +209,7 @@ class GradientReducer:
             flat = (
                 self.op in (Average, Sum)
                 and len({w.dtype for w in ws}) == 1
+                and ws[0].dtype not in (tf.float16, tf.bfloat16)
                 and all(w.shape.is_fully_defined() for w in ws)
             )
             plans.append(("flat" if flat else "each", members))

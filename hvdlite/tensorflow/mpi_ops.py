@@ -147,9 +147,15 @@ def _zeros_if_none(grads, outputs):
 def _grouped_allreduce_nograd(tensors, name, op, prescale_factor, postscale_factor, process_set):
     dtypes = [t.dtype for t in tensors]
     scaling = _bridge.Scaling(dtypes, op, prescale_factor, postscale_factor, process_set.size())
-    as_is = tf.float16 in dtypes and _basics.float16_crosses_as_16_bits(process_set)
+    # float16 and bfloat16 as they are where they cross nodes as 16 bits; not a
+    # bfloat16 of a group that this adapter scales (it scales on a float32 wire)
+    as_is = (
+        any(d in (tf.float16, tf.bfloat16) for d in dtypes)
+        and not (scaling.here and tf.bfloat16 in dtypes)
+        and _basics.halves_cross_as_16_bits(process_set)
+    )
     wire = [
-        scaling.before(_bridge.to_wire(t, reduce=True, float16_as_is=as_is), t.dtype)
+        scaling.before(_bridge.to_wire(t, reduce=True, halves_as_is=as_is), t.dtype)
         for t in tensors
     ]
     if name is None:

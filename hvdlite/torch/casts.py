@@ -39,6 +39,7 @@ class FP16Compressor(_TorchCast):
 
 
 class BF16Compressor(_TorchCast):
-    """bfloat16 on the wire: float32's range with an 8-bit mantissa."""
+    """bfloat16 on the wire: float32's range with an 8-bit mantissa; half the bytes
+    of float32 where the set spans nodes."""
 
     wire_dtype = torch.bfloat16

@@ -4,8 +4,9 @@ Every op is one engine call: the tensor's own memory goes to the engine as a
 numpy view (``Tensor.numpy()`` shares storage; a CUDA tensor as a device view),
 so nothing is copied unless the tensor is non-contiguous (out-of-place ops copy
 it; in-place ops refuse it) or float16/bfloat16 (reductions run on a float32
-copy made by torch and are cast back; broadcast, allgather and alltoall move
-bfloat16's raw bits as int16).
+copy made by torch and are cast back, except on CPU where the set spans nodes:
+there they go as they are and cross as 16 bits; broadcast, allgather and
+alltoall move bfloat16's raw bits as int16).
 
 An ``*_async`` op returns the engine's :class:`hvdlite.Handle` (a
 ``concurrent.futures.Future``) carrying a converter; ``synchronize(handle)``
@@ -64,6 +65,7 @@ from hvdlite.device.arrays import CPU, CUDA
 from hvdlite.ops import Average, ReduceOp, Sum
 from hvdlite.process_sets import ProcessSet, global_process_set
 from hvdlite.torch import _device
+from hvdlite.util.dtypes import BFLOAT16 as _BFLOAT16
 from hvdlite.torch._handles import (
     _NUMPY_DTYPES,
     _all_of,
@@ -133,13 +135,22 @@ def _widened(dtype: torch.dtype, cuda: bool, process_set=None) -> bool:
     """Whether a tensor of *dtype* (on a CUDA device where *cuda*) travels as a
     float32 copy.  A CUDA float16 tensor does not: the device path casts it inside
     its fused copies and scales it in float16, as Horovod does on CUDA (its suite
-    checks that bit for bit).  Nor does a CPU one whose allreduce over
-    *process_set* crosses nodes as 16 bits."""
-    if dtype == torch.float16:
-        return not (
-            cuda or (process_set is not None and _basics.float16_crosses_as_16_bits(process_set))
-        )
-    return dtype == torch.bfloat16
+    checks that bit for bit).  Nor does a CPU float16 or bfloat16 one whose
+    allreduce over *process_set* crosses nodes as 16 bits (bfloat16 then as
+    numpy's, :func:`_host_view`)."""
+    if dtype not in _WIDENED:
+        return False
+    if cuda:
+        return dtype == torch.bfloat16
+    return process_set is None or not _basics.halves_cross_as_16_bits(process_set)
+
+
+def _host_view(tensor: torch.Tensor) -> np.ndarray:
+    """The numpy view of a contiguous CPU tensor; bfloat16 as numpy's bfloat16
+    (ml_dtypes'), which the engine reduces in float32."""
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(_BFLOAT16)
+    return tensor.numpy()
 
 
 def _cast(src: np.ndarray, out: np.ndarray) -> None:
@@ -199,8 +210,8 @@ def _allreduce(
 
         return _attach(handle, convert)
     if not cuda:  # the lean, common case
-        arr = src.numpy()
-        output = arr if out is src else out.numpy()
+        arr = _host_view(src)
+        output = arr if out is src else _host_view(out)
     elif out is src:
         # In place on a CUDA tensor: its view made once per tensor (the handle holds
         # *returned*, the caller's tensor, until the collective completes).
@@ -216,7 +227,7 @@ def _allreduce(
 def _view(tensor: torch.Tensor, cuda: bool):
     """The engine's view of a contiguous tensor of a numpy dtype (a CUDA one where
     *cuda*, as :func:`_check` found)."""
-    return _device.engine_view(tensor) if cuda else tensor.numpy()
+    return _device.engine_view(tensor) if cuda else _host_view(tensor)
 
 
 def _grouped_allreduce(

@@ -1,20 +1,39 @@
 """Which array dtypes each collective accepts, and how reductions move them.
 
-MPI has no portable float16 reduction, so float16 is reduced in a float32
-buffer (more accurate too).  bool is moved as bytes; it may be reduced only
-with Min (logical and), Max (logical or) or Product (and), done on uint8.
-numpy has no bfloat16: framework adapters reduce bfloat16 in float32 and move
-it bit-exactly as int16 for broadcast/allgather/alltoall.
+MPI has no portable float16 or bfloat16 reduction, so both are reduced in a
+float32 buffer (more accurate too) and rounded once; across nodes large ones
+cross as 16 bits (:mod:`hvdlite.engine.transports.half_wire`).  bool is moved
+as bytes; it may be reduced only with Min (logical and), Max (logical or) or
+Product (and), done on uint8.  Every collective that moves values (allgather,
+broadcast, alltoall) moves bytes, so any dtype moves bit for bit.
+
+numpy has no bfloat16 of its own: the engine takes ml_dtypes' (the one JAX and
+TensorFlow hand out), whose casts to and from float32 are numpy casts and round
+to nearest even.  Its ``dtype.str`` (``'<V2'``) does not name it, so the engine
+keys it as ``"bfloat16"`` (:func:`key_of`), which ``np.dtype()`` reads back.
 """
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from ..ops import ReduceOp
 from ..exceptions import ArgumentError
 
-__all__ = ["SUPPORTED", "OWN_WIRE", "check_dtype", "reduce_dtype"]
+__all__ = [
+    "BFLOAT16",
+    "HALF_FLOATS",
+    "SUPPORTED",
+    "OWN_WIRE",
+    "check_dtype",
+    "key_of",
+    "reduce_dtype",
+]
+
+#: numpy's bfloat16 (ml_dtypes'), and the engine's key for it.
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_BFLOAT16_KEY = "bfloat16"
 
 SUPPORTED = frozenset(
     np.dtype(t).str
@@ -30,13 +49,20 @@ SUPPORTED = frozenset(
         np.float64,
         np.bool_,
     )
-)
-_NAMES = "uint8, int8, uint16, int16, int32, int64, float16, float32, float64, bool"
+) | {_BFLOAT16_KEY}
+_NAMES = "uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, bool"
 
+#: The 16-bit floats, reduced in float32: their keys.
+HALF_FLOATS = frozenset({np.dtype(np.float16).str, _BFLOAT16_KEY})
 
-# dtype -> its string, for the supported ones (a dict lookup is the cheap check
-# on the submission path, which runs once per tensor).
+# dtype -> its key, for the supported ones (a dict lookup is the cheap check on
+# the submission path, which runs once per tensor).
 _STR_OF = {np.dtype(s): s for s in SUPPORTED}
+
+
+def key_of(dtype: np.dtype) -> str:
+    """The engine's key for *dtype*: its ``str``, or ``"bfloat16"``."""
+    return _STR_OF.get(dtype) or dtype.str
 
 
 def check_dtype(array: np.ndarray, what: str, op: ReduceOp | None = None) -> str:
@@ -72,13 +98,13 @@ def reduce_dtype(dtype_str: str) -> np.dtype:
 
 
 def _reduce_dtype(dtype_str: str) -> np.dtype:
-    dt = np.dtype(dtype_str)
-    if dt == np.float16:
+    if dtype_str in HALF_FLOATS:
         return np.dtype(np.float32)
+    dt = np.dtype(dtype_str)
     if dt == np.bool_:
         return np.dtype(np.uint8)
     return dt
 
 
-#: The dtype strings a reduction moves as they are (not float16 or bool).
+#: The dtype keys a reduction moves as they are (not float16, bfloat16 or bool).
 OWN_WIRE = frozenset(s for s in SUPPORTED if _reduce_dtype(s).str == s)

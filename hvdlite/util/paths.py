@@ -18,7 +18,7 @@ class Transport(enum.Enum):
     SHARED_MEMORY = "shared memory"
     HIERARCHICAL = "hierarchical"
     ADASUM = "adasum"
-    HALF_WIRE = "MPI, float16 on the wire"
+    HALF_WIRE = "MPI, 16-bit floats on the wire"
     RING = "ring over MPI point-to-point"
     # device buffers (see hvdlite.device.selection)
     NCCL = "NCCL"

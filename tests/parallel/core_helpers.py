@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 import hvdlite as hvd
+from hvdlite.util.dtypes import BFLOAT16
 
-#: Every dtype the engine accepts, in the order the tests use them.
+#: Every dtype the engine accepts, in the order the tests use them (bfloat16: numpy's,
+#: from ml_dtypes).
 INT_DTYPES = (np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64)
-FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+FLOAT_DTYPES = (np.float16, BFLOAT16, np.float32, np.float64)
 NUMERIC_DTYPES = INT_DTYPES + FLOAT_DTYPES
 ALL_DTYPES = NUMERIC_DTYPES + (np.bool_,)
 
@@ -29,13 +31,17 @@ def dtype_id(dt) -> str:
 
 
 def assert_same(actual, expected, dtype=None) -> None:
-    """Exact for integers and bool, a float16-sized tolerance for floats."""
+    """Exact for integers and bool, a 16-bit-sized tolerance for 16-bit floats."""
     actual = np.asarray(actual)
     expected = np.asarray(expected)
     if dtype is not None:
         assert actual.dtype == np.dtype(dtype), (actual.dtype, dtype)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    if actual.dtype.kind == "f":
+    if actual.dtype == BFLOAT16:
+        np.testing.assert_allclose(
+            actual.astype(np.float64), expected.astype(np.float64), rtol=8e-3, atol=8e-3
+        )
+    elif actual.dtype.kind == "f":
         rtol = 2e-3 if actual.dtype == np.float16 else 1e-6
         np.testing.assert_allclose(
             actual.astype(np.float64), expected.astype(np.float64), rtol=rtol, atol=rtol
@@ -135,11 +141,11 @@ def spy_on(monkeypatch, cls, method: str, measure) -> list:
     return calls
 
 
-def half_values(rank: int, count: int, seed: int) -> np.ndarray:
-    """Rank *rank*'s float16 input for the rounding tests: values whose float16 sums
-    need rounding (float32 holds the sum of 4 of them exactly)."""
+def half_values(rank: int, count: int, seed: int, dtype=np.float16) -> np.ndarray:
+    """Rank *rank*'s float16 (or bfloat16) input for the rounding tests: values whose
+    16-bit sums need rounding."""
     rs = np.random.RandomState(1000 * seed + rank)
-    return (rs.standard_normal(count) * 40).astype(np.float16)
+    return (rs.standard_normal(count) * 40).astype(np.float32).astype(dtype)
 
 
 def assert_bits(actual: np.ndarray, expected: np.ndarray) -> None:

@@ -29,6 +29,7 @@ from mpi4py import MPI  # noqa: E402
 from hvdlite.engine.runtime import routes_of  # noqa: E402
 from hvdlite.engine.transports.half_wire import HALF_WIRE_MIN_BYTES, HalfWirePeer  # noqa: E402
 from hvdlite.engine.transports.ring import Ring  # noqa: E402
+from hvdlite.util.dtypes import BFLOAT16  # noqa: E402
 from hvdlite.util.splits import even_split, offsets  # noqa: E402
 
 MPI_SIZES = (2, 3, 4)
@@ -54,7 +55,7 @@ def hop_by_hop(inputs, pre=1.0, post=1.0, order=None) -> np.ndarray:
     partial sum starts with the value of the position after its owner (scaled,
     rounded), and every later position adds its scaled value in float32 and rounds;
     the owner scales by *post* before its rounding."""
-    n = len(inputs)
+    n, half = len(inputs), inputs[0].dtype  # float16 or bfloat16
     order = list(range(n)) if order is None else list(order)
     counts = even_split(inputs[0].size, n)
     out = np.empty_like(inputs[0])
@@ -62,19 +63,19 @@ def hop_by_hop(inputs, pre=1.0, post=1.0, order=None) -> np.ndarray:
     for at, count, owner in zip(offsets(counts), counts, range(n)):
         block = slice(at, at + count)
         q = order.index(owner)
-        acc = (inputs[order[(q + 1) % n]][block].astype(np.float32) * pre).astype(np.float16)
+        acc = (inputs[order[(q + 1) % n]][block].astype(np.float32) * pre).astype(half)
         for k in range(2, n + 1):
             total = (
                 acc.astype(np.float32) + inputs[order[(q + k) % n]][block].astype(np.float32) * pre
             )
-            acc = (total * post if k == n else total).astype(np.float16)
+            acc = (total * post if k == n else total).astype(half)
         out[block] = acc
     return out
 
 
-def everyone(count, seed, ranks=None) -> list:
+def everyone(count, seed, ranks=None, half=np.float16) -> list:
     return [
-        values(r, count, seed) if ranks is None or r in ranks else np.zeros(count, np.float16)
+        values(r, count, seed, half) if ranks is None or r in ranks else np.zeros(count, half)
         for r in range(N)
     ]
 
@@ -96,13 +97,15 @@ def test_every_rank_takes_the_per_hop_sums_for_large_float16(per_hop):
     assert np.array_equal(out.view(np.uint16), rounded_once(inputs).view(np.uint16)) == (N == 2)
 
 
+@pytest.mark.parametrize("half", [np.float16, BFLOAT16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("count", [LARGE, 600_001], ids=["one-part-each", "large"])
-def test_sum_and_average(count, per_hop):
-    inputs = everyone(count, 2)
-    assert_bits(hvd.allreduce(inputs[R], op=hvd.Sum, name=f"hop.sum.{count}"), hop_by_hop(inputs))
-    inputs = everyone(count, 3)
+def test_sum_and_average(count, half, per_hop):
+    inputs = everyone(count, 2, half=half)
+    tag = f"{count}.{np.dtype(half).name}"
+    assert_bits(hvd.allreduce(inputs[R], op=hvd.Sum, name=f"hop.sum.{tag}"), hop_by_hop(inputs))
+    inputs = everyone(count, 3, half=half)
     assert_bits(
-        hvd.allreduce(inputs[R], op=hvd.Average, name=f"hop.avg.{count}"),
+        hvd.allreduce(inputs[R], op=hvd.Average, name=f"hop.avg.{tag}"),
         hop_by_hop(inputs, post=1.0 / N),
     )
     assert per_hop == [count, count]

@@ -51,10 +51,9 @@ def rounded_once(count, seed, pre=1.0, post=1.0, ranks=None) -> np.ndarray:
 
 
 def test_every_rank_takes_the_16_bit_path_for_large_float16_only(via_16_bits):
-    assert basics.float16_crosses_as_16_bits(hvd.global_process_set)
+    assert basics.halves_cross_as_16_bits(hvd.global_process_set)
     assert (
-        hvd.allgather_object(basics.float16_crosses_as_16_bits(hvd.global_process_set))
-        == [True] * N
+        hvd.allgather_object(basics.halves_cross_as_16_bits(hvd.global_process_set)) == [True] * N
     )
     hvd.allreduce(values(R, 1000, 1), op=hvd.Sum, name="hw.small")
     hvd.allreduce(np.ones(LARGE, np.float32), op=hvd.Sum, name="hw.float32")
@@ -139,7 +138,7 @@ def test_torch_float16_and_fp16_compression_cross_as_16_bits(via_16_bits):
 
 
 @pytest.mark.skipif(N != 2, reason="TensorFlow's import is slow: one size shows its path")
-def test_tensorflow_float16_crosses_as_16_bits(via_16_bits):
+def test_tensorflow_halves_cross_as_16_bits(via_16_bits):
     tf = pytest.importorskip("tensorflow")
     import hvdlite.tensorflow as hvd_tf
 

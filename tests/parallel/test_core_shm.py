@@ -29,6 +29,7 @@ from hvdlite.engine.transports.shm import (
     SLOT_BYTES,
     SharedMemoryAllreduce,
 )
+from hvdlite.util.dtypes import BFLOAT16
 
 MPI_SIZES = (1, 2, 3)
 
@@ -129,14 +130,17 @@ def test_a_tensor_larger_than_one_slot_is_reduced_in_chunks():
         np.testing.assert_array_equal(o, np.full(7 + i, ranks_sum * 10 + i * SIZE))
 
 
-def test_casts_and_scale_factors_on_both_sides_of_a_chunk_cut():
-    # float16 is reduced in a float32 wire buffer: 5 M values (20 MB on the wire) cross
-    # a cut, and every piece goes through the scratch buffer with both scale factors.
+@pytest.mark.parametrize("half", [np.float16, BFLOAT16], ids=["float16", "bfloat16"])
+def test_casts_and_scale_factors_on_both_sides_of_a_chunk_cut(half):
+    # float16 and bfloat16 are reduced in a float32 wire buffer: 5 M values (20 MB on
+    # the wire) cross a cut, and every piece goes through the scratch buffer with
+    # both scale factors.
     n = 5 * 1024 * 1024
-    x = np.full(n, RANK + 1, dtype=np.float16)
-    out = hvd.allreduce(x, name="shm.f16", op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5)
-    assert out.dtype == np.float16
-    np.testing.assert_array_equal(out, np.full(n, SIZE * (SIZE + 1) / 2, np.float16))
+    x = np.full(n, RANK + 1, dtype=half)
+    name = f"shm.{np.dtype(half).name}"
+    out = hvd.allreduce(x, name=name, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5)
+    assert out.dtype == half
+    np.testing.assert_array_equal(out, np.full(n, SIZE * (SIZE + 1) / 2, half))
     y = np.full(SLOT_BYTES // 8 + 3, float(RANK), dtype=np.float64)
     avg = hvd.allreduce(y, name="shm.avg", op=hvd.Average)
     np.testing.assert_allclose(avg, np.full_like(y, (SIZE - 1) / 2))

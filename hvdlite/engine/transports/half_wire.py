@@ -1,35 +1,37 @@
-"""float16 allreduces across nodes with 16-bit values on the wire, summed in float32.
+"""float16 and bfloat16 allreduces across nodes with 16-bit values on the wire,
+summed in float32.
 
-MPI has no float16 sum, so host MPI reduces float16 in a float32 copy, and every
-value crosses the links as 4 bytes.  Where the ranks of a set are on more than one
+MPI has no float16 or bfloat16 sum, so host MPI reduces them in a float32 copy,
+and every value crosses the links as 4 bytes.  Where the ranks of a set are on more than one
 node, links are what a step waits for, and this peer moves 2 bytes per value:
 
-1. each rank packs its float16 inputs (zeros where it has joined) and sends rank
+1. each rank packs its 16-bit inputs (zeros where it has joined) and sends rank
    p the p-th part of them (one ``Alltoallv``; parts as :func:`even_split` cuts);
 2. each rank widens the N contributions to its part to float32, multiplies each by
    its tensor's prescale, sums them in rank order, multiplies the sum by the
-   postscale and narrows it to float16: rounded once;
-3. one allgather of the float16 parts gives every rank the whole result: around
+   postscale and narrows it to the 16-bit dtype: rounded once;
+3. one allgather of the 16-bit parts gives every rank the whole result: around
    the set's ring (:mod:`~hvdlite.engine.transports.ring`, at the link's rate),
    or MPI's ``Allgatherv`` where the ring is off.
 
 A rank sends (N-1)/N of the values twice, 2 bytes each: half what a float32
 reduce-scatter and allgather (what MPI's large allreduces do) send.  The rule is
 the float32 path's: each value scaled and summed in float32, the total rounded
-to float16 once, so the two agree bit for bit wherever the float32 sum does not
+to 16 bits once (to nearest even), so the two agree bit for bit wherever the float32 sum does not
 depend on the order of its terms.
 
 With ``HVDLITE_HALF_SUMS_PER_HOP=1`` (:attr:`Routes.half_per_hop`) steps 1 and 2
-become a reduce-scatter around the ring whose partial sums are float16: each hop
+become a reduce-scatter around the ring whose partial sums are 16-bit: each hop
 widens the partial sum it receives, adds its own scaled value in float32 and
-rounds to float16 before passing it on (the owner of a block applies the
+rounds to 16 bits before passing it on (the owner of a block applies the
 postscale before its rounding).  Each host's one ring edge then carries 2 bytes
 per value in both stages, where the ``Alltoallv`` brings a part from every rank
 of every other host; the price is one rounding per hop, as with NCCL, gloo and
 DDP's fp16 hook.  The sums are still the same on every rank and every run with
 the same ring, and at 2 ranks they are the rounded-once sums.
 
-The path takes float16 batches of at least :data:`HALF_WIRE_MIN_BYTES` on every
+The path takes batches of float16 or of bfloat16 (fusion keeps the two apart) of
+at least :data:`HALF_WIRE_MIN_BYTES` on every
 set whose ranks are on more than one node, ahead of the two-level path: with 16
 bits per value a flat exchange moved a step's gradients faster than the two
 levels did with 32 (``bench_multihost_tc``).
@@ -46,15 +48,15 @@ from ...device.buffers import Reduction
 from ...ops import ReduceOp
 from ...timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
 from ...util import half_casts
+from ...util.dtypes import HALF_FLOATS
 from ...util.paths import Transport
 from ...util.splits import even_split, offsets
 from ..messages import Kind
 from .peer import Context, Peer
 from .ring import Ring
 
-__all__ = ["HalfWirePeer", "HALF_WIRE_MIN_BYTES", "FLOAT16"]
+__all__ = ["HalfWirePeer", "HALF_WIRE_MIN_BYTES"]
 
-FLOAT16 = np.dtype(np.float16).str
 #: Smallest batch (float32 bytes) worth two collectives: below it one float32
 #: allreduce's latency costs less than the bytes saved.
 HALF_WIRE_MIN_BYTES = 64 << 10
@@ -62,7 +64,8 @@ _SUMS = (ReduceOp.SUM, ReduceOp.AVERAGE)
 
 
 class HalfWirePeer(Peer):
-    """float16 Sum and Average allreduces of host arrays, 16 bits on the wire."""
+    """float16 and bfloat16 Sum and Average allreduces of host arrays, 16 bits on
+    the wire."""
 
     transport = Transport.HALF_WIRE
     reduces = True
@@ -80,7 +83,8 @@ class HalfWirePeer(Peer):
             and p.device == "cpu"
             and p.op in _SUMS
             and nbytes >= HALF_WIRE_MIN_BYTES
-            and all(d == FLOAT16 for d in p.dtypes)
+            and p.dtypes[0] in HALF_FLOATS
+            and all(d == p.dtypes[0] for d in p.dtypes)
         )
 
     def reduce(self, p0, tensors: Reduction, dtypes, wire, comm, layout_key) -> None:
@@ -93,21 +97,24 @@ class HalfWirePeer(Peer):
         counts = even_split(total, size)
         starts = offsets(counts)
         alone = len(tensors) == 1 and tensors.inputs[0] is not None
+        half = np.dtype(dtypes[0])  # float16 or bfloat16, the same for the batch
         if self.per_hop:
-            part = self._part_per_hop(comm, tensors, counts, starts)
+            part = self._part_per_hop(comm, tensors, half, counts, starts)
         else:
-            part = self._part_rounded_once(comm, tensors, counts, starts, alone)
+            part = self._part_rounded_once(comm, tensors, half, counts, starts, alone)
         out = tensors.outputs[0]
         direct = alone and out is not None and out.flags.c_contiguous
-        result = out.reshape(-1) if direct else pool.get(np.float16, total, slot=5)
+        result = out.reshape(-1) if direct else pool.get(half, total, slot=5)
         self._allgather(comm, part.view(np.uint16), result.view(np.uint16), counts, starts)
         if tl is not None:
             tl.phase(COPY_OUT)
         if not direct:
             _unpack(tensors, result)
 
-    def _part_rounded_once(self, comm, tensors: Reduction, counts, starts, alone) -> np.ndarray:
-        """This rank's part of the sum: every rank's float16 values for it, gathered
+    def _part_rounded_once(
+        self, comm, tensors: Reduction, half, counts, starts, alone
+    ) -> np.ndarray:
+        """This rank's part of the sum: every rank's 16-bit values for it, gathered
         in one ``Alltoallv``, scaled and summed in float32, rounded once."""
         pool, tl = self.ctx.pool, self.ctx.timeline
         size, rank = comm.Get_size(), comm.Get_rank()
@@ -115,9 +122,9 @@ class HalfWirePeer(Peer):
         if alone:
             send = tensors.inputs[0].reshape(-1)
         else:
-            send = pool.get(np.float16, tensors.total(), slot=0)
+            send = pool.get(half, tensors.total(), slot=0)
             _pack(tensors, send)
-        received = pool.get(np.float16, mine * size, slot=1)
+        received = pool.get(half, mine * size, slot=1)
         if tl is not None:
             tl.phase(COLLECTIVE)
         comm.Alltoallv(
@@ -134,17 +141,17 @@ class HalfWirePeer(Peer):
             else:
                 _scale(total32, tensors.counts, tensors.prescales, lo)
         _scale(total32, tensors.counts, tensors.postscales, lo)
-        part = pool.get(np.float16, mine, slot=4)
+        part = pool.get(half, mine, slot=4)
         half_casts.narrow(total32, part)
         return part
 
-    def _part_per_hop(self, comm, tensors: Reduction, counts, starts) -> np.ndarray:
-        """This rank's part of the sum, reduced around the ring with float16 partial
+    def _part_per_hop(self, comm, tensors: Reduction, half, counts, starts) -> np.ndarray:
+        """This rank's part of the sum, reduced around the ring with 16-bit partial
         sums: each hop widens the partial sum it receives, adds its own scaled
-        value in float32 and rounds the result to float16 before passing it on."""
+        value in float32 and rounds the result to 16 bits before passing it on."""
         pool, tl = self.ctx.pool, self.ctx.timeline
         ring = self._ring_of(comm)
-        buf = pool.get(np.float16, tensors.total(), slot=0)
+        buf = pool.get(half, tensors.total(), slot=0)
         _pack(tensors, buf)  # always a copy: the ring overwrites it with partial sums
         widest = max(counts)
         acc, term = pool.get(np.float32, widest, slot=2), pool.get(np.float32, widest, slot=3)
@@ -155,7 +162,8 @@ class HalfWirePeer(Peer):
             _scale(term[: block.size], tensors.counts, tensors.prescales, starts[first])
             half_casts.narrow(term[: block.size], block)
 
-        def combine(owner, into, received, last) -> None:
+        def combine(owner, into, received, last) -> None:  # 16-bit blocks as their bits
+            into, received = into.view(half), received.view(half)
             a, t = acc[: into.size], term[: into.size]
             half_casts.widen(received, a)
             half_casts.widen(into, t)
@@ -167,7 +175,7 @@ class HalfWirePeer(Peer):
 
         if tl is not None:
             tl.phase(COLLECTIVE)
-        ring.reduce_scatter(buf, counts, combine)
+        ring.reduce_scatter(buf.view(np.uint16), counts, combine)  # MPI moves the bits
         rank = comm.Get_rank()
         return buf[starts[rank] : starts[rank] + counts[rank]]
 

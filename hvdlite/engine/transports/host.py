@@ -42,7 +42,7 @@ from ...device.packing import (
 from ...ops import ReduceOp
 from ...timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
 from .links import MPI_OPS
-from ...util.dtypes import reduce_dtype
+from ...util.dtypes import key_of, reduce_dtype
 from ...util.paths import Transport
 from ...util.splits import offsets
 from ..messages import Kind
@@ -263,7 +263,7 @@ def per_wire_dtype(tensors: list[Scattered], reduce_part: Callable) -> list:
     """Each tensor's shard, from ``reduce_part(tensors, wire)`` called once per wire
     dtype (a grouped call may mix dtypes), in order of first appearance: the same
     on every rank."""
-    wires = [reduce_dtype(t.dtype.str) for t in tensors]
+    wires = [reduce_dtype(key_of(t.dtype)) for t in tensors]
     outputs: list = [None] * len(tensors)
     for wire in dict.fromkeys(wires):
         index = [j for j, w in enumerate(wires) if w == wire]
