@@ -34,6 +34,10 @@ Arguments shared by the collectives (each function lists only its own):
 - *dtype_names* (keyword only, for framework adapters): the framework's dtype
   of each array where the adapter hands the engine another (torch's bfloat16
   as int16 bits, say); the ranks must agree on them too.  () for numpy arrays.
+- *device* (keyword only, for framework adapters): the array(s) are the
+  engine's C-contiguous views of tensors the adapter has validated itself, all
+  on this device (``"cpu"``, ``"cuda"``), and an *output* the same; they are
+  not validated again.  None (the default) validates them here.
 
 Every ``*_async`` function returns a :class:`~hvdlite.handles.Handle`, a
 ``concurrent.futures.Future`` whose result is what the blocking form returns.
@@ -92,6 +96,14 @@ __all__ = [
 
 # ------------------------------------------------------------------ helpers
 _ALLREDUCE = int(Kind.ALLREDUCE)
+
+
+def _input(x, what: str, device: str | None) -> tuple:
+    """``(array, device)``: *x* as an adapter validated it on *device*, or
+    :func:`~hvdlite._checks.checked_input` where *device* is None."""
+    return checked_input(x, what) if device is None else (x, device)
+
+
 #: How many argument combinations of named allreduces are remembered (then afresh).
 _KNOWN_LIMIT = 1024
 
@@ -453,6 +465,7 @@ def grouped_allgather_async(
     process_set: ProcessSet = global_process_set,
     *,
     dtype_names: tuple = (),
+    device: str | None = None,
 ) -> Handle:
     """Start gathering a list of arrays as one unit (see :func:`allgather_async`).
 
@@ -461,7 +474,7 @@ def grouped_allgather_async(
     """
     st = state()
     set_id, _ = members(st, process_set, "allgather")
-    checked = [checked_input(t, "allgather") for t in tensors]
+    checked = [_input(t, "allgather", device) for t in tensors]
     if not checked:
         raise ArgumentError("grouped_allgather: needs at least one array.")
     arrays = [a for a, _ in checked]
@@ -494,6 +507,7 @@ def allgather_async(
     process_set: ProcessSet = global_process_set,
     *,
     dtype_names: tuple = (),
+    device: str | None = None,
 ) -> Handle:
     """Start concatenating *tensor* along dim 0 over the ranks, in rank order.
 
@@ -504,7 +518,7 @@ def allgather_async(
     """
     st = state()
     set_id, _ = members(st, process_set, "allgather")
-    array, device = checked_input(tensor, "allgather")
+    array, device = _input(tensor, "allgather", device)
     if array.ndim == 0:
         raise ArgumentError(
             "allgather: the array needs at least one dimension (it is "
@@ -561,6 +575,7 @@ def broadcast_async(
     *,
     output=None,
     dtype_names: tuple = (),
+    device: str | None = None,
 ) -> Handle:
     """Start copying *tensor* from *root_rank* to every rank of the set.
 
@@ -581,8 +596,12 @@ def broadcast_async(
             f"broadcast: root_rank {root} is not a rank of the process set "
             f"(ranks {ranks}); pass the global rank of a member."
         )
-    array, device = checked_input(tensor, "broadcast")
-    out = checked_output(output, array, device, "broadcast")
+    if device is None:
+        array, device = checked_input(tensor, "broadcast")
+        out = checked_output(output, array, device, "broadcast")
+    else:  # validated by the adapter, its output too
+        array = tensor
+        out = checked_output(None, array, device, "broadcast") if output is None else output
     dtype = check_dtype(array, "broadcast")
     name = next_name(st, "broadcast", name, set_id)
     params = Params(
@@ -623,6 +642,7 @@ def alltoall_async(
     process_set: ProcessSet = global_process_set,
     *,
     dtype_names: tuple = (),
+    device: str | None = None,
 ) -> Handle:
     """Start sending dim-0 slices of *tensor* to the ranks of the set.
 
@@ -636,7 +656,7 @@ def alltoall_async(
     """
     st = state()
     set_id, ranks = members(st, process_set, "alltoall")
-    array, device = checked_input(tensor, "alltoall")
+    array, device = _input(tensor, "alltoall", device)
     if array.ndim == 0:
         raise ArgumentError("alltoall: the array needs at least one dimension.")
     n = len(ranks)
@@ -693,6 +713,7 @@ def grouped_reducescatter_async(
     process_set: ProcessSet = global_process_set,
     *,
     dtype_names: tuple = (),
+    device: str | None = None,
 ) -> Handle:
     """Start a reducescatter of each array of *tensors*, as one unit.
 
@@ -701,12 +722,20 @@ def grouped_reducescatter_async(
         :func:`reducescatter_async`).
     """
     return _reducescatter_async(
-        tensors, name, op, prescale_factor, postscale_factor, process_set, True, dtype_names
+        tensors, name, op, prescale_factor, postscale_factor, process_set, True, dtype_names, device
     )
 
 
 def _reducescatter_async(
-    tensors, name, op, prescale_factor, postscale_factor, process_set, grouped: bool, dtype_names
+    tensors,
+    name,
+    op,
+    prescale_factor,
+    postscale_factor,
+    process_set,
+    grouped: bool,
+    dtype_names,
+    device,
 ) -> Handle:
     st = state()
     set_id, _ = members(st, process_set, "reducescatter")
@@ -714,7 +743,7 @@ def _reducescatter_async(
     if rop == Adasum:
         raise ArgumentError("reducescatter: op=Adasum is not supported; use Average or Sum.")
     pre, post = scales(prescale_factor, postscale_factor)
-    checked = [checked_input(t, "reducescatter") for t in tensors]
+    checked = [_input(t, "reducescatter", device) for t in tensors]
     if not checked:
         raise ArgumentError("grouped_reducescatter: needs at least one array.")
     arrays = [a for a, _ in checked]
@@ -750,6 +779,7 @@ def reducescatter_async(
     process_set: ProcessSet = global_process_set,
     *,
     dtype_names: tuple = (),
+    device: str | None = None,
 ) -> Handle:
     """Start reducing *tensor* over the ranks, each keeping one dim-0 shard (op:
     Average or Sum).
@@ -760,7 +790,15 @@ def reducescatter_async(
         ``rows % size`` members get one row more).
     """
     return _reducescatter_async(
-        [tensor], name, op, prescale_factor, postscale_factor, process_set, False, dtype_names
+        [tensor],
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        False,
+        dtype_names,
+        device,
     )
 
 

@@ -169,6 +169,31 @@ def test_torch_bfloat16_goes_as_itself_where_it_crosses_nodes(engine, calls):
     assert alone.inputs[0].__array_interface__["data"][0] == tensor.data_ptr()
 
 
+_MOVES = {
+    "allgather_async": lambda t: mpi_ops.allgather_async(t),
+    "grouped_allgather_async": lambda t: mpi_ops.grouped_allgather_async([t, t]),
+    "broadcast_async": lambda t: mpi_ops.broadcast_async(t, 0),
+    "broadcast_async_": lambda t: mpi_ops.broadcast_async_(t, 0),
+    "alltoall_async": lambda t: mpi_ops.alltoall_async(t),
+    "reducescatter_async": lambda t: mpi_ops.reducescatter_async(t, op=Sum),
+    "grouped_reducescatter_async": lambda t: mpi_ops.grouped_reducescatter_async([t], op=Sum),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("spelling", sorted(_MOVES))
+def test_every_other_torch_collective_validates_each_tensor_once(engine, calls, spelling, dtype):
+    # the adapter checks each tensor and hands the engine its view with the device
+    # it found: the numpy API checks none of them again, nor asks their device
+    tensor = torch.ones(4, 2, dtype=dtype)
+    _MOVES[spelling](tensor)
+    tensors = 2 if spelling == "grouped_allgather_async" else 1
+    assert calls == {"torch check": tensors}
+    (entry,) = engine.entries
+    assert entry.params.device == "cpu"
+    assert len(entry.inputs) == tensors
+
+
 def test_a_torch_gradient_bucket_is_validated_once_by_the_adapter(engine, calls):
     tensors = [torch.ones(3), torch.ones(5)]
     mpi_ops.grouped_allreduce_async_(tensors, name="bucket", op=Sum)

@@ -224,6 +224,18 @@ def _allreduce(
     return _attach(handle, lambda _result: returned)
 
 
+def _engine_device(tensor: torch.Tensor) -> str:
+    """Where a tensor :func:`_check` has passed lives, as the engine names it."""
+    return CPU if tensor.is_cpu else CUDA
+
+
+def _one_device(tensors) -> str | None:
+    """The engine's device of *tensors* (checked) where they share one, else None:
+    the engine then refuses them, naming the devices."""
+    devices = {_engine_device(t) for t in tensors}
+    return devices.pop() if len(devices) == 1 else None
+
+
 def _view(tensor: torch.Tensor, cuda: bool):
     """The engine's view of a contiguous tensor of a numpy dtype (a CUDA one where
     *cuda*, as :func:`_check` found)."""
@@ -465,6 +477,7 @@ def allgather_async(
         name=_named("allgather", name),
         process_set=process_set,
         dtype_names=_framework_dtypes([src]),
+        device=_engine_device(src),
     )
     return _attach(handle, lambda result: _tensor(result, src.dtype))
 
@@ -486,6 +499,7 @@ def grouped_allgather_async(
         name=_named("allgather", name),
         process_set=process_set,
         dtype_names=_framework_dtypes(srcs),
+        device=_one_device(srcs),
     )
     dtypes = [s.dtype for s in srcs]
     return _attach(
@@ -519,6 +533,7 @@ def broadcast_async(
         process_set=process_set,
         output=_array(out),
         dtype_names=_framework_dtypes([src]),
+        device=_engine_device(src),
     )
     return _attach(handle, lambda _result: out)
 
@@ -545,6 +560,7 @@ def broadcast_async_(
         process_set=process_set,
         output=arr,
         dtype_names=_framework_dtypes([dst]),
+        device=_engine_device(dst),
     )
     return _attach(handle, lambda _result: tensor)
 
@@ -607,6 +623,7 @@ def alltoall_async(
         name=_named("alltoall", name),
         process_set=process_set,
         dtype_names=_framework_dtypes([src]),
+        device=_engine_device(src),
     )
 
     def convert(result):
@@ -628,6 +645,7 @@ def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_se
         postscale_factor=postscale_factor,
         process_set=process_set,
         dtype_names=_framework_dtypes(srcs),
+        device=_one_device(srcs),
     )
     if grouped:
         handle = _collectives.grouped_reducescatter_async([_array(w) for w in wide], **kwargs)
