@@ -155,17 +155,25 @@ class GradientReducer:
                         "floating point."
                     )
 
+            # the framework dtype of each wire tensor, for the ranks to compare where
+            # the wire hides it (bfloat16 or float16 widened to float32)
+            kinds = dtypes + [
+                d for i in sparse for d in (grads[i].values.dtype, grads[i].indices.dtype)
+            ]
             position = {i: k for k, i in enumerate(dense)}
             dense_groups = [
                 [position[i] for i in g] for g in self._dense_groups(dense, grads, variables) if g
             ]
             # In a graph, small gradients of a group travel as one flat tensor.
             packable = self.op in (Average, Sum) and not tf.executing_eagerly()
-            packing = Packing(wire[: len(dense)], dense_groups, PACK_BYTES if packable else 0)
+            packing = Packing(
+                wire[: len(dense)], dense_groups, PACK_BYTES if packable else 0, kinds=dtypes
+            )
             dense_wire, dense_groups = packing.pack(wire[: len(dense)], dense_groups)
+            kinds = packing.packed_kinds(dtypes) + kinds[len(dense) :]
             base = self._base_name(wire, use_generic_names)
             outs = self._submit(
-                dense_wire + wire[len(dense) :], dense_groups, len(dense_wire), base
+                dense_wire + wire[len(dense) :], dense_groups, len(dense_wire), base, kinds
             )
             outs = packing.unpack(outs[: len(dense_wire)]) + outs[len(dense_wire) :]
 
@@ -190,7 +198,7 @@ class GradientReducer:
             return _bridge.op_name("GroupedAllreduce", wire, "grad", ignore_name_scope=False)
         return _bridge.op_name("GroupedAllreduce", wire, None)
 
-    def _plans(self, wire, dense_groups):
+    def _plans(self, wire, dense_groups, kinds):
         """Per group: ("flat", members) when it should travel as one contiguous buffer,
         else ("each", members).
 
@@ -209,13 +217,14 @@ class GradientReducer:
             flat = (
                 self.op in (Average, Sum)
                 and len({w.dtype for w in ws}) == 1
+                and len({kinds[m] for m in members}) == 1
                 and ws[0].dtype not in (tf.float16, tf.bfloat16)
                 and all(w.shape.is_fully_defined() for w in ws)
             )
             plans.append(("flat" if flat else "each", members))
         return plans
 
-    def _submit(self, wire, dense_groups, n_dense, base):
+    def _submit(self, wire, dense_groups, n_dense, base, kinds):
         """Submit every group (and the sparse parts), then wait: one numpy call.
 
         A "flat" group is packed by this adapter into one buffer, scaled on the
@@ -225,9 +234,11 @@ class GradientReducer:
         function returns its members as views of that buffer.  In a graph every
         buffer is a fresh array each run (TensorFlow adopts the outputs of a
         numpy function without a copy, see :func:`_bridge.fresh_output`).
+        *kinds*: the TensorFlow dtype of each wire tensor, sent as dtype names
+        where the wire hides one (:func:`_bridge.framework_dtypes`).
         """
         ps, op, pre, post = self.process_set, self.op, self.prescale, self.postscale
-        plans = self._plans(wire, dense_groups)
+        plans = self._plans(wire, dense_groups, kinds)
         scale = pre * post / (ps.size() if op == Average else 1)
         n_sparse = len(wire) - n_dense
         buffer = np.empty if tf.executing_eagerly() else _bridge.fresh_output
@@ -266,7 +277,12 @@ class GradientReducer:
                         member_views.append(view.reshape(arrays[m].shape))
                     handles.append(
                         _collectives.allreduce_async(
-                            flat, op=Sum, name=name, process_set=ps, output=flat
+                            flat,
+                            op=Sum,
+                            name=name,
+                            process_set=ps,
+                            output=flat,
+                            dtype_names=_bridge.framework_dtypes([kinds[members[0]]]),
                         )
                     )
                     views.append(member_views)
@@ -281,6 +297,7 @@ class GradientReducer:
                             process_set=ps,
                             name=name,
                             outputs=outs,
+                            dtype_names=_bridge.framework_dtypes([kinds[m] for m in members]),
                         )
                     )
             if n_sparse:
@@ -289,6 +306,7 @@ class GradientReducer:
                         list(arrays[n_dense:]),
                         process_set=ps,
                         name=None if base is None else f"{base}.sparse",
+                        dtype_names=_bridge.framework_dtypes(kinds[n_dense:]),
                     )
                 )
             return handles, views

@@ -510,5 +510,25 @@ def test_bfloat16_on_one_rank_and_float32_on_another_fail_on_every_rank():
     assert same.dtype == tf.bfloat16 and float(same[0]) == N
 
 
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_bfloat16_gradients_on_one_rank_and_float32_on_another_fail_on_every_rank(mode):
+    # the gradient path widens bfloat16 to float32 (packed with other small float32
+    # gradients in a graph): its dtype names are what tells the ranks apart
+    wide = tf.bfloat16 if R == 0 else tf.float32
+    w, b = tf.Variable(tf.ones(3, wide)), tf.Variable(tf.ones(2))
+
+    def gradients():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.cast(w, tf.float32)) + tf.reduce_sum(b)
+        return hvd.DistributedGradientTape(tape).gradient(loss, [w, b])
+
+    fn = tf.function(gradients) if mode == "graph" else gradients
+    with pytest.raises((tf.errors.FailedPreconditionError, hvd.HorovodInternalError)) as info:
+        fn()
+    assert "dtype" in str(info.value) and "bfloat16" in str(info.value)
+    same = hvd.allreduce(tf.ones(3, tf.bfloat16), op=hvd.Sum, name=f"tf_bf16_grad_{mode}")
+    assert float(same[0]) == N
+
+
 def test_mpi_world_matches():
     assert (R, N) == (MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size)
