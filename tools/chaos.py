@@ -49,6 +49,9 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+if __name__ == "__main__":  # one module, whether run or imported (chaos_hosts imports it)
+    sys.modules.setdefault("chaos", sys.modules[__name__])
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "elastic_scripts" / "chaos_train.py"
 KINDS = ("kill", "freeze", "hvdrun", "enospc")

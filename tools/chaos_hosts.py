@@ -20,9 +20,11 @@ runs on every host again and has trained a few steps.  Fault kinds, besides
   TCP retries in silence, so the ranks wait for the cut host's ranks until
   ``HVDLITE_COLLECTIVE_TIMEOUT`` ends the launch; before relaunching, hvdrun's ssh
   check cannot log in to the host, leaves it out for the cooldown (naming it and
-  ssh's reason) and launches on the others from the last commit.  A few steps
-  later the link goes up again; once the cooldown ends hvdrun offers the host
-  again and the job grows back.
+  ssh's reason) and launches on the others from the last commit.  Once that launch
+  trains, the link goes up again (at once: the cooldown, counted from when hvdrun
+  left the host out, is about over by then, a relaunch taking some 10 s here, and
+  a link still down when hvdrun offers the host again would cost a relaunch and a
+  longer cooldown); once the cooldown ends the job grows back.
 
 Recovery is the time from the fault to the first step of the launch after it; for
 ``leave`` and ``linkcut`` the tool also measures "host back": from the host listed
@@ -185,7 +187,7 @@ def _launch_after(job: Job, when: float) -> dict | None:
 
 def _host_fault_aftermath(cluster: Cluster, job: Job, fault: Fault, seed: int) -> None:
     """After a leave or linkcut recovered: check the launch ran without the host, then
-    list it again (link up) after a few steps and wait for a launch that has it."""
+    list it again after a few steps (link up at once) and wait for a launch that has it."""
     timeout = job.args.run_timeout
     try:
         if fault.recovered_at is not None:
@@ -199,14 +201,15 @@ def _host_fault_aftermath(cluster: Cluster, job: Job, fault: Fault, seed: int) -
                 job.log_text()
             ):
                 raise Invariant(f"seed {seed}: hvdrun did not name the cut host {fault.host}")
-            _wait(
-                lambda: (
-                    job.proc.poll() is not None
-                    or _steps_since_start(job.events()) >= fault.after_steps
-                ),
-                timeout,
-                f"seed {seed}: steps without {fault.host}",
-            )
+            if fault.kind == "leave":  # a cut link goes up at once: see the module doc
+                _wait(
+                    lambda: (
+                        job.proc.poll() is not None
+                        or _steps_since_start(job.events()) >= fault.after_steps
+                    ),
+                    timeout,
+                    f"seed {seed}: steps without {fault.host}",
+                )
     finally:  # the host comes back, whatever happened
         fault.restored_at = time.time()
         if fault.kind == "leave":
@@ -232,6 +235,12 @@ def _host_fault_aftermath(cluster: Cluster, job: Job, fault: Fault, seed: int) -
         fault.note = "the job finished before the host came back"
     else:
         fault.rejoined_at = event["time"]
+
+
+def _hvdrun_lines(job: Job, count: int = 40) -> str:
+    """hvdrun's own lines (not the ranks'), the last *count*: what it decided."""
+    lines = [line for line in job.log_text().splitlines() if line.startswith("hvdrun")]
+    return "hvdrun's last lines:\n  " + "\n  ".join(lines[-count:])
 
 
 def run_one(
@@ -265,6 +274,8 @@ def run_one(
                 _host_fault_aftermath(cluster, job, fault, seed)
         chaos.check_end(job, seed, reference)
         return faults
+    except Invariant as exc:
+        raise Invariant(f"{exc}\n{_hvdrun_lines(job)}") from None
     except subprocess.TimeoutExpired as exc:
         raise Invariant(f"seed {seed}: the job did not end within {a.run_timeout:g} s") from exc
     finally:
