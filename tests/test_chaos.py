@@ -5,6 +5,9 @@ filling up during a commit, and a rank killed while a commit is written; the too
 checks every invariant (the job finishes, the uninterrupted run's weights bit for bit,
 no committed step lost, no process left) and exits 1 naming the one that broke.
 ``make chaos`` runs the long version (100 faults and more).
+
+The multi-host run (``--hosts 3``) needs network namespaces and sshd (root), as
+tests/test_multihost.py does, and skips, saying why, where they cannot be built.
 """
 
 import subprocess
@@ -50,7 +53,8 @@ def test_a_short_seeded_multi_host_run_keeps_every_invariant():
     # Seed 1 on 3 network-namespace hosts of 2 ranks each (tools/chaos_hosts.py): h1, where
     # hvdrun runs, leaves the discovery file (rank 0 moves to h2) and comes back; then h2's
     # link is cut (found through HVDLITE_COLLECTIVE_TIMEOUT, h2 left out by hvdrun's ssh
-    # check, the job goes on on h1 and h3) and restored.  About two and a half minutes.
+    # check, the job goes on on h1 and h3) and restored.  About two and a half minutes
+    # on two cores, most of it four relaunches across ssh.
     from helpers_runner.netns_hosts import reason_unavailable
 
     reason = reason_unavailable()
@@ -68,4 +72,4 @@ def test_a_short_seeded_multi_host_run_keeps_every_invariant():
     assert done.returncode == 0, out[-6000:]
     assert "chaos: 2 faults injected over 1 runs, 2 recovered" in out, out[-6000:]
     assert "leave h1 " in out and "linkcut h2 " in out, out[-6000:]
-    assert out.count("host back") == 2, out[-6000:]
+    assert out.count("(host back ") == 2, out[-6000:]

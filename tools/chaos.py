@@ -25,6 +25,16 @@ is measured.
 
     python tools/chaos.py --seeds 1-25 --faults 4        # make chaos
     python tools/chaos.py --seeds 7 --faults 3            # one short run
+    python tools/chaos.py --hosts 3 --seeds 1-10          # make chaos, multi-host part
+
+``--hosts N`` (``chaos_hosts.py``, root only) runs the job on N network-namespace hosts
+of 2 ranks each under a host-discovery script, and adds the faults ``leave`` (a host
+leaves the discovery list, the job shrinks from its commit; later it is listed again and
+the job grows back) and ``linkcut`` (a host's link goes down, found through
+``HVDLITE_COLLECTIVE_TIMEOUT``; hvdrun leaves the host out and goes on from the last
+commit; the link comes back up and so does the host).  The job then trains with
+``--global-batch``, which makes its weights independent of the world size, so a run
+whose size changed must still end with an uninterrupted run's weights, bit for bit.
 
 Needs Linux (``/proc``); ``enospc`` needs root to mount a tmpfs and is left out, saying
 why, elsewhere.  Exits 1 when any invariant fails, naming the seed and the fault.
