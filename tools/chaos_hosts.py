@@ -9,7 +9,9 @@ N x 2 ranks, with ``--min-np 2``, ``--network-interface mgmt0`` (the interface t
 ranks and ssh use), ``--blacklist-cooldown-range 10 30`` and
 ``HVDLITE_COLLECTIVE_TIMEOUT=10``.  Before each fault the tool waits until the job
 runs on every host again and has trained a few steps.  Fault kinds, besides
-``kill``, ``freeze``, ``hvdrun`` (and ``enospc``) of the single-host runs:
+``kill``, ``freeze`` (a rank of any host) and ``hvdrun`` (hvdrun on h1 killed, then
+resumed there) of the single-host runs (``enospc`` only when ``--kinds`` names it:
+the state directory is one the hosts share, so a full one is no different here):
 
 - ``leave``: the file stops listing a host (any host, h1 too).  hvdrun posts the
   host-update notice, the ranks commit and leave together, and the job goes on from
