@@ -86,7 +86,7 @@ test-horovod: $(STAMP)
 # root only: network namespaces with sshd): 10 seeded runs of 4 faults on 3 hosts of 2
 # ranks each, where hosts also leave the discovery list and come back and links are cut
 # (ip link down) and restored; the job shrinks and grows back, with the same invariants.
-# Not part of `make test` (about 40 + 25 minutes on two cores); tests/test_chaos.py runs
+# Not part of `make test` (about 40 + 32 minutes on two cores); tests/test_chaos.py runs
 # one short seed of each there.  CHAOS_ARGS='--seeds 1-5' (CHAOS_HOSTS_ARGS) for less;
 # CHAOS_HOSTS_ARGS= (empty) leaves the multi-host part out.
 CHAOS_ARGS ?= --seeds 1-25 --faults 4
