@@ -82,11 +82,18 @@ test-horovod: $(STAMP)
 
 # A nemesis for elastic jobs (tools/chaos.py): 25 seeded runs of 4 faults each (ranks
 # killed and frozen at chosen phases, hvdrun killed and resumed, a full state directory),
-# every invariant checked after each run. Not part of `make test` (about 40 minutes on two
-# cores); tests/test_chaos.py runs one short seed there.  CHAOS_ARGS='--seeds 1-5' for less.
+# every invariant checked after each run. Then the multi-host part (tools/chaos_hosts.py,
+# root only: network namespaces with sshd): 10 seeded runs of 4 faults on 3 hosts of 2
+# ranks each, where hosts also leave the discovery list and come back and links are cut
+# (ip link down) and restored; the job shrinks and grows back, with the same invariants.
+# Not part of `make test` (about 40 + 32 minutes on two cores); tests/test_chaos.py runs
+# one short seed of each there.  CHAOS_ARGS='--seeds 1-5' (CHAOS_HOSTS_ARGS) for less;
+# CHAOS_HOSTS_ARGS= (empty) leaves the multi-host part out.
 CHAOS_ARGS ?= --seeds 1-25 --faults 4
+CHAOS_HOSTS_ARGS ?= --hosts 3 --seeds 1-10 --faults 4
 chaos: $(STAMP)
 	$(PY) tools/chaos.py $(CHAOS_ARGS)
+	$(if $(strip $(CHAOS_HOSTS_ARGS)),$(PY) tools/chaos.py $(CHAOS_HOSTS_ARGS))
 
 # A soak (tools/soak.py): a real training job at 4 ranks for 30 minutes, every process's
 # RSS, open descriptors, threads and shared-memory segments sampled each minute; all must

@@ -459,6 +459,56 @@ def test_a_host_that_keeps_failing_is_left_out_naming_it(tmp_path, job_env):
 
 
 @pytest.mark.timeout(150)
+def test_a_host_ssh_cannot_reach_is_left_out_and_the_others_go_on(tmp_path, job_env):
+    # As when a host's link is cut mid-job (tools/chaos.py --hosts): before a launch
+    # hvdrun's ssh check cannot log in to a host the discovery script lists.  The host is
+    # left out, naming ssh's reason, and the launch placed again on the others.
+    if __import__("shutil").which("ssh") is None:
+        pytest.skip("no ssh client")
+    _hostsfile, discover = _discovery(tmp_path, "localhost:2\nno-such-host.invalid:1")
+    result = _objects(
+        tmp_path,
+        job_env,
+        hvdrun_args=("--min-np", "2", "--max-np", "3", "--host-discovery-script", str(discover)),
+    )
+    assert result.returncode == 0, result.output
+    assert "launch 0: 3 rank(s) on localhost:2,no-such-host.invalid:1, from the start" in (
+        result.stderr
+    ), result.output
+    assert (
+        "host no-such-host.invalid is left out: ssh cannot log in to it (ssh: Could not "
+        "resolve hostname no-such-host.invalid" in result.stderr
+    ), result.output
+    assert "launch 0: 2 rank(s) on localhost:2, from the start" in result.stderr, result.output
+    assert "final total=78 steps=12 size=2" in result.stdout, result.output
+
+
+@pytest.mark.timeout(150)
+def test_too_few_hosts_ssh_can_reach_end_the_job_naming_each_and_why(tmp_path, job_env):
+    if __import__("shutil").which("ssh") is None:
+        pytest.skip("no ssh client")
+    _hostsfile, discover = _discovery(tmp_path, "localhost:1\nno-such-host.invalid:1")
+    result = _objects(
+        tmp_path,
+        job_env,
+        hvdrun_args=(
+            "--min-np",
+            "2",
+            "--host-discovery-script",
+            str(discover),
+            "--elastic-timeout",
+            "1",
+        ),
+    )
+    assert result.returncode == 1, result.output
+    assert (
+        "error: only 1 slot(s) available (localhost:1), fewer than --min-np 2, after waiting "
+        "1 s (--elastic-timeout); lost: no-such-host.invalid (ssh cannot log in to it (ssh: "
+        "Could not resolve hostname no-such-host.invalid" in result.stderr
+    ), result.output
+
+
+@pytest.mark.timeout(150)
 def test_the_restart_budget_ends_the_job_with_the_failures_code(tmp_path, job_env):
     result = _objects(
         tmp_path,

@@ -25,6 +25,16 @@ is measured.
 
     python tools/chaos.py --seeds 1-25 --faults 4        # make chaos
     python tools/chaos.py --seeds 7 --faults 3            # one short run
+    python tools/chaos.py --hosts 3 --seeds 1-10          # make chaos, multi-host part
+
+``--hosts N`` (``chaos_hosts.py``, root only) runs the job on N network-namespace hosts
+of 2 ranks each under a host-discovery script, and adds the faults ``leave`` (a host
+leaves the discovery list, the job shrinks from its commit; later it is listed again and
+the job grows back) and ``linkcut`` (a host's link goes down, found through
+``HVDLITE_COLLECTIVE_TIMEOUT``; hvdrun leaves the host out and goes on from the last
+commit; the link comes back up and so does the host).  The job then trains with
+``--global-batch``, which makes its weights independent of the world size, so a run
+whose size changed must still end with an uninterrupted run's weights, bit for bit.
 
 Needs Linux (``/proc``); ``enospc`` needs root to mount a tmpfs and is left out, saying
 why, elsewhere.  Exits 1 when any invariant fails, naming the seed and the fault.
@@ -35,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -45,7 +56,11 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+
+if __name__ == "__main__":  # one module, whether run or imported (chaos_hosts imports it)
+    sys.modules.setdefault("chaos", sys.modules[__name__])
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "elastic_scripts" / "chaos_train.py"
@@ -60,11 +75,16 @@ class Fault:
     rank: int
     phase: str
     after_steps: int  # steps trained since the last (re)start before it fires
+    host: str = ""  # leave, linkcut (multi-host runs): the host it happens to
     injected_at: float | None = None
     recovered_at: float | None = None
+    restored_at: float | None = None  # leave, linkcut: the host listed again / link up
+    rejoined_at: float | None = None  # ... and the first step of a launch with it back
     note: str = ""
 
     def describe(self) -> str:
+        if self.host:
+            return f"{self.kind} {self.host}"
         where = f" rank {self.rank} at {self.phase}" if self.kind in ("kill", "freeze") else ""
         return f"{self.kind}{where}"
 
@@ -73,6 +93,12 @@ class Fault:
         if self.injected_at is None or self.recovered_at is None:
             return None
         return self.recovered_at - self.injected_at
+
+    @property
+    def rejoin(self) -> float | None:
+        if self.restored_at is None or self.rejoined_at is None:
+            return None
+        return self.rejoined_at - self.restored_at
 
 
 def schedule(seed: int, count: int, np: int, kinds: tuple[str, ...]) -> list[Fault]:
@@ -99,6 +125,11 @@ class Job:
     proc: subprocess.Popen | None = None
     log_handles: list = dataclasses.field(default_factory=list)
     launches: int = 0
+    # multi-host runs (chaos_hosts.py): hvdrun's size and host options instead of -np,
+    # the command as run on the first host, more variables for the job
+    size_args: list[str] | None = None
+    wrap: Callable[[list[str]], list[str]] = lambda cmd: cmd
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def chaos_dir(self) -> Path:
@@ -106,7 +137,8 @@ class Job:
 
     def command(self, resume: str | None) -> list[str]:
         a = self.args
-        cmd = [sys.executable, "-m", "hvdlite.runner", "-np", str(a.np)]
+        cmd = [sys.executable, "-m", "hvdlite.runner"]
+        cmd += ["-np", str(a.np)] if self.size_args is None else self.size_args
         cmd += ["--max-restarts", "100", "--elastic-state-dir", str(self.state_dir)]
         cmd += ["--frozen-timeout", f"{a.frozen_timeout:g}"]
         if resume:
@@ -115,12 +147,12 @@ class Job:
         return cmd + ["--chaos-dir", str(self.chaos_dir), "--out", str(self.work / "out")]
 
     def start(self, resume: str | None = None) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "CHAOS_MARKER": self.marker}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "CHAOS_MARKER": self.marker, **self.env}
         env.setdefault("HVDLITE_ELASTIC_DISCOVERY_INTERVAL", "0.2")
         out = open(self.work / f"hvdrun.{self.launches}.log", "wb")  # noqa: SIM115
         self.log_handles.append(out)
         self.proc = subprocess.Popen(
-            self.command(resume),
+            self.wrap(self.command(resume)),
             cwd=ROOT,
             env=env,
             stdout=out,
@@ -162,7 +194,8 @@ class Job:
 
 
 def train_args(a: argparse.Namespace) -> list[str]:
-    return [
+    size_free = ["--global-batch", str(a.global_batch)] if a.global_batch else []
+    return size_free + [
         "--epochs",
         str(a.epochs),
         "--batches",
@@ -230,12 +263,14 @@ class TmpfsStateDir:
             self.mounted = False
 
 
-def baseline(a: argparse.Namespace, work: Path) -> Path:
-    """The final weights of an uninterrupted run of the same size and schedule of steps."""
-    out = work / "baseline"
+def baseline(a: argparse.Namespace, work: Path, np: int | None = None) -> Path:
+    """The final weights of an uninterrupted run (on this machine, of *np* ranks, by
+    default the job's size) with the same schedule of steps."""
+    np = a.np if np is None else np
+    out = work / f"baseline-{np}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "chaos").mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "hvdlite.runner", "-np", str(a.np), sys.executable, str(SCRIPT)]
+    cmd = [sys.executable, "-m", "hvdlite.runner", "-np", str(np), sys.executable, str(SCRIPT)]
     cmd += [*train_args(a), "--chaos-dir", str(out / "chaos"), "--out", str(out)]
     cmd[cmd.index("--step-sleep") + 1] = "0"
     done = subprocess.run(
@@ -313,21 +348,50 @@ def _check_resumes(events: list[dict]) -> None:
                 )
 
 
+def _fire_and_recover(job: Job, fault: Fault, seed: int, inject: Callable[[Fault], None]) -> None:
+    """Inject *fault* into the running job (``inject``), then wait for the first step of
+    a launch after it (its recovery) and note the times on *fault*; Invariant when the
+    job neither recovers nor finishes well within ``--run-timeout``."""
+    timeout = job.args.run_timeout
+    resumes = _resumes(job.events())
+    inject(fault)
+    if fault.kind in ("kill", "freeze"):
+        fired = job.chaos_dir / f"fired.{fault.rank}"
+        _wait(
+            lambda: (
+                fired.exists() or job.proc.poll() is not None or _resumes(job.events()) > resumes
+            ),
+            timeout,
+            f"seed {seed}: rank {fault.rank} firing its fault",
+        )
+        if not fired.exists():
+            # the job finished, or its launch ended (hosts changed) before the phase came
+            fault.note = "not injected: the job had finished or relaunched first"
+            return
+        fault.injected_at = float(fired.read_text() or fault.injected_at)
+        fired.unlink()
+    _wait(
+        lambda: _resumes(job.events()) > resumes or job.proc.poll() is not None,
+        timeout,
+        f"seed {seed}: recovery from {fault.describe()}",
+    )
+    later = [e for e in job.events()[1:] if "resumed" in e and e["time"] > fault.injected_at]
+    if later:
+        fault.recovered_at = later[0]["time"]
+    elif job.proc.poll() is None or job.proc.returncode != 0:
+        raise Invariant(f"seed {seed}: no recovery from {fault.describe()}")
+    else:
+        fault.note = "the job finished before it needed to recover"
+
+
 def run_one(a: argparse.Namespace, seed: int, reference: Path, work: Path) -> list[Fault]:
     """One seeded run; raises Invariant on a broken invariant."""
-    import torch  # the weights' comparison; the job's own interpreter has it too
-
     faults = schedule(seed, a.faults, a.np, a.kinds)
     work.mkdir(parents=True)
     (work / "chaos").mkdir()
     (work / "out").mkdir()
-    tmpfs = None
     state_dir = work / "state"
-    if "enospc" in a.kinds:
-        tmpfs = TmpfsStateDir(state_dir)
-        reason = tmpfs.mount()
-        if reason:
-            raise SystemExit(f"chaos: enospc faults need a tmpfs ({reason}); leave out enospc")
+    tmpfs = state_tmpfs(a, state_dir)
     job = Job(a, work, f"chaos-{uuid.uuid4().hex}", state_dir)
     try:
         job.start()
@@ -342,55 +406,52 @@ def run_one(a: argparse.Namespace, seed: int, reference: Path, work: Path) -> li
             if job.proc.poll() is not None:
                 fault.note = "not injected: the job had finished"
                 continue
-            resumes = _resumes(job.events())
-            _inject(job, fault, tmpfs)
-            if fault.kind in ("kill", "freeze"):
-                fired = job.chaos_dir / f"fired.{fault.rank}"
-                _wait(
-                    lambda f=fired: f.exists() or job.proc.poll() is not None,
-                    a.run_timeout,
-                    f"seed {seed}: rank {fault.rank} firing its fault",
-                )
-                if not fired.exists():
-                    fault.note = "not injected: the job had finished"
-                    continue
-                fault.injected_at = float(fired.read_text() or fault.injected_at)
-                fired.unlink()
-            _wait(
-                lambda r=resumes: _resumes(job.events()) > r or job.proc.poll() is not None,
-                a.run_timeout,
-                f"seed {seed}: recovery from {fault.describe()}",
-            )
-            later = [
-                e for e in job.events()[1:] if "resumed" in e and e["time"] > fault.injected_at
-            ]
-            if later:
-                fault.recovered_at = later[0]["time"]
-            elif job.proc.poll() is None or job.proc.returncode != 0:
-                raise Invariant(f"seed {seed}: no recovery from {fault.describe()}")
-            else:
-                fault.note = "the job finished before it needed to recover"
-        code = job.proc.wait(timeout=a.run_timeout)
-        log = job.log_text()
-        if code != 0:
-            raise Invariant(f"seed {seed}: hvdrun exited {code}:\n{log[-4000:]}")
-        _check_resumes(job.events())
-        final = torch.load(work / "out" / "final.pt")
-        expected = torch.load(reference)
-        if not all(torch.equal(final[k], expected[k]) for k in expected):
-            raise Invariant(f"seed {seed}: the final weights differ from the uninterrupted run's")
-        _wait(lambda: not job.leftovers(), 20, f"seed {seed}: every process of the job ending")
+            _fire_and_recover(job, fault, seed, lambda f: _inject(job, f, tmpfs))
+        check_end(job, seed, reference)
         return faults
     except subprocess.TimeoutExpired as exc:
         raise Invariant(f"seed {seed}: the job did not end within {a.run_timeout:g} s") from exc
     finally:
-        if job.proc is not None and job.proc.poll() is None:
-            job.proc.kill()
-        job.kill_all()
-        for handle in job.log_handles:
-            handle.close()
-        if tmpfs is not None:
-            tmpfs.unmount()
+        end(job, tmpfs)
+
+
+def state_tmpfs(a: argparse.Namespace, state_dir: Path) -> TmpfsStateDir | None:
+    """The state directory as a tmpfs to fill, when the run has enospc faults."""
+    if "enospc" not in a.kinds:
+        return None
+    tmpfs = TmpfsStateDir(state_dir)
+    reason = tmpfs.mount()
+    if reason:
+        raise SystemExit(f"chaos: enospc faults need a tmpfs ({reason}); leave out enospc")
+    return tmpfs
+
+
+def check_end(job: Job, seed: int, reference: Path) -> None:
+    """The invariants at the end of a run: hvdrun exits 0, every launch resumed from the
+    newest commit, the final weights are the reference's bit for bit, no process is left."""
+    import torch  # the weights' comparison; the job's own interpreter has it too
+
+    code = job.proc.wait(timeout=job.args.run_timeout)
+    log = job.log_text()
+    if code != 0:
+        raise Invariant(f"seed {seed}: hvdrun exited {code}:\n{log[-4000:]}")
+    _check_resumes(job.events())
+    final = torch.load(job.work / "out" / "final.pt")
+    expected = torch.load(reference)
+    if not all(torch.equal(final[k], expected[k]) for k in expected):
+        raise Invariant(f"seed {seed}: the final weights differ from the uninterrupted run's")
+    _wait(lambda: not job.leftovers(), 20, f"seed {seed}: every process of the job ending")
+
+
+def end(job: Job, tmpfs: TmpfsStateDir | None) -> None:
+    """Stop whatever is left of *job*, whatever happened."""
+    if job.proc is not None and job.proc.poll() is None:
+        job.proc.kill()
+    job.kill_all()
+    for handle in job.log_handles:
+        handle.close()
+    if tmpfs is not None:
+        tmpfs.unmount()
 
 
 def _seeds(text: str) -> list[int]:
@@ -405,10 +466,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=_seeds, default=_seeds("1"), help="e.g. 1-20 or 3,5")
     p.add_argument("--faults", type=int, default=4, help="faults per run")
-    p.add_argument("--kinds", type=lambda t: tuple(t.split(",")), default=KINDS)
+    p.add_argument("--kinds", type=lambda t: tuple(t.split(",")), default=None)
     p.add_argument("--np", type=int, default=3)
+    p.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        help="N > 1: a job on N network-namespace hosts of 2 ranks each (chaos_hosts.py)",
+    )
+    p.add_argument("--global-batch", type=int, default=0, help="see chaos_train.py")
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batches", type=int, default=20)
+    p.add_argument("--batches", type=int, default=0, help="steps an epoch (20; 30 with --hosts)")
     p.add_argument("--commit-every", type=int, default=2)
     p.add_argument("--step-sleep", type=float, default=0.15)
     p.add_argument("--frozen-timeout", type=float, default=3.0)
@@ -416,10 +484,32 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--report", type=Path, default=None, help="write the figures as JSON")
     p.add_argument("--keep", action="store_true", help="keep each run's directory")
     a = p.parse_args(argv)
-    unknown = set(a.kinds) - set(KINDS)
+    known, default = KINDS, KINDS
+    if a.hosts:
+        import chaos_hosts
+
+        if a.hosts < 2:
+            p.error("--hosts: at least 2 (leave it out for a job on this machine)")
+        known, default = chaos_hosts.KINDS, chaos_hosts.DEFAULT_KINDS
+        a.np = chaos_hosts.SLOTS * a.hosts
+        a.global_batch = a.global_batch or chaos_hosts.GLOBAL_BATCH
+    a.batches = a.batches or (30 if a.hosts else 20)
+    a.kinds = a.kinds or default
+    unknown = set(a.kinds) - set(known)
     if unknown:
-        p.error(f"--kinds: unknown {', '.join(sorted(unknown))}; choose from {', '.join(KINDS)}")
+        p.error(f"--kinds: unknown {', '.join(sorted(unknown))}; choose from {', '.join(known)}")
     return a
+
+
+def _summary(fault: Fault) -> str:
+    if fault.recovery is None:
+        return f"{fault.describe()} {fault.note}"
+    text = f"{fault.describe()} {fault.recovery:.1f} s"
+    if fault.rejoin is not None:
+        text += f" (host back {fault.rejoin:.1f} s after it was restored)"
+    elif fault.host:
+        text += f" ({fault.note})" if fault.note else ""
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -428,12 +518,21 @@ def main(argv: list[str] | None = None) -> int:
     failures, injected, recovered, slowest = [], 0, 0, (0.0, "")
     by_kind: dict[str, list[float]] = {}
     rows = []
+    stack = contextlib.ExitStack()  # the multi-host runs' hosts, built once
+    per_kind: dict[str, int] = {}
     try:
-        reference = baseline(a, top)
+        if a.hosts:
+            import chaos_hosts
+
+            cluster = stack.enter_context(chaos_hosts.Cluster(top / "hosts", a.hosts))
+            reference = chaos_hosts.baseline(a, top)
+            run = functools.partial(chaos_hosts.run_one, cluster)
+        else:
+            reference, run = baseline(a, top), run_one
         for seed in a.seeds:
             began = time.monotonic()
             try:
-                faults = run_one(a, seed, reference, top / f"seed-{seed}")
+                faults = run(a, seed, reference, top / f"seed-{seed}")
             except Invariant as exc:
                 failures.append(str(exc))
                 print(f"chaos: seed {seed}: FAILED: {exc}", flush=True)
@@ -442,23 +541,25 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"seed": seed, "fault": fault.describe(), "kind": fault.kind}
                 if fault.injected_at is not None and not fault.note.startswith("not injected"):
                     injected += 1
+                    per_kind[fault.kind] = per_kind.get(fault.kind, 0) + 1
                 if fault.recovery is not None:
                     recovered += 1
                     by_kind.setdefault(fault.kind, []).append(fault.recovery)
                     if fault.recovery > slowest[0]:
                         slowest = (fault.recovery, f"seed {seed}: {fault.describe()}")
-                row.update(recovery=fault.recovery, note=fault.note)
+                if fault.rejoin is not None:
+                    by_kind.setdefault(f"{fault.kind}, host back", []).append(fault.rejoin)
+                row.update(recovery=fault.recovery, rejoin=fault.rejoin, note=fault.note)
                 rows.append(row)
             took = time.monotonic() - began
-            summary = ", ".join(
-                f"{f.describe()} " + (f"{f.recovery:.1f} s" if f.recovery is not None else f.note)
-                for f in faults
-            )
+            summary = ", ".join(_summary(f) for f in faults)
             print(f"chaos: seed {seed}: ok in {took:.0f} s: {summary}", flush=True)
     finally:
+        stack.close()
         if not a.keep:
             shutil.rmtree(top, ignore_errors=True)
     print(f"chaos: {injected} faults injected over {len(a.seeds)} runs, {recovered} recovered")
+    print("chaos:   injected: " + ", ".join(f"{k} {n}" for k, n in sorted(per_kind.items())))
     for kind, times in sorted(by_kind.items()):
         median = sorted(times)[len(times) // 2]
         print(

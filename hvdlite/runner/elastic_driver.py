@@ -14,7 +14,11 @@ the unit of recovery is the whole MPI job.  Each turn of the loop is a *launch*
    found by rank 0 as it resumes, and ends the job the same way);
 3. start ``min(slots, --max-np)`` ranks through the ordinary launch path
    (:func:`.cli.prepare`, :func:`.job.run_job_outcome`), with the variables that
-   tell each rank where the state is (:mod:`hvdlite.elastic.layout`); while it
+   tell each rank where the state is (:mod:`hvdlite.elastic.layout`), once
+   ssh can log in to every host (with a source that can change, a host it
+   cannot log in to is left out as in step 4 and the launch placed again
+   without it: a host whose link went down mid-job ends that launch through
+   ``HVDLITE_COLLECTIVE_TIMEOUT`` and is found here); while it
    runs, poll the source every ``HVDLITE_ELASTIC_DISCOVERY_INTERVAL`` seconds
    and, when the placement would change, post the host-update notice: the
    ranks raise ``HostsUpdatedInterrupt`` at their next ``commit()``, commit, and
@@ -368,7 +372,15 @@ def _loop(
         try:
             sshcheck.check_hosts(launch.ssh_hosts, launch.ssh_args, launch.env)
         except sshcheck.HostCheckError as exc:
-            raise GiveUp(str(exc)) from None
+            if not (source.dynamic and exc.failed):
+                raise GiveUp(str(exc)) from None
+            # A host that went away since the last launch (its link cut, powered off): the
+            # others go on from the commit, as when the host's ranks fail together.
+            for host, why in exc.failed:
+                pool.blacklist.add(host, f"ssh cannot log in to it ({why})")
+                say(f"host {host} is left out: {pool.blacklist.reason(host)}")
+            say(f"launch {generation} not started; placing it again without those hosts")
+            continue
         watch = _HostWatch(pool, placement, job_dir, generation, settings.poll_interval)
         if source.dynamic:
             watch.start()

@@ -47,7 +47,12 @@ _AGENT_VARIABLES = (
 
 
 class HostCheckError(RuntimeError):
-    """ssh could not log in to one or more hosts; the message names each with ssh's reason."""
+    """ssh could not log in to one or more hosts; the message names each with ssh's reason,
+    and ``failed`` holds ``(host, reason)`` for each."""
+
+    def __init__(self, message: str, failed: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.failed = list(failed)
 
 
 def uses_ssh(mpi_args: Sequence[str], environ: Mapping[str, str]) -> bool:
@@ -146,4 +151,4 @@ def check_hosts(
             "every host (key-based login, known host key; see -p/--ssh-port and "
             "-i/--ssh-identity-file)"
         )
-        raise HostCheckError("\n".join(lines))
+        raise HostCheckError("\n".join(lines), failed)

@@ -19,6 +19,14 @@ Talks to the chaos tool through files in ``--chaos-dir``:
 
 ``--step-sleep S`` slows each step so that the tool's faults land mid-run.  Rank 0
 saves the final weights to ``--out``/final.pt.
+
+``--global-batch G`` (the multi-host runs, whose size changes as hosts leave and come
+back) makes the weights independent of the world size, bit for bit: every step trains
+on the same G samples whatever the size (rank r takes samples r, r+size, ...), each
+sample's gradient is rounded to a multiple of 2**-16 (and clipped to +-8), and the
+ranks sum them with an allreduce (``hvd.Sum``).  Sums of such numbers are exact in
+float32 (every partial sum stays below 2**8), so their order, and so how the samples
+are split among ranks, changes no bit; the optimizer is plain SGD on that sum.
 """
 
 import argparse
@@ -41,6 +49,7 @@ parser.add_argument("--commit-every", type=int, default=2)
 parser.add_argument("--step-sleep", type=float, default=0.0)
 parser.add_argument("--chaos-dir", required=True)
 parser.add_argument("--out", required=True)
+parser.add_argument("--global-batch", type=int, default=0, help="0: 16 samples per rank")
 args = parser.parse_args()
 
 hvd.init()
@@ -48,10 +57,17 @@ torch.set_num_threads(1)
 torch.manual_seed(0)
 launch = int(os.environ.get("HVDLITE_ELASTIC_GENERATION", "0"))
 model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
-optimizer = hvd.DistributedOptimizer(
-    torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-    named_parameters=model.named_parameters(),
-)
+if args.global_batch:
+    if args.global_batch > 32:  # 32 samples' sum stays exact (the module doc)
+        raise SystemExit(f"--global-batch {args.global_batch}: at most 32")
+    if args.global_batch % hvd.size():
+        raise SystemExit(f"--global-batch {args.global_batch} does not split over {hvd.size()}")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05 / args.global_batch, momentum=0.9)
+else:
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+        named_parameters=model.named_parameters(),
+    )
 # ``notes`` grows by 8 KiB a commit (as a job's logged metrics would), so that a commit
 # needs new space on disk and a full state directory fails it; the commits of a fixed
 # size reuse the space of the one before.
@@ -105,6 +121,29 @@ def batch_for(epoch, batch, rank):
     return x, x.sum(dim=1, keepdim=True).sin()
 
 
+def sample_for(epoch, batch, index):
+    generator = torch.Generator().manual_seed(100_000 * epoch + 1000 * batch + index)
+    x = torch.randn(1, 8, generator=generator)
+    return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def size_free_step(epoch, batch) -> None:
+    """One step on the global batch's samples (see the module doc): the same bits at any size."""
+    total = [torch.zeros_like(p) for p in model.parameters()]
+    for index in range(hvd.rank(), args.global_batch, hvd.size()):
+        x, y = sample_for(epoch, batch, index)
+        model.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        for t, p in zip(total, model.parameters()):
+            t += (p.grad * 2.0**16).round().clamp(-(2.0**19), 2.0**19) / 2.0**16
+    if armed.get("phase") == "collective":
+        fire_soon(armed)
+    summed = hvd.grouped_allreduce(total, op=hvd.Sum, name="grads")
+    for s, p in zip(summed, model.parameters()):
+        p.grad = s
+    optimizer.step()
+
+
 def commit() -> None:
     if armed.get("phase") == "commit":
         fire_soon(armed)
@@ -115,7 +154,7 @@ def commit() -> None:
 
 @hvd.elastic.run
 def train(state):
-    record(resumed=state.epoch * args.batches + state.batch)
+    record(resumed=state.epoch * args.batches + state.batch, size=hvd.size())
     while state.epoch < args.epochs:
         while state.batch < args.batches:
             step = state.epoch * args.batches + state.batch
@@ -124,12 +163,15 @@ def train(state):
             if armed.get("phase") == "step":
                 fire(armed)
             time.sleep(args.step_sleep)
-            x, y = batch_for(state.epoch, state.batch, hvd.rank())
-            optimizer.zero_grad()
-            nn.functional.mse_loss(model(x), y).backward()
-            if armed.get("phase") == "collective":
-                fire_soon(armed)
-            optimizer.step()
+            if args.global_batch:
+                size_free_step(state.epoch, state.batch)
+            else:
+                x, y = batch_for(state.epoch, state.batch, hvd.rank())
+                optimizer.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                if armed.get("phase") == "collective":
+                    fire_soon(armed)
+                optimizer.step()
             state.batch += 1
             record(step=step)
             if state.batch % args.commit_every == 0:
