@@ -157,8 +157,8 @@ class GradientReducer:
 
             # the framework dtype of each wire tensor, for the ranks to compare where
             # the wire hides it (bfloat16 or float16 widened to float32)
-            kinds = dtypes + [
-                d for i in sparse for d in (grads[i].values.dtype, grads[i].indices.dtype)
+            kinds = [d.name for d in dtypes] + [
+                d.name for i in sparse for d in (grads[i].values.dtype, grads[i].indices.dtype)
             ]
             position = {i: k for k, i in enumerate(dense)}
             dense_groups = [
@@ -166,11 +166,9 @@ class GradientReducer:
             ]
             # In a graph, small gradients of a group travel as one flat tensor.
             packable = self.op in (Average, Sum) and not tf.executing_eagerly()
-            packing = Packing(
-                wire[: len(dense)], dense_groups, PACK_BYTES if packable else 0, kinds=dtypes
-            )
+            packing = Packing(wire[: len(dense)], dense_groups, PACK_BYTES if packable else 0)
             dense_wire, dense_groups = packing.pack(wire[: len(dense)], dense_groups)
-            kinds = packing.packed_kinds(dtypes) + kinds[len(dense) :]
+            kinds = packing.packed_names(kinds[: len(dense)]) + kinds[len(dense) :]
             base = self._base_name(wire, use_generic_names)
             outs = self._submit(
                 dense_wire + wire[len(dense) :], dense_groups, len(dense_wire), base, kinds
@@ -198,7 +196,7 @@ class GradientReducer:
             return _bridge.op_name("GroupedAllreduce", wire, "grad", ignore_name_scope=False)
         return _bridge.op_name("GroupedAllreduce", wire, None)
 
-    def _plans(self, wire, dense_groups, kinds):
+    def _plans(self, wire, dense_groups):
         """Per group: ("flat", members) when it should travel as one contiguous buffer,
         else ("each", members).
 
@@ -217,7 +215,6 @@ class GradientReducer:
             flat = (
                 self.op in (Average, Sum)
                 and len({w.dtype for w in ws}) == 1
-                and len({kinds[m] for m in members}) == 1
                 and ws[0].dtype not in (tf.float16, tf.bfloat16)
                 and all(w.shape.is_fully_defined() for w in ws)
             )
@@ -234,11 +231,11 @@ class GradientReducer:
         function returns its members as views of that buffer.  In a graph every
         buffer is a fresh array each run (TensorFlow adopts the outputs of a
         numpy function without a copy, see :func:`_bridge.fresh_output`).
-        *kinds*: the TensorFlow dtype of each wire tensor, sent as dtype names
-        where the wire hides one (:func:`_bridge.framework_dtypes`).
+        *kinds*: the TensorFlow dtype name of each wire tensor (a packed one's
+        members' joined by "+"), sent as dtype names where the wire hides one.
         """
         ps, op, pre, post = self.process_set, self.op, self.prescale, self.postscale
-        plans = self._plans(wire, dense_groups, kinds)
+        plans = self._plans(wire, dense_groups)
         scale = pre * post / (ps.size() if op == Average else 1)
         n_sparse = len(wire) - n_dense
         buffer = np.empty if tf.executing_eagerly() else _bridge.fresh_output
@@ -282,7 +279,7 @@ class GradientReducer:
                             name=name,
                             process_set=ps,
                             output=flat,
-                            dtype_names=_bridge.framework_dtypes([kinds[members[0]]]),
+                            dtype_names=_names(["+".join(kinds[m] for m in members)], [flat]),
                         )
                     )
                     views.append(member_views)
@@ -297,7 +294,9 @@ class GradientReducer:
                             process_set=ps,
                             name=name,
                             outputs=outs,
-                            dtype_names=_bridge.framework_dtypes([kinds[m] for m in members]),
+                            dtype_names=_names(
+                                [kinds[m] for m in members], [arrays[m] for m in members]
+                            ),
                         )
                     )
             if n_sparse:
@@ -306,7 +305,7 @@ class GradientReducer:
                         list(arrays[n_dense:]),
                         process_set=ps,
                         name=None if base is None else f"{base}.sparse",
-                        dtype_names=_bridge.framework_dtypes(kinds[n_dense:]),
+                        dtype_names=_names(kinds[n_dense:], arrays[n_dense:]),
                     )
                 )
             return handles, views
@@ -328,6 +327,17 @@ class GradientReducer:
                 dense_out[m] = outs[k]
                 k += 1
         return dense_out + list(outs[k:])
+
+
+def _names(kinds, arrays) -> tuple:
+    """*kinds* (framework dtype names; a packed tensor's joined by "+") for the
+    engine to compare where one of them is not the dtype of its numpy *array*;
+    () where the engine sees them."""
+    if all(
+        part == a.dtype.name for k, a in zip(kinds, arrays, strict=True) for part in k.split("+")
+    ):
+        return ()
+    return tuple(kinds)
 
 
 def scale_local(grads, variables, local: LocalSources, size):

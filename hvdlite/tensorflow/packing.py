@@ -5,8 +5,7 @@ conversion into the numpy function and one out of it, and costs the engine an
 entry to reduce and complete.  A model with many small weights (a ResNet's
 BatchNormalization scales and offsets) pays that per-tensor price more than
 it pays for its bytes.  So, in a graph, the small gradients of one group that
-share a wire dtype (and a framework dtype: bfloat16 apart from the float32 it is
-widened to) are reshaped to 1-D and joined by one ``tf.concat``; the
+share a wire dtype are reshaped to 1-D and joined by one ``tf.concat``; the
 flat tensor is reduced as one member of its group, and one ``tf.split`` plus
 reshapes give every gradient back its own tensor.  Large gradients travel
 as they are: for them the two extra copies would cost more than they save.
@@ -17,7 +16,7 @@ element then goes through the same arithmetic as when its tensor travels
 alone, so the reduced values are identical.
 
 Cross-rank contract: which gradients are packed, and in which order, follows
-from their wire and framework dtypes, static shapes and groups alone, which every member of
+from their wire dtypes, static shapes and groups alone, which every member of
 the process set shares, so every member packs alike and the engine sees the
 same tensors everywhere.
 """
@@ -39,11 +38,9 @@ PACK_BYTES = 64 << 10
 
 class Packing:
     """Which tensors of which group travel packed: ``buckets``, lists of tensor
-    positions of one group and one dtype, each packed into one flat tensor.
-    *kinds* (one per tensor, e.g. the framework dtypes of float32 wires) keeps
-    tensors of different kinds apart too."""
+    positions of one group and one dtype, each packed into one flat tensor."""
 
-    def __init__(self, tensors, groups, max_bytes: int = PACK_BYTES, kinds=None):
+    def __init__(self, tensors, groups, max_bytes: int = PACK_BYTES):
         self._shapes = [t.shape for t in tensors]
         self.buckets = []
         for members in groups:
@@ -51,8 +48,7 @@ class Packing:
             for m in members:
                 shape, dtype = tensors[m].shape, tensors[m].dtype
                 if shape.is_fully_defined() and shape.num_elements() * dtype.size < max_bytes:
-                    key = (dtype, None if kinds is None else kinds[m])
-                    by_dtype.setdefault(key, []).append(m)
+                    by_dtype.setdefault(dtype, []).append(m)
             self.buckets += [bucket for bucket in by_dtype.values() if len(bucket) > 1]
         self._where: dict[int, int] = {}  # tensor or bucket-head position -> packed position
 
@@ -73,14 +69,16 @@ class Packing:
             packed.append(t)
         return packed, [[where[m] for m in members if m in where] for members in groups]
 
-    def packed_kinds(self, kinds) -> list:
-        """*kinds* (one per tensor) for the tensors :meth:`pack` returned: a flat
-        tensor has its members' kind.  Call after :meth:`pack`."""
+    def packed_names(self, names) -> list:
+        """*names* (a string per tensor, e.g. its framework dtype's) for the tensors
+        :meth:`pack` returned: a flat tensor's is its members', joined by "+" in
+        order.  Call after :meth:`pack`."""
         if not self.buckets:
-            return list(kinds)
+            return list(names)
+        heads = {bucket[0]: bucket for bucket in self.buckets}
         packed = [None] * len(self._where)
         for i, j in self._where.items():
-            packed[j] = kinds[i]
+            packed[j] = "+".join(names[m] for m in heads[i]) if i in heads else names[i]
         return packed
 
     def unpack(self, outs) -> list:
