@@ -21,8 +21,8 @@ Each job then trains three models, the MLP, ResNet-18 on 64x64 images and a smal
 transformer language model, under hvdlite and under torch DDP over gloo on the same
 ranks and links (``hvdrun --master-port`` gives them ``MASTER_ADDR``/``MASTER_PORT``),
 one DDP step after each hvdlite step, without and with fp16 (DDP's fp16 compress
-hook against ``Compression.fp16``; for the MLP bf16 as well), and the pairs are
-printed as ratios with the bytes into h2.
+hook against ``Compression.fp16``), and the pairs are printed as ratios with the
+bytes into h2.
 Then one ``hvdrun --autotune`` job trains the same MLP with hierarchical allreduce
 offered to the tuner, and the setting it kept is printed beside the step time it gets.
 Where the hosts cannot be built (not root, no ``ip``/``tc``/sshd) it says why and
@@ -60,8 +60,9 @@ VOCAB, SEQ, SEQS = 4096, 32, 4  # the transformer: 4 layers of 256, 22 MB of gra
 #: the models trained under hvdlite and under DDP side by side
 MODELS = ("MLP", "ResNet-18", "transformer")
 #: (model, wire) pairs timed against DDP: every model without and with float16
-#: compression, the MLP with bfloat16 too
-DDP_PAIRS = tuple((m, w) for m in MODELS for w in ("fp32", "fp16")) + (("MLP", "bf16"),)
+#: compression.  Not bfloat16: DDP's bf16 compress hook over gloo ended these jobs
+#: at its first step with exit 1 and no error from any rank (torch 2.13).
+DDP_PAIRS = tuple((m, w) for m in MODELS for w in ("fp32", "fp16"))
 DDP_PORT = 29517  # torch.distributed's rendezvous on h1 (hvdrun --master-port)
 
 
@@ -377,7 +378,12 @@ def run_job(hosts, setting: str, iters: int) -> tuple[dict, int]:
     received = sum(hosts.rx_bytes("h2", i) for i in (MGMT_IFACE, DATA_IFACE)) - before
     lines = [line for line in result.stdout.splitlines() if RESULT in line]
     if result.returncode or not lines:
-        raise RuntimeError(f"job failed ({result.returncode}):\n{result.output[-4000:]}")
+        saved = Path(tempfile.mkstemp(prefix="bench-tc-job-", suffix=".log")[1])
+        saved.write_text(result.output)
+        raise RuntimeError(
+            f"job failed ({result.returncode}; its whole output: {saved}):\n"
+            f"{result.output[-4000:]}"
+        )
     return json.loads(lines[-1].split(RESULT, 1)[1]), received
 
 
