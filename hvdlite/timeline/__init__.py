@@ -9,8 +9,10 @@ Rank 0 writes it: ``HVDLITE_TIMELINE=path`` (``hvdrun --timeline-filename``) fro
   tuples to a bounded queue;
 - ``events`` and ``writer``: the timeline's own thread turns the tuples into
   trace lines and writes whole lines, so a cut file still loads;
-- ``reader``, ``summary``, ``plot``: reading a file back
-  (``python -m hvdlite.timeline summary|plot FILE``).
+- ``steps``: what a framework's optimizer calls to draw each training step's
+  backward pass and ``synchronize()`` (from the training thread);
+- ``reader``, ``summary``, ``overlap``, ``plot``: reading a file back
+  (``python -m hvdlite.timeline summary|overlap|plot FILE``).
 """
 
 from .reader import Trace, load

@@ -1,10 +1,12 @@
-"""Command line: ``python -m hvdlite.timeline summary FILE`` and ``... plot FILE -o step.png``."""
+"""Command line: ``python -m hvdlite.timeline summary FILE``, ``... overlap FILE`` and
+``... plot FILE -o step.png``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from .overlap import format_overlap, overlap
 from .plot import MissingMatplotlib, plot_steps
 from .reader import Trace
 from .summary import format_summary, summarize
@@ -23,6 +25,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     text.add_argument("file")
     text.add_argument("--top", type=int, default=30, help="tensors listed (default 30)")
+    hidden = sub.add_parser(
+        "overlap",
+        help="per training step: communication, the part hidden behind backward, the part "
+        "the step waited for",
+    )
+    hidden.add_argument("file")
+    hidden.add_argument(
+        "--skip",
+        type=int,
+        default=1,
+        help="steps left out of the total (default 1: the first negotiates every name "
+        "with the coordinator)",
+    )
     picture = sub.add_parser("plot", help="draw one or more steps (needs matplotlib)")
     picture.add_argument("file")
     picture.add_argument("-o", "--output", required=True, help="image file (.png, .svg, .pdf)")
@@ -43,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.command == "summary":
         print(format_summary(summarize(trace), top=args.top))
+        return 0
+    if args.command == "overlap":
+        steps, outside = overlap(trace)
+        print(format_overlap(steps, outside, skip=max(0, args.skip)))
         return 0
     try:
         first, last = plot_steps(trace, args.output, args.step, args.steps, title=args.file)

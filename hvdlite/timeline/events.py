@@ -77,6 +77,10 @@ _CYCLE = '{"ph":"X","cat":"cycle","name":"cycle %d","pid":0,"tid":%d,"ts":%.3f,"
 _CYCLE_START = (
     '{"ph":"i","s":"g","cat":"cycle","name":"%s","pid":0,"tid":%d,"ts":%.3f,"args":{"cycle":%d}},\n'
 )
+_SPAN = (
+    '{"ph":"X","cat":"%s","name":"%s","pid":0,"tid":%d,"ts":%.3f,"dur":%.3f,"args":{"step":%d}},\n'
+)
+_STEPS_ROW = '"training steps"'
 _REPORTED = '{"ranks":%d,"last":%s,"wait_for_last_us":%.3f}'
 _DESCRIPTION = '"dtypes":%s,"shapes":%s'
 _PROCESS = '{"ph":"M","name":"process_name","pid":0,"args":{"name":%s}},\n'
@@ -141,6 +145,7 @@ class TraceBuilder:
         self._cycle: tuple[int, float] | None = None  # (number, start) of the open cycle
         self._latest = t0  # the latest time recorded (where the open cycle ends)
         self._described: dict[tuple, tuple] = {}  # key -> (params, its "dtypes/shapes" args)
+        self._steps_drawn = False  # the steps track's name is written
 
     @property
     def rows(self) -> int:
@@ -176,6 +181,8 @@ class TraceBuilder:
         elif tag == s.R_REPORTS:
             self._reports(record[1], record[2], out)
             self._latest = record[1]
+        elif tag == s.R_SPAN:
+            self._span(record, out)
         elif tag == s.R_CYCLE:
             self._end_cycle(out)
             self._cycle = (record[2], record[1])
@@ -191,6 +198,24 @@ class TraceBuilder:
                 % (number, s.CYCLES_TRACK, self._us(start), max(0.0, self._latest - start) * 1e6)
             )
             self._cycle = None
+
+    def _span(self, record: tuple, out: list[str]) -> None:
+        """A training step's phase, on the steps track (named the first time)."""
+        _, phase, start, end, step = record
+        if not self._steps_drawn:
+            self._steps_drawn = True
+            out.append(_TRACK % (s.STEPS_TRACK, _STEPS_ROW, s.STEPS_TRACK, s.STEPS_TRACK))
+        out.append(
+            _SPAN
+            % (
+                phase,
+                s.ACTIVITIES[phase],
+                s.STEPS_TRACK,
+                self._us(start),
+                max(0.0, end - max(start, self._t0)) * 1e6,
+                step,
+            )
+        )
 
     def _submitted(self, items) -> None:
         opened = self._open

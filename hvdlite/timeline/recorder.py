@@ -6,6 +6,10 @@ append a tuple to a bounded queue; a :class:`~hvdlite.timeline.writer.Writer`
 thread turns the tuples into trace lines.  The engine holds ``None`` while the
 timeline is off, so off costs one ``is None`` check per instrumentation point.
 
+The training thread records too: :meth:`Timeline.span` (a step's backward pass
+and its ``synchronize()``, from :class:`~hvdlite.timeline.steps.StepSpans`) is
+one more append to the same queue, which is safe from any thread.
+
 Cross-rank contract: none.  Only rank 0 records (its coordinator sees every
 rank's reports); a timeline never sends or waits on anything, and one that
 cannot be written turns itself off without failing the job.
@@ -22,13 +26,15 @@ from . import schema
 from .events import MAX_ROWS, TraceBuilder
 from .writer import Writer
 
-__all__ = ["Timeline", "MAX_ROWS", "BACKLOG"]
+__all__ = ["Timeline", "MAX_ROWS", "BACKLOG", "clock"]
 
 #: Records that may wait for the writer; past this the oldest are dropped (with
 #: one warning), so a stalled disk cannot grow the process.
 BACKLOG = 1 << 16
 
 _clock = time.monotonic  # the clock of Entry.submitted
+#: The clock of every time a record carries (seconds); the training thread's spans too.
+clock = _clock
 
 
 class Timeline:
@@ -99,6 +105,11 @@ class Timeline:
             self._writer.wake()
 
     # --------------------------------------------------------- any thread
+    def span(self, phase: str, start: float, end: float, step: int) -> None:
+        """A training step's *phase* (:data:`~hvdlite.timeline.schema.STEP_PHASES`)
+        ran from *start* to *end* (:data:`clock` times); *step* counts from 1."""
+        self._records.append((schema.R_SPAN, phase, start, end, step))
+
     def close(self) -> None:
         """Write what is queued and end the JSON; later records are dropped."""
         with self._close_lock:

@@ -30,6 +30,18 @@ last; ``cached``: decided by the response cache, so no reports).  With
 ``mark_cycles`` each engine cycle starts with a global ``CYCLE_START`` instant
 (Horovod's marker), and a track of its own shows the cycle as a slice
 (``cycle N``), from its start to the last thing recorded in it.
+
+A training step of a framework's distributed optimizer draws two slices of its
+own on one more track (``training steps``), from rank 0's training thread:
+
+- ``backward`` (``BACKWARD``): from the first gradient the optimizer's hooks saw
+  in the step until ``synchronize()`` began (``step()`` calls it);
+- ``synchronize`` (``SYNCHRONIZE``): ``synchronize()`` itself, which starts what
+  backward did not and waits for every gradient's reduction.
+
+Both carry ``args.step``, the optimizer's step counted from 1.  The collectives
+that ran inside the backward slice were hidden behind computation; those after
+it, the step waited for (``python -m hvdlite.timeline overlap``).
 """
 
 from __future__ import annotations
@@ -50,7 +62,11 @@ __all__ = [
     "ACTIVITIES",
     "LABELS",
     "CYCLES_TRACK",
+    "STEPS_TRACK",
     "FIRST_TENSOR_TRACK",
+    "BACKWARD",
+    "SYNCHRONIZE",
+    "STEP_PHASES",
 ]
 
 NEGOTIATE = "negotiate"
@@ -66,6 +82,10 @@ EXECUTION = PHASES[1:]
 OPERATION = "op"
 REPORT = "report"
 CYCLE = "cycle"
+BACKWARD = "backward"
+SYNCHRONIZE = "synchronize"
+#: The phases of a training step, on the steps track (slice names: the phase in capitals).
+STEP_PHASES = (BACKWARD, SYNCHRONIZE)
 
 #: How each phase reads in a table or legend (a collective slice's own name says
 #: its path and kind).
@@ -76,25 +96,32 @@ LABELS = {
     COLLECTIVE: "collective",
     COPY_OUT: "copy out",
     CALLBACKS: "callbacks",
+    BACKWARD: "backward",
+    SYNCHRONIZE: "synchronize",
 }
 
 #: The slice names of the phases whose name does not depend on the kind or the path:
-#: Horovod's activity names, and one of hvdlite's own for the callbacks.
+#: Horovod's activity names, and hvdlite's own for the callbacks and the step's phases.
 ACTIVITIES = {
     QUEUE: "QUEUE",
     COPY_IN: "MEMCPY_IN_FUSION_BUFFER",
     COPY_OUT: "MEMCPY_OUT_FUSION_BUFFER",
     CALLBACKS: "CALLBACKS",
+    BACKWARD: "BACKWARD",
+    SYNCHRONIZE: "SYNCHRONIZE",
 }
 #: Horovod's name for the instant that marks the start of each engine cycle.
 CYCLE_START = "CYCLE_START"
 
 CYCLES_TRACK = 1
-FIRST_TENSOR_TRACK = 2
+STEPS_TRACK = 2
+FIRST_TENSOR_TRACK = 3
 
-# Records: what the engine thread appends (plain tuples), tagged by their first item.
+# Records: what the engine thread (and, R_SPAN, the training thread) appends: plain
+# tuples, tagged by their first item.
 R_CYCLE = 0  # (R_CYCLE, time, cycle number)
 R_SUBMIT = 1  # (R_SUBMIT, [(key, submitted time, kind), ...])
 R_REPORTS = 2  # (R_REPORTS, time, gathered): gathered[rank][0] is that rank's request list
 R_DECIDED = 3  # (R_DECIDED, time): this cycle's responses are known
 R_BATCH = 4  # (R_BATCH, batch, path, marks, finish time or None, end time)
+R_SPAN = 5  # (R_SPAN, step phase, start, end, step): from the training thread

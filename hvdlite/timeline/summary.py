@@ -77,7 +77,8 @@ def summarize(trace: Trace) -> dict:
     times = [float(e.get("ts", 0.0)) for e in trace.events if "ts" in e and e.get("ph") != "M"]
     return {
         "span_ms": (max(times) - min(times)) / 1e3 if times else 0.0,
-        "tracks": len(trace.tracks) - (1 if s.CYCLES_TRACK in trace.tracks else 0),
+        "tracks": len(trace.tracks)
+        - sum(t in trace.tracks for t in (s.CYCLES_TRACK, s.STEPS_TRACK)),
         "batches": len(batches - {None}),
         "cycles": len(trace.slices.get(s.CYCLE, ())),
         "phases": {row: _stats(d) for row, d in per_phase.items()},

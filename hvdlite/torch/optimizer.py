@@ -37,6 +37,10 @@ of the parameter groups), with the same reducer, and calls
 ``step()``/``synchronize()`` the same number of times.  Gradients may become
 ready in any order on each rank: the engine matches them by name.
 
+On rank 0, while a timeline is written, each step draws its backward pass
+(from the first gradient a hook saw to ``synchronize()``) and its
+``synchronize()`` on the timeline's steps track (:mod:`hvdlite.timeline.steps`).
+
 ``optimizer.bytes_sent_last_step`` is the payload this rank handed to the
 engine in the last step (allreduce inputs, or allgathered values and indices),
 as counted by the reducer.
@@ -56,6 +60,7 @@ import torch
 from hvdlite import basics as _basics
 from hvdlite.ops import Adasum, Average
 from hvdlite.process_sets import global_process_set
+from hvdlite.timeline.steps import StepSpans
 from hvdlite._subclass import with_mixin
 from hvdlite.torch.buckets import FIRST_BUCKET_BYTES, bucket_cap_bytes, build_buckets
 from hvdlite.torch.compression import Compression
@@ -118,6 +123,7 @@ class _DistributedOptimizer:
         self._hook_handles: list = []
         self._synchronized = False
         self._should_synchronize = True
+        self._spans = StepSpans()  # the step's backward and synchronize, on rank 0's timeline
         elastic = os.environ.get("HVDLITE_ELASTIC", os.environ.get("HOROVOD_ELASTIC")) == "1"
         self._hooks_on = process_set.included() and (process_set.size() > 1 or elastic)
         if self._hooks_on:
@@ -142,13 +148,18 @@ class _DistributedOptimizer:
                 slot = _Slot(unit, self.backward_passes_per_step)
                 self._slots.append(slot)
                 self._hooked.append(p)
-                hook = _hook(ref, slot) if self._hooks_start else _counting_hook(ref, slot)
+                if self._hooks_start:
+                    hook = _hook(ref, slot)
+                else:
+                    hook = _counting_hook(ref, slot, self._spans)
                 self._hook_handles.append(_on_grad_accumulated(p, hook))
 
     # -------------------------------------------------------- the hook path
 
     def _grad_ready(self, p, slot: _Slot) -> None:
         """Autograd has accumulated p's gradient for this backward pass."""
+        if self._spans.idle:
+            self._spans.backward_began()
         left = slot.left
         if left <= 0:
             raise AssertionError(
@@ -211,12 +222,15 @@ class _DistributedOptimizer:
         if not self._hooks_on:
             self._synchronized = True
             return
+        spans = self._spans
+        spans.synchronize_began()
         try:
             if not self._hooks_start:
                 self._check_counted_gradients()
             self._reducer.synchronize(self._reduction)
         finally:
             self._reset_hooks()
+            spans.synchronize_ended()
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -340,11 +354,14 @@ def _hook(ref, slot: _Slot):
     return grad_ready
 
 
-def _counting_hook(ref, slot: _Slot):
+def _counting_hook(ref, slot: _Slot, spans: StepSpans):
     """The hook where the reducer starts nothing during backward: counts the pass
-    and, only past the last allowed one, lets the optimizer raise."""
+    (and notes the step's first gradient for the timeline) and, only past the
+    last allowed one, lets the optimizer raise."""
 
     def grad_accumulated(p):
+        if spans.idle:
+            spans.backward_began()
         left = slot.left
         if left > 0:
             slot.left = left - 1
