@@ -381,8 +381,7 @@ def run_job(hosts, setting: str, iters: int) -> tuple[dict, int]:
         saved = Path(tempfile.mkstemp(prefix="bench-tc-job-", suffix=".log")[1])
         saved.write_text(result.output)
         raise RuntimeError(
-            f"job failed ({result.returncode}; its whole output: {saved}):\n"
-            f"{result.output[-4000:]}"
+            f"job failed ({result.returncode}; its whole output: {saved}):\n{result.output[-4000:]}"
         )
     return json.loads(lines[-1].split(RESULT, 1)[1]), received
 
