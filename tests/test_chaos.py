@@ -52,8 +52,9 @@ def test_a_short_seeded_chaos_run_keeps_every_invariant(tmp_path):
 def test_a_short_seeded_multi_host_run_keeps_every_invariant():
     # Seed 1 on 3 network-namespace hosts of 2 ranks each (tools/chaos_hosts.py): h1, where
     # hvdrun runs, leaves the discovery file (rank 0 moves to h2) and comes back; then h2's
-    # link is cut (found through HVDLITE_COLLECTIVE_TIMEOUT, h2 left out by hvdrun's ssh
-    # check, the job goes on on h1 and h3) and restored.  About two and a half minutes
+    # link is cut (found as hvdrun stops hearing h2's task wrappers, --silent-host-timeout
+    # and no knob of the ranks'; h2 left out by hvdrun's ssh check, the job goes on on h1
+    # and h3) and restored.  About two and a half minutes
     # on two cores, most of it four relaunches across ssh.
     from helpers_runner.netns_hosts import reason_unavailable
 

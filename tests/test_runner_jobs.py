@@ -87,6 +87,52 @@ def test_a_rank_stopped_past_the_frozen_timeout_ends_the_job_naming_it():
     assert gone_within(marker, 15), "a rank outlived the job"
 
 
+@pytest.mark.timeout(120)
+def test_a_rank_whose_wrapper_falls_silent_ends_the_job_naming_its_host():
+    # Rank 1 stops its own task wrapper (SIGSTOP): its alive lines stop, as they do from
+    # a host whose link is cut, while rank 0's go on.  Without the bound the job would
+    # wait on it (the rank programs sleep 120 s).
+    marker = f"hvdrun-test-{uuid.uuid4().hex}"
+    env = clean_env(HVDLITE_TEST_MARKER=marker)
+    result = hvdrun(
+        "-np", "2", "--silent-host-timeout", "3", PY, str(RANKS), "stop-wrapper", env=env
+    )
+    assert result.returncode == 1, result.output
+    host = socket.gethostname()
+    assert (
+        f"no word for 3 s (--silent-host-timeout) from rank 1 on {host}: the host {host} "
+        "stopped answering" in result.stderr
+    ), result.stderr
+    assert result.seconds < QUICK, result.seconds
+    assert gone_within(marker, 15), "a rank outlived the job"
+
+
+def test_every_rank_quiet_is_no_silent_host():
+    # Nothing heard from anyone (hvdrun's own output not read, the launcher stuck) is
+    # not a host's fault: only a rank quiet while others speak is taken as cut off.
+    placeholder = subprocess.Popen([PY, "-c", "pass"])
+    placeholder.wait()
+    quiet = job._Job(placeholder, 3, 30.0, "mpiexec", io.BytesIO(), [], silent_timeout=10.0)
+    quiet.started = {0, 1, 2}
+    quiet.heard = {0: 100.0, 1: 100.0, 2: 100.0}
+    assert quiet.silent_ranks(now=120.0) == []
+    quiet.heard[0] = 116.0  # rank 0 speaks: ranks 1 and 2 are silent past the bound
+    assert quiet.silent_ranks(now=120.0) == [1, 2]
+    quiet.exited = {2}
+    assert quiet.silent_ranks(now=120.0) == [1]
+    quiet.heard[1] = 111.0  # heard 9 s ago: within the bound
+    assert quiet.silent_ranks(now=120.0) == []
+    # A stop names every rank still running on a silent rank's host.
+    quiet.exited, quiet.placed = set(), {0: "h1", 1: "h2", 2: "h2"}
+    now = time.monotonic()
+    quiet.heard = {0: now - 1.0, 1: now - 15.0, 2: now - 5.0}
+    quiet.on_tick(started_at=now)
+    assert quiet.reason == "silent-host" and quiet.silent == [1, 2]
+    assert quiet.silent_hosts() == ("h2",)
+    report = job.format_silent_hosts(quiet)
+    assert "from ranks 1, 2 on h2: the host h2 stopped answering" in report, report
+
+
 # Every rank writes a traceback one line at a time, 20 ms apart, all starting together
 # (a barrier of files in argv[1]), so that their lines reach hvdrun interleaved.
 _SLOW_TRACEBACK = """

@@ -355,6 +355,24 @@ def test_the_frozen_bound_is_on_by_default_in_elastic_launches_only():
     assert bound(["-np", "2", "--frozen-timeout", "5"], elastic) == "5"
 
 
+def test_the_silent_host_bound_is_on_by_default_in_elastic_launches_only():
+    from hvdlite.runner import cli, protocol
+    from hvdlite.runner.hosts import Host
+
+    def beat(argv, placement=None):
+        _args, plan = cli.prepare([*argv, PY], {"PATH": "/usr/bin:/bin"}, placement=placement)
+        after = plan.cmd.index("--beat") if "--beat" in plan.cmd else None
+        return plan.silent_timeout, None if after is None else float(plan.cmd[after + 1])
+
+    elastic = (2, [Host("localhost", 2)])
+    assert beat(["-np", "2"]) == (0.0, None)
+    assert beat(["-np", "2", "--silent-host-timeout", "12"]) == (12.0, 2.0)
+    assert beat(["-np", "2"], elastic) == (cli.ELASTIC_SILENT_HOST_TIMEOUT, 5.0)
+    assert cli.ELASTIC_SILENT_HOST_TIMEOUT == 30.0
+    assert beat(["-np", "2", "--silent-host-timeout", "0"], elastic) == (0.0, None)
+    assert protocol.beat_interval(1.0) == 0.5  # never more often than twice a second
+
+
 def test_as_horovod_puts_the_stand_in_first_on_the_ranks_path_and_only_then(tmp_path):
     from hvdlite import horovod_compat
 

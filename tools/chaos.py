@@ -30,9 +30,10 @@ is measured.
 ``--hosts N`` (``chaos_hosts.py``, root only) runs the job on N network-namespace hosts
 of 2 ranks each under a host-discovery script, and adds the faults ``leave`` (a host
 leaves the discovery list, the job shrinks from its commit; later it is listed again and
-the job grows back) and ``linkcut`` (a host's link goes down, found through
-``HVDLITE_COLLECTIVE_TIMEOUT``; hvdrun leaves the host out and goes on from the last
-commit; the link comes back up and so does the host).  The job then trains with
+the job grows back) and ``linkcut`` (a host's link goes down, found by hvdrun when
+the host's task wrappers fall silent, ``--silent-host-timeout``; hvdrun leaves the
+host out and goes on from the last commit; the link comes back up and so does the
+host).  The job then trains with
 ``--global-batch``, which makes its weights independent of the world size, so a run
 whose size changed must still end with an uninterrupted run's weights, bit for bit.
 

@@ -7,7 +7,8 @@ runs hvdrun on h1 with a host-discovery script that lists ``hN:2`` for each host
 named in a file.  The job (``chaos_train.py --global-batch 24``) starts on all
 N x 2 ranks, with ``--min-np 2``, ``--network-interface mgmt0`` (the interface the
 ranks and ssh use), ``--blacklist-cooldown-range 10 30`` and
-``HVDLITE_COLLECTIVE_TIMEOUT=10``.  Before each fault the tool waits until the job
+``--silent-host-timeout 10`` (30 s by default; shorter here so that a seed's faults fit
+in minutes).  Before each fault the tool waits until the job
 runs on every host again and has trained a few steps.  Fault kinds, besides
 ``kill``, ``freeze`` (a rank of any host) and ``hvdrun`` (hvdrun on h1 killed, then
 resumed there) of the single-host runs (``enospc`` only when ``--kinds`` names it:
@@ -19,8 +20,9 @@ the state directory is one the hosts share, so a full one is no different here):
   the job grows back the same way;
 - ``linkcut``: ``ip link set mgmt0 down`` in a host's namespace (h2 ... hN; h1 is
   where hvdrun runs, and cutting it cuts it off from every host).  Nothing errs:
-  TCP retries in silence, so the ranks wait for the cut host's ranks until
-  ``HVDLITE_COLLECTIVE_TIMEOUT`` ends the launch; before relaunching, hvdrun's ssh
+  TCP retries in silence, so the ranks wait for the cut host's ranks, until hvdrun,
+  no longer hearing the cut host's task wrappers, ends the launch naming the host
+  (``--silent-host-timeout``; no knob of the ranks'); before relaunching, hvdrun's ssh
   check cannot log in to the host, leaves it out for the cooldown (naming it and
   ssh's reason) and launches on the others from the last commit.  Once that launch
   trains, the link goes up again (at once: the cooldown, counted from when hvdrun
@@ -69,7 +71,7 @@ DEFAULT_KINDS = ("kill", "freeze", "hvdrun", "leave", "linkcut")
 SLOTS = 2  # ranks per host
 GLOBAL_BATCH = 24  # splits over 2, 4 and 6 ranks (and 3, for the size check)
 LINK = netns_hosts.MGMT_IFACE
-COLLECTIVE_TIMEOUT = 10  # seconds: how a cut link is found
+SILENT_HOST_TIMEOUT = 10  # seconds: how a cut link is found (hvdrun's default is 30)
 COOLDOWN = ("10", "30")  # --blacklist-cooldown-range: a cut host is retried after this
 _LAUNCH = re.compile(r"launch (\d+): \d+ rank\(s\) on (\S+), ")
 
@@ -131,6 +133,7 @@ class Cluster:
         size_args = ["--min-np", str(SLOTS), "--max-np", str(a.np)]
         size_args += ["--host-discovery-script", str(self.discover)]
         size_args += ["--network-interface", LINK, "--blacklist-cooldown-range", *COOLDOWN]
+        size_args += ["--silent-host-timeout", str(SILENT_HOST_TIMEOUT)]
         return Job(
             a,
             work,
@@ -138,10 +141,7 @@ class Cluster:
             state_dir,
             size_args=size_args,
             wrap=lambda cmd: self.hosts.wrap(self.names[0], cmd),
-            env={
-                "HVDLITE_COLLECTIVE_TIMEOUT": str(COLLECTIVE_TIMEOUT),
-                "HVDLITE_ELASTIC_DISCOVERY_INTERVAL": "0.5",
-            },
+            env={"HVDLITE_ELASTIC_DISCOVERY_INTERVAL": "0.5"},
         )
 
 
@@ -203,6 +203,13 @@ def _host_fault_aftermath(cluster: Cluster, job: Job, fault: Fault, seed: int) -
                 job.log_text()
             ):
                 raise Invariant(f"seed {seed}: hvdrun did not name the cut host {fault.host}")
+            if fault.kind == "linkcut" and f"{fault.host} stopped answering" not in (
+                job.log_text()
+            ):
+                raise Invariant(
+                    f"seed {seed}: the launch did not end by hvdrun no longer hearing "
+                    f"{fault.host} (--silent-host-timeout)"
+                )
             if fault.kind == "leave":  # a cut link goes up at once: see the module doc
                 _wait(
                     lambda: (

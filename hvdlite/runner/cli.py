@@ -58,6 +58,10 @@ REPORT_TAIL_LINES = 10
 # In an elastic job a rank stopped this long (SIGSTOP: a frozen process) is killed, so
 # that the job relaunches from its last commit instead of waiting on it forever.
 ELASTIC_FROZEN_TIMEOUT = 30.0
+# In an elastic job a host none of whose ranks' wrappers has been heard from this long
+# (a cut link, a hung host: TCP retries in silence) ends the launch, which relaunches
+# without it, instead of every other rank waiting on it.
+ELASTIC_SILENT_HOST_TIMEOUT = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +92,7 @@ class Launch:
     notes: tuple[str, ...] = ()
     ssh_hosts: tuple[str, ...] = ()
     ssh_args: tuple[str, ...] = ()
+    silent_timeout: float = 0.0  # --silent-host-timeout (0: off); the wrappers beat
 
     def shell_line(self) -> str:
         """The command as one shell line, the job's variables in front; a value that may
@@ -351,6 +356,12 @@ def prepare(
         frozen = ELASTIC_FROZEN_TIMEOUT
     if frozen:
         program += ["--frozen-after", f"{frozen:g}"]
+    silent = values.get("silent_host_timeout")
+    if silent is None and placement is not None:  # see ELASTIC_SILENT_HOST_TIMEOUT
+        silent = ELASTIC_SILENT_HOST_TIMEOUT
+    silent = float(silent or 0.0)
+    if silent:
+        program += ["--beat", f"{protocol.beat_interval(silent):g}"]
     program += ["--", *args.command]
     local = hosts is None or all_local(hosts)
     from_allocation = slurm.in_allocation(environ) and not (
@@ -423,6 +434,7 @@ def prepare(
         _notes(values, mpi, nics),
         ssh_hosts,
         tuple(ssh_args),
+        silent,
     )
 
 
@@ -538,5 +550,10 @@ def _run(argv: list[str]) -> int:
 
     placed = rank_hosts(launch.hosts, launch.np) if launch.hosts else None
     return run_job(
-        launch.cmd, launch.env, np=launch.np, start_timeout=launch.start_timeout, placed=placed
+        launch.cmd,
+        launch.env,
+        np=launch.np,
+        start_timeout=launch.start_timeout,
+        placed=placed,
+        silent_timeout=launch.silent_timeout,
     )

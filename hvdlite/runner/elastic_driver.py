@@ -17,8 +17,9 @@ the unit of recovery is the whole MPI job.  Each turn of the loop is a *launch*
    tell each rank where the state is (:mod:`hvdlite.elastic.layout`), once
    ssh can log in to every host (with a source that can change, a host it
    cannot log in to is left out as in step 4 and the launch placed again
-   without it: a host whose link went down mid-job ends that launch through
-   ``HVDLITE_COLLECTIVE_TIMEOUT`` and is found here); while it
+   without it: a host whose link went down mid-job ends that launch once
+   hvdrun has not heard from its ranks for ``--silent-host-timeout``, and is
+   found here); while it
    runs, poll the source every ``HVDLITE_ELASTIC_DISCOVERY_INTERVAL`` seconds
    and, when the placement would change, post the host-update notice: the
    ranks raise ``HostsUpdatedInterrupt`` at their next ``commit()``, commit, and
@@ -229,6 +230,9 @@ def _commit_on_disk(job_dir: str, job_id: str) -> Commit | None:
 
 
 def _what_failed(outcome: JobOutcome) -> str:
+    if outcome.reason == "silent-host":
+        hosts = ", ".join(outcome.silent_hosts)
+        return f"host{'s' if len(outcome.silent_hosts) > 1 else ''} {hosts} stopped answering"
     failure = outcome.failure
     if failure is not None:
         return f"rank {failure.rank} on host {failure.host} {failure.how}"
@@ -394,6 +398,7 @@ def _loop(
                 err=streams[1],
                 quiet_codes=(HOSTS_UPDATED_EXIT, STATE_ERROR_EXIT),
                 host_names=rank_hosts(placement),
+                silent_timeout=launch.silent_timeout,
             )
         finally:
             if watch.is_alive():
@@ -436,7 +441,9 @@ def _loop(
             what = _what_failed(outcome)
             restarts += 1
             resets += 1
-            if outcome.failure is not None and source.dynamic:
+            # A silent host is judged by the next launch's ssh check: one that is still
+            # cut off is left out there, one that answers again stays in.
+            if outcome.failure is not None and source.dynamic and not outcome.silent_hosts:
                 host, why = _judge_failure(outcome, placement, history, launch)
                 if why is None:
                     say(

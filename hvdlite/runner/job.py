@@ -30,6 +30,14 @@ Contract of :func:`run_job`:
   hvdrun names the ranks still missing and their hosts (as *placed*, rank ->
   host, where no status line named it) and returns 1.  A program that never
   calls ``hvdlite.init()`` has only the first bound;
+- with ``silent_timeout`` (the task wrappers then say ``alive`` every
+  ``protocol.beat_interval(silent_timeout)`` seconds), a rank that started and has not
+  exited, from which no status line came for that long while other ranks were
+  still heard, is taken as cut off:
+  its host stopped, or its network link went down, and TCP would retry in
+  silence while every other rank waits on it.  The job is stopped, hvdrun names
+  those ranks and their hosts and returns 1, and :class:`JobOutcome` lists the
+  hosts (``silent_hosts``);
 - the return value is 0 when the launcher and all ranks succeeded, 128+N after
   signal N to hvdrun, otherwise non-zero;
 - *quiet_codes* (elastic jobs): exit codes with which every rank leaves together
@@ -66,6 +74,7 @@ __all__ = [
     "run_job_outcome",
     "JobOutcome",
     "format_start_timeout",
+    "format_silent_hosts",
     "STOP_GRACE_SECONDS",
     "MAX_PENDING_BYTES",
 ]
@@ -202,8 +211,12 @@ class _Job:
         quiet_codes: Sequence[int] = (),
         host_names: Mapping[int, str] | None = None,
         placed: Mapping[int, str] | None = None,
+        silent_timeout: float = 0.0,
     ) -> None:
         self.proc, self.np, self.start_timeout, self.launcher = proc, np, start_timeout, launcher
+        self.silent_timeout = silent_timeout
+        self.heard: dict[int, float] = {}  # rank -> when its last status line came
+        self.silent: list[int] = []  # the ranks a silent-host stop was for
         self.err = err
         self.started: set[int] = set()
         self.failures: list[Failure] = []
@@ -257,6 +270,8 @@ class _Job:
         event = message.get("event")
         if isinstance(rank, int) and message.get("host"):
             self.hosts[rank] = message["host"]
+        if isinstance(rank, int):
+            self.heard[rank] = time.monotonic()
         if event == "exit":
             self.exited.add(rank)
         if event == "start" and isinstance(rank, int):
@@ -290,6 +305,20 @@ class _Job:
         silent = [rank for rank in waiting if rank not in self.mpi_begun]
         return silent, [rank for rank in waiting if rank in self.mpi_begun]
 
+    def silent_ranks(self, now: float) -> list[int]:
+        """Ranks that started, have not exited, and said nothing for ``silent_timeout``
+        while another rank was heard in the last half of it.  When every rank is quiet
+        the fault is on the path to hvdrun itself (its output not read, the launcher
+        hung), which no relaunch on other hosts would mend: that is no silent host."""
+        quiet = {rank: now - self.heard.get(rank, now) for rank in self.started - self.exited}
+        if not any(age < self.silent_timeout / 2 for age in quiet.values()):
+            return []
+        return sorted(rank for rank, age in quiet.items() if age > self.silent_timeout)
+
+    def silent_hosts(self) -> tuple[str, ...]:
+        """The hosts of the silent ranks, each once, in rank order."""
+        return tuple(_ranks_by_host(self, self.silent)) if self.reason == "silent-host" else ()
+
     def host_of(self, rank: int) -> str | None:
         return self.host_names.get(rank) or self.hosts.get(rank) or self.placed.get(rank)
 
@@ -321,6 +350,13 @@ class _Job:
             if self.start_phase is not None:
                 self.start_missing = self.silent_and_stuck()  # before the stop's exits
                 self.stop("start-timeout")
+        if self.reason is None and self.silent_timeout > 0:
+            silent = self.silent_ranks(now)
+            if silent:  # the report names every rank still running on those hosts
+                hosts = {self.host_of(rank) for rank in silent}
+                live = self.started - self.exited
+                self.silent = sorted(rank for rank in live if self.host_of(rank) in hosts)
+                self.stop("silent-host")
         if (
             self.reason is None
             and self.quiet_since is not None
@@ -356,10 +392,11 @@ def _catch_stop_signals(into: list[int]) -> dict:
 @dataclasses.dataclass(frozen=True)
 class JobOutcome:
     """How a job ended: ``code`` is what :func:`run_job` returns; ``reason`` is None
-    (the ranks ended by themselves), "failure", "signal", "start-timeout" or
-    "quiet-timeout"; ``failure`` the first failing rank (None when none failed);
-    ``quiet_exits`` rank -> quiet code for the ranks that left with one;
-    ``failures`` every rank that reported a non-zero status."""
+    (the ranks ended by themselves), "failure", "signal", "start-timeout",
+    "silent-host" or "quiet-timeout"; ``failure`` the first failing rank (None
+    when none failed); ``quiet_exits`` rank -> quiet code for the ranks that left
+    with one; ``failures`` every rank that reported a non-zero status;
+    ``silent_hosts`` the hosts a "silent-host" stop was for."""
 
     code: int
     reason: str | None
@@ -367,6 +404,7 @@ class JobOutcome:
     quiet_exits: dict
     signum: int | None = None
     failures: tuple = ()
+    silent_hosts: tuple = ()
 
 
 def run_job(
@@ -378,10 +416,18 @@ def run_job(
     out: BinaryIO | None = None,
     err: BinaryIO | None = None,
     placed: Mapping[int, str] | None = None,
+    silent_timeout: float = 0.0,
 ) -> int:
     """Run *cmd* (a launcher command whose ranks run the task wrapper); see the module doc."""
     return run_job_outcome(
-        cmd, env, np=np, start_timeout=start_timeout, out=out, err=err, placed=placed
+        cmd,
+        env,
+        np=np,
+        start_timeout=start_timeout,
+        out=out,
+        err=err,
+        placed=placed,
+        silent_timeout=silent_timeout,
     ).code
 
 
@@ -396,6 +442,7 @@ def run_job_outcome(
     quiet_codes: Sequence[int] = (),
     host_names: Mapping[int, str] | None = None,
     placed: Mapping[int, str] | None = None,
+    silent_timeout: float = 0.0,
 ) -> JobOutcome:
     """:func:`run_job`, returning a :class:`JobOutcome` (see the module doc)."""
     signals: list[int] = []
@@ -412,6 +459,7 @@ def run_job_outcome(
             quiet_codes,
             host_names,
             placed,
+            silent_timeout,
         )
     finally:
         for signum, handler in previous.items():
@@ -429,6 +477,7 @@ def _run(
     quiet_codes: Sequence[int] = (),
     host_names: Mapping[int, str] | None = None,
     placed: Mapping[int, str] | None = None,
+    silent_timeout: float = 0.0,
 ) -> JobOutcome:
     token = env.get(protocol.TOKEN_VARIABLE) or protocol.new_token()
     env = {
@@ -450,6 +499,7 @@ def _run(
         quiet_codes,
         host_names,
         placed or host_names,
+        silent_timeout,
     )
     readers = [
         _Reader("stdout", proc.stdout, out, events, tail, token, np),
@@ -495,6 +545,7 @@ def _run(
         dict(job.quiet_exits),
         job.signum,
         tuple(job.failures),
+        job.silent_hosts(),
     )
 
 
@@ -504,6 +555,9 @@ def _conclude(job: _Job, returncode: int, wall_start: float, tail, notices: int 
         return 128 + job.signum
     if job.reason == "start-timeout":
         job.say(format_start_timeout(job))
+        return 1
+    if job.reason == "silent-host":
+        job.say(format_silent_hosts(job))
         return 1
     failure = first_failure(job.failures)
     if failure is None and job.quiet_exits:  # left on purpose: the caller says why
@@ -562,3 +616,18 @@ def format_start_timeout(job: _Job) -> str:
         f"hosts that did not answer: {', '.join(answered) or 'unknown'}; stopped the job. {check}"
     )
     return "".join(f"hvdrun: {line}\n" for line in lines)
+
+
+def format_silent_hosts(job: _Job) -> str:
+    """hvdrun's report of ranks it stopped hearing from (``silent_timeout``): which,
+    on which hosts, what it means and what to check."""
+    by_host = _ranks_by_host(job, job.silent)
+    named = [host for host in by_host if host != "an unknown host"]
+    return (
+        f"hvdrun: no word for {job.silent_timeout:g} s (--silent-host-timeout) from "
+        f"{_where(by_host)}: the host{'s' if len(named) > 1 else ''} "
+        f"{', '.join(named) or 'unknown'} stopped answering (down, hung, or its network "
+        "link cut), while the other ranks wait on it; stopped the job.\n"
+        "hvdrun: Check that the host is up and reaches this one over the network; "
+        "an elastic job relaunches without a host ssh cannot log in to.\n"
+    )

@@ -286,6 +286,16 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "SECONDS",
     ),
     Option(
+        "silent_host_timeout",
+        ("--silent-host-timeout",),
+        "seconds without a word from a rank's task wrapper (they speak every few "
+        "seconds) before hvdrun takes its host as cut off (down, or its link cut), "
+        "stops the job naming it, and under an elastic option relaunches without it "
+        "(default 30 in elastic jobs, 0 otherwise; 0: never)",
+        _number(float, 0),
+        "SECONDS",
+    ),
+    Option(
         "output_filename",
         ("--output-filename",),
         "also write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr",

@@ -3,7 +3,9 @@
 Each rank's wrapper writes a line ``<marker> <json>`` when its command starts
 (``start``), when the command reports that it begins and has finished starting
 MPI (``mpi-begin``, ``mpi-ready``: see ``hvdlite/start_report.py``, which writes
-to the pipe named by ``$HVDLITE_START_FD``), and when it ends (``exit``).
+to the pipe named by ``$HVDLITE_START_FD``), every few seconds while it runs
+when hvdrun asks for it (``alive``: how hvdrun tells a host that stopped
+answering from one that is busy), and when it ends (``exit``).
 The line travels with the rank's ordinary stderr, through mpiexec's (or
 srun's) output forwarding, so it reaches hvdrun from any host without a shared
 file system or an extra network port.  The MPI launcher may
@@ -33,6 +35,7 @@ __all__ = [
     "TOKEN_VARIABLE",
     "START_FD_VARIABLE",
     "new_token",
+    "beat_interval",
     "marker",
     "encode",
     "decode",
@@ -66,6 +69,7 @@ _FIELDS = {
     "start": {"host": _is_str, "pid": _is_int, "size": lambda v: _is_int(v) and v >= 1},
     "mpi-begin": {"host": _is_str},
     "mpi-ready": {"host": _is_str},
+    "alive": {"host": _is_str},
     "exit": {
         "host": _is_str,
         "code": lambda v: _is_int(v) and 0 <= v < 256,
@@ -77,6 +81,15 @@ _FIELDS = {
         "tail": _is_lines,
     },
 }
+
+
+_BEATS_PER_TIMEOUT = 6  # a rank is silent only once this many alive lines went missing
+
+
+def beat_interval(silent_timeout: float) -> float:
+    """How often (seconds) the task wrappers say ``alive`` when hvdrun takes a rank
+    not heard from for *silent_timeout* seconds as cut off."""
+    return max(silent_timeout / _BEATS_PER_TIMEOUT, 0.5)
 
 
 def new_token() -> str:

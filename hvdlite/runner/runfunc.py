@@ -359,6 +359,7 @@ def run(
             out=_sink(sys.stdout),
             err=_sink(sys.stderr),
             placed=rank_hosts(launch.hosts, launch.np) if launch.hosts else None,
+            silent_timeout=launch.silent_timeout,
         )
         return _collect(directory, launch.np, code, remote=launch.hosts is not None)
     finally:

@@ -23,6 +23,10 @@ Contract, for each rank:
   process group once one of its processes has been stopped (SIGSTOP) for S
   seconds (:mod:`process_state`): a frozen rank would hold its peers forever,
   and its exit line then says how long it was stopped (``frozen``);
+- with ``--beat S`` (hvdrun's ``--silent-host-timeout``), writes an ``alive``
+  status line every S seconds while the child runs: the wrapper, not the
+  child, so a rank busy in a long step or stopped is still heard; what stops
+  the lines is a host, or its network link, that stopped answering;
 - hands the child a pipe named by ``$HVDLITE_START_FD``, on which ``hvdlite.init()``
   says when it begins and when it has finished starting MPI
   (``hvdlite/start_report.py``), and passes each word on to hvdrun as a status
@@ -286,6 +290,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--output-dir", default=None)
     parser.add_argument("--timestamp", action="store_true")
     parser.add_argument("--frozen-after", type=float, default=0.0)
+    parser.add_argument("--beat", type=float, default=0.0)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
@@ -346,6 +351,12 @@ def _status(token: str, event: str, rank: int, host: str, **fields) -> None:
     _write_all(2, protocol.encode(message, token))
 
 
+def _beat(token: str, rank: int, host: str, every: float, done: threading.Event) -> None:
+    """Say ``alive`` every *every* seconds until *done* is set (see ``--beat``)."""
+    while not done.wait(every):
+        _status(token, "alive", rank, host)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one rank's command; return its exit code (128+N when killed by signal N)."""
     args = _parse(sys.argv[1:] if argv is None else argv)
@@ -402,7 +413,13 @@ def main(argv: list[str] | None = None) -> int:
     for pump in pumps:
         pump.start()
     threading.Thread(target=supervisor.watch, daemon=True).start()
+    beating = threading.Event()
+    if token and args.beat > 0:
+        threading.Thread(
+            target=_beat, args=(token, rank, host, args.beat, beating), daemon=True
+        ).start()
     returncode = child.wait()
+    beating.set()
     ended = time.time()
     for pump in pumps:  # a daemonized grandchild may hold a pipe open: do not wait forever
         pump.join(timeout=2.0)

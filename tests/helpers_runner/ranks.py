@@ -85,6 +85,10 @@ elif mode == "freeze":
     if rank == 1:
         print(f"rank {rank} is about to stop itself", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
+elif mode == "stop-wrapper":
+    if rank == 1:  # its task wrapper falls silent, as on a host whose link is cut
+        print(f"rank {rank} is about to stop its wrapper", flush=True)
+        os.kill(os.getppid(), signal.SIGSTOP)
 elif mode == "sleep":
     print(f"rank {rank} ready", flush=True)
 else:
