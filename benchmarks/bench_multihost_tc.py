@@ -10,7 +10,10 @@ shaped links (both of each host's networks are shaped: MPI may pick either).  Jo
 alternate between the flat setting, ``HVDLITE_HIERARCHICAL_ALLREDUCE=1`` /
 ``HVDLITE_HIERARCHICAL_ALLGATHER=1`` and ``HVDLITE_HALF_SUMS_PER_HOP=1`` (float16
 partial sums rounded at every hop of the ring; ``--settings`` picks some).
-Each job times allreduce of 4 MB and 64 MB, allgather of 16 MB per rank and torch
+Each job times allreduce of 4 MB and 64 MB, a float16 allreduce of 32 MB (the
+hierarchical jobs reduce it in two levels with 16 bits across hosts, the flat jobs
+on the flat 16-bit wire; the pair is printed as a ratio line, with the torch steps
+under ``Compression.fp16`` and ``.bf16``), allgather of 16 MB per rank and torch
 training steps (an MLP with 16 MB of gradients, ``DistributedOptimizer`` over SGD
 without and with ``Compression.fp16`` and ``.bf16``, and over AdamW unsharded and with
 ``shard_optimizer_state=True``; the two ratios are printed after the table for the
@@ -47,6 +50,7 @@ RESULT = "BENCH-RESULT "
 CASES = (
     ("allreduce", 4),
     ("allreduce", 64),
+    ("allreduce fp16", 32),
     ("allgather", 16),
     ("torch step", 16),
     ("torch step fp16", 16),
@@ -277,7 +281,11 @@ def worker(iters: int) -> None:
 
     for kind, mb in CASES:
         x = np.ones((mb << 20) // 4, np.float32)
-        if kind == "allreduce":
+        if kind == "allreduce fp16":  # 16-bit values, as Compression.fp16 hands over
+            x = np.random.default_rng(hvd.rank()).standard_normal((mb << 20) // 2)
+            x = x.astype(np.float16)
+            fn = lambda x=x, mb=mb: hvd.allreduce(x, op=hvd.Average, name=f"b.h.{mb}")  # noqa: E731
+        elif kind == "allreduce":
             fn = lambda x=x, mb=mb: hvd.allreduce(x, op=hvd.Sum, name=f"b.ar.{mb}")  # noqa: E731
         elif kind == "allgather":
             fn = lambda x=x, mb=mb: hvd.allgather(x, name=f"b.ag.{mb}")  # noqa: E731
@@ -473,6 +481,7 @@ def main(argv=None) -> int:
     )
     if "flat" in runs and "hierarchical" in runs:
         _print_hierarchical_vs_flat(runs)
+        _print_halves_in_two_levels(runs)
     for name in settings:
         plain = min(r[0]["AdamW step 16 MB"][0] for r in runs[name])
         sharded = min(r[0]["AdamW sharded 16 MB"][0] for r in runs[name])
@@ -532,6 +541,19 @@ def _print_hierarchical_vs_flat(runs) -> None:
         f"{'bytes into h2, a job':22s}{hier_bytes / 2**20:12.0f}MB{flat_bytes / 2**20:10.0f}MB"
         f"{hier_bytes / flat_bytes:8.2f}  (the cross-host bytes the hierarchical path saves)"
     )
+
+
+def _print_halves_in_two_levels(runs) -> None:
+    """float16 and bfloat16 through the two levels (node partial sums, 16 bits
+    across hosts) against the flat 16-bit wire, from the same run's jobs."""
+    for case in ("allreduce fp16 32 MB", "torch step fp16 16 MB", "torch step bf16 16 MB"):
+        hier = min((r[0][case] for r in runs["hierarchical"]), key=lambda pair: pair[0])
+        flat = min((r[0][case] for r in runs["flat"]), key=lambda pair: pair[0])
+        print(
+            f"{case}, hierarchical 16-bit vs flat 16-bit: {hier[0] * 1e3:.1f} ms vs "
+            f"{flat[0] * 1e3:.1f} ms = {hier[0] / flat[0]:.2f}x; bytes into h2 "
+            f"{hier[1] / 2**20:.1f} MB vs {flat[1] / 2**20:.1f} MB = {hier[1] / flat[1]:.2f}x"
+        )
 
 
 def _print_autotune(steps: int, tuned, flat_runs) -> None:

@@ -9,6 +9,7 @@ there fail with HorovodInternalError.  Rank queries are local.
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
 import sys
@@ -338,7 +339,7 @@ def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None)
     from .engine.transports.hierarchical import Hierarchical
 
     hierarchical = None
-    if cfg.hierarchical_allreduce or cfg.hierarchical_allgather:
+    if cfg.hierarchical_allreduce or cfg.hierarchical_allgather or _tunes_two_levels(cfg, new):
         hierarchical = Hierarchical.create(new)
     new.timeline = timeline
     tuning = None
@@ -360,6 +361,16 @@ def _start(world, cfg, set_ranks, timeline, dynamic: bool, MPI, sample_log=None)
         tuning=tuning,
     )
     return new
+
+
+def _tunes_two_levels(cfg, new: Runtime) -> bool:
+    """Whether autotune will try hierarchical allreduce (the same on every rank:
+    the knobs agree and every rank knows every rank's node)."""
+    if not cfg.autotune:
+        return False
+    from .autotune import two_levels_worth_trying
+
+    return two_levels_worth_trying(collections.Counter(new.node_of).values())
 
 
 def _end_job_after_failed_start(world, exc: BaseException) -> None:

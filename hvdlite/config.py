@@ -94,7 +94,8 @@ KNOBS: tuple[Knob, ...] = (
         False,
         "reduce-scatter inside each node, allreduce each shard across nodes, allgather inside "
         "the node (nodes of unequal size: reduce to one rank per node, allreduce across nodes, "
-        "broadcast inside each node)",
+        "broadcast inside each node); large float16 and bfloat16 sums are summed in float32 "
+        "inside each node and cross nodes as 16-bit node partial sums",
         agree=True,
     ),
     Knob(

@@ -298,3 +298,38 @@ def test_rank_0_says_in_one_line_what_autotune_settled_on(caplog):
         assert settled_lines(logging.ERROR)[1] == []  # errors only: quiet
     finally:
         hvdlite_log.setLevel(level)
+
+
+@pytest.mark.parametrize(
+    "nodes, offered",
+    [
+        ([(0, 1), (2, 3)], True),  # two hosts of two ranks: one link per host
+        ([(0, 1), (2,)], True),  # node sizes differ: the leaders cross
+        ([(0, 1, 2, 3)], False),  # one node: the two levels run as one
+        ([(0,), (1,), (2,), (3,)], False),  # a rank per node: nothing to sum in the node
+        (None, False),  # no two-level helper
+    ],
+    ids=["2x2", "2+1", "one-node", "a-rank-per-node", "no-helper"],
+)
+def test_hierarchical_allreduce_is_tuned_where_two_levels_can_save_the_link(nodes, offered):
+    """Offered whether or not the knob was set: with Compression.fp16 or .bf16 the
+    two levels still move 16 bits across hosts, one node partial per node."""
+    from types import SimpleNamespace
+
+    from hvdlite.autotune import tuning_for, two_levels_worth_trying
+    from hvdlite.engine.transports.routes import Router
+
+    require_scikit_learn()
+    size = 4 if nodes is None else sum(len(n) for n in nodes)
+    node_of = [0] * size if nodes is None else [n[0] for n in nodes for _ in n]
+    router = Router(size, [0, 1], True, False, False, node_of=node_of)
+    helper = None if nodes is None else SimpleNamespace(nodes=nodes)
+    cfg = config.read_config({"HVDLITE_AUTOTUNE": "1"})
+    link = tuning_for(cfg, 0, size, router, helper)
+    assert ("hierarchical_allreduce" in link.tuner.space.switches) == offered
+    assert {s.hierarchical_allreduce for s in link.tuner.space.settings} == (
+        {False, True} if offered else {False}
+    )
+    if nodes is not None:
+        assert two_levels_worth_trying(len(n) for n in nodes) == offered
+    assert tuning_for(cfg, 1, size, router, helper).tuner is None  # rank 0 decides

@@ -112,3 +112,35 @@ def test_float16_partial_sums_go_per_hop_only_around_a_ring_and_when_asked():
         not Router(4, [0, 2], True, False, False, node_of=round_robin).routes(range(4)).half_per_hop
     )
     assert not HalfWirePeer(None, None, per_hop=True).per_hop  # no ring to go around
+
+
+def test_halves_take_the_two_levels_first_where_allreduces_go_through_them():
+    from types import SimpleNamespace
+
+    from hvdlite.engine.transports.half_two_level import HalfTwoLevelPeer
+    from hvdlite.engine.transports.peer import lineup
+
+    def peers_of(routes):
+        return lineup(
+            routes,
+            "mpi",
+            "adasum",
+            lambda kinds: ("hierarchical", kinds),
+            lambda kinds: ("shm", kinds),
+            lambda device: [],
+            lambda order, per_hop: ("half", order),
+            None,
+            lambda: "half in two levels",
+        )
+
+    two_level = Router(4, [0, 1], True, True, False).routes(range(4))
+    assert peers_of(two_level)[1:3] == ("half in two levels", ("half", None))
+    flat = Router(4, [0, 1], True, False, False).routes(range(4))
+    assert "half in two levels" not in peers_of(flat)
+    one_node = Router(2, [0, 1], True, True, False).routes(range(2))
+    assert "half in two levels" not in peers_of(one_node)  # nothing crosses
+    # nodes of one rank: the peer steps aside, the flat wire rounds once
+    assert HalfTwoLevelPeer(None, SimpleNamespace(nodes=[(0, 1), (2, 3)])).useful
+    assert HalfTwoLevelPeer(None, SimpleNamespace(nodes=[(0, 1), (2,)])).useful
+    assert not HalfTwoLevelPeer(None, SimpleNamespace(nodes=[(0,), (1,)])).useful
+    assert not HalfTwoLevelPeer(None, SimpleNamespace(nodes=[(0, 1, 2)])).useful

@@ -15,8 +15,12 @@ rank keeps the best setting.  The parts, innermost first:
 
 What is tuned: the fusion threshold and the cycle time always; the
 shared-memory allreduce path when the job's global set would use it (2-4 ranks
-on one node); hierarchical allreduce when it was turned on and the job spans
-several nodes (its communicators are made at ``init()`` only then).  Each of
+on one node); hierarchical allreduce when the job spans several nodes and some
+node holds more than one rank (:func:`~.space.two_levels_worth_trying`),
+whether or not ``HVDLITE_HIERARCHICAL_ALLREDUCE`` was set: ``init()`` then makes
+its communicators.  With 16-bit compression its float16 and bfloat16 batches
+still cross nodes as 16 bits, as node partial sums
+(:mod:`hvdlite.engine.transports.half_two_level`).  Each of
 these changes only how the agreed responses are cut and moved, which every
 rank decides from the same setting, so switching between two cycles is safe.
 The response cache (switching it off can only add work, and would need every
@@ -33,7 +37,7 @@ from __future__ import annotations
 from .link import TuningLink
 from .optimizer import BayesianOptimizer, require_scikit_learn
 from .setting import Setting
-from .space import SearchSpace
+from .space import SearchSpace, two_levels_worth_trying
 from .tuner import SampleLog, Tuner
 
 __all__ = [
@@ -46,6 +50,7 @@ __all__ = [
     "require_scikit_learn",
     "prepare",
     "tuning_for",
+    "two_levels_worth_trying",
 ]
 
 
@@ -72,7 +77,8 @@ def tuning_for(
     the knobs *cfg* the job was started with.
 
     *router*: the job's :class:`~hvdlite.engine.transports.routes.Router`; *hierarchical*:
-    the two-level helper or None.  Every rank derives the same start.
+    the two-level helper or None (``init()`` makes it for autotune where
+    :func:`two_levels_worth_trying` says so).  Every rank derives the same start.
     """
     from ..engine.transports.routes import Transport
 
@@ -83,8 +89,8 @@ def tuning_for(
     shared_memory = (
         router.shared_memory and flat.routes(range(world_size)).allreduce is Transport.SHARED_MEMORY
     )
-    multi_node = (
-        hierarchical is not None and hierarchical.allreduce_enabled and len(hierarchical.nodes) > 1
+    multi_node = hierarchical is not None and two_levels_worth_trying(
+        len(node) for node in hierarchical.nodes
     )
     tuner = None
     if rank == 0:

@@ -17,10 +17,21 @@ import numpy as np
 
 from .setting import Setting
 
-__all__ = ["SearchSpace", "THRESHOLDS", "CYCLE_TIMES_MS"]
+__all__ = ["SearchSpace", "THRESHOLDS", "CYCLE_TIMES_MS", "two_levels_worth_trying"]
 
 THRESHOLDS = tuple(1 << k for k in range(16, 29))  # 64 KiB .. 256 MiB
 CYCLE_TIMES_MS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)
+
+
+def two_levels_worth_trying(node_sizes) -> bool:
+    """Whether hierarchical allreduce belongs in the search space of a job whose
+    nodes hold *node_sizes* ranks: it spans several nodes and some node has more
+    than one rank, so the two levels can send a node's values across once (for
+    float16 and bfloat16 batches, from 16-bit compression, as 16-bit node
+    partial sums).  On one node, or with one rank per node, the two levels run as
+    one flat collective and the switch would only add noise to the search."""
+    sizes = list(node_sizes)
+    return len(sizes) > 1 and max(sizes) > 1
 
 
 def _scaled(value: float, low: float, high: float) -> float:

@@ -5,7 +5,8 @@ order (the engine guarantees it); ranks outside a batch's process set skip it.
 A set's transports are peers (:mod:`hvdlite.engine.transports.peer`) in one
 ordered list, its lineup, built from the set's
 :class:`~hvdlite.engine.transports.routes.Routes`: the device peers, Adasum, the
-16-bit wire for float16 across nodes, the two-level and shared-memory peers where
+16-bit wire for float16 and bfloat16 across nodes (in two levels where the
+routes send allreduces through the two levels), the two-level and shared-memory peers where
 the routes send collectives there, the ring for large allreduces across nodes,
 and host MPI last.  The knobs decide the
 routes at ``init``; autotune replaces the router (:meth:`MPIExecutor.use_router`);
@@ -26,6 +27,7 @@ from ..util.dtypes import reduce_dtype
 from .messages import Kind, Response
 from .transports.adasum import AdasumPeer
 from .transports.device import device_peers
+from .transports.half_two_level import HalfTwoLevelPeer
 from .transports.half_wire import HalfWirePeer
 from .transports.host import MPI_OPS, HierarchicalPeer, MpiPeer, mpi_allreduce
 from .transports.peer import Context, counts_of, lineup
@@ -60,6 +62,7 @@ class MPIExecutor:
         self._lineups: dict[int, tuple] = {}  # set id -> its ordered peers
         self._mpi = MpiPeer(self.ctx)
         self._adasum = AdasumPeer(self.ctx)
+        self._half_two_level_peer = None  # made for the first lineup that has one
         self.device = None  # the DeviceExecutor, made by the first device batch
 
     @property
@@ -200,8 +203,15 @@ class MPIExecutor:
                 lambda device_routes: device_peers(device_routes, self._device_executor),
                 lambda order, per_hop: HalfWirePeer(self.ctx, order, per_hop),
                 lambda order: RingPeer(self.ctx, order),
+                self._half_two_level if self.hierarchical is not None else None,
             )
         return peers
+
+    def _half_two_level(self) -> HalfTwoLevelPeer:
+        """The one 16-bit two-level peer (its counters outlive a change of routes)."""
+        if self._half_two_level_peer is None:
+            self._half_two_level_peer = HalfTwoLevelPeer(self.ctx, self.hierarchical)
+        return self._half_two_level_peer
 
     def _device_executor(self):
         if self.device is None:

@@ -46,6 +46,7 @@ _PATH_PREFIX = {
     "mpi": "MPI",
     "shared memory": "SHM",
     "hierarchical": "HIERARCHICAL",
+    "hierarchical, 16-bit floats across nodes": "HIERARCHICAL",
     "NCCL": "NCCL",
     "CUDA-aware MPI": "MPI",
     "staged through host memory": "MPI",

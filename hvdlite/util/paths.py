@@ -19,6 +19,7 @@ class Transport(enum.Enum):
     HIERARCHICAL = "hierarchical"
     ADASUM = "adasum"
     HALF_WIRE = "MPI, 16-bit floats on the wire"
+    HALF_TWO_LEVEL = "hierarchical, 16-bit floats across nodes"
     RING = "ring over MPI point-to-point"
     # device buffers (see hvdlite.device.selection)
     NCCL = "NCCL"

@@ -32,9 +32,13 @@ the same ring, and at 2 ranks they are the rounded-once sums.
 
 The path takes batches of float16 or of bfloat16 (fusion keeps the two apart) of
 at least :data:`HALF_WIRE_MIN_BYTES` on every
-set whose ranks are on more than one node, ahead of the two-level path: with 16
-bits per value a flat exchange moved a step's gradients faster than the two
-levels did with 32 (``bench_multihost_tc``).
+set whose ranks are on more than one node, ahead of the 32-bit two-level path:
+with 16 bits per value a flat exchange moved a step's gradients faster than the
+two levels did with 32 (``bench_multihost_tc``).  Where allreduces go through the
+two levels, :mod:`~hvdlite.engine.transports.half_two_level` takes these
+batches first and runs this module's exchanges (:func:`sum_in_float32`,
+:func:`allgather_halves`) inside and across nodes: the one 16-bit wire, on other
+communicators.
 
 Cross-rank contract: every member of the set reduces the same batches (agreed
 counts, scale factors) in the same order; the engine's response list ensures it.
@@ -55,7 +59,16 @@ from ..messages import Kind
 from .peer import Context, Peer
 from .ring import Ring
 
-__all__ = ["HalfWirePeer", "HALF_WIRE_MIN_BYTES"]
+__all__ = [
+    "HalfWirePeer",
+    "HALF_WIRE_MIN_BYTES",
+    "sum_in_float32",
+    "allgather_halves",
+    "prescaler",
+    "postscale",
+    "pack_halves",
+    "unpack_halves",
+]
 
 #: Smallest batch (float32 bytes) worth two collectives: below it one float32
 #: allreduce's latency costs less than the bytes saved.
@@ -105,43 +118,29 @@ class HalfWirePeer(Peer):
         out = tensors.outputs[0]
         direct = alone and out is not None and out.flags.c_contiguous
         result = out.reshape(-1) if direct else pool.get(half, total, slot=5)
-        self._allgather(comm, part.view(np.uint16), result.view(np.uint16), counts, starts)
+        self._allgather(comm, part, result, counts, starts)
         if tl is not None:
             tl.phase(COPY_OUT)
         if not direct:
-            _unpack(tensors, result)
+            unpack_halves(tensors, result)
 
     def _part_rounded_once(
         self, comm, tensors: Reduction, half, counts, starts, alone
     ) -> np.ndarray:
         """This rank's part of the sum: every rank's 16-bit values for it, gathered
         in one ``Alltoallv``, scaled and summed in float32, rounded once."""
-        pool, tl = self.ctx.pool, self.ctx.timeline
-        size, rank = comm.Get_size(), comm.Get_rank()
-        mine, lo = counts[rank], starts[rank]
+        pool = self.ctx.pool
+        lo = starts[comm.Get_rank()]
         if alone:
             send = tensors.inputs[0].reshape(-1)
         else:
             send = pool.get(half, tensors.total(), slot=0)
-            _pack(tensors, send)
-        received = pool.get(half, mine * size, slot=1)
-        if tl is not None:
-            tl.phase(COLLECTIVE)
-        comm.Alltoallv(
-            [send.view(np.uint16), (counts, starts)],
-            [received.view(np.uint16), ([mine] * size, [mine * q for q in range(size)])],
+            pack_halves(tensors, send)
+        total32 = sum_in_float32(
+            comm, pool, send, counts, prescaler(tensors), self.ctx.timeline, slots=(1, 2, 3)
         )
-        total32 = pool.get(np.float32, mine, slot=2)
-        term = pool.get(np.float32, mine, slot=3)
-        for q in range(size):
-            half_casts.widen(received[q * mine : (q + 1) * mine], total32 if q == 0 else term)
-            if q:
-                _scale(term, tensors.counts, tensors.prescales, lo)
-                np.add(total32, term, out=total32)
-            else:
-                _scale(total32, tensors.counts, tensors.prescales, lo)
         _scale(total32, tensors.counts, tensors.postscales, lo)
-        part = pool.get(half, mine, slot=4)
+        part = pool.get(half, total32.size, slot=4)
         half_casts.narrow(total32, part)
         return part
 
@@ -152,7 +151,7 @@ class HalfWirePeer(Peer):
         pool, tl = self.ctx.pool, self.ctx.timeline
         ring = self._ring_of(comm)
         buf = pool.get(half, tensors.total(), slot=0)
-        _pack(tensors, buf)  # always a copy: the ring overwrites it with partial sums
+        pack_halves(tensors, buf)  # always a copy: the ring overwrites it with partial sums
         widest = max(counts)
         acc, term = pool.get(np.float32, widest, slot=2), pool.get(np.float32, widest, slot=3)
         if any(f != 1.0 for f in tensors.prescales):
@@ -182,12 +181,8 @@ class HalfWirePeer(Peer):
     def _allgather(self, comm, part, result, counts, starts) -> None:
         """Every rank's *part* into *result* at its start: around the set's ring
         where it has one (at the link's rate), else MPI's ``Allgatherv``."""
-        if self.order is None:
-            comm.Allgatherv(part, [result, (counts, starts)])
-            return
-        rank = comm.Get_rank()
-        result[starts[rank] : starts[rank] + counts[rank]] = part
-        self._ring_of(comm).allgather(result, counts)
+        ring = None if self.order is None else self._ring_of(comm)
+        allgather_halves(comm, part, result, counts, starts, ring)
 
     def _ring_of(self, comm) -> Ring:
         if self._ring is None or self._ring.comm is not comm:
@@ -195,7 +190,61 @@ class HalfWirePeer(Peer):
         return self._ring
 
 
-def _pack(tensors: Reduction, send: np.ndarray) -> None:
+def sum_in_float32(comm, pool, send, counts, scale, timeline=None, slots=(1, 2, 3)):
+    """Collective over *comm*: this rank's part of the sum of every rank's 16-bit
+    *send*, in float32.
+
+    Rank q's part is *counts*[q] values from their offset; every rank sends each
+    rank its part of *send* as 16 bits in one ``Alltoallv``, and each rank widens
+    the contributions to its part to float32, applies ``scale(values, lo)`` to
+    each (*lo*: the first value's index in *send*; None: no scaling) and adds them
+    in rank order, the first contribution widened rather than added to a zero.
+    Returns the float32 part, a buffer of *pool* at ``slots[1]`` (``slots[0]``:
+    the received half values, ``slots[2]``: a scratch term)."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    mine, lo = counts[rank], offsets(counts)[rank]
+    received = pool.get(send.dtype, mine * size, slot=slots[0])
+    if timeline is not None:
+        timeline.phase(COLLECTIVE)
+    comm.Alltoallv(
+        [send.view(np.uint16), (counts, offsets(counts))],
+        [received.view(np.uint16), ([mine] * size, [mine * q for q in range(size)])],
+    )
+    total32 = pool.get(np.float32, mine, slot=slots[1])
+    term = pool.get(np.float32, mine, slot=slots[2])
+    for q in range(size):
+        into = total32 if q == 0 else term
+        half_casts.widen(received[q * mine : (q + 1) * mine], into)
+        if scale is not None:
+            scale(into, lo)
+        if q:
+            np.add(total32, term, out=total32)
+    return total32
+
+
+def allgather_halves(comm, part, result, counts, starts, ring=None) -> None:
+    """Collective over *comm*: every rank's 16-bit *part* into *result* at its
+    start, moved as 16 bits: around *ring* (a :class:`Ring` over *comm*) where
+    given, else MPI's ``Allgatherv``."""
+    part, result = part.view(np.uint16), result.view(np.uint16)
+    if ring is None:
+        comm.Allgatherv(part, [result, (counts, starts)])
+        return
+    rank = comm.Get_rank()
+    result[starts[rank] : starts[rank] + counts[rank]] = part
+    ring.allgather(result, counts)
+
+
+def prescaler(tensors: Reduction):
+    """``scale(values, lo)`` applying each tensor's prescale in float32, or None
+    where every prescale is 1."""
+    if all(f == 1.0 for f in tensors.prescales):
+        return None
+    return lambda values, lo: _scale(values, tensors.counts, tensors.prescales, lo)
+
+
+def pack_halves(tensors: Reduction, send: np.ndarray) -> None:
+    """The batch's inputs one after another into *send* (zeros for a joined rank)."""
     at = 0
     for inp, count in zip(tensors.inputs, tensors.counts):
         if inp is None:  # a joined rank contributes zeros
@@ -205,12 +254,19 @@ def _pack(tensors: Reduction, send: np.ndarray) -> None:
         at += count
 
 
-def _unpack(tensors: Reduction, result: np.ndarray) -> None:
+def unpack_halves(tensors: Reduction, result: np.ndarray) -> None:
+    """*result* cut into the batch's outputs (none on a joined rank)."""
     at = 0
     for out, count in zip(tensors.outputs, tensors.counts):
         if out is not None:
             out[...] = result[at : at + count].reshape(out.shape)
         at += count
+
+
+def postscale(tensors: Reduction, values: np.ndarray, lo: int) -> None:
+    """Multiply *values* (elements lo.. of the batch) by their tensor's postscale,
+    in float32."""
+    _scale(values, tensors.counts, tensors.postscales, lo)
 
 
 def _scale(values: np.ndarray, counts, factors, lo: int) -> None:

@@ -87,6 +87,11 @@ class Hierarchical:
         # the cross-node stage of large sums: around a ring of the nodes
         self._cross_ring = Ring(cross) if ring and len(nodes) > 1 else None
 
+    @property
+    def cross_ring(self) -> Ring | None:
+        """The ring of nodes over the cross communicator (None: ring off, or one node)."""
+        return self._cross_ring
+
     # ---------------------------------------------------------------- creation
     @classmethod
     def create(cls, state) -> Hierarchical:

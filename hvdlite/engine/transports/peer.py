@@ -90,7 +90,15 @@ class Peer:
 
 
 def lineup(
-    routes, mpi: Peer, adasum: Peer, hierarchical, shared_memory, device, half_wire, ring=None
+    routes,
+    mpi: Peer,
+    adasum: Peer,
+    hierarchical,
+    shared_memory,
+    device,
+    half_wire,
+    ring=None,
+    half_two_level=None,
 ) -> tuple:
     """The ordered peers of a set with these *routes*: the device peers (their
     own order, :func:`~hvdlite.engine.transports.device.device_peers`), Adasum,
@@ -100,12 +108,17 @@ def lineup(
     MPI last, which takes every host batch.  *hierarchical* and *shared_memory*
     make those peers for a set of collective kinds; *ring* makes its peer for the
     set's ring order (``routes.ring``, None where it has none), and *half_wire*
-    for that order and ``routes.half_per_hop``."""
+    for that order and ``routes.half_per_hop``.  Where the routes send allreduces
+    through the two levels, *half_two_level* (None: no such peer) makes the
+    16-bit peer that keeps both: it stands before the flat 16-bit wire, which
+    takes what it leaves (nodes of one rank each)."""
     peers = list(device(routes.device))
     peers.append(adasum)
     if routes.half_allreduce is Transport.HALF_WIRE:
-        # before the two-level path too: across nodes 16 bits per value on a flat
-        # exchange beat 32 through the two levels (bench_multihost_tc)
+        # before the 32-bit two-level path: across nodes 16 bits per value on a
+        # flat exchange beat 32 through the two levels (bench_multihost_tc)
+        if routes.allreduce is Transport.HIERARCHICAL and half_two_level is not None:
+            peers.append(half_two_level())
         peers.append(half_wire(routes.ring, routes.half_per_hop))
     for transport, make in (
         (Transport.HIERARCHICAL, hierarchical),

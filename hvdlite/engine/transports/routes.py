@@ -37,8 +37,9 @@ class Routes(NamedTuple):
     allgather: Transport
     device: object = None  # a hvdlite.device.selection.DeviceRoutes, or None (staged)
     reducescatter: Transport = Transport.MPI
-    #: float16 Sum/Average allreduces of host arrays: 16-bit on the wire across
-    #: nodes (ahead of the two-level path)
+    #: float16 and bfloat16 Sum/Average allreduces of host arrays: 16-bit on the
+    #: wire across nodes (ahead of the 32-bit two-level path; where allreduces go
+    #: through the two levels, as 16-bit node partial sums)
     half_allreduce: Transport = Transport.MPI
     #: where the set spans nodes and the ring is on: its ranks (communicator ranks)
     #: in ring order, each node's together; large flat Sum/Average allreduces and

@@ -1,0 +1,140 @@
+"""float16 and bfloat16 allreduces in two levels: summed inside each node, then
+16 bits per value across nodes.
+
+Where hierarchical allreduce is on (``HVDLITE_HIERARCHICAL_ALLREDUCE=1``, or
+autotune's setting) and the job's nodes hold more than one rank, this peer takes
+the Sum and Average batches the flat 16-bit wire
+(:mod:`~hvdlite.engine.transports.half_wire`) would take.  The flat wire sends
+every rank's values across the links, so a host of L ranks sends L times what
+one rank does; here each host's values cross once, as one 16-bit partial sum
+per node.  The exchanges are the flat wire's own (:func:`sum_in_float32`,
+:func:`allgather_halves`), run on the two-level helper's communicators
+(:mod:`~hvdlite.engine.transports.hierarchical`):
+
+1. in the node: the batch is cut into one shard per local rank (where node sizes
+   differ, the node leader takes it all); each rank sends each local rank its
+   shard as 16 bits, and the owner widens the node's contributions to float32,
+   multiplies each by its tensor's prescale, adds them in local-rank order and
+   rounds the node's partial sum to 16 bits;
+2. across nodes, among the owners of the same shard (the cross communicator):
+   the flat wire's rounded-once sum of the node partials, whose 16-bit values
+   cross between hosts: widened, added in float32 in node order (nodes ordered
+   by their lowest rank), multiplied by the postscale and rounded to 16 bits;
+   then the 16-bit shards go round the nodes (the helper's ring of nodes, or
+   MPI's ``Allgatherv`` where the ring is off);
+3. in the node: one ``Allgatherv`` of the 16-bit shards.
+
+The rounding rule, then: a value is rounded twice, once as part of its node's
+partial sum and once as the total.  In numpy, for nodes ``k`` of ranks
+``r0 < r1 < ...``::
+
+    node[k] = (x[r0].astype(f32) * pre + x[r1].astype(f32) * pre + ...).astype(half)
+    result  = ((node[0].astype(f32) + node[1].astype(f32) + ...) * post).astype(half)
+
+(each sum left to right, narrowing to nearest even; Average's division is in
+``post``).  With one rank per node the node partial would be one more rounding
+for nothing, so this peer steps aside there and the flat wire's rounded-once
+rule holds.  ``HVDLITE_HALF_SUMS_PER_HOP`` concerns the flat wire's ring only.
+
+Cross-rank contract: every rank of the job runs the same batches in the same
+order (the engine's response list ensures it); the route sends only the whole
+job's set here, whose topology the helper describes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...device.buffers import Reduction
+from ...timeline.schema import COPY_IN, COPY_OUT
+from ...util import half_casts
+from ...util.paths import Transport
+from ...util.splits import even_split, offsets
+from .half_wire import (
+    HalfWirePeer,
+    allgather_halves,
+    pack_halves,
+    postscale,
+    prescaler,
+    sum_in_float32,
+    unpack_halves,
+)
+from .peer import Context
+
+__all__ = ["HalfTwoLevelPeer"]
+
+
+class HalfTwoLevelPeer(HalfWirePeer):
+    """float16 and bfloat16 Sum and Average allreduces of the whole job's host
+    arrays: in the node in float32, across nodes as 16 bits (module docstring)."""
+
+    transport = Transport.HALF_TWO_LEVEL
+
+    def __init__(self, ctx: Context, helper):
+        super().__init__(ctx)
+        self.helper = helper  # the two-level helper: node and cross communicators
+        nodes = helper.nodes
+        #: two levels are worth it: several nodes, and a node with more than one rank
+        self.useful = len(nodes) > 1 and max(len(n) for n in nodes) > 1
+        #: values and bytes this rank received over the cross communicator (from
+        #: other nodes), for tests and diagnostics
+        self.received_across = {"values": 0, "bytes": 0}
+
+    def accepts(self, p, comm, nbytes: int) -> bool:
+        return self.useful and super().accepts(p, comm, nbytes)
+
+    def node_counts(self, total: int) -> list[int]:
+        """The shard of each local rank: even where every node has the same size,
+        else the whole batch at the node leader."""
+        helper = self.helper
+        if helper.homogeneous:
+            return even_split(total, helper.local_size)
+        return [total] + [0] * (helper.local_size - 1)
+
+    def reduce(self, p0, tensors: Reduction, dtypes, wire, comm, layout_key) -> None:
+        tl, pool, helper = self.ctx.timeline, self.ctx.pool, self.helper
+        if tl is not None:
+            tl.via(self.transport)
+            tl.phase(COPY_IN)
+        half = np.dtype(dtypes[0])  # float16 or bfloat16, the same for the batch
+        total = tensors.total()
+        alone = len(tensors) == 1 and tensors.inputs[0] is not None
+        if alone:
+            send = tensors.inputs[0].reshape(-1)
+        else:
+            send = pool.get(half, total, slot=0)
+            pack_halves(tensors, send)
+        counts = self.node_counts(total)
+        starts = offsets(counts)
+        lo = starts[helper.local_rank]
+        node32 = sum_in_float32(helper.local, pool, send, counts, prescaler(tensors), tl)
+        shard = pool.get(half, node32.size, slot=4)
+        if shard.size:  # where node sizes differ, the leader's alone
+            half_casts.narrow(node32, shard)  # the node's partial sum, rounded once
+            self._across_nodes(tensors, shard, lo, half)
+        out = tensors.outputs[0]
+        direct = alone and out is not None and out.flags.c_contiguous
+        result = out.reshape(-1) if direct else pool.get(half, total, slot=5)
+        allgather_halves(helper.local, shard, result, counts, starts)
+        if tl is not None:
+            tl.phase(COPY_OUT)
+        if not direct:
+            unpack_halves(tensors, result)
+
+    def _across_nodes(self, tensors: Reduction, shard: np.ndarray, lo: int, half) -> None:
+        """*shard* (the node partials of values lo.. of the batch) summed over the
+        cross communicator in place: 16 bits per value between nodes, added in
+        float32 in node order, post-scaled, rounded once."""
+        pool, cross = self.ctx.pool, self.helper.cross
+        nodes, me = cross.Get_size(), cross.Get_rank()
+        counts = even_split(shard.size, nodes)
+        starts = offsets(counts)
+        mine = counts[me]
+        total32 = sum_in_float32(cross, pool, shard, counts, None, slots=(6, 2, 3))
+        postscale(tensors, total32, lo + starts[me])
+        part = pool.get(half, mine, slot=7)
+        half_casts.narrow(total32, part)
+        allgather_halves(cross, part, shard, counts, starts, self.helper.cross_ring)
+        # from other nodes: their values of this part, then the other parts whole
+        self.received_across["values"] += (nodes - 1) * mine + (shard.size - mine)
+        self.received_across["bytes"] += (nodes - 1) * part.nbytes + shard.nbytes - part.nbytes

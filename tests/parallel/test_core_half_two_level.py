@@ -1,0 +1,196 @@
+"""float16 and bfloat16 sums through the two levels: summed in float32 inside each
+node, 16 bits across nodes (hvdlite/engine/transports/half_two_level.py).
+
+Runs with hierarchical allreduce on, as simulated nodes of two consecutive ranks
+(HVDLITE_TEST_NODE_SIZE=2): at 4 ranks two nodes of 2 (a shard per local rank),
+at 3 ranks nodes of 2 + 1 (the leaders carry the whole batch), at 2 ranks one
+node, where nothing crosses and float16 reduces in a float32 copy.  Every rank
+rebuilds every rank's input from a seeded generator and replays the documented
+rule in numpy: each node's values scaled and summed in float32 in rank order and
+rounded to 16 bits; the node partials summed in float32 in node order, scaled
+by the postscale and rounded again.  The path must return exactly those bits:
+alone, summed and averaged, scaled, fused and grouped, with a rank that has
+joined, and from torch's Compression.fp16 and bf16.  And the values that cross
+between nodes travel as 2 bytes each, one node partial per node.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ["HVDLITE_TEST_NODE_SIZE"] = "2"  # knobs read by init(), hence at import
+os.environ["HVDLITE_HIERARCHICAL_ALLREDUCE"] = "1"
+
+from core_helpers import assert_bits, spy_on
+from core_helpers import half_values as values
+
+import hvdlite as hvd  # noqa: E402
+from hvdlite.engine.runtime import routes_of, state  # noqa: E402
+from hvdlite.engine.transports.half_two_level import HalfTwoLevelPeer  # noqa: E402
+from hvdlite.engine.transports.half_wire import HALF_WIRE_MIN_BYTES  # noqa: E402
+from hvdlite.util.dtypes import BFLOAT16  # noqa: E402
+from hvdlite.util.paths import Transport  # noqa: E402
+from hvdlite.util.splits import offsets  # noqa: E402
+
+MPI_SIZES = (2, 3, 4)
+MPI_ENV = {"HVDLITE_TEST_NODE_SIZE": "2", "HVDLITE_HIERARCHICAL_ALLREDUCE": "1"}
+
+pytestmark = pytest.mark.timeout(150)
+
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+NODES = [tuple(range(first, min(first + 2, N))) for first in range(0, N, 2)]
+ACROSS = len(NODES) > 1  # the set spans nodes: 16 bits cross between them
+LARGE = HALF_WIRE_MIN_BYTES // 4 + 1001  # float32 bytes over the path's threshold
+HALVES = [np.float16, BFLOAT16]
+HALF_IDS = ["float16", "bfloat16"]
+
+
+@pytest.fixture
+def two_level(monkeypatch):
+    """The element counts of the batches this rank reduced in two levels."""
+    return spy_on(
+        monkeypatch, HalfTwoLevelPeer, "reduce", lambda p0, tensors, *rest: tensors.total()
+    )
+
+
+def everyone(count, seed, half=np.float16, ranks=None) -> list:
+    return [
+        values(r, count, seed, half) if ranks is None or r in ranks else np.zeros(count, half)
+        for r in range(N)
+    ]
+
+
+def _sum32(terms):
+    total = terms[0].astype(np.float32)
+    for term in terms[1:]:
+        total = total + term.astype(np.float32)
+    return total
+
+
+def node_by_node(inputs, pre=1.0, post=1.0) -> np.ndarray:
+    """The documented rule: a 16-bit partial sum per node, then the total of the
+    node partials rounded again (on one node: the float32 sum rounded once)."""
+    half, pre, post = inputs[0].dtype, np.float32(pre), np.float32(post)
+    if not ACROSS:
+        return (_sum32([x.astype(np.float32) * pre for x in inputs]) * post).astype(half)
+    partials = [
+        _sum32([inputs[r].astype(np.float32) * pre for r in node]).astype(half) for node in NODES
+    ]
+    return (_sum32(partials) * post).astype(half)
+
+
+def test_large_halves_take_the_two_levels_where_the_job_spans_nodes(two_level):
+    routes = routes_of(hvd.global_process_set)
+    assert routes.allreduce is Transport.HIERARCHICAL
+    assert (routes.half_allreduce is Transport.HALF_WIRE) == ACROSS
+    small = everyone(1000, 1)
+    out = hvd.allreduce(small[R], op=hvd.Sum, name="two.small")
+    assert_bits(out, _sum32(small).astype(np.float16))  # a float32 copy: rounded once
+    inputs = everyone(LARGE, 1)
+    out = hvd.allreduce(inputs[R], op=hvd.Sum, name="two.large")
+    assert two_level == ([LARGE] if ACROSS else [])
+    assert_bits(out, node_by_node(inputs))
+
+
+@pytest.mark.parametrize("half", HALVES, ids=HALF_IDS)
+@pytest.mark.parametrize("count", [LARGE, 600_001], ids=["small-shards", "large"])
+def test_sum_and_average(count, half, two_level):
+    tag = f"{count}.{np.dtype(half).name}"
+    inputs = everyone(count, 2, half)
+    out = hvd.allreduce(inputs[R], op=hvd.Sum, name=f"two.sum.{tag}")
+    assert out.dtype == np.dtype(half)
+    assert_bits(out, node_by_node(inputs))
+    inputs = everyone(count, 3, half)
+    out = hvd.allreduce(inputs[R], op=hvd.Average, name=f"two.avg.{tag}")
+    assert_bits(out, node_by_node(inputs, post=1.0 / N))
+    assert two_level == ([count, count] if ACROSS else [])
+
+
+@pytest.mark.parametrize("half", HALVES, ids=HALF_IDS)
+def test_scale_factors_apply_in_float32(half):
+    inputs = everyone(LARGE, 4, half)
+    out = hvd.allreduce(
+        inputs[R], op=hvd.Sum, prescale_factor=0.3, postscale_factor=1.7, name=f"two.sc.{half}"
+    )
+    assert_bits(out, node_by_node(inputs, pre=0.3, post=1.7))
+
+
+def test_a_grouped_call_is_one_batch(two_level):
+    counts = (30_000, 7, 2)
+    inputs = [everyone(n, 20 + k) for k, n in enumerate(counts)]
+    outs = hvd.grouped_allreduce([x[R] for x in inputs], op=hvd.Sum, name="two.group")
+    fused = node_by_node([np.concatenate([x[r] for x in inputs]) for r in range(N)])
+    for out, at, n in zip(outs, offsets(counts), counts, strict=True):
+        assert_bits(out, fused[at : at + n])
+    assert two_level == ([sum(counts)] if ACROSS else [])
+
+
+def test_fused_tensors_keep_their_own_scale_factors():
+    inputs = [everyone(LARGE, 10 + k, BFLOAT16) for k in range(2)]
+    handles = [
+        hvd.allreduce_async(x[R], op=hvd.Sum, prescale_factor=f, name=f"two.fused.{k}")
+        for k, (x, f) in enumerate(zip(inputs, (0.5, 3.0)))
+    ]
+    for x, f, h in zip(inputs, (0.5, 3.0), handles):
+        assert_bits(hvd.synchronize(h), node_by_node(x, pre=f))
+
+
+def test_in_place_output_and_the_input_left_alone():
+    inputs = everyone(LARGE, 30)
+    x = inputs[R].copy()
+    assert hvd.allreduce(x, op=hvd.Sum, name="two.inplace", output=x) is x
+    assert_bits(x, node_by_node(inputs))
+    y = inputs[R].copy()
+    hvd.allreduce(y, op=hvd.Sum, name="two.input")
+    assert_bits(y, inputs[R])
+
+
+def test_a_joined_rank_contributes_zeros():
+    if R == N - 1:
+        hvd.join()
+        return
+    inputs = everyone(LARGE, 40, ranks=range(N - 1))
+    out = hvd.allreduce(inputs[R], op=hvd.Sum, name="two.join")
+    assert_bits(out, node_by_node(inputs))
+    hvd.join()
+
+
+@pytest.mark.parametrize("kind", ["fp16", "bf16"])
+def test_torch_compression(kind, two_level):
+    torch = pytest.importorskip("torch")
+    import hvdlite.torch as hvd_torch
+
+    half = np.float16 if kind == "fp16" else BFLOAT16
+    inputs = everyone(LARGE, 51, half)
+    grad = torch.from_numpy(inputs[R].astype(np.float32))
+    out = hvd_torch.allreduce(
+        grad,
+        op=hvd_torch.Average,
+        compression=getattr(hvd_torch.Compression, kind),
+        name=f"two.{kind}",
+    )
+    assert out.dtype == torch.float32
+    expected = node_by_node(inputs, post=1.0 / N)
+    assert np.array_equal(out.numpy(), expected.astype(np.float32))
+    assert two_level == ([LARGE] if ACROSS else [])
+
+
+def test_two_bytes_per_value_cross_between_nodes_once_per_node():
+    if not ACROSS:
+        pytest.skip("one node: nothing crosses")
+    peer = next(p for p in state().engine.executor._lineup_of(0) if isinstance(p, HalfTwoLevelPeer))
+    before = dict(peer.received_across)
+    count = 200_001
+    inputs = everyone(count, 60)
+    out = hvd.allreduce(inputs[R], op=hvd.Sum, name="two.bytes")
+    assert_bits(out, node_by_node(inputs))
+    got = {k: peer.received_across[k] - before[k] for k in before}
+    per_rank = hvd.allgather_object(got)
+    values = sum(g["values"] for g in per_rank)
+    received = sum(g["bytes"] for g in per_rank)
+    # every node receives the other nodes' share of its part, then the other parts:
+    # 2 (nodes - 1) / nodes of the batch, whatever its ranks per node
+    assert values == 2 * (len(NODES) - 1) * count
+    assert received == 2 * values  # 16 bits each, not float32's 4 bytes
