@@ -50,6 +50,7 @@ def test_the_readme_is_a_front_page_that_links_every_page_of_the_site():
         "Quick start",
         "Example",
         "Across hosts: which knob when",
+        "When a rank or a host fails",
         "Documentation",
     ]
     linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", README))
