@@ -122,10 +122,10 @@ def test_every_rank_quiet_is_no_silent_host():
     assert quiet.silent_ranks(now=120.0) == [1]
     quiet.heard[1] = 111.0  # heard 9 s ago: within the bound
     assert quiet.silent_ranks(now=120.0) == []
-    # A stop names every rank still running on a silent rank's host.
+    # A stop names the silent rank's host-mates that fell quiet with it (half the bound).
     quiet.exited, quiet.placed = set(), {0: "h1", 1: "h2", 2: "h2"}
     now = time.monotonic()
-    quiet.heard = {0: now - 1.0, 1: now - 15.0, 2: now - 5.0}
+    quiet.heard = {0: now - 1.0, 1: now - 15.0, 2: now - 6.0}
     quiet.on_tick(started_at=now)
     assert quiet.reason == "silent-host" and quiet.silent == [1, 2]
     assert quiet.silent_hosts() == ("h2",)

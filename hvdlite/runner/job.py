@@ -305,15 +305,17 @@ class _Job:
         silent = [rank for rank in waiting if rank not in self.mpi_begun]
         return silent, [rank for rank in waiting if rank in self.mpi_begun]
 
-    def silent_ranks(self, now: float) -> list[int]:
-        """Ranks that started, have not exited, and said nothing for ``silent_timeout``
-        while another rank was heard in the last half of it.  When every rank is quiet
+    def silent_ranks(self, now: float, bound: float | None = None) -> list[int]:
+        """Ranks that started, have not exited, and said nothing for *bound* seconds
+        (default ``silent_timeout``) while another rank was heard in the last half of
+        ``silent_timeout``.  When every rank is quiet
         the fault is on the path to hvdrun itself (its output not read, the launcher
         hung), which no relaunch on other hosts would mend: that is no silent host."""
         quiet = {rank: now - self.heard.get(rank, now) for rank in self.started - self.exited}
         if not any(age < self.silent_timeout / 2 for age in quiet.values()):
             return []
-        return sorted(rank for rank, age in quiet.items() if age > self.silent_timeout)
+        bound = self.silent_timeout if bound is None else bound
+        return sorted(rank for rank, age in quiet.items() if age > bound)
 
     def silent_hosts(self) -> tuple[str, ...]:
         """The hosts of the silent ranks, each once, in rank order."""
@@ -352,10 +354,10 @@ class _Job:
                 self.stop("start-timeout")
         if self.reason is None and self.silent_timeout > 0:
             silent = self.silent_ranks(now)
-            if silent:  # the report names every rank still running on those hosts
+            if silent:  # the report adds their host-mates that fell quiet with them
                 hosts = {self.host_of(rank) for rank in silent}
-                live = self.started - self.exited
-                self.silent = sorted(rank for rank in live if self.host_of(rank) in hosts)
+                quiet = self.silent_ranks(now, self.silent_timeout / 2)
+                self.silent = sorted(set(silent) | {r for r in quiet if self.host_of(r) in hosts})
                 self.stop("silent-host")
         if (
             self.reason is None
