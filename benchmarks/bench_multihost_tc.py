@@ -25,7 +25,9 @@ transformer language model, under hvdlite and under torch DDP over gloo on the s
 ranks and links (``hvdrun --master-port`` gives them ``MASTER_ADDR``/``MASTER_PORT``),
 one DDP step after each hvdlite step, without and with fp16 (DDP's fp16 compress
 hook against ``Compression.fp16``), and the pairs are printed as ratios with the
-bytes into h2.
+bytes into h2; a third step of each model without any communication gives each
+setting's floor without overlap (that compute plus its bytes at the link's rate),
+printed beside DDP's step.
 Then one ``hvdrun --autotune`` job trains the same MLP with hierarchical allreduce
 offered to the tuner, and the setting it kept is printed beside the step time it gets.
 Where the hosts cannot be built (not root, no ``ip``/``tc``/sshd) it says why and
@@ -213,6 +215,8 @@ def _against_ddp(iters: int, comm, received) -> dict:
     out = {}
     for name, wire in DDP_PAIRS:
         sides = {"hvdlite": _torch_step(wire=wire, name=name), "DDP": _ddp_step(wire, name)}
+        if wire == "fp32":  # the same step with no communication at all: the floor's compute
+            sides["compute"] = _compute_step(name)
         times = {side: [] for side in sides}
         into = dict.fromkeys(sides, 0)
         for fn in sides.values():
@@ -233,6 +237,14 @@ def _against_ddp(iters: int, comm, received) -> dict:
             out[key] = (statistics.median(times[side]), comm.allreduce(per_call))
     dist.destroy_process_group()
     return out
+
+
+def _compute_step(name: str):
+    """Model *name*'s SGD step with no communication (a closure to time)."""
+    import torch
+
+    model = _model(name)
+    return _training_step(model, torch.optim.SGD(model.parameters(), lr=1e-3), name)
 
 
 def _torch_step(adamw: bool = False, sharded: bool = False, wire: str = "fp32", name="MLP"):
@@ -516,9 +528,49 @@ def main(argv=None) -> int:
                 f"= {ours[0] / ddp[0]:.2f}x; bytes into h2 {ours[1] / 2**20:.1f} MB vs "
                 f"{ddp[1] / 2**20:.1f} MB = {ours[1] / ddp[1]:.2f}x"
             )
+    _print_floors(runs, settings, _link_bytes_per_second(args.rate))
     if tuned is not None and "flat" in runs:
         _print_autotune(args.autotune_steps, tuned, runs["flat"])
     return 0
+
+
+def _link_bytes_per_second(rate: str) -> float:
+    """tc's rate (``1gbit``, ``500mbit``, ``100kbit``) in bytes per second."""
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1.0}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * scale / 8
+    raise ValueError(f"--rate {rate!r}: give it as tc does, e.g. 1gbit or 500mbit")
+
+
+def _print_floors(runs, settings, link: float) -> None:
+    """Each DDP pair's floor without overlap, from the same run: the model's step with
+    no communication plus the bytes into h2 at the link's rate, for DDP and for each
+    setting, beside DDP's step (a step below its floor hid that much behind backward)."""
+    jobs = [r for job in runs.values() for r in job]
+    for model, wire in DDP_PAIRS:
+        compute = min(r[0][f"DDP pair {model} fp32 compute"][0] for r in jobs)
+        ddp = min((r[0][f"DDP pair {model} {wire} DDP"] for r in jobs), key=lambda p: p[0])
+        ddp_floor = compute + ddp[1] / link
+        print(
+            f"torch {model} step, {wire}: no communication {compute * 1e3:.1f} ms; DDP (gloo) "
+            f"{ddp[0] * 1e3:.1f} ms = {ddp[0] / ddp_floor:.2f}x its floor without overlap "
+            f"({compute * 1e3:.1f} ms + {ddp[1] / 2**20:.1f} MB at the link's rate "
+            f"{ddp[1] / link * 1e3:.1f} ms)"
+        )
+        for name in settings:
+            ours = min(
+                (r[0][f"DDP pair {model} {wire} hvdlite"] for r in runs[name]),
+                key=lambda pair: pair[0],
+            )
+            floor = compute + ours[1] / link
+            print(
+                f"torch {model} step, {wire}, floor without overlap ({name} jobs): "
+                f"{compute * 1e3:.1f} ms + {ours[1] / 2**20:.1f} MB at the link's rate "
+                f"{ours[1] / link * 1e3:.1f} ms = {floor * 1e3:.1f} ms = "
+                f"{floor / ddp[0]:.2f}x DDP's step; hvdlite {ours[0] * 1e3:.1f} ms = "
+                f"{ours[0] / floor:.2f}x its floor"
+            )
 
 
 def _print_hierarchical_vs_flat(runs) -> None:
