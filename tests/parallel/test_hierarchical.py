@@ -173,6 +173,39 @@ def test_large_sums_cross_nodes_around_the_ring(private, dtype, monkeypatch):
     assert rings == []
 
 
+@pytest.mark.parametrize("dtype, megabytes", [(np.int32, 5), (np.float64, 19)])
+def test_large_sums_cross_the_nodes_in_pieces(private, dtype, megabytes, monkeypatch):
+    """Shards of 2 MB or more: the buffer is cut into pieces (at most 8, each shard at
+    least about 1 MB) that cross the nodes one after another, in-node stages between."""
+    from hvdlite.engine.transports.hierarchical import PIPELINE_PIECES
+    from hvdlite.engine.transports.ring import RING_MIN_BYTES, Ring
+
+    rings = []
+    real = Ring.allreduce
+    monkeypatch.setattr(
+        Ring, "allreduce", lambda self, buf: (rings.append(buf.nbytes), real(self, buf))
+    )
+    n = megabytes * RING_MIN_BYTES // np.dtype(dtype).itemsize + 7  # uneven pieces
+    x = _data(dtype, n, salt=9)
+    want = _flat(x)
+    got = x.copy()
+    private.allreduce(got, MPI.SUM)  # in place: pieces are read and written in turn
+    _same(got, want)
+    y = np.zeros_like(x)
+    private.allreduce(y, MPI.SUM, src=x)  # and from a separate input, left unchanged
+    _same(y, want)
+    np.testing.assert_array_equal(x, _data(dtype, n, salt=9))
+    two_levels = private.homogeneous and len(private.nodes) > 1 and private.local_size > 1
+    if two_levels:
+        pieces = min(PIPELINE_PIECES, x.nbytes // (private.local_size * RING_MIN_BYTES))
+        assert pieces > 1 and len(rings) == 2 * pieces
+        assert min(rings) >= RING_MIN_BYTES - 8 * private.local_size
+        # this rank's shards of one call's pieces cover its share of the buffer
+        assert abs(sum(rings[:pieces]) - x.nbytes / private.local_size) <= pieces * x.itemsize
+    else:
+        assert len(rings) <= 2  # one piece: a cross stage of its own, or MPI's
+
+
 @pytest.mark.parametrize("op", [MPI.MIN, MPI.MAX, MPI.PROD])
 def test_allreduce_other_ops_exact(private, op):
     x = _data(np.int64, 37) % 5 + 1

@@ -16,7 +16,9 @@ When node sizes differ (say 2 + 1 ranks), the cross communicators no longer line
 up with shards, so the buffer is reduced to local rank 0, allreduced among the
 node leaders and broadcast inside the node.  The cross-node stage sums shards of
 1 MB or more around a ring of the nodes (:mod:`~hvdlite.engine.transports.ring`;
-``HVDLITE_RING_ALLREDUCE_DISABLE=1`` leaves it to MPI).
+``HVDLITE_RING_ALLREDUCE_DISABLE=1`` leaves it to MPI); a sum whose shards are 2 MB
+or more is cut into pieces (up to 8, each shard at least 1 MB) whose in-node stages
+run, non-blocking, while the piece before or after crosses the nodes.
 
 Allgather (any node sizes): gather every rank's bytes to its node leader,
 directly at their final offsets (through a node-major staging buffer when the
@@ -47,6 +49,10 @@ from .ring import RING_KINDS, RING_MIN_BYTES, Ring
 __all__ = ["Hierarchical"]
 
 log = logging.getLogger("hvdlite")
+
+#: Most pieces a large sum is cut into on the two levels, so that the in-node stages
+#: of one piece run while another crosses the nodes (``_pipelined``).
+PIPELINE_PIECES = 8
 
 
 def _even_split(count: int, parts: int) -> tuple[list[int], list[int]]:
@@ -163,6 +169,10 @@ class Hierarchical:
             self._leader_scheme(send, flat, op)
 
     def _reduce_scatter_scheme(self, send: np.ndarray, flat: np.ndarray, op) -> None:
+        pieces = self._pieces(flat, op)
+        if pieces > 1:
+            self._pipelined(send, flat, op, pieces)
+            return
         counts, offsets = _even_split(flat.size, self.local_size)
         shard = self._pool.get(flat.dtype, counts[self.local_rank])
         even = counts[0] == counts[-1]
@@ -176,6 +186,57 @@ class Hierarchical:
             self.local.Allgather(shard, flat)
         else:
             self.local.Allgatherv(shard, [flat, (counts, offsets)])
+
+    def _pieces(self, flat: np.ndarray, op) -> int:
+        """How many pieces to cut a sum of *flat* into (1: none): where its shards cross
+        the nodes around the ring, as many as keep each piece's shard at least the
+        ring's threshold, at most :data:`PIPELINE_PIECES` (agreed sizes only: every
+        rank cuts alike)."""
+        if (
+            self._cross_ring is None
+            or op != MPI.SUM
+            or flat.dtype.kind not in RING_KINDS
+            or flat.nbytes < 2 * self.local_size * RING_MIN_BYTES
+        ):
+            return 1
+        return min(PIPELINE_PIECES, flat.nbytes // (self.local_size * RING_MIN_BYTES))
+
+    def _pipelined(self, send: np.ndarray, flat: np.ndarray, op, pieces: int) -> None:
+        """The reduce-scatter scheme on *pieces* consecutive pieces of the buffer, the
+        in-node stages non-blocking: piece i+1's reduce-scatter and piece i-1's
+        allgather move through shared memory while piece i's shard crosses the nodes
+        around the ring (each MPI call there also progresses them).  Each element is
+        summed in its node, then around the ring of nodes, the same on every rank."""
+        local, me = self.local, self.local_rank
+        lengths, starts = _even_split(flat.size, pieces)
+        splits = [_even_split(n, self.local_size) for n in lengths]
+        shard_at = offsets([counts[me] for counts, _ in splits])
+        shards_buf = self._pool.get(flat.dtype, shard_at[-1] + splits[-1][0][me])
+        shards = [shards_buf[at : at + counts[me]] for at, (counts, _) in zip(shard_at, splits)]
+
+        def reduce_scatter(i: int):
+            lo, (counts, _) = starts[i], splits[i]
+            piece = send[lo : lo + lengths[i]]
+            if counts[0] == counts[-1]:
+                return local.Ireduce_scatter_block(piece, shards[i], op)
+            return local.Ireduce_scatter(piece, shards[i], counts, op)
+
+        def allgather(i: int):
+            lo, (counts, displs) = starts[i], splits[i]
+            piece = flat[lo : lo + lengths[i]]
+            if counts[0] == counts[-1]:
+                return local.Iallgather(shards[i], piece)
+            return local.Iallgatherv(shards[i], [piece, (counts, displs)])
+
+        gathers = []
+        scatter = reduce_scatter(0)
+        for i in range(pieces):
+            scatter.Wait()
+            if i + 1 < pieces:
+                scatter = reduce_scatter(i + 1)
+            self._cross_ring.allreduce(shards[i])
+            gathers.append(allgather(i))
+        MPI.Request.Waitall(gathers)
 
     def _leader_scheme(self, send, flat: np.ndarray, op) -> None:
         if self.is_leader:
