@@ -169,7 +169,7 @@ class Hierarchical:
             self._leader_scheme(send, flat, op)
 
     def _reduce_scatter_scheme(self, send: np.ndarray, flat: np.ndarray, op) -> None:
-        pieces = self._pieces(flat, op)
+        pieces = self._pieces(flat) if self._sums_around_ring(flat, op) else 1
         if pieces > 1:
             self._pipelined(send, flat, op, pieces)
             return
@@ -187,18 +187,11 @@ class Hierarchical:
         else:
             self.local.Allgatherv(shard, [flat, (counts, offsets)])
 
-    def _pieces(self, flat: np.ndarray, op) -> int:
-        """How many pieces to cut a sum of *flat* into (1: none): where its shards cross
-        the nodes around the ring, as many as keep each piece's shard at least the
-        ring's threshold, at most :data:`PIPELINE_PIECES` (agreed sizes only: every
-        rank cuts alike)."""
-        if (
-            self._cross_ring is None
-            or op != MPI.SUM
-            or flat.dtype.kind not in RING_KINDS
-            or flat.nbytes < 2 * self.local_size * RING_MIN_BYTES
-        ):
-            return 1
+    def _pieces(self, flat: np.ndarray) -> int:
+        """How many pieces to cut a sum of *flat* into whose shards cross the nodes
+        around the ring (1 or less: none): as many as keep each piece's shard at least
+        the ring's threshold, at most :data:`PIPELINE_PIECES` (agreed sizes only:
+        every rank cuts alike)."""
         return min(PIPELINE_PIECES, flat.nbytes // (self.local_size * RING_MIN_BYTES))
 
     def _pipelined(self, send: np.ndarray, flat: np.ndarray, op, pieces: int) -> None:
@@ -253,16 +246,20 @@ class Hierarchical:
     def _cross_allreduce(self, flat: np.ndarray, op) -> None:
         """*flat* reduced in place over the cross communicator: large sums around
         the ring of nodes, the rest by MPI."""
-        ring = self._cross_ring
-        if (
-            ring is not None
+        if self._sums_around_ring(flat, op):
+            self._cross_ring.allreduce(flat)
+        else:
+            self.cross.Allreduce(MPI.IN_PLACE, flat, op)
+
+    def _sums_around_ring(self, flat: np.ndarray, op) -> bool:
+        """Whether a sum of *flat* (or of its shards) crosses the nodes around the ring
+        of nodes rather than through MPI's allreduce."""
+        return (
+            self._cross_ring is not None
             and op == MPI.SUM
             and flat.nbytes >= RING_MIN_BYTES
             and flat.dtype.kind in RING_KINDS
-        ):
-            ring.allreduce(flat)
-        else:
-            self.cross.Allreduce(MPI.IN_PLACE, flat, op)
+        )
 
     # --------------------------------------------------------------- allgather
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts, displs) -> None:
