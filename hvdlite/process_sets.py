@@ -39,7 +39,8 @@ _job = _NoJob
 
 def answer_from(job) -> None:
     """Take the job's facts from *job*: ``global_ranks()`` (the ranks of the global
-    set, None before ``init()``) and ``my_rank()`` (None unless running)."""
+    set, None before ``init()``) and ``my_rank()`` (None before ``init()`` and after this rank's
+    ``shutdown()``; still answered once the engine stopped)."""
     global _job
     _job = job
 

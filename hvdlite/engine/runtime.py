@@ -163,7 +163,10 @@ class _JobFacts:
 
     @staticmethod
     def my_rank() -> int | None:
-        return live().world.Get_rank() if is_running() else None
+        # Like hvd.rank(): still answered once the engine stopped (a peer's shutdown
+        # stops it here too), so a set's rank() does not turn None at a job's end.
+        st = _state
+        return st.world.Get_rank() if st is not None and st.engine is not None else None
 
 
 process_sets.answer_from(_JobFacts)

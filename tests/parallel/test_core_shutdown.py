@@ -145,7 +145,13 @@ def test_shutdown_on_another_rank_fails_this_ranks_collectives():
         with pytest.raises(hvd.HorovodInternalError, match="shut down by another rank"):
             hvd.allreduce(np.ones(2), name="after.remote.shutdown")
         assert not hvd.is_initialized()
+        # The job's facts still answer, as hvd.rank() does: code that ends a job
+        # ("am I rank 0? then print the result") must not see a rank of None.
+        me = MPI.COMM_WORLD.Get_rank()
+        assert hvd.rank() == me
+        assert hvd.global_process_set.rank() == me and hvd.global_process_set.included()
         hvd.shutdown()
+    assert hvd.global_process_set.rank() is None  # this rank's own shutdown: no job
     hvd.init()
     check_engine_works("after.remote.restart")
 

@@ -309,3 +309,22 @@ def test_lightning_digits_example_reaches_95_percent():
     hvd.barrier()
     files = sorted(os.listdir(tmp))
     assert len(files) == 2 and files[-1] == "last.ckpt", files  # the best epoch's, and last
+
+
+def test_rank_zero_stays_global_zero_after_the_other_ranks_left():
+    """At a job's end the other ranks may exit (and shut hvdlite down, which stops
+    this rank's engine too) before rank 0 asks ``trainer.is_global_zero`` to print
+    its result: that answer must not change.  Last here: it shuts hvdlite down."""
+    import time
+
+    fitted = trainer()
+    fitted.fit(Regression(), loader())
+    hvd.barrier()
+    if R != 0:
+        hvd.shutdown()
+        return
+    deadline = time.monotonic() + 30
+    while hvd.is_initialized() and time.monotonic() < deadline:
+        time.sleep(0.05)  # until a peer's shutdown has stopped this rank's engine
+    assert not hvd.is_initialized()
+    assert fitted.is_global_zero and fitted.global_rank == 0
