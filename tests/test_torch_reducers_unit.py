@@ -263,3 +263,29 @@ def test_a_bucket_buffer_leaves_large_gradients_where_they_are():
     # One small gradient alone is not packed either.
     lone = _BucketBuffer([torch.ones(large), torch.ones(3)])
     assert lone.flat is None and len(lone.pack([torch.ones(large), torch.ones(3)])) == 2
+
+
+@pytest.mark.parametrize("wire", [torch.float16, torch.bfloat16])
+def test_a_cast_bucket_casts_into_one_kept_tensor_and_widens_back_in_place(wire):
+    from hvdlite.torch.reducers import _CastBucket
+
+    g = torch.Generator().manual_seed(0)
+    grads = [
+        torch.randn(2, 3, generator=g),
+        torch.randn(5000, generator=g),  # past PACK_BELOW_BYTES: cast in all the same
+        torch.randn(4, 2, generator=g).t(),  # non-contiguous: cast by value
+    ]
+    bucket = _CastBucket(grads, wire)
+    flat = bucket.pack(grads)
+    assert flat.dtype == wire and flat.numel() == 6 + 5000 + 8
+    assert torch.equal(flat, torch.cat([grad.reshape(-1).to(wire) for grad in grads]))
+    assert bucket.pack([grad * 2 for grad in grads]) is flat  # the same tensor every step
+    before = [grad.data_ptr() for grad in grads]
+    bucket.unpack_into(grads)
+    assert [grad.data_ptr() for grad in grads] == before  # widened in place
+    for grad, piece in zip(grads, flat.split([6, 5000, 8])):
+        assert grad.dtype == torch.float32
+        assert torch.equal(grad.reshape(-1), piece.float())
+    assert bucket.fits(grads)
+    assert not bucket.fits([grad.double() for grad in grads])
+    assert not bucket.fits([grads[0], grads[1][:10], grads[2]])  # other sizes

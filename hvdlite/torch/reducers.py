@@ -289,6 +289,63 @@ class _BucketBuffer:
             _unflatten_into(packed, reduced)
 
 
+class _CastBucket:
+    """How a bucket travels under a cast to 16 bits (``Compression.fp16`` or
+    ``.bf16``): every gradient cast into its piece of one flat tensor of the wire
+    dtype, kept from step to step, so the cast is the packing and the engine
+    reduces one array in place; afterwards each piece is widened straight back
+    into its gradient.  The same values as casting each gradient alone (a cast
+    acts element by element), without a tensor made per gradient and step, or
+    the engine's copies into and out of its fusion buffer.  Valid for gradients
+    of the dtype, device and sizes it was made for.
+
+    Cross-rank contract: the layout follows only from the gradients' sizes, in
+    the bucket's order, the same on every rank."""
+
+    __slots__ = ("flat", "views", "dtype", "device", "numels")
+
+    def __init__(self, grads: list[torch.Tensor], wire_dtype: torch.dtype):
+        self.numels = [grad.numel() for grad in grads]
+        self.flat = torch.empty(sum(self.numels), dtype=wire_dtype, device=grads[0].device)
+        self.views = [
+            piece.view(grad.shape)
+            for piece, grad in zip(self.flat.split(self.numels), grads, strict=True)
+        ]
+        self.dtype = grads[0].dtype
+        self.device = grads[0].device
+
+    def fits(self, grads: list[torch.Tensor]) -> bool:
+        return (
+            grads[0].dtype == self.dtype
+            and grads[0].device == self.device
+            and [grad.numel() for grad in grads] == self.numels
+        )
+
+    def pack(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The flat wire tensor, holding *grads* cast to its dtype."""
+        torch._foreach_copy_(self.views, grads)
+        return self.flat
+
+    def unpack_into(self, grads: list[torch.Tensor]) -> None:
+        """The reduced pieces widened back into *grads*."""
+        torch._foreach_copy_(grads, self.views)
+
+
+class _CastBucketAllreduce:
+    """An in-flight allreduce of a bucket's :class:`_CastBucket`."""
+
+    __slots__ = ("handle", "grads", "bucket")
+
+    def __init__(self, handle, grads: list, bucket: _CastBucket):
+        self.handle = handle
+        self.grads = grads
+        self.bucket = bucket
+
+    def finish(self, compression) -> None:
+        synchronize(self.handle)
+        self.bucket.unpack_into(self.grads)
+
+
 class _BucketAllreduce:
     """An in-flight grouped allreduce of a bucket as its :class:`_BucketBuffer`
     sends it: one engine entry, with one array for all small gradients.  *grads*
@@ -344,6 +401,8 @@ class _Several:
 #: Casts that act element by element: casting a flat bucket casts each member
 #: as casting it alone would, so a bucket may travel flat under them.
 _ELEMENTWISE = (NoneCompressor, FP16Compressor, BF16Compressor)
+#: The casts to 16 bits, whose buckets travel as one flat tensor of the wire dtype
+_CASTS = (FP16Compressor, BF16Compressor)
 
 
 class AllreduceReducer(GradientReducer):
@@ -374,7 +433,7 @@ class AllreduceReducer(GradientReducer):
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self._in_flight: dict = {}  # id(key) -> _DenseAllreduce or _SparseAllreduce
-        self._buffers: dict = {}  # id(bucket) -> its _BucketBuffer
+        self._buffers: dict = {}  # id(bucket) -> its _BucketBuffer or _CastBucket
         self._bytes_pending = 0
 
     def gradient_ready(self, ctx, key) -> None:
@@ -459,12 +518,14 @@ class AllreduceReducer(GradientReducer):
             if grad.dtype is not dtype or grad.layout is not torch.strided:
                 return None
             grads.append(grad)
+        pre, post = self._scale_factors()
+        if self.compression in _CASTS and self.compression.should_cast(dtype):
+            return self._start_cast_bucket(ctx, params, grads, keep, pre, post)
         buffer = self._buffers.get(id(params)) if keep else None
         if buffer is None or not buffer.fits(grads):
             buffer = _BucketBuffer(grads)
             if keep:
                 self._buffers[id(params)] = buffer
-        pre, post = self._scale_factors()
         compress = self.compression.compress
         wires = [compress(array) for array in buffer.pack(grads)]
         self._bytes_pending += sum(wire.nbytes for wire, _ in wires)
@@ -488,6 +549,25 @@ class AllreduceReducer(GradientReducer):
                 process_set=ctx.process_set,
             )
         return _BucketAllreduce(handle, grads, buffer, wires)
+
+    def _start_cast_bucket(self, ctx, params, grads, keep: bool, pre: float, post: float):
+        """One allreduce of *grads* cast into their :class:`_CastBucket`."""
+        bucket = self._buffers.get(id(params)) if keep else None
+        if not isinstance(bucket, _CastBucket) or not bucket.fits(grads):
+            bucket = _CastBucket(grads, self.compression.wire_dtype)
+            if keep:
+                self._buffers[id(params)] = bucket
+        flat = bucket.pack(grads)
+        self._bytes_pending += flat.nbytes
+        handle = allreduce_async_(
+            flat,
+            name=ctx.names[params[0]],
+            op=self.op,
+            prescale_factor=pre,
+            postscale_factor=post,
+            process_set=ctx.process_set,
+        )
+        return _CastBucketAllreduce(handle, grads, bucket)
 
     def _start_group(self, ctx, params):
         """One allreduce of *params*' dense gradients, named after the first:

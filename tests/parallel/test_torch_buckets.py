@@ -269,10 +269,11 @@ def test_a_dense_bucket_packs_into_the_same_buffer_every_step():
     assert [dtype.name for _, dtype in buffers] == ["float32"] * 2 + ["float64"] * 2
 
 
-@pytest.mark.parametrize("compression", [hvd.Compression.none, hvd.Compression.fp16])
-def test_a_large_gradient_of_a_bucket_is_reduced_where_it_is(compression):
-    # The 38 KB weight travels as its own array beside the packed small ones, in
-    # one grouped allreduce, with the results of one allreduce per gradient.
+def model_with_a_large_weight(compression, submitted=None, optimizers=None):
+    """A model whose 38 KB weight is past PACK_BELOW_BYTES, and its training
+    (``train(**kw) -> (weights, arrays)``); *submitted* collects the first input
+    of each engine submission, *optimizers* each DistributedOptimizer made."""
+
     def train(**kw):
         torch.manual_seed(7)
         model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 600))
@@ -282,11 +283,47 @@ def test_a_large_gradient_of_a_bucket_is_reduced_where_it_is(compression):
             compression=compression,
             **kw,
         )
+        if optimizers is not None:
+            optimizers.append(opt)
 
         def step(g):
             model(torch.randn(4, 8, generator=g)).pow(2).sum().backward()
 
-        return trained(model, opt, step)
+        real_submit = hvdlite.collectives._submit
 
-    arrays = same_weights_as_per_tensor(train)
+        def recording_submit(st, params, inputs, *args, **kwargs):
+            if submitted is not None:
+                submitted.append(inputs[0])
+            return real_submit(st, params, inputs, *args, **kwargs)
+
+        hvdlite.collectives._submit = recording_submit
+        try:
+            return trained(model, opt, step)
+        finally:
+            hvdlite.collectives._submit = real_submit
+
+    return train
+
+
+def test_a_large_gradient_of_a_bucket_is_reduced_where_it_is():
+    # The 38 KB weight travels as its own array beside the packed small ones, in
+    # one grouped allreduce, with the results of one allreduce per gradient.
+    arrays = same_weights_as_per_tensor(model_with_a_large_weight(hvd.Compression.none))
     assert arrays == [2, 2]  # per step: the 3 small gradients packed, the weight apart
+
+
+@pytest.mark.parametrize("compression", [hvd.Compression.fp16, hvd.Compression.bf16])
+def test_under_a_16_bit_cast_a_bucket_is_one_flat_tensor_of_the_wire_dtype(compression):
+    # The cast is the packing: large and small gradients alike are cast into one
+    # flat tensor of the wire dtype, kept by the reducer, with the results of
+    # casting and reducing each gradient alone.
+    submitted, optimizers = [], []
+    train = model_with_a_large_weight(compression, submitted, optimizers)
+    arrays = same_weights_as_per_tensor(train)
+    assert arrays == [1, 1]
+    # (the engine is handed a float32 copy where the set is on one node, as here)
+    bucketed = submitted[-2:]  # same_weights_as_per_tensor trains per tensor first
+    assert bucketed[0].size == 8 * 16 + 16 + 16 * 600 + 600
+    [bucket] = optimizers[-1]._reducer._buffers.values()
+    assert bucket.flat.dtype == compression.wire_dtype
+    assert bucket.flat.numel() == bucketed[0].size
