@@ -194,3 +194,36 @@ def test_two_bytes_per_value_cross_between_nodes_once_per_node():
     # 2 (nodes - 1) / nodes of the batch, whatever its ranks per node
     assert values == 2 * (len(NODES) - 1) * count
     assert received == 2 * values  # 16 bits each, not float32's 4 bytes
+
+
+@pytest.mark.parametrize("half", HALVES, ids=HALF_IDS)
+def test_large_batches_cross_the_nodes_in_pieces(half, monkeypatch):
+    """Shards of twice PIECE_MIN_BYTES or more: the batch is cut into pieces (each local rank's shard
+    of a piece at least PIECE_MIN_BYTES) that cross the nodes one after another, the
+    in-node exchanges beside them, with the bits of one piece: scaled, averaged,
+    in place, and fused from two tensors."""
+    from hvdlite.engine.transports.half_two_level import PIECE_MIN_BYTES
+    from hvdlite.engine.transports.hierarchical import PIPELINE_PIECES
+
+    crossings = spy_on(monkeypatch, HalfTwoLevelPeer, "_across_nodes", lambda t, shard, *r: shard)
+    count = 3 * PIECE_MIN_BYTES + 1001  # 3 x the least shard per local rank, uneven
+    inputs = everyone(count, 70, half)
+    x = inputs[R].copy()
+    out = hvd.allreduce(x, op=hvd.Average, prescale_factor=0.3, output=x, name=f"two.pieces.{half}")
+    assert out is x
+    assert_bits(x, node_by_node(inputs, pre=0.3, post=1.0 / N))
+    if not ACROSS:
+        assert crossings == []
+    elif N % 2 == 0:  # nodes of one size: 3 pieces
+        assert len(crossings) == 3 <= PIPELINE_PIECES
+        assert min(s.nbytes for s in crossings) >= PIECE_MIN_BYTES
+    else:  # nodes of 2 and 1: one piece, which the leaders carry across
+        assert len(crossings) == (1 if R % 2 == 0 else 0)
+    crossings.clear()
+    a, b = everyone(count // 2, 71, half), everyone(count - count // 2 + 5, 72, half)
+    handles = [
+        hvd.allreduce_async(t[R], op=hvd.Sum, prescale_factor=f, name=f"two.pieces.{k}.{half}")
+        for k, (t, f) in enumerate(((a, 0.5), (b, 2.0)))
+    ]
+    for t, f, h in zip((a, b), (0.5, 2.0), handles, strict=True):
+        assert_bits(hvd.synchronize(h), node_by_node(t, pre=f))

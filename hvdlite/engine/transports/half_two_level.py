@@ -24,6 +24,14 @@ per node.  The exchanges are the flat wire's own (:func:`sum_in_float32`,
    MPI's ``Allgatherv`` where the ring is off);
 3. in the node: one ``Allgatherv`` of the 16-bit shards.
 
+On nodes of one size, a batch whose shards hold at least twice
+:data:`PIECE_MIN_BYTES` is cut into pieces (at most
+:data:`~hvdlite.engine.transports.hierarchical.PIPELINE_PIECES`) that go
+through the three stages in turn, the in-node exchanges of the pieces before
+and after one (``Ialltoallv``, ``Iallgatherv``) moving while it crosses the
+nodes, as the 32-bit two-level path does.  Each value meets the same sums in
+the same order: the bits do not depend on the cut.
+
 The rounding rule, then: a value is rounded twice, once as part of its node's
 partial sum and once as the total.  In numpy, for nodes ``k`` of ranks
 ``r0 < r1 < ...``::
@@ -44,24 +52,34 @@ job's set here, whose topology the helper describes.
 from __future__ import annotations
 
 import numpy as np
+from mpi4py import MPI
 
 from ...device.buffers import Reduction
-from ...timeline.schema import COPY_IN, COPY_OUT
+from ...timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
 from ...util import half_casts
 from ...util.paths import Transport
 from ...util.splits import even_split, offsets
 from .half_wire import (
     HalfWirePeer,
+    add_in_float32,
     allgather_halves,
+    exchange_halves,
     pack_halves,
     postscale,
     prescaler,
     sum_in_float32,
     unpack_halves,
 )
+from .hierarchical import PIPELINE_PIECES
 from .peer import Context
 
-__all__ = ["HalfTwoLevelPeer"]
+__all__ = ["HalfTwoLevelPeer", "PIECE_MIN_BYTES"]
+
+#: The least a local rank's shard of a piece holds where a batch is cut into
+#: pieces (:meth:`HalfTwoLevelPeer.pieces`): half the 32-bit ring's threshold,
+#: which ``bench_multihost_tc``'s fp16 MLP step measured faster than whole
+#: megabytes (with 16 bits a piece carries twice the values).
+PIECE_MIN_BYTES = 512 << 10
 
 
 class HalfTwoLevelPeer(HalfWirePeer):
@@ -91,6 +109,17 @@ class HalfTwoLevelPeer(HalfWirePeer):
             return even_split(total, helper.local_size)
         return [total] + [0] * (helper.local_size - 1)
 
+    def pieces(self, total: int, half) -> int:
+        """How many pieces a batch of *total* values is cut into (1: none): as many
+        as keep each local rank's shard of a piece at least :data:`PIECE_MIN_BYTES`,
+        at most :data:`PIPELINE_PIECES`, on nodes of one size (agreed sizes only:
+        every rank cuts alike)."""
+        helper = self.helper
+        if not helper.homogeneous:
+            return 1
+        shard_bytes = total * np.dtype(half).itemsize // helper.local_size
+        return max(1, min(PIPELINE_PIECES, shard_bytes // PIECE_MIN_BYTES))
+
     def reduce(self, p0, tensors: Reduction, dtypes, wire, comm, layout_key) -> None:
         tl, pool, helper = self.ctx.timeline, self.ctx.pool, self.helper
         if tl is not None:
@@ -104,22 +133,67 @@ class HalfTwoLevelPeer(HalfWirePeer):
         else:
             send = pool.get(half, total, slot=0)
             pack_halves(tensors, send)
-        counts = self.node_counts(total)
-        starts = offsets(counts)
-        lo = starts[helper.local_rank]
-        node32 = sum_in_float32(helper.local, pool, send, counts, prescaler(tensors), tl)
-        shard = pool.get(half, node32.size, slot=4)
-        if shard.size:  # where node sizes differ, the leader's alone
-            half_casts.narrow(node32, shard)  # the node's partial sum, rounded once
-            self._across_nodes(tensors, shard, lo, half)
         out = tensors.outputs[0]
         direct = alone and out is not None and out.flags.c_contiguous
         result = out.reshape(-1) if direct else pool.get(half, total, slot=5)
-        allgather_halves(helper.local, shard, result, counts, starts)
+        pieces = self.pieces(total, half)
+        if pieces > 1:
+            self._in_pieces(tensors, send, result, half, pieces)
+        else:
+            counts = self.node_counts(total)
+            starts = offsets(counts)
+            lo = starts[helper.local_rank]
+            node32 = sum_in_float32(helper.local, pool, send, counts, prescaler(tensors), tl)
+            shard = pool.get(half, node32.size, slot=4)
+            if shard.size:  # where node sizes differ, the leader's alone
+                half_casts.narrow(node32, shard)  # the node's partial sum, rounded once
+                self._across_nodes(tensors, shard, lo, half)
+            allgather_halves(helper.local, shard, result, counts, starts)
         if tl is not None:
             tl.phase(COPY_OUT)
         if not direct:
             unpack_halves(tensors, result)
+
+    def _in_pieces(self, tensors: Reduction, send, result, half, pieces: int) -> None:
+        """The three stages on *pieces* consecutive pieces of the batch, the in-node
+        exchanges non-blocking: piece i+1's ``Ialltoallv`` and piece i-1's
+        ``Iallgatherv`` move through shared memory while piece i crosses the nodes
+        (the MPI calls there also progress them).  Every value is summed as in one
+        piece: the same bits."""
+        pool, helper, tl = self.ctx.pool, self.helper, self.ctx.timeline
+        local, me = helper.local, helper.local_rank
+        lengths = even_split(send.size, pieces)
+        piece_at = offsets(lengths)
+        splits = [even_split(n, helper.local_size) for n in lengths]
+        shard_at = offsets([counts[me] for counts in splits])
+        shards_buf = pool.get(half, shard_at[-1] + splits[-1][me], slot=4)
+        shards = [shards_buf[at : at + c[me]] for at, c in zip(shard_at, splits, strict=True)]
+        pre = prescaler(tensors)
+
+        def exchange(i: int):  # two receive buffers: piece i's is read while i+1's fills
+            piece = send[piece_at[i] : piece_at[i] + lengths[i]]
+            return exchange_halves(local, pool, piece, splits[i], 1 if i % 2 else 8, True)
+
+        def scale_from(base: int):
+            return None if pre is None else (lambda values, lo: pre(values, base + lo))
+
+        if tl is not None:
+            tl.phase(COLLECTIVE)
+        gathers = []
+        received, request = exchange(0)
+        for i in range(pieces):
+            request.Wait()
+            mine = received
+            if i + 1 < pieces:
+                received, request = exchange(i + 1)
+            lo = offsets(splits[i])[me]
+            node32 = add_in_float32(local, pool, mine, splits[i], scale_from(piece_at[i]), lo)
+            half_casts.narrow(node32, shards[i])  # the node's partial sum, rounded once
+            self._across_nodes(tensors, shards[i], piece_at[i] + lo, half)
+            piece = result[piece_at[i] : piece_at[i] + lengths[i]].view(np.uint16)
+            layout = (splits[i], offsets(splits[i]))
+            gathers.append(local.Iallgatherv(shards[i].view(np.uint16), [piece, layout]))
+        MPI.Request.Waitall(gathers)
 
     def _across_nodes(self, tensors: Reduction, shard: np.ndarray, lo: int, half) -> None:
         """*shard* (the node partials of values lo.. of the batch) summed over the

@@ -63,6 +63,8 @@ __all__ = [
     "HalfWirePeer",
     "HALF_WIRE_MIN_BYTES",
     "sum_in_float32",
+    "exchange_halves",
+    "add_in_float32",
     "allgather_halves",
     "prescaler",
     "postscale",
@@ -195,23 +197,47 @@ def sum_in_float32(comm, pool, send, counts, scale, timeline=None, slots=(1, 2, 
     *send*, in float32.
 
     Rank q's part is *counts*[q] values from their offset; every rank sends each
-    rank its part of *send* as 16 bits in one ``Alltoallv``, and each rank widens
-    the contributions to its part to float32, applies ``scale(values, lo)`` to
-    each (*lo*: the first value's index in *send*; None: no scaling) and adds them
-    in rank order, the first contribution widened rather than added to a zero.
-    Returns the float32 part, a buffer of *pool* at ``slots[1]`` (``slots[0]``:
-    the received half values, ``slots[2]``: a scratch term)."""
-    size, rank = comm.Get_size(), comm.Get_rank()
-    mine, lo = counts[rank], offsets(counts)[rank]
-    received = pool.get(send.dtype, mine * size, slot=slots[0])
+    rank its part of *send* as 16 bits in one ``Alltoallv``
+    (:func:`exchange_halves`), and each rank adds the contributions to its part
+    (:func:`add_in_float32`, *scale* applied to each with *lo* the part's first
+    index in *send*).  Returns the float32 part, a buffer of *pool* at
+    ``slots[1]`` (``slots[0]``: the received half values, ``slots[2]``: a
+    scratch term)."""
     if timeline is not None:
         timeline.phase(COLLECTIVE)
-    comm.Alltoallv(
+    received, _ = exchange_halves(comm, pool, send, counts, slots[0])
+    lo = offsets(counts)[comm.Get_rank()]
+    return add_in_float32(comm, pool, received, counts, scale, lo, slots[1:])
+
+
+def exchange_halves(comm, pool, send, counts, slot: int, nonblocking: bool = False):
+    """Collective over *comm*: every rank's 16-bit values of this rank's part of
+    *send* (rank q's part: *counts*[q] values from their offset), one after
+    another in rank order, in a buffer of *pool* at *slot*.  Returns (that
+    buffer, None), or with *nonblocking* (the buffer, the ``Ialltoallv``'s
+    request), the buffer to read once the request is done."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    mine = counts[rank]
+    received = pool.get(send.dtype, mine * size, slot=slot)
+    args = (
         [send.view(np.uint16), (counts, offsets(counts))],
         [received.view(np.uint16), ([mine] * size, [mine * q for q in range(size)])],
     )
-    total32 = pool.get(np.float32, mine, slot=slots[1])
-    term = pool.get(np.float32, mine, slot=slots[2])
+    if nonblocking:
+        return received, comm.Ialltoallv(*args)
+    comm.Alltoallv(*args)
+    return received, None
+
+
+def add_in_float32(comm, pool, received, counts, scale, lo: int, slots=(2, 3)):
+    """This rank's part of the sum from *received* (:func:`exchange_halves`):
+    each rank's contribution widened to float32, ``scale(values, lo)`` applied
+    where *scale* is given (*lo*: the part's first index in what was sent), added
+    in rank order, the first widened rather than added to a zero.  The float32
+    part is a buffer of *pool* at ``slots[0]``; ``slots[1]`` is a scratch term."""
+    size, mine = comm.Get_size(), counts[comm.Get_rank()]
+    total32 = pool.get(np.float32, mine, slot=slots[0])
+    term = pool.get(np.float32, mine, slot=slots[1])
     for q in range(size):
         into = total32 if q == 0 else term
         half_casts.widen(received[q * mine : (q + 1) * mine], into)
