@@ -198,9 +198,9 @@ def test_two_bytes_per_value_cross_between_nodes_once_per_node():
 
 @pytest.mark.parametrize("half", HALVES, ids=HALF_IDS)
 def test_large_batches_cross_the_nodes_in_pieces(half, monkeypatch):
-    """Shards of twice PIECE_MIN_BYTES or more: the batch is cut into pieces (each local rank's shard
-    of a piece at least PIECE_MIN_BYTES) that cross the nodes one after another, the
-    in-node exchanges beside them, with the bits of one piece: scaled, averaged,
+    """Shards of twice PIECE_MIN_BYTES or more: the batch is cut into pieces (each
+    local rank's shard of a piece at least PIECE_MIN_BYTES) that cross the nodes one
+    after another, the in-node exchanges beside them, with the bits of one piece: scaled, averaged,
     in place, and fused from two tensors."""
     from hvdlite.engine.transports.half_two_level import PIECE_MIN_BYTES
     from hvdlite.engine.transports.hierarchical import PIPELINE_PIECES

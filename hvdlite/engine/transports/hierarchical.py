@@ -16,9 +16,10 @@ When node sizes differ (say 2 + 1 ranks), the cross communicators no longer line
 up with shards, so the buffer is reduced to local rank 0, allreduced among the
 node leaders and broadcast inside the node.  The cross-node stage sums shards of
 1 MB or more around a ring of the nodes (:mod:`~hvdlite.engine.transports.ring`;
-``HVDLITE_RING_ALLREDUCE_DISABLE=1`` leaves it to MPI); a sum whose shards are 2 MB
-or more is cut into pieces (up to 8, each shard at least 1 MB) whose in-node stages
-run, non-blocking, while the piece before or after crosses the nodes.
+``HVDLITE_RING_ALLREDUCE_DISABLE=1`` leaves it to MPI); a sum whose shards are
+twice :data:`PIECE_MIN_BYTES` or more is cut into pieces (up to
+:data:`PIPELINE_PIECES`, each shard at least :data:`PIECE_MIN_BYTES`) whose in-node
+stages run, non-blocking, while the piece before or after crosses the nodes.
 
 Allgather (any node sizes): gather every rank's bytes to its node leader,
 directly at their final offsets (through a node-major staging buffer when the
@@ -52,7 +53,12 @@ log = logging.getLogger("hvdlite")
 
 #: Most pieces a large sum is cut into on the two levels, so that the in-node stages
 #: of one piece run while another crosses the nodes (``_pipelined``).
-PIPELINE_PIECES = 8
+PIPELINE_PIECES = 32
+#: The least a rank's shard of a piece holds.  ``bench_multihost_tc``'s float32 MLP
+#: step (16 MB, 3 hosts x 2 ranks, 1 Gbit/s) ran faster with every halving from
+#: 1 MB to 256 KB: the stages before the first piece's crossing and after the
+#: last one's shrink with the piece.
+PIECE_MIN_BYTES = 256 << 10
 
 
 def _even_split(count: int, parts: int) -> tuple[list[int], list[int]]:
@@ -190,9 +196,9 @@ class Hierarchical:
     def _pieces(self, flat: np.ndarray) -> int:
         """How many pieces to cut a sum of *flat* into whose shards cross the nodes
         around the ring (1 or less: none): as many as keep each piece's shard at least
-        the ring's threshold, at most :data:`PIPELINE_PIECES` (agreed sizes only:
+        :data:`PIECE_MIN_BYTES`, at most :data:`PIPELINE_PIECES` (agreed sizes only:
         every rank cuts alike)."""
-        return min(PIPELINE_PIECES, flat.nbytes // (self.local_size * RING_MIN_BYTES))
+        return min(PIPELINE_PIECES, flat.nbytes // (self.local_size * PIECE_MIN_BYTES))
 
     def _pipelined(self, send: np.ndarray, flat: np.ndarray, op, pieces: int) -> None:
         """The reduce-scatter scheme on *pieces* consecutive pieces of the buffer, the
