@@ -95,7 +95,8 @@ KNOBS: tuple[Knob, ...] = (
         "reduce-scatter inside each node, allreduce each shard across nodes, allgather inside "
         "the node (nodes of unequal size: reduce to one rank per node, allreduce across nodes, "
         "broadcast inside each node); large float16 and bfloat16 sums are summed in float32 "
-        "inside each node and cross nodes as 16-bit node partial sums",
+        "inside each node and cross nodes as 16-bit node partial sums; reduce-scatters of "
+        "the whole job on nodes of one size go through the two levels too",
         agree=True,
     ),
     Knob(

@@ -43,8 +43,12 @@ def test_reduce_scatters_share_the_node_and_float16_crosses_nodes_as_16_bits():
     assert pair.half_allreduce is Transport.MPI  # one node: float16 reduces in float32
     for ranks in ([0, 2], range(4)):
         spanning = router.routes(ranks)
-        assert spanning.reducescatter is Transport.MPI
         assert spanning.half_allreduce is Transport.HALF_WIRE
+    # the whole job goes through the two levels with allreduce, a subset stays flat
+    assert router.routes(range(4)).reducescatter is Transport.HIERARCHICAL
+    assert router.routes([0, 2]).reducescatter is Transport.MPI
+    flat = Router(4, [0, 1], True, False, False).routes(range(4))
+    assert flat.reducescatter is Transport.MPI
     off = Router(2, [0, 1], False, False, False).routes([0, 1])
     assert off.reducescatter is Transport.MPI
 

@@ -103,12 +103,15 @@ def test_simulated_nodes(helper):
     plan = state().router.routes(range(SIZE))
     assert plan.allreduce is Transport.HIERARCHICAL
     assert plan.allgather is Transport.HIERARCHICAL
+    assert plan.reducescatter is Transport.HIERARCHICAL  # taken where nodes are even
+    assert helper.scatters_in_two_levels == (SIZE == 4)
 
 
 def test_other_sets_run_flat(helper):
     pair = state().router.routes([r for r in range(SIZE) if r // 2 == RANK // 2])
     assert pair.allreduce is not Transport.HIERARCHICAL
     assert pair.allgather is not Transport.HIERARCHICAL
+    assert pair.reducescatter is not Transport.HIERARCHICAL
 
 
 def test_each_collective_has_its_own_switch():
@@ -207,6 +210,28 @@ def test_large_sums_cross_the_nodes_in_pieces(private, dtype, megabytes, monkeyp
         assert len(rings) <= 2  # one piece: a cross stage of its own, or MPI's
 
 
+@pytest.mark.parametrize("op", [MPI.SUM, MPI.MAX])
+@pytest.mark.parametrize("elements", [3, 700_001])  # MPI across nodes; the ring
+def test_reduce_scatter_in_two_levels(private, op, elements):
+    """Every world rank's block, laid out as scatter_starts says, reduced over the
+    job: this rank gets its own block's total, whichever way it crossed the nodes."""
+    if not private.scatters_in_two_levels:
+        assert not (private.homogeneous and len(private.nodes) > 1 and private.local_size > 1)
+        return
+    counts = [elements + r % 3 for r in range(SIZE)]  # uneven blocks
+    blocks = [_data(np.int64, counts[r], salt=40 + r) for r in range(SIZE)]  # this rank's
+    buf = np.empty(sum(counts), np.int64)
+    for r, at in enumerate(private.scatter_starts(counts)):
+        buf[at : at + counts[r]] = blocks[r]
+    before = private.calls["reducescatter"]
+    got = private.reduce_scatter(buf, counts, op)
+    want = np.empty(counts[RANK], np.int64)
+    sent = np.concatenate(blocks)
+    WORLD.Reduce_scatter(sent, want, counts, op)
+    np.testing.assert_array_equal(got, want)
+    assert private.calls["reducescatter"] == before + 1
+
+
 @pytest.mark.parametrize("op", [MPI.MIN, MPI.MAX, MPI.PROD])
 def test_allreduce_other_ops_exact(private, op):
     x = _data(np.int64, 37) % 5 + 1
@@ -292,3 +317,30 @@ def test_allgather_uneven_dim0(helper):
     np.testing.assert_array_equal(got[0], _flat_allgather(x))
     np.testing.assert_array_equal(got[1], _flat_allgather(y))
     assert helper.calls["allgather"] == before + 2
+
+
+def test_reducescatter_through_the_two_levels(helper):
+    """hvdlite's reducescatter on the whole job: through the two levels on nodes of
+    one size (4 ranks), flat otherwise (3); the results of MPI's reduce-scatter, for
+    one tensor, a grouped call of two dtypes with uneven rows, and Average."""
+    before = helper.calls["reducescatter"]
+    x = _data(np.float64, 6 * 1000, salt=50).reshape(6, 1000)  # rows uneven over 4 ranks
+    got = hvdlite.reducescatter(x, op=hvdlite.Sum, name="scatter.single")
+    _same(got, _flat_reducescatter(x))
+    y = _data(np.int32, 7 * 3, salt=51).reshape(7, 3)
+    got = hvdlite.grouped_reducescatter([x, y], op=hvdlite.Sum, name="scatter.grouped")
+    _same(got[0], _flat_reducescatter(x))
+    np.testing.assert_array_equal(got[1], _flat_reducescatter(y))
+    got = hvdlite.reducescatter(x, op=hvdlite.Average, name="scatter.average")
+    _same(got, _flat_reducescatter(x) / SIZE)
+    two_levels = helper.scatters_in_two_levels
+    assert helper.calls["reducescatter"] == before + (4 if two_levels else 0)
+
+
+def _flat_reducescatter(x):
+    """This rank's rows of the sum of every rank's *x* (Horovod's split: the first
+    ranks take one row more)."""
+    total = _flat(x)
+    rows = [x.shape[0] // SIZE + (r < x.shape[0] % SIZE) for r in range(SIZE)]
+    at = sum(rows[:RANK])
+    return total[at : at + rows[RANK]]

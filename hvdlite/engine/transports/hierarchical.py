@@ -21,6 +21,11 @@ twice :data:`PIECE_MIN_BYTES` or more is cut into pieces (up to
 :data:`PIPELINE_PIECES`, each shard at least :data:`PIECE_MIN_BYTES`) whose in-node
 stages run, non-blocking, while the piece before or after crosses the nodes.
 
+Reduce-scatter (nodes of one size): each rank's block of the result is summed in
+the node by the rank of its local index, then across the nodes among the ranks of
+that index, so values cross between hosts as in the allreduce's first half
+(:meth:`Hierarchical.reduce_scatter`; other node layouts stay flat).
+
 Allgather (any node sizes): gather every rank's bytes to its node leader,
 directly at their final offsets (through a node-major staging buffer when the
 requested layout does not keep a node's ranks together); leaders exchange whole
@@ -92,12 +97,13 @@ class Hierarchical:
         self.is_leader = self.local_rank == 0
         sizes = {len(n) for n in nodes}
         self.homogeneous = len(sizes) == 1
-        self.calls = {"allreduce": 0, "allgather": 0}  # for tests and diagnostics
+        self.calls = {"allreduce": 0, "allgather": 0, "reducescatter": 0}  # tests, diagnostics
         self._pool = BufferPool()
         me = world.Get_rank()
         self.node = next(n for n in nodes if me in n)
         # the cross-node stage of large sums: around a ring of the nodes
         self._cross_ring = Ring(cross) if ring and len(nodes) > 1 else None
+        self._grid: list[list[int]] | None = None  # reduce_scatter's layout
 
     @property
     def cross_ring(self) -> Ring | None:
@@ -266,6 +272,64 @@ class Hierarchical:
             and flat.nbytes >= RING_MIN_BYTES
             and flat.dtype.kind in RING_KINDS
         )
+
+    # ----------------------------------------------------------- reduce-scatter
+    @property
+    def scatters_in_two_levels(self) -> bool:
+        """Whether :meth:`reduce_scatter` runs: nodes of one size, several of them,
+        more than one rank each."""
+        return self.homogeneous and len(self.nodes) > 1 and self.local_size > 1
+
+    def _scatter_grid(self) -> list[list[int]]:
+        """Row l: the world ranks of local rank l on every node, in cross-rank order
+        (collective the first time: every rank's place in both communicators)."""
+        if self._grid is None:
+            places = self.world.allgather((self.local_rank, self.cross.Get_rank()))
+            grid = [[0] * len(self.nodes) for _ in range(self.local_size)]
+            for rank, (local_rank, cross_rank) in enumerate(places):
+                grid[local_rank][cross_rank] = rank
+            self._grid = grid
+        return self._grid
+
+    def scatter_starts(self, counts) -> list[int]:
+        """Where each world rank's block (*counts*[r] elements) starts in the layout
+        :meth:`reduce_scatter` takes: the blocks of local rank 0 of every node first
+        (in cross-rank order), then local rank 1's, and so on."""
+        starts, at = [0] * len(counts), 0
+        for row in self._scatter_grid():
+            for rank in row:
+                starts[rank] = at
+                at += counts[rank]
+        return starts
+
+    def reduce_scatter(self, buf: np.ndarray, counts, op) -> np.ndarray:
+        """Collective over the job (:attr:`scatters_in_two_levels` only): *buf* holds
+        every world rank's block at :meth:`scatter_starts`; returns this rank's
+        block reduced with MPI op *op* over every rank (a buffer of the helper's,
+        valid until its next collective).
+
+        In the node, local rank l receives the node's sums of the blocks of the
+        ranks of local index l on every node (one reduce-scatter); across nodes,
+        those ranks reduce-scatter them (around the ring of nodes for large sums),
+        so each value crosses between hosts once per node, as in the two-level
+        allreduce's first half."""
+        self.calls["reducescatter"] += 1
+        grid = self._scatter_grid()
+        in_node = [sum(counts[r] for r in row) for row in grid]
+        shard = self._pool.get(buf.dtype, in_node[self.local_rank], slot=2)
+        if len(set(in_node)) == 1:
+            self.local.Reduce_scatter_block(buf, shard, op)
+        else:
+            self.local.Reduce_scatter(buf, shard, in_node, op)
+        across = [counts[r] for r in grid[self.local_rank]]
+        me = self.cross.Get_rank()
+        if self._sums_around_ring(shard, op):
+            self._cross_ring.reduce_scatter(shard, across)
+            lo = offsets(across)[me]
+            return shard[lo : lo + across[me]]
+        mine = self._pool.get(buf.dtype, across[me], slot=3)
+        self.cross.Reduce_scatter(shard, mine, across, op)
+        return mine
 
     # --------------------------------------------------------------- allgather
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts, displs) -> None:

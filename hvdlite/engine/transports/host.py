@@ -216,8 +216,10 @@ class MpiPeer(Peer):
 
 
 class HierarchicalPeer(MpiPeer):
-    """The allreduces and allgathers of *kinds* through the two-level helper (in the
-    node, across nodes, in the node), fused and copied as on plain MPI."""
+    """The allreduces, allgathers and reduce-scatters of *kinds* through the
+    two-level helper (in the node, across nodes, in the node), fused and copied as
+    on plain MPI; reduce-scatters only where the helper runs them in two levels
+    (nodes of one size), others go on to the next peer."""
 
     transport = Transport.HIERARCHICAL
 
@@ -227,7 +229,28 @@ class HierarchicalPeer(MpiPeer):
         self.kinds = kinds
 
     def accepts(self, p, comm, nbytes: int) -> bool:
+        if p.kind == Kind.REDUCESCATTER:
+            return p.kind in self.kinds and self.helper.scatters_in_two_levels
         return p.kind in self.kinds
+
+    def _reducescatter(self, batch, comm) -> None:
+        """Each rank's rows of every tensor packed in the helper's layout, reduced in
+        two levels; this rank's block then holds its shards."""
+        helper, pool, me = self.helper, self.ctx.pool, comm.Get_rank()
+        op = MPI_OPS[ReduceOp(batch[0].params.op)]
+
+        def scatter(tensors, wire) -> list:
+            counts = rank_counts(tensors, comm.Get_size())
+            buf = pool.get(wire, sum(counts), slot=0)
+            pack_rank_major(NUMPY, tensors, buf, helper.scatter_starts(counts))
+            mine = helper.reduce_scatter(buf, counts, op)
+            outputs = [np.empty((t.rows[me],) + tuple(t.shape[1:]), t.dtype) for t in tensors]
+            unpack_shards(NUMPY, tensors, mine, me, outputs)
+            return outputs
+
+        tensors = scattered(self.ctx, batch, comm.Get_size())
+        outputs = per_wire_dtype(tensors, scatter)
+        self.ctx.finish_per_entry([t.entry for t in tensors], outputs)
 
     def allreduce_of(self, comm, op) -> Callable:
         helper = self.helper

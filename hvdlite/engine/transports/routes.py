@@ -126,7 +126,11 @@ class Router:
             allgather = Transport.HIERARCHICAL
         elif one_node:
             allgather = Transport.SHARED_MEMORY
-        reducescatter = Transport.SHARED_MEMORY if one_node else Transport.MPI
+        reducescatter = Transport.MPI
+        if one_node:
+            reducescatter = Transport.SHARED_MEMORY
+        elif self.hierarchical_allreduce and whole_job:
+            reducescatter = Transport.HIERARCHICAL  # where the nodes are of one size
         across_nodes = not self.node_ranks.issuperset(ranks)
         half = Transport.HALF_WIRE if across_nodes else Transport.MPI
         device = self.device.routes(whole_job) if self.device is not None else None
