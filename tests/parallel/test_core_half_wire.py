@@ -23,7 +23,11 @@ from core_helpers import spy_on
 
 import hvdlite as hvd  # noqa: E402
 from hvdlite import basics  # noqa: E402
-from hvdlite.engine.transports.half_wire import HALF_WIRE_MIN_BYTES, HalfWirePeer  # noqa: E402
+from hvdlite.engine.transports.half_wire import (  # noqa: E402
+    ADD_CHUNK,
+    HALF_WIRE_MIN_BYTES,
+    HalfWirePeer,
+)
 
 MPI_SIZES = (2, 3, 4)
 MPI_ENV = {"HVDLITE_TEST_NODE_SIZE": "1"}
@@ -82,6 +86,27 @@ def test_scale_factors_apply_in_float32(via_16_bits):
     )
     assert_bits(out, rounded_once(LARGE, 4, pre=0.3, post=1.7))
     assert via_16_bits == [LARGE]
+
+
+def test_parts_of_several_chunks_with_factors_that_change_inside_one(via_16_bits):
+    # Each rank's part is added ADD_CHUNK values at a time; three tensors with their
+    # own factors, fused into one batch, meet inside chunks: each value still gets
+    # its own tensor's prescale and postscale.
+    counts = [ADD_CHUNK * N + 777, ADD_CHUNK // 3, ADD_CHUNK * N + 5]
+    factors = [(0.3, 1.7), (2.5, 0.5), (1.0, 0.25)]
+    handles = [
+        hvd.allreduce_async(
+            values(R, n, 90 + k),
+            op=hvd.Sum,
+            prescale_factor=pre,
+            postscale_factor=post,
+            name=f"hw.chunks.{k}",
+        )
+        for k, (n, (pre, post)) in enumerate(zip(counts, factors, strict=True))
+    ]
+    for k, (n, (pre, post), h) in enumerate(zip(counts, factors, handles, strict=True)):
+        assert_bits(hvd.synchronize(h), rounded_once(n, 90 + k, pre=pre, post=post))
+    assert sum(via_16_bits) == sum(counts)
 
 
 def test_a_fused_batch_and_a_grouped_call(via_16_bits):

@@ -56,7 +56,6 @@ from mpi4py import MPI
 
 from ...device.buffers import Reduction
 from ...timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
-from ...util import half_casts
 from ...util.paths import Transport
 from ...util.splits import even_split, offsets
 from .half_wire import (
@@ -65,7 +64,7 @@ from .half_wire import (
     allgather_halves,
     exchange_halves,
     pack_halves,
-    postscale,
+    postscaler,
     prescaler,
     sum_in_float32,
     unpack_halves,
@@ -143,10 +142,10 @@ class HalfTwoLevelPeer(HalfWirePeer):
             counts = self.node_counts(total)
             starts = offsets(counts)
             lo = starts[helper.local_rank]
-            node32 = sum_in_float32(helper.local, pool, send, counts, prescaler(tensors), tl)
-            shard = pool.get(half, node32.size, slot=4)
+            shard = pool.get(half, counts[helper.local_rank], slot=4)
+            # the node's partial sum, rounded once
+            sum_in_float32(helper.local, pool, send, counts, prescaler(tensors), shard, timeline=tl)
             if shard.size:  # where node sizes differ, the leader's alone
-                half_casts.narrow(node32, shard)  # the node's partial sum, rounded once
                 self._across_nodes(tensors, shard, lo, half)
             allgather_halves(helper.local, shard, result, counts, starts)
         if tl is not None:
@@ -187,8 +186,8 @@ class HalfTwoLevelPeer(HalfWirePeer):
             if i + 1 < pieces:
                 received, request = exchange(i + 1)
             lo = offsets(splits[i])[me]
-            node32 = add_in_float32(local, pool, mine, splits[i], scale_from(piece_at[i]), lo)
-            half_casts.narrow(node32, shards[i])  # the node's partial sum, rounded once
+            # the node's partial sum, rounded once
+            add_in_float32(local, pool, mine, splits[i], scale_from(piece_at[i]), lo, shards[i])
             self._across_nodes(tensors, shards[i], piece_at[i] + lo, half)
             piece = result[piece_at[i] : piece_at[i] + lengths[i]].view(np.uint16)
             layout = (splits[i], offsets(splits[i]))
@@ -204,10 +203,10 @@ class HalfTwoLevelPeer(HalfWirePeer):
         counts = even_split(shard.size, nodes)
         starts = offsets(counts)
         mine = counts[me]
-        total32 = sum_in_float32(cross, pool, shard, counts, None, slots=(6, 2, 3))
-        postscale(tensors, total32, lo + starts[me])
         part = pool.get(half, mine, slot=7)
-        half_casts.narrow(total32, part)
+        post = postscaler(tensors)
+        after = None if post is None else (lambda values, at: post(values, lo + at))
+        sum_in_float32(cross, pool, shard, counts, None, part, after, slots=(6, 2, 3))
         allgather_halves(cross, part, shard, counts, starts, self.helper.cross_ring)
         # from other nodes: their values of this part, then the other parts whole
         self.received_across["values"] += (nodes - 1) * mine + (shard.size - mine)

@@ -67,7 +67,8 @@ __all__ = [
     "add_in_float32",
     "allgather_halves",
     "prescaler",
-    "postscale",
+    "postscaler",
+    "ADD_CHUNK",
     "pack_halves",
     "unpack_halves",
 ]
@@ -75,6 +76,10 @@ __all__ = [
 #: Smallest batch (float32 bytes) worth two collectives: below it one float32
 #: allreduce's latency costs less than the bytes saved.
 HALF_WIRE_MIN_BYTES = 64 << 10
+#: Values widened and added at a time (:func:`add_in_float32`): a float32 sum
+#: and one contribution of this many stay in a core's L2 cache, where whole
+#: arrays went through memory once per pass.
+ADD_CHUNK = 1 << 15
 _SUMS = (ReduceOp.SUM, ReduceOp.AVERAGE)
 
 
@@ -132,18 +137,14 @@ class HalfWirePeer(Peer):
         """This rank's part of the sum: every rank's 16-bit values for it, gathered
         in one ``Alltoallv``, scaled and summed in float32, rounded once."""
         pool = self.ctx.pool
-        lo = starts[comm.Get_rank()]
         if alone:
             send = tensors.inputs[0].reshape(-1)
         else:
             send = pool.get(half, tensors.total(), slot=0)
             pack_halves(tensors, send)
-        total32 = sum_in_float32(
-            comm, pool, send, counts, prescaler(tensors), self.ctx.timeline, slots=(1, 2, 3)
-        )
-        _scale(total32, tensors.counts, tensors.postscales, lo)
-        part = pool.get(half, total32.size, slot=4)
-        half_casts.narrow(total32, part)
+        part = pool.get(half, counts[comm.Get_rank()], slot=4)
+        pre, post = prescaler(tensors), postscaler(tensors)
+        sum_in_float32(comm, pool, send, counts, pre, part, post, self.ctx.timeline)
         return part
 
     def _part_per_hop(self, comm, tensors: Reduction, half, counts, starts) -> np.ndarray:
@@ -192,22 +193,22 @@ class HalfWirePeer(Peer):
         return self._ring
 
 
-def sum_in_float32(comm, pool, send, counts, scale, timeline=None, slots=(1, 2, 3)):
+def sum_in_float32(comm, pool, send, counts, scale, out, post=None, timeline=None, slots=(1, 2, 3)):
     """Collective over *comm*: this rank's part of the sum of every rank's 16-bit
-    *send*, in float32.
+    *send*, added in float32 and rounded once into *out*.
 
     Rank q's part is *counts*[q] values from their offset; every rank sends each
     rank its part of *send* as 16 bits in one ``Alltoallv``
     (:func:`exchange_halves`), and each rank adds the contributions to its part
-    (:func:`add_in_float32`, *scale* applied to each with *lo* the part's first
-    index in *send*).  Returns the float32 part, a buffer of *pool* at
-    ``slots[1]`` (``slots[0]``: the received half values, ``slots[2]``: a
-    scratch term)."""
+    (:func:`add_in_float32`: *scale* applied to each contribution, *post* to the
+    sum, each called with the index in *send* of the values' first).
+    ``slots[0]`` of *pool* holds the received values, ``slots[1:]`` the float32
+    scratch."""
     if timeline is not None:
         timeline.phase(COLLECTIVE)
     received, _ = exchange_halves(comm, pool, send, counts, slots[0])
     lo = offsets(counts)[comm.Get_rank()]
-    return add_in_float32(comm, pool, received, counts, scale, lo, slots[1:])
+    add_in_float32(comm, pool, received, counts, scale, lo, out, post, slots[1:])
 
 
 def exchange_halves(comm, pool, send, counts, slot: int, nonblocking: bool = False):
@@ -229,23 +230,33 @@ def exchange_halves(comm, pool, send, counts, slot: int, nonblocking: bool = Fal
     return received, None
 
 
-def add_in_float32(comm, pool, received, counts, scale, lo: int, slots=(2, 3)):
-    """This rank's part of the sum from *received* (:func:`exchange_halves`):
-    each rank's contribution widened to float32, ``scale(values, lo)`` applied
-    where *scale* is given (*lo*: the part's first index in what was sent), added
-    in rank order, the first widened rather than added to a zero.  The float32
-    part is a buffer of *pool* at ``slots[0]``; ``slots[1]`` is a scratch term."""
+def add_in_float32(comm, pool, received, counts, scale, lo: int, out, post=None, slots=(2, 3)):
+    """This rank's part of the sum from *received* (:func:`exchange_halves`),
+    rounded once into the 16-bit *out*: each rank's contribution widened to
+    float32, ``scale(values, at)`` applied where *scale* is given, added in rank
+    order (the first widened rather than added to a zero), ``post(sum, at)``
+    applied where given, then narrowed (*at*: the index in what was sent of the
+    values' first; *lo*: the part's).  The work goes :data:`ADD_CHUNK` values at
+    a time, in two float32 buffers of *pool* (*slots*) that stay in the cache;
+    each value meets the same operations in the same order as whole arrays
+    would."""
     size, mine = comm.Get_size(), counts[comm.Get_rank()]
-    total32 = pool.get(np.float32, mine, slot=slots[0])
-    term = pool.get(np.float32, mine, slot=slots[1])
-    for q in range(size):
-        into = total32 if q == 0 else term
-        half_casts.widen(received[q * mine : (q + 1) * mine], into)
-        if scale is not None:
-            scale(into, lo)
-        if q:
-            np.add(total32, term, out=total32)
-    return total32
+    width = min(mine, ADD_CHUNK)
+    acc = pool.get(np.float32, width, slot=slots[0])
+    term = pool.get(np.float32, width, slot=slots[1])
+    for start in range(0, mine, ADD_CHUNK):
+        stop = min(mine, start + ADD_CHUNK)
+        total, values = acc[: stop - start], term[: stop - start]
+        for q in range(size):
+            into = total if q == 0 else values
+            half_casts.widen(received[q * mine + start : q * mine + stop], into)
+            if scale is not None:
+                scale(into, lo + start)
+            if q:
+                np.add(total, values, out=total)
+        if post is not None:
+            post(total, lo + start)
+        half_casts.narrow(total, out[start:stop])
 
 
 def allgather_halves(comm, part, result, counts, starts, ring=None) -> None:
@@ -262,11 +273,9 @@ def allgather_halves(comm, part, result, counts, starts, ring=None) -> None:
 
 
 def prescaler(tensors: Reduction):
-    """``scale(values, lo)`` applying each tensor's prescale in float32, or None
-    where every prescale is 1."""
-    if all(f == 1.0 for f in tensors.prescales):
-        return None
-    return lambda values, lo: _scale(values, tensors.counts, tensors.prescales, lo)
+    """``scale(values, lo)`` applying each tensor's prescale in float32 (values
+    lo.. of the batch), or None where every prescale is 1."""
+    return _scaler(tensors.counts, tensors.prescales)
 
 
 def pack_halves(tensors: Reduction, send: np.ndarray) -> None:
@@ -289,10 +298,22 @@ def unpack_halves(tensors: Reduction, result: np.ndarray) -> None:
         at += count
 
 
-def postscale(tensors: Reduction, values: np.ndarray, lo: int) -> None:
-    """Multiply *values* (elements lo.. of the batch) by their tensor's postscale,
-    in float32."""
-    _scale(values, tensors.counts, tensors.postscales, lo)
+def postscaler(tensors: Reduction):
+    """``scale(values, lo)`` applying each tensor's postscale in float32 (values
+    lo.. of the batch), or None where every postscale is 1."""
+    return _scaler(tensors.counts, tensors.postscales)
+
+
+def _scaler(counts, factors):
+    """``scale(values, lo)`` for these per-tensor *factors*; None where all are 1,
+    one multiplication where all are the same (Average's postscale)."""
+    first = factors[0] if factors else 1.0
+    if all(f == first for f in factors):
+        if first == 1.0:
+            return None
+        factor = np.float32(first)
+        return lambda values, lo: np.multiply(values, factor, out=values)
+    return lambda values, lo: _scale(values, counts, factors, lo)
 
 
 def _scale(values: np.ndarray, counts, factors, lo: int) -> None:
