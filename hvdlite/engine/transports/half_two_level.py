@@ -185,12 +185,14 @@ class HalfTwoLevelPeer(HalfWirePeer):
             mine = received
             if i + 1 < pieces:
                 received, request = exchange(i + 1)
-            lo = offsets(splits[i])[me]
+            starts = offsets(splits[i])
             # the node's partial sum, rounded once
-            add_in_float32(local, pool, mine, splits[i], scale_from(piece_at[i]), lo, shards[i])
-            self._across_nodes(tensors, shards[i], piece_at[i] + lo, half)
+            add_in_float32(
+                local, pool, mine, splits[i], scale_from(piece_at[i]), starts[me], shards[i]
+            )
+            self._across_nodes(tensors, shards[i], piece_at[i] + starts[me], half)
             piece = result[piece_at[i] : piece_at[i] + lengths[i]].view(np.uint16)
-            layout = (splits[i], offsets(splits[i]))
+            layout = (splits[i], starts)
             gathers.append(local.Iallgatherv(shards[i].view(np.uint16), [piece, layout]))
         MPI.Request.Waitall(gathers)
 
