@@ -96,7 +96,8 @@ KNOBS: tuple[Knob, ...] = (
         "the node (nodes of unequal size: reduce to one rank per node, allreduce across nodes, "
         "broadcast inside each node); large float16 and bfloat16 sums are summed in float32 "
         "inside each node and cross nodes as 16-bit node partial sums; reduce-scatters of "
-        "the whole job on nodes of one size go through the two levels too",
+        "the whole job on nodes of one size go through the two levels too (float16 and "
+        "bfloat16 ones the same way, 16 bits across nodes)",
         agree=True,
     ),
     Knob(

@@ -144,16 +144,21 @@ def _zeros_if_none(grads, outputs):
 # --- allreduce ---------------------------------------------------------------
 
 
-def _grouped_allreduce_nograd(tensors, name, op, prescale_factor, postscale_factor, process_set):
-    dtypes = [t.dtype for t in tensors]
-    scaling = _bridge.Scaling(dtypes, op, prescale_factor, postscale_factor, process_set.size())
-    # float16 and bfloat16 as they are where they cross nodes as 16 bits; not a
-    # bfloat16 of a group that this adapter scales (it scales on a float32 wire)
-    as_is = (
+def _halves_as_is(dtypes, scaling, process_set) -> bool:
+    """Whether a reduction's float16 and bfloat16 tensors go to the engine as they
+    are: where they cross nodes as 16 bits, and not a bfloat16 of a group that
+    this adapter scales (it scales on a float32 wire)."""
+    return (
         any(d in (tf.float16, tf.bfloat16) for d in dtypes)
         and not (scaling.here and tf.bfloat16 in dtypes)
         and _basics.halves_cross_as_16_bits(process_set)
     )
+
+
+def _grouped_allreduce_nograd(tensors, name, op, prescale_factor, postscale_factor, process_set):
+    dtypes = [t.dtype for t in tensors]
+    scaling = _bridge.Scaling(dtypes, op, prescale_factor, postscale_factor, process_set.size())
+    as_is = _halves_as_is(dtypes, scaling, process_set)
     wire = [
         scaling.before(_bridge.to_wire(t, reduce=True, halves_as_is=as_is), t.dtype)
         for t in tensors
@@ -585,7 +590,11 @@ def _grouped_reducescatter_nograd(
 ):
     dtypes = [t.dtype for t in tensors]
     scaling = _bridge.Scaling(dtypes, op, prescale_factor, postscale_factor, process_set.size())
-    wire = [scaling.before(_bridge.to_wire(t, reduce=True), t.dtype) for t in tensors]
+    as_is = _halves_as_is(dtypes, scaling, process_set)
+    wire = [
+        scaling.before(_bridge.to_wire(t, reduce=True, halves_as_is=as_is), t.dtype)
+        for t in tensors
+    ]
     if name is None:
         name = _bridge.op_name("GroupedReducescatter", tensors, None)
 

@@ -637,7 +637,10 @@ def alltoall_async(
 
 
 def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_set, grouped):
-    wide = [s.float() if _widened(s.dtype, s.is_cuda) else s for s in srcs]
+    # float16 and bfloat16 on CPU go as they are where the set spans nodes: the
+    # engine's 16-bit wire carries them (:func:`_widened`), 2 bytes per value
+    widened = [_widened(s.dtype, s.is_cuda, process_set) for s in srcs]
+    wide = [s.float() if w else s for s, w in zip(srcs, widened, strict=True)]
     kwargs = dict(
         name=_named("reducescatter", name),
         op=op,
@@ -648,19 +651,24 @@ def _reducescatter(srcs, name, op, prescale_factor, postscale_factor, process_se
         device=_one_device(srcs),
     )
     if grouped:
-        handle = _collectives.grouped_reducescatter_async([_array(w) for w in wide], **kwargs)
+        handle = _collectives.grouped_reducescatter_async(
+            [_view(w, w.is_cuda) for w in wide], **kwargs
+        )
     else:
-        handle = _collectives.reducescatter_async(_array(wide[0]), **kwargs)
+        handle = _collectives.reducescatter_async(_view(wide[0], wide[0].is_cuda), **kwargs)
 
-    def back(result, src):
-        out = _tensor(result, None)
-        return out.to(src.dtype) if _widened(src.dtype, src.is_cuda) else out
+    def back(result, src, widened):
+        if widened:
+            return _tensor(result, None).to(src.dtype)
+        if src.dtype == torch.bfloat16 and not src.is_cuda:  # numpy's bfloat16, as bits
+            return _tensor(np.asarray(result).view(np.int16), torch.bfloat16)
+        return _tensor(result, None)
 
     if grouped:
         return _attach(
-            handle, lambda result: [back(r, s) for r, s in zip(result, srcs, strict=True)]
+            handle, lambda result: [back(*args) for args in zip(result, srcs, widened, strict=True)]
         )
-    return _attach(handle, lambda result: back(result, srcs[0]))
+    return _attach(handle, lambda result: back(result, srcs[0], widened[0]))
 
 
 def reducescatter_async(

@@ -151,6 +151,7 @@ def half_values(rank: int, count: int, seed: int, dtype=np.float16) -> np.ndarra
 def assert_bits(actual: np.ndarray, expected: np.ndarray) -> None:
     """The same dtype, shape and bits; the message shows a few that differ."""
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    actual, expected = actual.reshape(-1), expected.reshape(-1)
     differ = np.flatnonzero(actual.view(np.uint16) != expected.view(np.uint16))
     assert differ.size == 0, (
         f"{differ.size} of {actual.size} elements rounded differently, "

@@ -11,9 +11,12 @@ rounded to 16 bits; the node partials summed in float32 in node order, scaled
 by the postscale and rounded again.  The path must return exactly those bits:
 alone, summed and averaged, scaled, fused and grouped, with a rank that has
 joined, and from torch's Compression.fp16 and bf16.  And the values that cross
-between nodes travel as 2 bytes each, one node partial per node.
+between nodes travel as 2 bytes each, one node partial per node.  Reduce-scatters
+follow the same rule on nodes of one size (4 ranks), and round once where the flat
+16-bit wire takes them (3 ranks: nodes of 2 and 1).
 """
 
+import math
 import os
 
 import numpy as np
@@ -31,7 +34,7 @@ from hvdlite.engine.transports.half_two_level import HalfTwoLevelPeer  # noqa: E
 from hvdlite.engine.transports.half_wire import HALF_WIRE_MIN_BYTES  # noqa: E402
 from hvdlite.util.dtypes import BFLOAT16  # noqa: E402
 from hvdlite.util.paths import Transport  # noqa: E402
-from hvdlite.util.splits import offsets  # noqa: E402
+from hvdlite.util.splits import even_split, offsets  # noqa: E402
 
 MPI_SIZES = (2, 3, 4)
 MPI_ENV = {"HVDLITE_TEST_NODE_SIZE": "2", "HVDLITE_HIERARCHICAL_ALLREDUCE": "1"}
@@ -227,3 +230,81 @@ def test_large_batches_cross_the_nodes_in_pieces(half, monkeypatch):
     ]
     for t, f, h in zip((a, b), (0.5, 2.0), handles, strict=True):
         assert_bits(hvd.synchronize(h), node_by_node(t, pre=f))
+
+
+# ------------------------------------------------------------- reduce-scatters
+#: Reduce-scatters go in two levels on nodes of one size only (at 3 ranks the flat
+#: 16-bit wire rounds them once; at 2 ranks, one node, a float32 copy does).
+SCATTERS_IN_TWO_LEVELS = ACROSS and N % 2 == 0
+
+
+def scatter_rule(inputs, pre=1.0, post=1.0) -> np.ndarray:
+    """The sums a reduce-scatter returns, before cutting: node by node in two
+    levels, else rounded once."""
+    if SCATTERS_IN_TWO_LEVELS:
+        return node_by_node(inputs, pre, post)
+    half, pre, post = inputs[0].dtype, np.float32(pre), np.float32(post)
+    return (_sum32([x.astype(np.float32) * pre for x in inputs]) * post).astype(half)
+
+
+def rows_of_mine(full: np.ndarray) -> np.ndarray:
+    counts = even_split(full.shape[0], N)
+    lo = sum(counts[:R])
+    return full[lo : lo + counts[R]]
+
+
+def assert_scattered(out: np.ndarray, expected: np.ndarray) -> None:
+    """The 16-bit paths' bits; on one node (a float32 copy, scaled its own way) close."""
+    if ACROSS:
+        assert_bits(out, expected)
+    else:
+        wide = expected.astype(np.float32)
+        atol = 0.01 * float(np.abs(wide).max())  # a 16-bit ulp or two of the largest
+        np.testing.assert_allclose(out.astype(np.float32), wide, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("half", HALVES, ids=HALF_IDS)
+def test_reduce_scatters_of_halves_in_two_levels(half, monkeypatch):
+    peers = spy_on(
+        monkeypatch, HalfTwoLevelPeer, "_scattered_part", lambda comm, tensors, h: len(tensors)
+    )
+    tag = np.dtype(half).name
+    shape = (2 * N + 1, 7_001)
+    inputs = [x.reshape(shape) for x in everyone(math.prod(shape), 120, half)]
+    out = hvd.reducescatter(inputs[R], op=hvd.Sum, name=f"two.rs.sum.{tag}")
+    assert out.dtype == np.dtype(half)
+    assert_scattered(out, rows_of_mine(scatter_rule(inputs)))
+    out = hvd.reducescatter(
+        inputs[R], op=hvd.Average, prescale_factor=0.3, name=f"two.rs.avg.{tag}"
+    )
+    assert_scattered(out, rows_of_mine(scatter_rule(inputs, pre=0.3, post=1.0 / N)))
+    # two tensors with their own factors, fused into one batch
+    shapes = [(N + 1, 3, 2_000), (3 * N + 2, 5_000)]
+    groups = [
+        [x.reshape(s) for x in everyone(math.prod(s), 130 + k, half)] for k, s in enumerate(shapes)
+    ]
+    handles = [
+        hvd.reducescatter_async(
+            g[R], op=hvd.Sum, prescale_factor=f, postscale_factor=1.5, name=f"two.rs.{k}.{tag}"
+        )
+        for k, (g, f) in enumerate(zip(groups, (0.5, 3.0)))
+    ]
+    for g, f, h in zip(groups, (0.5, 3.0), handles, strict=True):
+        assert_scattered(hvd.synchronize(h), rows_of_mine(scatter_rule(g, pre=f, post=1.5)))
+    assert sum(peers) == (4 if SCATTERS_IN_TWO_LEVELS else 0)  # tensors, fused or not
+
+
+def test_a_reduce_scatter_crosses_between_nodes_once_per_node_as_16_bits():
+    if not SCATTERS_IN_TWO_LEVELS:
+        pytest.skip("reduce-scatters go in two levels on several nodes of one size")
+    peer = next(p for p in state().engine.executor._lineup_of(0) if isinstance(p, HalfTwoLevelPeer))
+    before = dict(peer.received_across)
+    shape = (4 * N, 10_000)
+    inputs = [x.reshape(shape) for x in everyone(math.prod(shape), 140)]
+    out = hvd.reducescatter(inputs[R], op=hvd.Sum, name="two.rs.bytes")
+    assert_bits(out, rows_of_mine(scatter_rule(inputs)))
+    got = {k: peer.received_across[k] - before[k] for k in before}
+    per_rank = hvd.allgather_object(got)
+    # each rank receives its part from every other node: (nodes - 1) / N of the batch
+    assert sum(g["values"] for g in per_rank) == (len(NODES) - 1) * math.prod(shape)
+    assert sum(g["bytes"] for g in per_rank) == 2 * sum(g["values"] for g in per_rank)

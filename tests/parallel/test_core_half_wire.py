@@ -7,9 +7,12 @@ input from a seeded generator, scales and sums them in float32 in rank order and
 rounds the total once; the 16-bit path must return exactly those bits, at 2, 3 and
 4 ranks: alone, fused, grouped, scaled, averaged, with a rank that has joined, and
 from the torch adapter (CPU float16, and a DistributedOptimizer with
-Compression.fp16).
+Compression.fp16).  Reduce-scatters of float16 and bfloat16 the same way: each
+rank gets its rows of the rounded-once sum, 16 bits on the wire, from the core,
+torch, and the sharded optimizer with Compression.fp16.
 """
 
+import math
 import os
 
 import numpy as np
@@ -28,6 +31,8 @@ from hvdlite.engine.transports.half_wire import (  # noqa: E402
     HALF_WIRE_MIN_BYTES,
     HalfWirePeer,
 )
+from hvdlite.util.dtypes import BFLOAT16  # noqa: E402
+from hvdlite.util.splits import even_split  # noqa: E402
 
 MPI_SIZES = (2, 3, 4)
 MPI_ENV = {"HVDLITE_TEST_NODE_SIZE": "1"}
@@ -163,7 +168,7 @@ def test_torch_float16_and_fp16_compression_cross_as_16_bits(via_16_bits):
 
 
 @pytest.mark.skipif(N != 2, reason="TensorFlow's import is slow: one size shows its path")
-def test_tensorflow_halves_cross_as_16_bits(via_16_bits):
+def test_tensorflow_halves_cross_as_16_bits(via_16_bits, monkeypatch):
     tf = pytest.importorskip("tensorflow")
     import hvdlite.tensorflow as hvd_tf
 
@@ -177,3 +182,130 @@ def test_tensorflow_halves_cross_as_16_bits(via_16_bits):
     (grad,) = hvd_tf.DistributedGradientTape(tape).gradient(loss, [v])
     assert_bits(grad.numpy(), rounded_once(LARGE, 61, post=1.0 / N))
     assert via_16_bits == [LARGE, LARGE]
+    # a reduce-scatter: each rank its rows, 16 bits on the wire (no float32 copy)
+    spy = spy_on(monkeypatch, HalfWirePeer, "_scattered_part", lambda *args: 1)
+    shape = (2 * N + 1, 9_001)
+    x = values(R, math.prod(shape), 62).reshape(shape)
+    out = hvd_tf.reducescatter(tf.constant(x), op=hvd_tf.Sum, name="hw.tf.rs")
+    assert out.dtype == tf.float16
+    assert_bits(out.numpy(), rows_of_mine(summed_once(shape, 62)))
+    assert spy == [1]
+
+
+# ------------------------------------------------------------- reduce-scatters
+@pytest.fixture
+def scattered_16_bits(monkeypatch):
+    """The element counts of the reduce-scatter batches this rank ran on the 16-bit path."""
+    return spy_on(
+        monkeypatch,
+        HalfWirePeer,
+        "_scattered_part",
+        lambda comm, tensors, half: sum(math.prod(t.shape) for t in tensors),
+    )
+
+
+def rows_of_mine(full: np.ndarray) -> np.ndarray:
+    """This rank's block of *full*'s rows, as every reduce-scatter cuts them."""
+    counts = even_split(full.shape[0], N)
+    lo = sum(counts[:R])
+    return full[lo : lo + counts[R]]
+
+
+def summed_once(shape, seed, half=np.float16, pre=1.0, post=1.0) -> np.ndarray:
+    """Every rank's input of *shape*, scaled and summed in float32 in rank order,
+    scaled again and rounded to *half* once."""
+    count = math.prod(shape)
+    total = np.zeros(count, np.float32)
+    for r in range(N):
+        total += values(r, count, seed, half).astype(np.float32) * np.float32(pre)
+    return (total * np.float32(post)).astype(half).reshape(shape)
+
+
+@pytest.mark.parametrize("half", [np.float16, BFLOAT16], ids=["float16", "bfloat16"])
+def test_reduce_scatter_of_halves_rounds_once_on_the_16_bit_path(half, scattered_16_bits):
+    shape = (4 * N + 1, 5_003)  # rows that do not divide evenly
+    count = math.prod(shape)
+    x = values(R, count, 70, half).reshape(shape)
+    out = hvd.reducescatter(x, op=hvd.Sum, name=f"hw.rs.sum.{np.dtype(half).name}")
+    assert out.dtype == np.dtype(half)
+    assert_bits(out, rows_of_mine(summed_once(shape, 70, half)))
+    out = hvd.reducescatter(
+        x, op=hvd.Average, prescale_factor=0.3, name=f"hw.rs.avg.{np.dtype(half).name}"
+    )
+    assert_bits(out, rows_of_mine(summed_once(shape, 70, half, pre=0.3, post=1.0 / N)))
+    assert scattered_16_bits == [count, count]
+    small = hvd.reducescatter(values(R, 100, 71, half), op=hvd.Sum, name="hw.rs.small")
+    assert scattered_16_bits == [count, count]  # under the threshold: a float32 copy
+    np.testing.assert_allclose(
+        small.astype(np.float32), rows_of_mine(summed_once((100,), 71, half)).astype(np.float32)
+    )
+
+
+def test_fused_and_grouped_reduce_scatters_keep_each_tensors_factors(scattered_16_bits):
+    shapes = [(3 * N + 2, 4_001), (N + 1, 3, 6_000)]  # each over the threshold alone
+    factors = [(0.5, 1.7), (3.0, 0.25)]
+    handles = [
+        hvd.reducescatter_async(
+            values(R, math.prod(s), 80 + k).reshape(s),
+            op=hvd.Sum,
+            prescale_factor=pre,
+            postscale_factor=post,
+            name=f"hw.rs.fused.{k}",
+        )
+        for k, (s, (pre, post)) in enumerate(zip(shapes, factors, strict=True))
+    ]
+    for k, (s, (pre, post), h) in enumerate(zip(shapes, factors, handles, strict=True)):
+        assert_bits(hvd.synchronize(h), rows_of_mine(summed_once(s, 80 + k, pre=pre, post=post)))
+    outs = hvd.grouped_reducescatter(
+        [values(R, math.prod(s), 90 + k).reshape(s) for k, s in enumerate(shapes)],
+        op=hvd.Average,
+        name="hw.rs.group",
+    )
+    for k, (s, out) in enumerate(zip(shapes, outs, strict=True)):
+        assert_bits(out, rows_of_mine(summed_once(s, 90 + k, post=1.0 / N)))
+    total = sum(math.prod(s) for s in shapes)
+    assert sum(scattered_16_bits) == 2 * total
+
+
+def test_torch_reduce_scatter_and_a_sharded_fp16_optimizer_cross_as_16_bits(scattered_16_bits):
+    torch = pytest.importorskip("torch")
+    import hvdlite.torch as hvd_torch
+
+    shape = (2 * N + 1, 9_000)
+    for half, name in ((torch.float16, "float16"), (torch.bfloat16, "bfloat16")):
+        x = values(R, math.prod(shape), 100, np.float16).reshape(shape)
+        t = torch.from_numpy(x).to(half)
+        out = hvd_torch.reducescatter(t, op=hvd_torch.Sum, name=f"hw.rs.torch.{name}")
+        assert out.dtype == half
+        inputs = [torch.from_numpy(values(r, math.prod(shape), 100)).to(half) for r in range(N)]
+        total = sum(i.float() for i in inputs)  # float32, in rank order
+        expected = rows_of_mine(total.to(half).reshape(shape))
+        assert torch.equal(out, expected), name
+    assert len(scattered_16_bits) == 2
+
+    # The sharded optimizer's reduce-scatter of Compression.fp16 gradients: the same
+    # rounded-once averages as DistributedOptimizer's allreduce, so the same weights.
+    def trained(**kwargs):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(300, 200)
+        opt = hvd_torch.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            named_parameters=model.named_parameters(),
+            compression=hvd_torch.Compression.fp16,
+            **kwargs,
+        )
+        if kwargs:
+            opt._reduce_whole = False  # reduce-scattered, as across hosts
+        for step in range(2):
+            opt.zero_grad()
+            x = torch.from_numpy(values(R, 32 * 300, 110 + step).astype(np.float32)) / 40
+            model(x.reshape(32, 300)).square().mean().backward()
+            opt.step()
+        return model
+
+    before = len(scattered_16_bits)
+    sharded = trained(shard_optimizer_state=True)
+    assert len(scattered_16_bits) > before
+    plain = trained()
+    for p, q in zip(sharded.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(p, q)

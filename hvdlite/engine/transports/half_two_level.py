@@ -32,6 +32,15 @@ and after one (``Ialltoallv``, ``Iallgatherv``) moving while it crosses the
 nodes, as the 32-bit two-level path does.  Each value meets the same sums in
 the same order: the bits do not depend on the cut.
 
+Reduce-scatters (Sum or Average, nodes of one size: the helper's
+``scatters_in_two_levels``) take stages 1 and 2 alone, packed in the helper's
+layout (:meth:`~hvdlite.engine.transports.hierarchical.Hierarchical.scatter_starts`):
+in the node, local rank l sums the rows of the ranks of local index l on every
+node, rounded to 16 bits; across nodes, those ranks sum the node partials and
+round again.  Each host's values cross once, as 16 bits, where MPI's two-level
+reduce-scatter of a float32 copy carries 4 bytes per value; on nodes of
+different sizes the flat wire takes them.
+
 The rounding rule, then: a value is rounded twice, once as part of its node's
 partial sum and once as the total.  In numpy, for nodes ``k`` of ranks
 ``r0 < r1 < ...``::
@@ -55,17 +64,22 @@ import numpy as np
 from mpi4py import MPI
 
 from ...device.buffers import Reduction
+from ...device.packing import rank_counts
 from ...timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
 from ...util.paths import Transport
 from ...util.splits import even_split, offsets
+from ..messages import Kind
 from .half_wire import (
     HalfWirePeer,
     add_in_float32,
     allgather_halves,
     exchange_halves,
     pack_halves,
+    packed_rows,
+    part_postscaler,
     postscaler,
     prescaler,
+    rows_prescaler,
     sum_in_float32,
     unpack_halves,
 )
@@ -98,7 +112,30 @@ class HalfTwoLevelPeer(HalfWirePeer):
         self.received_across = {"values": 0, "bytes": 0}
 
     def accepts(self, p, comm, nbytes: int) -> bool:
+        if p.kind == Kind.REDUCESCATTER and not self.helper.scatters_in_two_levels:
+            return False  # nodes of different sizes: the flat wire takes it
         return self.useful and super().accepts(p, comm, nbytes)
+
+    def _scattered_part(self, comm, tensors, half) -> np.ndarray:
+        """This rank's part of a reduce-scatter batch over the job, in two levels:
+        each node's partial sums rounded, then the total (module docstring)."""
+        pool, helper = self.ctx.pool, self.helper
+        me = helper.world.Get_rank()
+        counts = rank_counts(tensors, helper.world.Get_size())
+        starts = helper.scatter_starts(counts)
+        in_node, across = helper.scatter_counts(counts)
+        send = packed_rows(pool, tensors, half, counts, starts)
+        shard = pool.get(half, in_node[helper.local_rank], slot=4)
+        # the node's partial sums of the rows of this local index on every node
+        sum_in_float32(helper.local, pool, send, in_node, rows_prescaler(tensors, starts), shard)
+        cross = helper.cross
+        nodes, at = cross.Get_size(), cross.Get_rank()
+        part = pool.get(half, across[at], slot=7)
+        post = part_postscaler(tensors, me, offsets(across)[at])
+        sum_in_float32(cross, pool, shard, across, None, part, post, slots=(6, 2, 3))
+        self.received_across["values"] += (nodes - 1) * across[at]
+        self.received_across["bytes"] += (nodes - 1) * part.nbytes
+        return part
 
     def node_counts(self, total: int) -> list[int]:
         """The shard of each local rank: even where every node has the same size,

@@ -302,6 +302,15 @@ class Hierarchical:
                 at += counts[rank]
         return starts
 
+    def scatter_counts(self, counts) -> tuple[list[int], list[int]]:
+        """For world ranks' blocks of *counts* elements in the :meth:`scatter_starts`
+        layout: the elements each local rank sums in the node (the blocks of its
+        local index on every node), and the elements of each of this rank's cross
+        peers' blocks, in cross-rank order."""
+        grid = self._scatter_grid()
+        in_node = [sum(counts[r] for r in row) for row in grid]
+        return in_node, [counts[r] for r in grid[self.local_rank]]
+
     def reduce_scatter(self, buf: np.ndarray, counts, op) -> np.ndarray:
         """Collective over the job (:attr:`scatters_in_two_levels` only): *buf* holds
         every world rank's block at :meth:`scatter_starts`; returns this rank's
@@ -314,14 +323,12 @@ class Hierarchical:
         so each value crosses between hosts once per node, as in the two-level
         allreduce's first half."""
         self.calls["reducescatter"] += 1
-        grid = self._scatter_grid()
-        in_node = [sum(counts[r] for r in row) for row in grid]
+        in_node, across = self.scatter_counts(counts)
         shard = self._pool.get(buf.dtype, in_node[self.local_rank], slot=2)
         if len(set(in_node)) == 1:
             self.local.Reduce_scatter_block(buf, shard, op)
         else:
             self.local.Reduce_scatter(buf, shard, in_node, op)
-        across = [counts[r] for r in grid[self.local_rank]]
         me = self.cross.Get_rank()
         if self._sums_around_ring(shard, op):
             self._cross_ring.reduce_scatter(shard, across)
