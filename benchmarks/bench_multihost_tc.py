@@ -17,7 +17,8 @@ under ``Compression.fp16`` and ``.bf16``), allgather of 16 MB per rank and torch
 training steps (an MLP with 16 MB of gradients, ``DistributedOptimizer`` over SGD
 without and with ``Compression.fp16`` and ``.bf16``, and over AdamW unsharded and with
 ``shard_optimizer_state=True``; the two ratios are printed after the table for the
-flat and the hierarchical jobs): the median
+flat and the hierarchical jobs), and a reduce-scatter of 8 M values as float32 and as
+float16 (16 bits across hosts; the pair printed as a ratio with its bytes): the median
 over iterations of the slowest rank.  The bytes h2 received on its link during each
 case are counted, so the table shows the measured cross-host bytes beside the times.
 Each job then trains three models, the MLP, ResNet-18 on 64x64 images and a small
@@ -59,6 +60,8 @@ CASES = (
     ("torch step bf16", 16),
     ("AdamW step", 16),
     ("AdamW sharded", 16),
+    ("reducescatter", 32),
+    ("reducescatter fp16", 16),
 )
 WIDTH, LAYERS, BATCH = 1024, 4, 32  # the MLP: 4 x 1024 x 1024 weights, 16 MB of gradients
 IMAGE, IMAGES = 64, 8  # ResNet-18 on 64x64 images, 8 per rank: 45 MB of gradients
@@ -301,6 +304,10 @@ def worker(iters: int) -> None:
             fn = lambda x=x, mb=mb: hvd.allreduce(x, op=hvd.Sum, name=f"b.ar.{mb}")  # noqa: E731
         elif kind == "allgather":
             fn = lambda x=x, mb=mb: hvd.allgather(x, name=f"b.ag.{mb}")  # noqa: E731
+        elif kind.startswith("reducescatter"):  # the same 8 M values, as 32 or 16 bits
+            x = np.random.default_rng(hvd.rank()).standard_normal(8 << 20)
+            x = x.astype(np.float16 if kind.endswith("fp16") else np.float32)
+            fn = lambda x=x, k=kind: hvd.reducescatter(x, op=hvd.Average, name=f"b.{k}")  # noqa: E731
         elif kind.startswith("torch step"):
             fn = _torch_step(wire=kind.split()[-1] if kind != "torch step" else "fp32")
         else:
@@ -500,6 +507,15 @@ def main(argv=None) -> int:
         print(
             f"AdamW step, shard_optimizer_state=True vs unsharded ({name} jobs): "
             f"{sharded * 1e3:.1f} ms vs {plain * 1e3:.1f} ms = {sharded / plain:.2f}x"
+        )
+    for name in settings:
+        wide = min(r[0]["reducescatter 32 MB"] for r in runs[name])
+        half = min(r[0]["reducescatter fp16 16 MB"] for r in runs[name])
+        print(
+            f"reducescatter of 8 M values, float16 vs float32 ({name} jobs): "
+            f"{half[0] * 1e3:.1f} ms vs {wide[0] * 1e3:.1f} ms = {half[0] / wide[0]:.2f}x; "
+            f"bytes into h2 {half[1] / 2**20:.1f} MB vs {wide[1] / 2**20:.1f} MB = "
+            f"{half[1] / wide[1]:.2f}x"
         )
     for wire in ("fp16", "bf16"):
         for name in settings:

@@ -7,7 +7,7 @@ two or more ranks spans nodes, as across hosts.  Every rank rebuilds every rank'
 input from a seeded generator, scales and sums them in float32 in rank order and
 rounds the total to bfloat16 once (to nearest even); the 16-bit path must return
 exactly those bits, at 2, 3 and 4 ranks.  The frameworks' own imports are slow:
-TensorFlow, Keras and JAX show their path at 2 ranks only.
+TensorFlow, Keras and JAX show their path at 2 ranks only (JAX's reduce-scatter too).
 """
 
 import os
@@ -23,6 +23,7 @@ import hvdlite as hvd  # noqa: E402
 from hvdlite import basics  # noqa: E402
 from hvdlite.engine.transports.half_wire import HALF_WIRE_MIN_BYTES, HalfWirePeer  # noqa: E402
 from hvdlite.util.dtypes import BFLOAT16  # noqa: E402
+from hvdlite.util.splits import even_split  # noqa: E402
 
 MPI_SIZES = (2, 3, 4)
 MPI_ENV = {"HVDLITE_TEST_NODE_SIZE": "1", "KERAS_BACKEND": "tensorflow"}
@@ -195,7 +196,7 @@ def test_tensorflow_and_keras_bfloat16_cross_as_16_bits(via_16_bits):
 
 
 @pytest.mark.skipif(N != 2, reason="JAX's import is slow: one size shows its path")
-def test_jax_bfloat16_crosses_as_16_bits(via_16_bits):
+def test_jax_bfloat16_crosses_as_16_bits(via_16_bits, monkeypatch):
     jax = pytest.importorskip("jax")
     import hvdlite.jax as hvd_jax
 
@@ -208,3 +209,14 @@ def test_jax_bfloat16_crosses_as_16_bits(via_16_bits):
         rounded_once(LARGE, 61, post=1.0 / N),
     )
     assert via_16_bits == [LARGE, LARGE]
+    # a reduce-scatter: each rank its rows of the rounded-once sum, 16 bits on the wire
+    scattered = spy_on(monkeypatch, HalfWirePeer, "_scattered_part", lambda *args: 1)
+    rows, width = 2 * N + 1, 9_001
+    x = jax.numpy.asarray(values(R, rows * width, 62).reshape(rows, width))
+    out = hvd_jax.reducescatter(x, op=hvd_jax.Sum, name="bf.jax.rs")
+    assert out.dtype == jax.numpy.bfloat16
+    counts = even_split(rows, N)
+    lo = sum(counts[:R])
+    expected = rounded_once(rows * width, 62).reshape(rows, width)[lo : lo + counts[R]]
+    assert_bits(np.asarray(out), expected)
+    assert scattered == [1]
