@@ -14,6 +14,7 @@ import pytest
 
 import hvdlite as hvd
 from hvdlite.util.dtypes import BFLOAT16
+from hvdlite.util.splits import even_split
 
 #: Every dtype the engine accepts, in the order the tests use them (bfloat16: numpy's,
 #: from ml_dtypes).
@@ -146,6 +147,14 @@ def half_values(rank: int, count: int, seed: int, dtype=np.float16) -> np.ndarra
     16-bit sums need rounding."""
     rs = np.random.RandomState(1000 * seed + rank)
     return (rs.standard_normal(count) * 40).astype(np.float32).astype(dtype)
+
+
+def rows_of(full: np.ndarray, rank: int, size: int) -> np.ndarray:
+    """Rank *rank*'s block of *full*'s rows, as every reduce-scatter over *size*
+    ranks cuts them (the first ``rows % size`` ranks get one row more)."""
+    counts = even_split(full.shape[0], size)
+    lo = sum(counts[:rank])
+    return full[lo : lo + counts[rank]]
 
 
 def assert_bits(actual: np.ndarray, expected: np.ndarray) -> None:

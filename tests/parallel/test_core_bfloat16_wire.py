@@ -17,13 +17,12 @@ import pytest
 
 os.environ["HVDLITE_TEST_NODE_SIZE"] = "1"  # a knob read by init(), hence at import
 
-from core_helpers import assert_bits, half_values, spy_on
+from core_helpers import assert_bits, half_values, rows_of, spy_on
 
 import hvdlite as hvd  # noqa: E402
 from hvdlite import basics  # noqa: E402
 from hvdlite.engine.transports.half_wire import HALF_WIRE_MIN_BYTES, HalfWirePeer  # noqa: E402
 from hvdlite.util.dtypes import BFLOAT16  # noqa: E402
-from hvdlite.util.splits import even_split  # noqa: E402
 
 MPI_SIZES = (2, 3, 4)
 MPI_ENV = {"HVDLITE_TEST_NODE_SIZE": "1", "KERAS_BACKEND": "tensorflow"}
@@ -215,8 +214,6 @@ def test_jax_bfloat16_crosses_as_16_bits(via_16_bits, monkeypatch):
     x = jax.numpy.asarray(values(R, rows * width, 62).reshape(rows, width))
     out = hvd_jax.reducescatter(x, op=hvd_jax.Sum, name="bf.jax.rs")
     assert out.dtype == jax.numpy.bfloat16
-    counts = even_split(rows, N)
-    lo = sum(counts[:R])
-    expected = rounded_once(rows * width, 62).reshape(rows, width)[lo : lo + counts[R]]
+    expected = rows_of(rounded_once(rows * width, 62).reshape(rows, width), R, N)
     assert_bits(np.asarray(out), expected)
     assert scattered == [1]

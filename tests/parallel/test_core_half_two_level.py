@@ -25,7 +25,7 @@ import pytest
 os.environ["HVDLITE_TEST_NODE_SIZE"] = "2"  # knobs read by init(), hence at import
 os.environ["HVDLITE_HIERARCHICAL_ALLREDUCE"] = "1"
 
-from core_helpers import assert_bits, spy_on
+from core_helpers import assert_bits, rows_of, spy_on
 from core_helpers import half_values as values
 
 import hvdlite as hvd  # noqa: E402
@@ -34,7 +34,7 @@ from hvdlite.engine.transports.half_two_level import HalfTwoLevelPeer  # noqa: E
 from hvdlite.engine.transports.half_wire import HALF_WIRE_MIN_BYTES  # noqa: E402
 from hvdlite.util.dtypes import BFLOAT16  # noqa: E402
 from hvdlite.util.paths import Transport  # noqa: E402
-from hvdlite.util.splits import even_split, offsets  # noqa: E402
+from hvdlite.util.splits import offsets  # noqa: E402
 
 MPI_SIZES = (2, 3, 4)
 MPI_ENV = {"HVDLITE_TEST_NODE_SIZE": "2", "HVDLITE_HIERARCHICAL_ALLREDUCE": "1"}
@@ -72,12 +72,18 @@ def _sum32(terms):
     return total
 
 
+def rounded_once(inputs, pre=1.0, post=1.0) -> np.ndarray:
+    """The inputs scaled and summed in float32 in rank order, scaled again, rounded once."""
+    half, pre, post = inputs[0].dtype, np.float32(pre), np.float32(post)
+    return (_sum32([x.astype(np.float32) * pre for x in inputs]) * post).astype(half)
+
+
 def node_by_node(inputs, pre=1.0, post=1.0) -> np.ndarray:
     """The documented rule: a 16-bit partial sum per node, then the total of the
     node partials rounded again (on one node: the float32 sum rounded once)."""
-    half, pre, post = inputs[0].dtype, np.float32(pre), np.float32(post)
     if not ACROSS:
-        return (_sum32([x.astype(np.float32) * pre for x in inputs]) * post).astype(half)
+        return rounded_once(inputs, pre, post)
+    half, pre, post = inputs[0].dtype, np.float32(pre), np.float32(post)
     partials = [
         _sum32([inputs[r].astype(np.float32) * pre for r in node]).astype(half) for node in NODES
     ]
@@ -243,14 +249,11 @@ def scatter_rule(inputs, pre=1.0, post=1.0) -> np.ndarray:
     levels, else rounded once."""
     if SCATTERS_IN_TWO_LEVELS:
         return node_by_node(inputs, pre, post)
-    half, pre, post = inputs[0].dtype, np.float32(pre), np.float32(post)
-    return (_sum32([x.astype(np.float32) * pre for x in inputs]) * post).astype(half)
+    return rounded_once(inputs, pre, post)
 
 
 def rows_of_mine(full: np.ndarray) -> np.ndarray:
-    counts = even_split(full.shape[0], N)
-    lo = sum(counts[:R])
-    return full[lo : lo + counts[R]]
+    return rows_of(full, R, N)
 
 
 def assert_scattered(out: np.ndarray, expected: np.ndarray) -> None:

@@ -22,7 +22,7 @@ os.environ["HVDLITE_TEST_NODE_SIZE"] = "1"  # a knob read by init(), hence at im
 
 from core_helpers import assert_bits
 from core_helpers import half_values as values
-from core_helpers import spy_on
+from core_helpers import rows_of, spy_on
 
 import hvdlite as hvd  # noqa: E402
 from hvdlite import basics  # noqa: E402
@@ -32,7 +32,6 @@ from hvdlite.engine.transports.half_wire import (  # noqa: E402
     HalfWirePeer,
 )
 from hvdlite.util.dtypes import BFLOAT16  # noqa: E402
-from hvdlite.util.splits import even_split  # noqa: E402
 
 MPI_SIZES = (2, 3, 4)
 MPI_ENV = {"HVDLITE_TEST_NODE_SIZE": "1"}
@@ -50,13 +49,13 @@ def via_16_bits(monkeypatch):
     return spy_on(monkeypatch, HalfWirePeer, "reduce", lambda p0, tensors, *rest: tensors.total())
 
 
-def rounded_once(count, seed, pre=1.0, post=1.0, ranks=None) -> np.ndarray:
+def rounded_once(count, seed, pre=1.0, post=1.0, ranks=None, half=np.float16) -> np.ndarray:
     """The inputs of *ranks* (default: all), each scaled by *pre* and summed in
-    float32 in rank order, the sum scaled by *post* and rounded to float16 once."""
+    float32 in rank order, the sum scaled by *post* and rounded to *half* once."""
     total = np.zeros(count, np.float32)
     for r in range(N) if ranks is None else ranks:
-        total += values(r, count, seed).astype(np.float32) * np.float32(pre)
-    return (total * np.float32(post)).astype(np.float16)
+        total += values(r, count, seed, half).astype(np.float32) * np.float32(pre)
+    return (total * np.float32(post)).astype(half)
 
 
 def test_every_rank_takes_the_16_bit_path_for_large_float16_only(via_16_bits):
@@ -205,20 +204,12 @@ def scattered_16_bits(monkeypatch):
 
 
 def rows_of_mine(full: np.ndarray) -> np.ndarray:
-    """This rank's block of *full*'s rows, as every reduce-scatter cuts them."""
-    counts = even_split(full.shape[0], N)
-    lo = sum(counts[:R])
-    return full[lo : lo + counts[R]]
+    return rows_of(full, R, N)
 
 
 def summed_once(shape, seed, half=np.float16, pre=1.0, post=1.0) -> np.ndarray:
-    """Every rank's input of *shape*, scaled and summed in float32 in rank order,
-    scaled again and rounded to *half* once."""
-    count = math.prod(shape)
-    total = np.zeros(count, np.float32)
-    for r in range(N):
-        total += values(r, count, seed, half).astype(np.float32) * np.float32(pre)
-    return (total * np.float32(post)).astype(half).reshape(shape)
+    """:func:`rounded_once` of every rank's input of *shape*, in that shape."""
+    return rounded_once(math.prod(shape), seed, pre, post, half=half).reshape(shape)
 
 
 @pytest.mark.parametrize("half", [np.float16, BFLOAT16], ids=["float16", "bfloat16"])
