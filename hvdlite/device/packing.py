@@ -35,6 +35,7 @@ Layouts (the same on every rank, decided from agreed shapes and dtypes):
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -56,6 +57,7 @@ __all__ = [
     "reduce_alone",
     "rank_counts",
     "pack_rank_major",
+    "pack_rank_pieces",
     "unpack_shards",
     "unpack_rank_major",
     "pack_bytes",
@@ -252,6 +254,37 @@ def pack_rank_major(ops, tensors: Sequence[Scattered], send, starts: Sequence[in
             taken[j] += n
             offset += n
     ops.copy_many(copies)
+
+
+def pack_rank_pieces(ops, tensors: Sequence[Scattered], send, cuts, places) -> list:
+    """Each rank's block of :func:`pack_rank_major` (its rows of every tensor,
+    prescaled and cast to send's dtype) cut into pieces: piece i of rank r's block,
+    its next ``cuts[r][i]`` elements, from ``places[i][r]`` of *send*.  Returns
+    each copy's (place, elements, tensor index), in *send*'s order."""
+    copies, runs = [], []
+    taken = [0] * len(tensors)  # where each tensor's rows of the next rank start
+    for rank, rank_cuts in enumerate(cuts):
+        segments = deque()  # (tensor index, start, elements) of this rank's block
+        for j, t in enumerate(tensors):
+            n = t.rows[rank] * t.row_elements
+            if n:
+                segments.append((j, taken[j], n))
+            taken[j] += n
+        for piece, n in enumerate(rank_cuts):
+            at = places[piece][rank]
+            while n:
+                j, start, left = segments[0]
+                take, t = min(n, left), tensors[j]
+                source = ops.window(ops.flat(t.input), start, take)
+                copies.append(Copy(ops.window(send, at, take), source, t.prescale))
+                runs.append((at, take, j))
+                if take == left:
+                    segments.popleft()
+                else:
+                    segments[0] = (j, start + take, left - take)
+                at, n = at + take, n - take
+    ops.copy_many(copies)
+    return sorted(runs)
 
 
 def unpack_shards(ops, tensors: Sequence[Scattered], recv, me: int, outputs) -> None:

@@ -32,6 +32,7 @@ import hvdlite as hvd  # noqa: E402
 from hvdlite.engine.runtime import routes_of, state  # noqa: E402
 from hvdlite.engine.transports.half_two_level import HalfTwoLevelPeer  # noqa: E402
 from hvdlite.engine.transports.half_wire import HALF_WIRE_MIN_BYTES  # noqa: E402
+from hvdlite.engine.transports.hierarchical import Hierarchical  # noqa: E402
 from hvdlite.util.dtypes import BFLOAT16  # noqa: E402
 from hvdlite.util.paths import Transport  # noqa: E402
 from hvdlite.util.splits import offsets  # noqa: E402
@@ -311,3 +312,39 @@ def test_a_reduce_scatter_crosses_between_nodes_once_per_node_as_16_bits():
     # each rank receives its part from every other node: (nodes - 1) / N of the batch
     assert sum(g["values"] for g in per_rank) == (len(NODES) - 1) * math.prod(shape)
     assert sum(g["bytes"] for g in per_rank) == 2 * sum(g["values"] for g in per_rank)
+
+
+@pytest.mark.parametrize("half", HALVES, ids=HALF_IDS)
+def test_large_reduce_scatters_cross_the_nodes_in_pieces(half, monkeypatch):
+    """Batches whose local shares hold twice SCATTER_PIECE_MIN_BYTES or more are
+    cut into pieces that cross the nodes one after another, the next piece's in-node
+    exchange beside them, with the bits of one piece: rows that do not divide
+    evenly, and two fused tensors with their own factors whose pieces run across
+    both."""
+    from hvdlite.engine.transports.hierarchical import SCATTER_PIECE_MIN_BYTES
+
+    pieces = spy_on(monkeypatch, Hierarchical, "scatter_pieces", lambda counts, n: n)
+    tag = np.dtype(half).name
+    cols = 1_001
+    rows = (3 * SCATTER_PIECE_MIN_BYTES) // cols + N + 2  # 3 x the least share of 2 ranks
+    inputs = [x.reshape(rows, cols) for x in everyone(rows * cols, 150, half)]
+    out = hvd.reducescatter(
+        inputs[R], op=hvd.Average, prescale_factor=0.3, name=f"two.rs.pieces.{tag}"
+    )
+    assert_scattered(out, rows_of_mine(scatter_rule(inputs, pre=0.3, post=1.0 / N)))
+    assert pieces == ([3] if SCATTERS_IN_TWO_LEVELS else [])  # the 16-bit peer's cut
+    pieces.clear()
+    shapes = [(rows // 2, cols), (rows - rows // 2 + 1, 3, cols // 3)]
+    groups = [
+        [x.reshape(s) for x in everyone(math.prod(s), 160 + k, half)] for k, s in enumerate(shapes)
+    ]
+    handles = [
+        hvd.reducescatter_async(
+            g[R], op=hvd.Sum, prescale_factor=f, postscale_factor=p, name=f"two.rs.p{k}.{tag}"
+        )
+        for k, (g, f, p) in enumerate(zip(groups, (0.5, 3.0), (1.5, 0.25)))
+    ]
+    for g, f, p, h in zip(groups, (0.5, 3.0), (1.5, 0.25), handles, strict=True):
+        assert_scattered(hvd.synchronize(h), rows_of_mine(scatter_rule(g, pre=f, post=p)))
+    if SCATTERS_IN_TWO_LEVELS:
+        assert sum(pieces) >= 3  # fused in one batch or not, every block was cut

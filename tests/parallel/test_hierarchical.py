@@ -23,6 +23,7 @@ from hvdlite.engine.runtime import state  # noqa: E402
 from hvdlite.engine.transports.hierarchical import Hierarchical  # noqa: E402
 from hvdlite.engine.transports.routes import Router, Transport  # noqa: E402
 from hvdlite.util.dtypes import BFLOAT16  # noqa: E402
+from hvdlite.util.splits import offsets  # noqa: E402
 
 MPI_SIZES = (3, 4)
 
@@ -211,25 +212,61 @@ def test_large_sums_cross_the_nodes_in_pieces(private, dtype, megabytes, monkeyp
 
 
 @pytest.mark.parametrize("op", [MPI.SUM, MPI.MAX])
-@pytest.mark.parametrize("elements", [3, 700_001])  # MPI across nodes; the ring
-def test_reduce_scatter_in_two_levels(private, op, elements):
-    """Every world rank's block, laid out as scatter_starts says, reduced over the
-    job: this rank gets its own block's total, whichever way it crossed the nodes."""
+@pytest.mark.parametrize(
+    "elements, pieces", [(3, 1), (700_001, 1), (5, 3), (700_001, 4)]
+)  # MPI across nodes; the ring; in pieces, a piece with nothing of some blocks
+def test_reduce_scatter_in_two_levels(private, op, elements, pieces):
+    """Every world rank's block, cut into pieces laid out as scatter_pieces says,
+    reduced over the job: this rank gets its own block's total, whichever way it
+    crossed the nodes and in however many pieces."""
     if not private.scatters_in_two_levels:
         assert not (private.homogeneous and len(private.nodes) > 1 and private.local_size > 1)
         return
     counts = [elements + r % 3 for r in range(SIZE)]  # uneven blocks
     blocks = [_data(np.int64, counts[r], salt=40 + r) for r in range(SIZE)]  # this rank's
-    buf = np.empty(sum(counts), np.int64)
-    for r, at in enumerate(private.scatter_starts(counts)):
-        buf[at : at + counts[r]] = blocks[r]
+    plan = private.scatter_pieces(counts, pieces)
+    assert plan.places[0] == private.scatter_starts([c[0] for c in plan.cuts])
+    unset = np.iinfo(np.int64).min
+    buf = np.full(sum(counts), unset, np.int64)
+    for r, block in enumerate(blocks):
+        for at, n, lo in zip(plan.places, plan.cuts[r], offsets(plan.cuts[r]), strict=True):
+            buf[at[r] : at[r] + n] = block[lo : lo + n]
+    assert (buf != unset).all()  # the places tile the buffer
     before = private.calls["reducescatter"]
-    got = private.reduce_scatter(buf, counts, op)
+    got = private.reduce_scatter(buf, plan, op)
     want = np.empty(counts[RANK], np.int64)
     sent = np.concatenate(blocks)
     WORLD.Reduce_scatter(sent, want, counts, op)
     np.testing.assert_array_equal(got, want)
     assert private.calls["reducescatter"] == before + 1
+
+
+def test_large_reduce_scatters_go_in_pieces(helper, monkeypatch):
+    """hvdlite's reducescatter of a batch whose local shares hold twice
+    SCATTER_PIECE_MIN_BYTES or more goes through the two levels in pieces: MPI's
+    results for one tensor, and for two fused ones with a prescale."""
+    from hvdlite.engine.transports.hierarchical import SCATTER_PIECE_MIN_BYTES
+
+    pieces = []
+    real = Hierarchical._reduce_scatter_in_pieces
+    monkeypatch.setattr(
+        Hierarchical,
+        "_reduce_scatter_in_pieces",
+        lambda self, buf, plan, op: (pieces.append(len(plan.layouts)), real(self, buf, plan, op))[
+            1
+        ],
+    )
+    x = _data(np.int64, 6 * SCATTER_PIECE_MIN_BYTES // 8 + 11, salt=60).reshape(-1, 1)
+    got = hvdlite.reducescatter(x, op=hvdlite.Sum, name="scatter.pieces")
+    np.testing.assert_array_equal(got, _flat_reducescatter(x))
+    assert pieces == ([3] if helper.scatters_in_two_levels else [])  # 6 x the least / 2
+    a = _data(np.float64, x.size // 2, salt=61).reshape(-1, 1)
+    b = _data(np.float64, 5 * (x.size // 2 + 3), salt=62).reshape(-1, 5)
+    got = hvdlite.grouped_reducescatter(
+        [a, b], op=hvdlite.Sum, prescale_factor=0.5, name="scatter.fused"
+    )
+    _same(got[0], _flat_reducescatter(a * 0.5))
+    _same(got[1], _flat_reducescatter(b * 0.5))
 
 
 @pytest.mark.parametrize("op", [MPI.MIN, MPI.MAX, MPI.PROD])

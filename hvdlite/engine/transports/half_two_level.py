@@ -39,7 +39,11 @@ in the node, local rank l sums the rows of the ranks of local index l on every
 node, rounded to 16 bits; across nodes, those ranks sum the node partials and
 round again.  Each host's values cross once, as 16 bits, where MPI's two-level
 reduce-scatter of a float32 copy carries 4 bytes per value; on nodes of
-different sizes the flat wire takes them.
+different sizes the flat wire takes them.  Large ones go in pieces, as the
+helper cuts its own reduce-scatters
+(:meth:`~hvdlite.engine.transports.hierarchical.Hierarchical.scatter_pieces`):
+piece i+1's in-node ``Ialltoallv`` moves while piece i crosses the nodes, with
+the bits of one piece.
 
 The rounding rule, then: a value is rounded twice, once as part of its node's
 partial sum and once as the total.  In numpy, for nodes ``k`` of ranks
@@ -75,11 +79,10 @@ from .half_wire import (
     allgather_halves,
     exchange_halves,
     pack_halves,
-    packed_rows,
+    packed_row_pieces,
     part_postscaler,
     postscaler,
     prescaler,
-    rows_prescaler,
     sum_in_float32,
     unpack_halves,
 )
@@ -118,23 +121,44 @@ class HalfTwoLevelPeer(HalfWirePeer):
 
     def _scattered_part(self, comm, tensors, half) -> np.ndarray:
         """This rank's part of a reduce-scatter batch over the job, in two levels:
-        each node's partial sums rounded, then the total (module docstring)."""
+        each node's partial sums rounded, then the total (module docstring).  Large
+        batches go in pieces (the helper's ``scatter_piece_count``): piece i+1's
+        in-node ``Ialltoallv`` moves through shared memory while piece i crosses
+        the nodes, as in :meth:`_in_pieces`; each value meets the same sums in the
+        same order as in one piece: the same bits."""
         pool, helper = self.ctx.pool, self.helper
-        me = helper.world.Get_rank()
-        counts = rank_counts(tensors, helper.world.Get_size())
-        starts = helper.scatter_starts(counts)
-        in_node, across = helper.scatter_counts(counts)
-        send = packed_rows(pool, tensors, half, counts, starts)
-        shard = pool.get(half, in_node[helper.local_rank], slot=4)
-        # the node's partial sums of the rows of this local index on every node
-        sum_in_float32(helper.local, pool, send, in_node, rows_prescaler(tensors, starts), shard)
+        me, local_rank = helper.world.Get_rank(), helper.local_rank
         cross = helper.cross
         nodes, at = cross.Get_size(), cross.Get_rank()
-        part = pool.get(half, across[at], slot=7)
-        post = part_postscaler(tensors, me, offsets(across)[at])
-        sum_in_float32(cross, pool, shard, across, None, part, post, slots=(6, 2, 3))
-        self.received_across["values"] += (nodes - 1) * across[at]
-        self.received_across["bytes"] += (nodes - 1) * part.nbytes
+        counts = rank_counts(tensors, helper.world.Get_size())
+        pieces = helper.scatter_piece_count(sum(counts) * half.itemsize)
+        plan = helper.scatter_pieces(counts, pieces)
+        cuts, layouts, piece_at = plan.cuts[me], plan.layouts, plan.piece_at
+        send, pre = packed_row_pieces(pool, tensors, half, plan.cuts, plan.places)
+        shards = pool.get(half, max(in_node[local_rank] for in_node, _ in layouts), slot=4)
+        part = pool.get(half, counts[me], slot=7)
+        part_at = offsets(cuts)
+
+        def exchange(i: int):  # two receive buffers: piece i's is read while i+1's fills
+            piece = send[piece_at[i] : piece_at[i] + sum(layouts[i][0])]
+            slot = 1 if i % 2 else 8
+            return exchange_halves(helper.local, pool, piece, layouts[i][0], slot, True)
+
+        received, request = exchange(0)
+        for i, (in_node, across) in enumerate(layouts):
+            request.Wait()
+            mine = received
+            if i + 1 < len(layouts):
+                received, request = exchange(i + 1)
+            lo = piece_at[i] + offsets(in_node)[local_rank]
+            shard = shards[: in_node[local_rank]]
+            # the node's partial sums of this piece's rows of this local index, rounded
+            add_in_float32(helper.local, pool, mine, in_node, pre, lo, shard)
+            out = part[part_at[i] : part_at[i] + cuts[i]]
+            post = part_postscaler(tensors, me, offsets(across)[at] - part_at[i])
+            sum_in_float32(cross, pool, shard, across, None, out, post, slots=(6, 2, 3))
+            self.received_across["values"] += (nodes - 1) * out.size
+            self.received_across["bytes"] += (nodes - 1) * out.nbytes
         return part
 
     def node_counts(self, total: int) -> list[int]:

@@ -58,7 +58,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...device.buffers import Reduction
-from ...device.packing import NUMPY, Scattered, pack_rank_major, rank_counts, scattered_of
+from ...device.packing import NUMPY, Scattered, pack_rank_pieces, rank_counts, scattered_of
 from ...ops import ReduceOp
 from ...timeline.schema import COLLECTIVE, COPY_IN, COPY_OUT
 from ...util import half_casts
@@ -82,8 +82,7 @@ __all__ = [
     "pack_halves",
     "unpack_halves",
     "flat_reduce_scatter",
-    "packed_rows",
-    "rows_prescaler",
+    "packed_row_pieces",
     "part_postscaler",
     "unpack_part",
 ]
@@ -300,30 +299,24 @@ def flat_reduce_scatter(pool, comm, tensors: list[Scattered], half) -> np.ndarra
     size, me = comm.Get_size(), comm.Get_rank()
     counts = rank_counts(tensors, size)
     starts = offsets(counts)
-    send = packed_rows(pool, tensors, half, counts, starts)
+    send, pre = packed_row_pieces(pool, tensors, half, [[c] for c in counts], [starts])
     part = pool.get(half, counts[me], slot=4)
     post = part_postscaler(tensors, me, starts[me])
-    sum_in_float32(comm, pool, send, counts, rows_prescaler(tensors, starts), part, post)
+    sum_in_float32(comm, pool, send, counts, pre, part, post)
     return part
 
 
-def packed_rows(pool, tensors: list[Scattered], half, counts, starts) -> np.ndarray:
-    """Each rank's rows of every tensor, as they are (not scaled), rank r's
-    *counts*[r] values from ``starts[r]``, in a buffer of *pool*."""
-    send = pool.get(half, sum(counts), slot=0)
-    pack_rank_major(NUMPY, [t._replace(prescale=1.0) for t in tensors], send, starts)
-    return send
-
-
-def rows_prescaler(tensors: list[Scattered], starts):
-    """``scale(values, at)`` applying each tensor's prescale to the values from
-    index *at* of :func:`packed_rows`'s layout, or None where every one is 1."""
-    counts, factors = [], []
-    for rank in sorted(range(len(starts)), key=starts.__getitem__):
-        for t in tensors:
-            counts.append(t.rows[rank] * t.row_elements)
-            factors.append(t.prescale)
-    return _scaler(counts, factors)
+def packed_row_pieces(pool, tensors: list[Scattered], half, cuts, places):
+    """Each rank's rows of every tensor, as they are (not scaled), its block cut
+    into pieces (:func:`~hvdlite.device.packing.pack_rank_pieces`: piece i of rank
+    r's block, *cuts*[r][i] values, from ``places[i][r]``), in a buffer of *pool*
+    at slot 0.  Returns the buffer and ``scale(values, at)`` applying each
+    tensor's prescale to the values from index *at* of it, or None where every
+    prescale is 1."""
+    send = pool.get(half, sum(map(sum, cuts)), slot=0)
+    as_they_are = [t._replace(prescale=1.0) for t in tensors]
+    runs = pack_rank_pieces(NUMPY, as_they_are, send, cuts, places)
+    return send, _scaler([n for _, n, _ in runs], [tensors[j].prescale for _, _, j in runs])
 
 
 def part_postscaler(tensors: list[Scattered], me: int, lo: int):

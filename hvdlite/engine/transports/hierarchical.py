@@ -24,7 +24,10 @@ stages run, non-blocking, while the piece before or after crosses the nodes.
 Reduce-scatter (nodes of one size): each rank's block of the result is summed in
 the node by the rank of its local index, then across the nodes among the ranks of
 that index, so values cross between hosts as in the allreduce's first half
-(:meth:`Hierarchical.reduce_scatter`; other node layouts stay flat).
+(:meth:`Hierarchical.reduce_scatter`; other node layouts stay flat).  Large ones
+are cut into pieces (each local rank's share at least
+:data:`SCATTER_PIECE_MIN_BYTES`) whose in-node stage runs, non-blocking, while the
+piece before crosses the nodes.
 
 Allgather (any node sizes): gather every rank's bytes to its node leader,
 directly at their final offsets (through a node-major staging buffer when the
@@ -44,6 +47,7 @@ topology communicators after ``create``.
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -52,7 +56,7 @@ from ...device.buffers import BufferPool
 from ...util.splits import even_split, offsets
 from .ring import RING_KINDS, RING_MIN_BYTES, Ring
 
-__all__ = ["Hierarchical"]
+__all__ = ["Hierarchical", "ScatterPieces"]
 
 log = logging.getLogger("hvdlite")
 
@@ -64,6 +68,20 @@ PIPELINE_PIECES = 32
 #: 1 MB to 256 KB: the stages before the first piece's crossing and after the
 #: last one's shrink with the piece.
 PIECE_MIN_BYTES = 256 << 10
+#: The least a local rank's share of a reduce-scatter's piece holds
+#: (:meth:`Hierarchical.scatter_piece_count`).  A float32 reduce-scatter of 32 MB
+#: on ``bench_multihost_tc``'s hosts ran fastest in 8 to 16 pieces (shares of 2 and
+#: 1 MB), slower in 32; float16's 16 MB as fast in 8 as in 16.
+SCATTER_PIECE_MIN_BYTES = 1 << 20
+
+
+class ScatterPieces(NamedTuple):
+    """A reduce-scatter's layout in pieces (:meth:`Hierarchical.scatter_pieces`)."""
+
+    cuts: list  # cuts[r][i]: the elements of rank r's block in piece i
+    places: list  # places[i][r]: where piece i of rank r's block starts
+    piece_at: list  # where each piece starts
+    layouts: list  # each piece's (in-node counts, this rank's cross peers' counts)
 
 
 def _even_split(count: int, parts: int) -> tuple[list[int], list[int]]:
@@ -311,32 +329,96 @@ class Hierarchical:
         in_node = [sum(counts[r] for r in row) for row in grid]
         return in_node, [counts[r] for r in grid[self.local_rank]]
 
-    def reduce_scatter(self, buf: np.ndarray, counts, op) -> np.ndarray:
+    def scatter_piece_count(self, nbytes: int) -> int:
+        """How many pieces a reduce-scatter batch of *nbytes* is cut into
+        (:meth:`scatter_pieces`): as many as keep each local rank's share of a piece
+        at least :data:`SCATTER_PIECE_MIN_BYTES`, at most :data:`PIPELINE_PIECES`,
+        1 at least (agreed sizes only: every rank cuts alike)."""
+        share = self.local_size * SCATTER_PIECE_MIN_BYTES
+        return max(1, min(PIPELINE_PIECES, nbytes // share))
+
+    def scatter_pieces(self, counts, pieces: int) -> ScatterPieces:
+        """The layout :meth:`reduce_scatter` takes for world ranks' blocks of
+        *counts* elements cut into *pieces*: each block cut evenly, the pieces one
+        after another, each in the :meth:`scatter_starts` layout of its cuts."""
+        cuts = [even_split(count, pieces) for count in counts]
+        piece_counts = [[rank_cuts[i] for rank_cuts in cuts] for i in range(pieces)]
+        piece_at = offsets([sum(c) for c in piece_counts])
+        places = [
+            [piece_at[i] + start for start in self.scatter_starts(c)]
+            for i, c in enumerate(piece_counts)
+        ]
+        layouts = [self.scatter_counts(c) for c in piece_counts]
+        return ScatterPieces(cuts, places, piece_at, layouts)
+
+    def reduce_scatter(self, buf: np.ndarray, plan: ScatterPieces, op) -> np.ndarray:
         """Collective over the job (:attr:`scatters_in_two_levels` only): *buf* holds
-        every world rank's block at :meth:`scatter_starts`; returns this rank's
-        block reduced with MPI op *op* over every rank (a buffer of the helper's,
-        valid until its next collective).
+        every world rank's block in the layout of *plan* (:meth:`scatter_pieces`);
+        returns this rank's block reduced with MPI op *op* over every rank (a
+        buffer of the helper's, valid until its next collective).
 
         In the node, local rank l receives the node's sums of the blocks of the
         ranks of local index l on every node (one reduce-scatter); across nodes,
         those ranks reduce-scatter them (around the ring of nodes for large sums),
         so each value crosses between hosts once per node, as in the two-level
-        allreduce's first half."""
+        allreduce's first half.  In pieces, piece i+1's in-node reduce-scatter
+        moves (non-blocking) while piece i crosses the nodes.  Every element is
+        reduced in its node, then across the nodes, the same on every rank; where
+        the order of a float sum across nodes depends on the cut (the ring's blocks,
+        or MPI's choice of algorithm by size), so may its last bits."""
         self.calls["reducescatter"] += 1
-        in_node, across = self.scatter_counts(counts)
+        if len(plan.layouts) > 1:
+            return self._reduce_scatter_in_pieces(buf, plan, op)
+        in_node, across = plan.layouts[0]
         shard = self._pool.get(buf.dtype, in_node[self.local_rank], slot=2)
         if len(set(in_node)) == 1:
             self.local.Reduce_scatter_block(buf, shard, op)
         else:
             self.local.Reduce_scatter(buf, shard, in_node, op)
+        return self._cross_scatter(shard, across, op)
+
+    def _reduce_scatter_in_pieces(self, buf: np.ndarray, plan: ScatterPieces, op) -> np.ndarray:
+        """:meth:`reduce_scatter` piece by piece: piece i+1's in-node
+        ``Ireduce_scatter`` moves through shared memory while piece i's shard crosses
+        the nodes (each MPI call there also progresses it)."""
+        cuts = plan.cuts[self.world.Get_rank()]
+        part_at = offsets(cuts)
+        part = self._pool.get(buf.dtype, sum(cuts), slot=3)
+
+        def scatter(i: int):  # two shard buffers: piece i's crosses while i+1's fills
+            in_node = plan.layouts[i][0]
+            piece = buf[plan.piece_at[i] : plan.piece_at[i] + sum(in_node)]
+            shard = self._pool.get(buf.dtype, in_node[self.local_rank], slot=4 if i % 2 else 2)
+            if len(set(in_node)) == 1:
+                return shard, self.local.Ireduce_scatter_block(piece, shard, op)
+            return shard, self.local.Ireduce_scatter(piece, shard, in_node, op)
+
+        shard, request = scatter(0)
+        for i in range(len(cuts)):
+            request.Wait()
+            mine = shard
+            if i + 1 < len(cuts):
+                shard, request = scatter(i + 1)
+            out = part[part_at[i] : part_at[i] + cuts[i]]
+            self._cross_scatter(mine, plan.layouts[i][1], op, out)
+        return part
+
+    def _cross_scatter(self, shard: np.ndarray, across, op, out=None) -> np.ndarray:
+        """This rank's share (*across*[cross rank] elements) of *shard* reduced over
+        the cross communicator, around the ring of nodes for large sums: into *out*
+        where given, else a buffer of the helper's."""
         me = self.cross.Get_rank()
         if self._sums_around_ring(shard, op):
             self._cross_ring.reduce_scatter(shard, across)
             lo = offsets(across)[me]
-            return shard[lo : lo + across[me]]
-        mine = self._pool.get(buf.dtype, across[me], slot=3)
-        self.cross.Reduce_scatter(shard, mine, across, op)
-        return mine
+            if out is None:
+                return shard[lo : lo + across[me]]
+            out[...] = shard[lo : lo + across[me]]
+            return out
+        if out is None:
+            out = self._pool.get(shard.dtype, across[me], slot=3)
+        self.cross.Reduce_scatter(shard, out, across, op)
+        return out
 
     # --------------------------------------------------------------- allgather
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts, displs) -> None:

@@ -31,6 +31,7 @@ from ...device.packing import (
     pack,
     pack_bytes,
     pack_rank_major,
+    pack_rank_pieces,
     rank_counts,
     reduce_alone,
     scattered_of,
@@ -242,8 +243,10 @@ class HierarchicalPeer(MpiPeer):
         def scatter(tensors, wire) -> list:
             counts = rank_counts(tensors, comm.Get_size())
             buf = pool.get(wire, sum(counts), slot=0)
-            pack_rank_major(NUMPY, tensors, buf, helper.scatter_starts(counts))
-            mine = helper.reduce_scatter(buf, counts, op)
+            pieces = helper.scatter_piece_count(buf.nbytes)
+            plan = helper.scatter_pieces(counts, pieces)
+            pack_rank_pieces(NUMPY, tensors, buf, plan.cuts, plan.places)
+            mine = helper.reduce_scatter(buf, plan, op)
             outputs = [np.empty((t.rows[me],) + tuple(t.shape[1:]), t.dtype) for t in tensors]
             unpack_shards(NUMPY, tensors, mine, me, outputs)
             return outputs
