@@ -69,9 +69,10 @@ PIPELINE_PIECES = 32
 #: last one's shrink with the piece.
 PIECE_MIN_BYTES = 256 << 10
 #: The least a local rank's share of a reduce-scatter's piece holds
-#: (:meth:`Hierarchical.scatter_piece_count`).  A float32 reduce-scatter of 32 MB
-#: on ``bench_multihost_tc``'s hosts ran fastest in 8 to 16 pieces (shares of 2 and
-#: 1 MB), slower in 32; float16's 16 MB as fast in 8 as in 16.
+#: (:meth:`Hierarchical.scatter_piece_count`).  On ``bench_multihost_tc``'s hosts a
+#: float32 reduce-scatter of 32 MB ran fastest in 8 to 16 pieces (shares of 2 and
+#: 1 MB), slower in 32; float16's 16 MB in 8 pieces beat one piece in every job,
+#: where 16 and 32 pieces won in some jobs and lost in others.
 SCATTER_PIECE_MIN_BYTES = 1 << 20
 
 
