@@ -13,13 +13,22 @@ import pytest
 from hvdlite.engine.coordinator import check_agreement
 from hvdlite.device import HostDeviceArray, device_of, host_device_array
 from hvdlite.device.backend import HostBackend
-from hvdlite.device.packing import pack, unpack
+from hvdlite.device.packing import (
+    NUMPY,
+    Scattered,
+    pack,
+    pack_rank_major,
+    pack_rank_pieces,
+    rank_counts,
+    unpack,
+)
 from hvdlite.device.selection import Capabilities, DeviceChoice, read_request
 from hvdlite.device.capabilities import cuda_aware_mpi
 from hvdlite.device.buffers import Reduction
 from hvdlite.engine.fusion import plan_batches
 from hvdlite.engine.messages import RESPONSE_OK, Kind, Params, Response
 from hvdlite.engine.transports.routes import Transport
+from hvdlite.util.splits import even_split, offsets
 
 
 class _FakeCudaArray:
@@ -75,6 +84,46 @@ def test_pack_fast_path_concatenates():
     buf = backend.buffer(np.float64, part.total())
     pack(backend, part, buf)
     np.testing.assert_array_equal(buf, [1, 2, 2, 3, 3, 3])
+
+
+def test_pack_rank_pieces_cuts_each_blocks_as_pack_rank_major_lays_them_out():
+    """Each rank's block (its rows of every tensor, prescaled and cast) cut into
+    pieces at the places given: read back piece by piece, every block is
+    pack_rank_major's, and the runs returned tile the buffer in order, each naming
+    the tensor its values came from."""
+    size = 3
+    a = np.arange(14, dtype=np.float16).reshape(7, 2)  # rows 3, 2, 2 over 3 ranks
+    b = np.arange(100, 105, dtype=np.float16)  # rows 2, 2, 1
+
+    def scattered(x, y, prescale):
+        return [
+            Scattered("a", x, x.shape, x.dtype, prescale, 1.0, even_split(7, size)),
+            Scattered("b", y, y.shape, y.dtype, 1.0, 1.0, even_split(5, size)),
+        ]
+
+    tensors = scattered(a, b, 2.0)
+    counts = rank_counts(tensors, size)
+    whole = np.empty(sum(counts), np.float32)
+    pack_rank_major(NUMPY, tensors, whole, offsets(counts))
+    cuts = [even_split(count, 3) for count in counts]  # a piece may hold nothing of a rank
+    piece_at = offsets([sum(c[i] for c in cuts) for i in range(3)])
+    # within a piece, the ranks' parts in reverse order
+    places = [
+        [piece_at[i] + sum(cuts[q][i] for q in range(r + 1, size)) for r in range(size)]
+        for i in range(3)
+    ]
+    send = np.full(sum(counts), -1.0, np.float32)
+    runs = pack_rank_pieces(NUMPY, tensors, send, cuts, places)
+    for r in range(size):
+        back = [send[places[i][r] : places[i][r] + cuts[r][i]] for i in range(3)]
+        lo = offsets(counts)[r]
+        np.testing.assert_array_equal(np.concatenate(back), whole[lo : lo + counts[r]])
+    assert [at for at, _, _ in runs] == offsets([n for _, n, _ in runs])
+    assert sum(n for _, n, _ in runs) == send.size
+    ids = np.empty_like(send)
+    pack_rank_pieces(NUMPY, scattered(np.zeros_like(a), np.ones_like(b), 1.0), ids, cuts, places)
+    for at, n, j in runs:
+        assert (ids[at : at + n] == j).all()
 
 
 def test_read_request():
