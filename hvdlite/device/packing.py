@@ -238,22 +238,9 @@ def rank_counts(tensors: Sequence[Scattered], size: int) -> list[int]:
 
 def pack_rank_major(ops, tensors: Sequence[Scattered], send, starts: Sequence[int]) -> None:
     """Each rank's rows of every tensor into *send*, rank r's from ``starts[r]``:
-    prescaled and cast to send's dtype."""
-    copies, taken = [], [0] * len(tensors)
-    for r, offset in enumerate(starts):
-        for j, t in enumerate(tensors):
-            n = t.rows[r] * t.row_elements
-            if n:
-                copies.append(
-                    Copy(
-                        ops.window(send, offset, n),
-                        ops.window(ops.flat(t.input), taken[j], n),
-                        t.prescale,
-                    )
-                )
-            taken[j] += n
-            offset += n
-    ops.copy_many(copies)
+    prescaled and cast to send's dtype (:func:`pack_rank_pieces` in one piece)."""
+    counts = rank_counts(tensors, len(starts))
+    pack_rank_pieces(ops, tensors, send, [[count] for count in counts], [list(starts)])
 
 
 def pack_rank_pieces(ops, tensors: Sequence[Scattered], send, cuts, places) -> list:
