@@ -95,22 +95,29 @@ def test_scale_factors_apply_in_float32(via_16_bits):
 def test_parts_of_several_chunks_with_factors_that_change_inside_one(via_16_bits):
     # Each rank's part is added ADD_CHUNK values at a time; three tensors with their
     # own factors, fused into one batch, meet inside chunks: each value still gets
-    # its own tensor's prescale and postscale.
+    # its own tensor's prescale and postscale.  Whether one engine cycle sees all
+    # three is timing (the middle one alone is under the path's threshold), so the
+    # burst is retried until a batch of all three took the path; every attempt's
+    # results must be exact, fused or not.
     counts = [ADD_CHUNK * N + 777, ADD_CHUNK // 3, ADD_CHUNK * N + 5]
     factors = [(0.3, 1.7), (2.5, 0.5), (1.0, 0.25)]
-    handles = [
-        hvd.allreduce_async(
-            values(R, n, 90 + k),
-            op=hvd.Sum,
-            prescale_factor=pre,
-            postscale_factor=post,
-            name=f"hw.chunks.{k}",
-        )
-        for k, (n, (pre, post)) in enumerate(zip(counts, factors, strict=True))
-    ]
-    for k, (n, (pre, post), h) in enumerate(zip(counts, factors, handles, strict=True)):
-        assert_bits(hvd.synchronize(h), rounded_once(n, 90 + k, pre=pre, post=post))
-    assert sum(via_16_bits) == sum(counts)
+    inputs = [values(R, n, 90 + k) for k, n in enumerate(counts)]
+    for attempt in range(5):
+        handles = [
+            hvd.allreduce_async(
+                x,
+                op=hvd.Sum,
+                prescale_factor=pre,
+                postscale_factor=post,
+                name=f"hw.chunks.{attempt}.{k}",
+            )
+            for k, (x, (pre, post)) in enumerate(zip(inputs, factors, strict=True))
+        ]
+        for k, (n, (pre, post), h) in enumerate(zip(counts, factors, handles, strict=True)):
+            assert_bits(hvd.synchronize(h), rounded_once(n, 90 + k, pre=pre, post=post))
+        if sum(counts) in via_16_bits:  # batches are the coordinator's: the same on every rank
+            return
+    pytest.fail(f"three allreduces submitted at once never ran as one batch: {via_16_bits}")
 
 
 def test_a_fused_batch_and_a_grouped_call(via_16_bits):
