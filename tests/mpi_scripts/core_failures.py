@@ -133,6 +133,9 @@ elif mode == "shm-barrier":
             say("the shared-memory allreduce completed without the last rank")
         except CollectiveTimeoutError as exc:
             say(f"CollectiveTimeoutError after {time.monotonic() - start:.1f}s: {exc}")
+        # mpiexec ends the job when the first rank exits: stay until every waiting
+        # rank has timed out (each started its 3 s a little apart) and said so.
+        time.sleep(max(0.0, start + 6.0 - time.monotonic()))
     sys.stdout.flush()
     os._exit(0)  # a barrier is still posted: skip MPI's collective clean-up
 
