@@ -8,6 +8,9 @@ Figures (each beside its baseline from the same run):
 - 200 arrays of 64 KB submitted async, then all synchronized: hvdlite time / raw
   copy-into-one-buffer + one ``Allreduce`` + copy-out (and, for information, the
   same arrays as one ``grouped_allreduce``);
+- allreduce of 16 MB of float16 (reduced in float32 on one node), values near 1
+  and values of 1e-5 (subnormal in float16, as many gradients are): hvdlite's
+  casts / numpy's own float16 casts in the same call;
 - CPU used by an idle initialized process over 5 s (% of one core).
 Times are medians over repetitions, hvdlite's and the baseline's alternating, so
 one descheduled iteration on a busy machine does not decide a figure and load
@@ -108,6 +111,8 @@ def run_ranks() -> None:
         ("200 x 64 KB grouped (info)", t_grouped, "copy-in + 1 Allreduce + copy-out", t_mpi)
     )
 
+    rows += _float16_rows(hvd, comm)
+
     # Idle cost: an initialized process doing nothing for 5 s.
     comm.Barrier()
     hvd.allreduce(np.ones(1), name="wake")  # the engine was active just before going idle
@@ -135,6 +140,40 @@ def run_ranks() -> None:
         )
         print(f"{'allreduce 4 KB absolute':28} {short_time(rows[0][1]):>12}   (target <= 100 us)")
     hvd.shutdown()
+
+
+def _float16_rows(hvd, comm) -> list:
+    """float16 allreduces with hvdlite's float16 casts, beside the same calls with
+    numpy's own (``np.copyto``), alternating."""
+    from hvdlite.util import half_casts
+
+    def numpy_cast(src, out):
+        np.copyto(out, src, casting="unsafe")
+
+    rows = []
+    rng = np.random.default_rng(comm.Get_rank())
+    for scale in (1.0, 1e-5):
+        x = (rng.standard_normal(8 << 20) * scale).astype(np.float16)
+        out = np.empty_like(x)
+        name = f"f16.{scale:g}"
+
+        def ours(x=x, out=out, name=name):
+            hvd.allreduce(x, name=name, op=hvd.Average, output=out)
+
+        def numpys(x=x, out=out, name=name):
+            kept = half_casts.register(numpy_cast, numpy_cast)
+            try:
+                hvd.allreduce(x, name=name, op=hvd.Average, output=out)
+            finally:
+                half_casts.register(*kept)
+
+        for _ in range(2):
+            ours()
+            numpys()
+        t_ours, t_numpy = paired_times(ours, numpys, 2, 7, comm.Barrier)
+        label = f"float16 16 MB, values ~{scale:g}"
+        rows.append((label, t_ours, "the same with numpy's float16 casts", t_numpy))
+    return rows
 
 
 def _human(nbytes: int) -> str:

@@ -49,6 +49,7 @@ import threading
 
 import numpy as np
 
+from ..util import half_casts
 from .buffers import BufferPool
 from .packing import NUMPY, Copy
 from .arrays import HOST, HostDeviceArray
@@ -216,7 +217,7 @@ class HostBackend(ArrayBackend):
 
     def copy(self, dst, src) -> None:
         self._note("copy")
-        np.copyto(dst, src, casting="unsafe")
+        half_casts.copy(dst, src)
 
     def scale(self, dst, src, factor: float) -> None:
         self.copy_many([Copy(dst, src, factor)])
@@ -239,7 +240,7 @@ class HostBackend(ArrayBackend):
             if src is None:
                 dst.fill(0)
             elif factor == 1.0:
-                np.copyto(dst, src, casting="unsafe")
+                half_casts.copy(dst, src)
             else:
                 narrow = dst.dtype if src.dtype.itemsize > dst.dtype.itemsize else src.dtype
                 np.copyto(dst, scaled_as_on_device(src, factor, narrow), casting="unsafe")

@@ -42,6 +42,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ops import ReduceOp
+from ..util import half_casts
 from ..util.splits import even_split
 from .buffers import Reduction
 
@@ -79,11 +80,11 @@ class _NumpyOps:
 
     @staticmethod
     def copy(dst, src) -> None:
-        np.copyto(dst, src, casting="unsafe")
+        half_casts.copy(dst, src)
 
     @staticmethod
     def scale(dst, src, factor: float) -> None:
-        np.multiply(src, factor, out=dst, casting="unsafe")
+        half_casts.copy(dst, src, factor)
 
     @staticmethod
     def concatenate(srcs, dst) -> None:
@@ -116,11 +117,10 @@ class _NumpyOps:
             elif factor != 1.0 and dst.dtype.kind == "f" and src.itemsize < dst.itemsize:
                 # a float16/bfloat16 tensor into the float32 buffer: scaled in float32
                 # (numpy would multiply in the tensor's dtype by a Python float)
-                np.multiply(src, factor, out=dst, casting="unsafe", dtype=dst.dtype)
-            elif factor != 1.0:
-                np.multiply(src, factor, out=dst, casting="unsafe")
+                half_casts.copy(dst, src)
+                np.multiply(dst, factor, out=dst)
             else:
-                np.copyto(dst, src, casting="unsafe")
+                half_casts.copy(dst, src, factor)
 
 
 NUMPY = _NumpyOps()

@@ -80,6 +80,7 @@ import os
 import numpy as np
 from mpi4py import MPI
 
+from ...util import half_casts
 from ...util.backoff import Backoff
 from ...ops import ReduceOp
 from ...timeline.schema import COLLECTIVE, COPY_OUT
@@ -457,10 +458,8 @@ class _Step:
             dst = area[at : at + n]
             if ins[i] is None:
                 dst.fill(0)
-            elif pre[i] != 1.0:
-                np.multiply(ins[i][offset : offset + n], pre[i], out=dst, casting="unsafe")
             else:
-                np.copyto(dst, ins[i][offset : offset + n], casting="unsafe")
+                half_casts.copy(dst, ins[i][offset : offset + n], pre[i])
 
     def reduce_own(self, pieces, contributions, rank: int, result: np.ndarray, lo: int) -> None:
         """Reduce this rank's portion (*pieces*) into *result* (its result area, whose
@@ -521,11 +520,7 @@ class _Step:
         if out is None:
             return
         dst = out[offset : offset + n]
-        post = self.layout.post[i]
-        if post != 1.0:
-            np.multiply(reduced, post, out=dst, casting="unsafe")
-        else:
-            np.copyto(dst, reduced, casting="unsafe")
+        half_casts.copy(dst, reduced, self.layout.post[i])
 
 
 def _free_shm_bytes(path: str = "/dev/shm") -> int:

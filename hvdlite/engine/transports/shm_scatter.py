@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...util import half_casts
 from ...util.splits import offsets
 
 __all__ = ["ScatterPlan", "reduce_scatter", "reduce_in_rank_order"]
@@ -108,10 +109,7 @@ def reduce_scatter(window, tensors, wire: np.dtype, ufunc) -> list[np.ndarray]:
                 m = min(scratch.size, n - start)
                 block = scratch[:m]
                 reduce_in_rank_order(ufunc, [part[start : start + m] for part in parts], block)
-                if post != 1.0:
-                    np.multiply(block, post, out=out[start : start + m], casting="unsafe")
-                else:
-                    np.copyto(out[start : start + m], block, casting="unsafe")
+                half_casts.copy(out[start : start + m], block, post)
     window.sync()
     return outs
 
@@ -129,11 +127,9 @@ def _copy_in(tensors, plan, ins, direct, pieces, area, capacity: int, size: int,
             m = min(n, bounds[p + 1] - lo)
             if m <= 0:
                 continue
-            dst = area[p * capacity + at : p * capacity + at + m]
-            if pre != 1.0:
-                np.multiply(ins[i][lo : lo + m], pre, out=dst, casting="unsafe")
-            else:
-                np.copyto(dst, ins[i][lo : lo + m], casting="unsafe")
+            half_casts.copy(
+                area[p * capacity + at : p * capacity + at + m], ins[i][lo : lo + m], pre
+            )
 
 
 def reduce_in_rank_order(ufunc, parts: list[np.ndarray], out: np.ndarray) -> None:
