@@ -123,7 +123,8 @@ def test_copy_matches_numpy_for_every_pair_and_factor(spied):
         (np.float16, wide, 0.3),
         (np.float16, wide, np.float64(0.3)),  # a float64 product, rounded once by numpy
         (np.float32, half, 1.0),
-        (np.float32, half, 0.3),  # a float16 product: numpy's own
+        (np.float32, half, 0.3),  # numpy's float16 product
+        (np.float32, half, np.float64(0.3)),  # a float64 product: numpy's own
         (np.float64, half, 2.5),
         (np.int32, wide * 1e6, 1.0),
     ]:
@@ -132,10 +133,23 @@ def test_copy_matches_numpy_for_every_pair_and_factor(spied):
         expected = np.empty(src.shape, dst_dtype)
         np.multiply(src, factor, out=expected, casting="unsafe")
         assert np.array_equal(got.view(np.uint8), expected.view(np.uint8)), (dst_dtype, factor)
-    assert [kind for kind, _ in spied] == ["narrow", "narrow", "widen"]
+    assert [kind for kind, _ in spied] == ["narrow", "narrow", "widen", "widen", "narrow", "widen"]
     columns = np.empty((7, 40), np.float16).T  # not contiguous: numpy's copy
     half_casts.copy(columns, wide)
-    assert np.array_equal(columns, wide.astype(np.float16)) and len(spied) == 3
+    assert np.array_equal(columns, wide.astype(np.float16)) and len(spied) == 6
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # signalling NaNs, as numpy
+@pytest.mark.parametrize("factor", [0.3, -2.5, 1e-3, 3e-6, 1e-9, 70000.0, 1 / 3])
+def test_a_scaled_float16_copy_is_numpys_float16_product_for_every_value(factor):
+    out = np.empty(EVERY_HALF.size, np.float32)
+    half_casts.copy(out, EVERY_HALF, factor)
+    expected = np.empty_like(out)
+    with np.errstate(all="ignore"):
+        np.multiply(EVERY_HALF, factor, out=expected, casting="unsafe")
+    assert np.array_equal(np.isnan(out), np.isnan(expected))
+    finite = ~np.isnan(expected)  # NaN payloads aside
+    assert np.array_equal(bits(out)[finite], bits(expected)[finite])
 
 
 def test_the_engine_packs_float16_through_the_casts(spied):

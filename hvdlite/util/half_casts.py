@@ -19,6 +19,7 @@ so the results are the same bits whichever runs.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -35,53 +36,86 @@ CHUNK = 1 << 15
 _WIDE = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
+class _Scratch(threading.local):
+    """Chunk-sized work arrays, one set per thread, made once: fresh arrays of
+    this size sit at malloc's mmap threshold, and each would be mapped and
+    faulted in anew."""
+
+    def __init__(self):
+        self.index = np.empty(CHUNK, np.intp)
+        self.words = [np.empty(CHUNK, np.uint32) for _ in range(3)]
+        self.mask = np.empty(CHUNK, np.bool_)
+        self.wide = np.empty(CHUNK, np.float32)
+        self.half = np.empty(CHUNK, np.float16)
+
+
+_SCRATCH = _Scratch()
+
+
 def widen_with_numpy(src: np.ndarray, out: np.ndarray) -> None:
     """float16 *src* into float32 *out* by table (1-D, the same length)."""
-    bits = src.view(np.uint16)
+    bits, index = src.view(np.uint16), _SCRATCH.index
     for lo in range(0, bits.size, CHUNK):
-        np.take(_WIDE, bits[lo : lo + CHUNK], out=out[lo : lo + CHUNK])
+        part = bits[lo : lo + CHUNK]
+        at = index[: part.size]
+        np.copyto(at, part)  # np.take would make this intp copy itself, afresh
+        np.take(_WIDE, at, out=out[lo : lo + CHUNK])
 
 
 def narrow_with_numpy(src: np.ndarray, out: np.ndarray) -> None:
-    """float32 *src* into float16 *out*, numpy's bits (1-D, contiguous, the same length)."""
-    with np.errstate(all="ignore"):  # NaN bits meet float32 adds that are discarded
-        for lo in range(0, src.size, CHUNK):
-            _narrow_chunk(
-                src[lo : lo + CHUNK].view(np.uint32), out[lo : lo + CHUNK].view(np.uint16)
-            )
+    """float32 *src* into float16 *out*, numpy's bits (1-D, the same length)."""
+    scratch = _SCRATCH
+    for lo in range(0, src.size, CHUNK):
+        bits = src[lo : lo + CHUNK].view(np.uint32)
+        n = bits.size
+        words = [w[:n] for w in scratch.words]
+        _narrow_chunk(bits, out[lo : lo + CHUNK].view(np.uint16), *words, scratch.mask[:n])
 
 
-def _narrow_chunk(bits: np.ndarray, out: np.ndarray) -> None:
+def _narrow_chunk(bits, out, magnitude, half, other, mask) -> None:
     """float32 *bits* rounded to nearest even into float16 bits *out*, as numpy
-    rounds them (NaN payloads included)."""
-    magnitude = np.bitwise_and(bits, 0x7FFFFFFF)
+    rounds them (NaN payloads included); the rest are scratch of their size."""
+    np.bitwise_and(bits, 0x7FFFFFFF, out=magnitude)
     # Normal in float16: rebias the exponent (-112 << 23, wrapping) and round at
     # bit 13; a carry out of the mantissa bumps the exponent, up to infinity.
-    half = np.right_shift(magnitude, 13)
+    np.right_shift(magnitude, 13, out=half)
     np.bitwise_and(half, 1, out=half)  # ties go to the even neighbour
     np.add(half, magnitude, out=half)
     np.add(half, 0xC8000FFF, out=half)
     np.right_shift(half, 13, out=half)
-    tiny = magnitude < 0x38800000  # under 2**-14: subnormal (or zero) in float16
-    if tiny.any():
-        # Adding 0.5 in float32 rounds at 2**-24, float16's subnormal step, to
-        # nearest even; the sum's low mantissa bits are the float16 bits.
-        shifted = magnitude.view(np.float32) + np.float32(0.5)
-        sub = shifted.view(np.uint32)
-        np.subtract(sub, 0x3F000000, out=sub)
-        np.copyto(half, sub, where=tiny)
-    huge = magnitude >= 0x47800000  # 2**16 and over: infinity, or NaN
-    if huge.any():
-        np.copyto(half, 0x7C00, where=huge)
-        nan = magnitude > 0x7F800000
-        if nan.any():  # numpy keeps a NaN's top mantissa bits, and at least one
-            payload = np.right_shift(np.bitwise_and(magnitude, 0x007FFFFF), 13)
-            np.maximum(payload, 1, out=payload)
-            np.add(payload, 0x7C00, out=payload)
-            np.copyto(half, payload, where=nan)
-    sign = np.right_shift(bits, 16)
-    np.bitwise_and(sign, 0x8000, out=sign)
-    np.bitwise_or(half, sign, out=half)
+    np.less(magnitude, 0x38800000, out=mask)  # under 2**-14: subnormal (or zero) in float16
+    tiny = np.count_nonzero(mask)
+    # Adding 0.5 in float32 rounds at 2**-24, float16's subnormal step, to nearest
+    # even; the sum's low mantissa bits are the float16 bits.
+    if tiny and tiny * 8 < mask.size:  # a few: only those
+        at = np.flatnonzero(mask)
+        shifted = magnitude[at].view(np.float32) + np.float32(0.5)
+        half[at] = shifted.view(np.uint32) - np.uint32(0x3F000000)
+    elif tiny:
+        # Clamped first, so that no NaN meets the add (np.errstate, which would
+        # silence its warning, makes numpy's loops slower); then
+        # half += (sub - half) * mask, as a masked copy mispredicts where tiny
+        # values are mixed with others, as in gradients, and takes ten times as long.
+        np.minimum(magnitude, 0x38800000, out=other)
+        shifted = other.view(np.float32)
+        np.add(shifted, np.float32(0.5), out=shifted)
+        np.subtract(other, 0x3F000000, out=other)
+        np.subtract(other, half, out=other)
+        np.multiply(other, mask, out=other)
+        np.add(half, other, out=half)
+    np.greater_equal(magnitude, 0x47800000, out=mask)  # 2**16 and over: infinity, or NaN
+    if mask.any():
+        np.copyto(half, 0x7C00, where=mask)
+        np.greater(magnitude, 0x7F800000, out=mask)
+        if mask.any():  # numpy keeps a NaN's top mantissa bits, and at least one
+            np.bitwise_and(magnitude, 0x007FFFFF, out=other)
+            np.right_shift(other, 13, out=other)
+            np.maximum(other, 1, out=other)
+            np.add(other, 0x7C00, out=other)
+            np.copyto(half, other, where=mask)
+    np.right_shift(bits, 16, out=other)
+    np.bitwise_and(other, 0x8000, out=other)  # the sign
+    np.bitwise_or(half, other, out=half)
     np.copyto(out, half, casting="unsafe")
 
 
@@ -125,16 +159,43 @@ def copy(dst: np.ndarray, src: np.ndarray, factor: float = 1.0) -> None:
     ``np.multiply(src, factor, out=dst, casting="unsafe")`` (or ``np.copyto``)
     gives it, float16 <-> float32 through the casts above: a float32 *src* is
     scaled in float32, then narrowed.  Arrays of the same shape; a float16
-    *src* with a *factor* goes through numpy (its float16 product)."""
+    *src* with a Python float *factor* gets numpy's float16 product (the
+    factor rounded to float16, the product rounded once to float16)."""
     pair = (src.dtype, dst.dtype)
     flat = src.size == dst.size and src.flags.c_contiguous and dst.flags.c_contiguous
     if flat and pair == (_FLOAT16, _FLOAT32) and factor == 1.0:
         widen(src.reshape(-1), dst.reshape(-1))
-    elif flat and pair == (_FLOAT32, _FLOAT16):
-        # a float64 factor makes a float64 product, which narrow() leaves to numpy
-        wide = src.reshape(-1) if factor == 1.0 else np.multiply(src.reshape(-1), factor)
-        narrow(wide, dst.reshape(-1))
+    elif flat and pair == (_FLOAT16, _FLOAT32) and type(factor) is float:
+        with np.errstate(over="ignore"):  # a factor beyond float16's range is infinite
+            half_factor = np.float16(factor)
+        _float16_product(src.reshape(-1), half_factor, dst.reshape(-1))
+    elif flat and pair == (_FLOAT32, _FLOAT16) and factor == 1.0:
+        narrow(src.reshape(-1), dst.reshape(-1))
+    elif flat and pair == (_FLOAT32, _FLOAT16) and type(factor) is float:
+        _scaled_narrow(src.reshape(-1), factor, dst.reshape(-1))
     elif factor != 1.0:
         np.multiply(src, factor, out=dst, casting="unsafe")
     else:
         np.copyto(dst, src, casting="unsafe")
+
+
+def _float16_product(src: np.ndarray, factor: np.float16, out: np.ndarray) -> None:
+    """float16 *src* times float16 *factor*, rounded to float16, into float32 *out*:
+    two 11-bit significands make an exact float32 product, rounded once."""
+    wide_factor, rounded = np.float32(factor), _SCRATCH.half
+    for lo in range(0, out.size, CHUNK):
+        wide = out[lo : lo + CHUNK]
+        widen(src[lo : lo + CHUNK], wide)
+        np.multiply(wide, wide_factor, out=wide)
+        narrow(wide, rounded[: wide.size])
+        widen(rounded[: wide.size], wide)
+
+
+def _scaled_narrow(src: np.ndarray, factor: float, out: np.ndarray) -> None:
+    """float32 *src* times *factor* (in float32, as numpy multiplies by a Python
+    float), narrowed into float16 *out*."""
+    wide = _SCRATCH.wide
+    for lo in range(0, src.size, CHUNK):
+        part = src[lo : lo + CHUNK]
+        np.multiply(part, factor, out=wide[: part.size])
+        narrow(wide[: part.size], out[lo : lo + CHUNK])
