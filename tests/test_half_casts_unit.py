@@ -7,6 +7,7 @@ import pytest
 
 from hvdlite.device.packing import NUMPY, Copy
 from hvdlite.util import half_casts
+from hvdlite.util.dtypes import BFLOAT16
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -123,9 +124,6 @@ def test_copy_matches_numpy_for_every_pair_and_factor(spied):
         (np.float16, wide, 0.3),
         (np.float16, wide, np.float64(0.3)),  # a float64 product, rounded once by numpy
         (np.float32, half, 1.0),
-        (np.float32, half, 0.3),  # numpy's float16 product
-        (np.float32, half, np.float64(0.3)),  # a float64 product: numpy's own
-        (np.float64, half, 2.5),
         (np.int32, wide * 1e6, 1.0),
     ]:
         got = np.empty(src.shape, dst_dtype)
@@ -133,23 +131,31 @@ def test_copy_matches_numpy_for_every_pair_and_factor(spied):
         expected = np.empty(src.shape, dst_dtype)
         np.multiply(src, factor, out=expected, casting="unsafe")
         assert np.array_equal(got.view(np.uint8), expected.view(np.uint8)), (dst_dtype, factor)
-    assert [kind for kind, _ in spied] == ["narrow", "narrow", "widen", "widen", "narrow", "widen"]
+    assert [kind for kind, _ in spied] == ["narrow", "narrow", "widen"]
     columns = np.empty((7, 40), np.float16).T  # not contiguous: numpy's copy
     half_casts.copy(columns, wide)
-    assert np.array_equal(columns, wide.astype(np.float16)) and len(spied) == 6
+    assert np.array_equal(columns, wide.astype(np.float16)) and len(spied) == 3
 
 
-@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # signalling NaNs, as numpy
-@pytest.mark.parametrize("factor", [0.3, -2.5, 1e-3, 3e-6, 1e-9, 70000.0, 1 / 3])
-def test_a_scaled_float16_copy_is_numpys_float16_product_for_every_value(factor):
-    out = np.empty(EVERY_HALF.size, np.float32)
-    half_casts.copy(out, EVERY_HALF, factor)
-    expected = np.empty_like(out)
-    with np.errstate(all="ignore"):
-        np.multiply(EVERY_HALF, factor, out=expected, casting="unsafe")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # signalling NaNs, overflows
+@pytest.mark.parametrize("factor", [0.3, -2.5, 2.0**-20, 3e-6, 70000.0, 1 / 3])
+@pytest.mark.parametrize("narrow", [np.float16, BFLOAT16], ids=["float16", "bfloat16"])
+def test_a_scaled_16_bit_copy_is_scaled_in_float32_for_every_value(narrow, factor):
+    # numpy rounds each float16 product to 16 bits (ml_dtypes' bfloat16 ones it
+    # does not); the engine's rule keeps it in float32, exact there, for the sum
+    # to round once
+    src = EVERY_HALF.view(narrow)
+    out = np.empty(src.size, np.float32)
+    half_casts.copy(out, src, factor)
+    expected = src.astype(np.float32) * np.float32(factor)
     assert np.array_equal(np.isnan(out), np.isnan(expected))
-    finite = ~np.isnan(expected)  # NaN payloads aside
+    finite = ~np.isnan(expected)
     assert np.array_equal(bits(out)[finite], bits(expected)[finite])
+    rounded_first = np.empty_like(out)
+    with np.errstate(all="ignore"):
+        np.multiply(src, factor, out=rounded_first, casting="unsafe")
+    if narrow == np.float16 and factor != -2.5:
+        assert not np.array_equal(out[finite], rounded_first[finite])
 
 
 def test_the_engine_packs_float16_through_the_casts(spied):

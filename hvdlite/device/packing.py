@@ -114,12 +114,7 @@ class _NumpyOps:
         for dst, src, factor in copies:
             if src is None:
                 dst.fill(0)
-            elif factor != 1.0 and dst.dtype.kind == "f" and src.itemsize < dst.itemsize:
-                # a float16/bfloat16 tensor into the float32 buffer: scaled in float32
-                # (numpy would multiply in the tensor's dtype by a Python float)
-                half_casts.copy(dst, src)
-                np.multiply(dst, factor, out=dst)
-            else:
+            else:  # a float16/bfloat16 tensor into the float32 buffer: scaled in float32
                 half_casts.copy(dst, src, factor)
 
 

@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .dtypes import BFLOAT16
+
 __all__ = ["copy", "narrow", "narrow_with_numpy", "register", "widen", "widen_with_numpy"]
 
 _FLOAT16 = np.dtype(np.float16)
@@ -46,7 +48,6 @@ class _Scratch(threading.local):
         self.words = [np.empty(CHUNK, np.uint32) for _ in range(3)]
         self.mask = np.empty(CHUNK, np.bool_)
         self.wide = np.empty(CHUNK, np.float32)
-        self.half = np.empty(CHUNK, np.float16)
 
 
 _SCRATCH = _Scratch()
@@ -155,40 +156,38 @@ def narrow(src: np.ndarray, out: np.ndarray) -> None:
 
 
 def copy(dst: np.ndarray, src: np.ndarray, factor: float = 1.0) -> None:
-    """``dst[...] = src * factor`` cast to *dst*'s dtype, as
-    ``np.multiply(src, factor, out=dst, casting="unsafe")`` (or ``np.copyto``)
-    gives it, float16 <-> float32 through the casts above: a float32 *src* is
-    scaled in float32, then narrowed.  Arrays of the same shape; a float16
-    *src* with a Python float *factor* gets numpy's float16 product (the
-    factor rounded to float16, the product rounded once to float16)."""
+    """``dst[...] = src * factor`` cast to *dst*'s dtype, float16 <-> float32
+    through the casts above.  A float *src* narrower than a float *dst* (float16
+    or bfloat16 into float32, the engine's wire) is widened first and scaled in
+    *dst*'s dtype: its products are exact there, and the sum they join is
+    rounded once (numpy's ``np.multiply`` would round each product to *src*'s
+    dtype first).  Otherwise as ``np.multiply(src, factor, out=dst,
+    casting="unsafe")``: a float32 *src* is scaled in float32, then narrowed.
+    Arrays of the same size."""
+    widening = _is_float(src.dtype) and dst.dtype.kind == "f" and src.itemsize < dst.itemsize
+    if widening and factor != 1.0:
+        copy(dst, src)
+        np.multiply(dst, dst.dtype.type(factor), out=dst)
+        return
     pair = (src.dtype, dst.dtype)
-    flat = src.size == dst.size and src.flags.c_contiguous and dst.flags.c_contiguous
-    if flat and pair == (_FLOAT16, _FLOAT32) and factor == 1.0:
-        widen(src.reshape(-1), dst.reshape(-1))
-    elif flat and pair == (_FLOAT16, _FLOAT32) and type(factor) is float:
-        with np.errstate(over="ignore"):  # a factor beyond float16's range is infinite
-            half_factor = np.float16(factor)
-        _float16_product(src.reshape(-1), half_factor, dst.reshape(-1))
-    elif flat and pair == (_FLOAT32, _FLOAT16) and factor == 1.0:
-        narrow(src.reshape(-1), dst.reshape(-1))
-    elif flat and pair == (_FLOAT32, _FLOAT16) and type(factor) is float:
-        _scaled_narrow(src.reshape(-1), factor, dst.reshape(-1))
-    elif factor != 1.0:
+    if src.size == dst.size and src.flags.c_contiguous and dst.flags.c_contiguous:
+        if pair == (_FLOAT16, _FLOAT32):
+            widen(src.reshape(-1), dst.reshape(-1))
+            return
+        if pair == (_FLOAT32, _FLOAT16) and factor == 1.0:
+            narrow(src.reshape(-1), dst.reshape(-1))
+            return
+        if pair == (_FLOAT32, _FLOAT16) and type(factor) is float:
+            _scaled_narrow(src.reshape(-1), factor, dst.reshape(-1))
+            return
+    if factor != 1.0:
         np.multiply(src, factor, out=dst, casting="unsafe")
     else:
         np.copyto(dst, src, casting="unsafe")
 
 
-def _float16_product(src: np.ndarray, factor: np.float16, out: np.ndarray) -> None:
-    """float16 *src* times float16 *factor*, rounded to float16, into float32 *out*:
-    two 11-bit significands make an exact float32 product, rounded once."""
-    wide_factor, rounded = np.float32(factor), _SCRATCH.half
-    for lo in range(0, out.size, CHUNK):
-        wide = out[lo : lo + CHUNK]
-        widen(src[lo : lo + CHUNK], wide)
-        np.multiply(wide, wide_factor, out=wide)
-        narrow(wide, rounded[: wide.size])
-        widen(rounded[: wide.size], wide)
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype == BFLOAT16  # ml_dtypes' kind is "V"
 
 
 def _scaled_narrow(src: np.ndarray, factor: float, out: np.ndarray) -> None:

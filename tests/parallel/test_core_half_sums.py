@@ -7,7 +7,7 @@ engine must return exactly those bits on every path a host reduction takes:
 a lone tensor through MPI, a fused batch, a tensor large enough to be reduced
 through shared memory, a grouped call that mixes wire dtypes, reducescatter,
 the hierarchical allreduce below the 16-bit wire's threshold (simulated nodes
-of two ranks, at 4 ranks), and
+of two ranks, at 4 ranks), a prescale on each of those (applied in float32), and
 the torch and TensorFlow adapters (float16 and bfloat16).
 
 Exactness holds because float32 holds the sum of 3 or 4 float16 (or bfloat16)
@@ -66,6 +66,39 @@ def test_fused_batch_and_mixed_group():
     )
     assert_bits(outs[0], summed_once(700, 20).astype(np.float16))
     assert_bits(outs[2], summed_once(90_000, 21).astype(np.float16))
+
+
+#: A prescale whose products are exact in float32 and not in float16 (they fall
+#: into float16's subnormal range), and the postscale that undoes it.
+TINY, UNDO = 2.0**-20, 2.0**20
+
+
+@pytest.mark.parametrize("count", [1000, 50_000, 600_000], ids=["mpi", "shared-memory", "large"])
+def test_a_prescale_is_applied_in_float32_on_every_path(count):
+    # float16 products are float32 products, rounded once with the sum: rounded to
+    # float16 first, x * 2**-20 would lose its low bits
+    out = hvd.allreduce(
+        values(R, count, 70),
+        op=hvd.Sum,
+        prescale_factor=TINY,
+        postscale_factor=UNDO,
+        name=f"half.pre.{count}",
+    )
+    assert_bits(out, summed_once(count, 70).astype(np.float16))
+
+
+@pytest.mark.parametrize("rows", [8, 40_000])
+def test_a_reducescatter_prescale_is_applied_in_float32(rows):
+    count = rows * N
+    shard = hvd.reducescatter(
+        values(R, count, 71).reshape(rows * N, 1),
+        op=hvd.Sum,
+        prescale_factor=TINY,
+        postscale_factor=UNDO,
+        name=f"half.rs.pre.{rows}",
+    )
+    expected = summed_once(count, 71).astype(np.float16).reshape(rows * N, 1)
+    assert_bits(shard, expected[R * rows : (R + 1) * rows])
 
 
 @pytest.mark.parametrize("rows", [8, 40_000])
