@@ -114,7 +114,7 @@ class _NumpyOps:
         for dst, src, factor in copies:
             if src is None:
                 dst.fill(0)
-            else:  # a float16/bfloat16 tensor into the float32 buffer: scaled in float32
+            else:  # a float16/bfloat16 tensor is widened, then scaled in float32
                 half_casts.copy(dst, src, factor)
 
 
